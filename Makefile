@@ -1,0 +1,42 @@
+# pwan_ros developer commands. The two a new user needs: `make demo` and `make test`.
+# Every target first creates/refreshes the project virtualenv (.venv) with tools/setup_env.sh;
+# that step is idempotent and takes a second or two once everything is installed.
+#
+# Variables: VENV (default .venv), PYTHON (interpreter for a new venv), TORCH_SPEC (default
+# torch==2.13.0, the CPU build; TORCH_SPEC=torch for CUDA), ROS_WHEEL_DISTRO (default jazzy),
+# PYTEST_ARGS (extra pytest arguments), DATA (the shared evaluation data, default ../shared/data).
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+DATA ?= ../shared/data
+RESULTS ?= results
+PYTEST_ARGS ?=
+# Wheel-installed ROS lives in the venv prefix; ament_index needs it named. A sourced system
+# ROS already sets AMENT_PREFIX_PATH.
+export AMENT_PREFIX_PATH ?= $(abspath $(VENV))
+
+.PHONY: setup setup-bench test test-slow test-all demo bench clean-venv help
+
+help:
+	@echo "make demo       run the main job on data the package makes itself"
+	@echo "make test       set up .venv and run the fast test suite"
+	@echo "make test-slow  run the slow tests (real data in $(DATA), large inputs)"
+	@echo "make bench      run the benchmarks on $(DATA), results in $(RESULTS)/"
+
+setup:
+	@bash tools/setup_env.sh
+
+setup-bench:
+	@EXTRAS=test,bench bash tools/setup_env.sh
+
+test: setup
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+test-slow: setup
+	$(PY) -m pytest -m slow $(PYTEST_ARGS)
+
+test-all: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+clean-venv:
+	rm -rf $(VENV)

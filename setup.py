@@ -1,0 +1,61 @@
+"""ament_python build of pwan_ros (also a plain pip-installable package).
+
+This file is the single list of the package's Python dependencies:
+``install_requires`` for running, ``extras_require['test']`` for the test suite and
+``extras_require['bench']`` for the benchmark anchors (other registration libraries).
+ROS 2 itself (rclpy, message packages) comes from a system ROS install or from the
+ROS wheels that ``tools/setup_env.sh`` installs; it is not listed here so that a
+colcon build against a system ROS never tries to pip-install ROS.
+"""
+import glob
+import os
+
+from setuptools import find_packages, setup
+
+package_name = 'pwan_ros'
+
+
+def _files(pattern):
+    return sorted(f for f in glob.glob(pattern) if os.path.isfile(f))
+
+
+setup(
+    name=package_name,
+    version='0.1.0',
+    packages=find_packages(include=[package_name, package_name + '.*']),
+    data_files=[
+        ('share/ament_index/resource_index/packages', ['resource/' + package_name]),
+        ('share/' + package_name, ['package.xml']),
+        ('share/' + package_name + '/launch', _files('launch/*.py')),
+        ('share/' + package_name + '/config', _files('config/*.yaml')),
+    ],
+    python_requires='>=3.10',
+    install_requires=[
+        'setuptools',
+        'numpy>=1.23',
+        'scipy>=1.10',
+        'torch>=2.1',
+        'open3d>=0.17',
+        'transforms3d>=0.4',
+        'rosbags>=0.10',
+        'pot>=0.9',
+        'matplotlib>=3.6',
+        'pyyaml>=6',
+        'evo>=1.20',
+    ],
+    extras_require={
+        'test': ['pytest>=7', 'colcon-core>=0.15', 'colcon-ros>=0.4', 'colcon-python-setup-py>=0.2'],
+        'bench': ['small-gicp>=1.0', 'kiss-icp>=1.0', 'probreg>=0.3', 'pycpd>=2.0'],
+    },
+    zip_safe=True,
+    maintainer='pwan_ros maintainers',
+    maintainer_email='maintainers@pwan-ros.dev',
+    description='Robust point cloud registration with Partial Wasserstein Adversarial Networks for ROS 2',
+    license='MIT',
+    tests_require=['pytest'],
+    entry_points={
+        'console_scripts': [
+            'pwan-register = pwan_ros.register_cli:main',
+        ],
+    },
+)
