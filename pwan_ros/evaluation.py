@@ -1,0 +1,369 @@
+"""Trajectory evaluation: ATE and RPE of an estimated odometry against ground truth.
+
+Metrics (estimate and ground truth associated by stamp within ``max_dt`` seconds, with
+``evo``):
+
+- ATE (absolute trajectory error): translation error after aligning the estimate to the
+  ground truth (``align``: ``se3`` = Kabsch/Umeyama rotation+translation without scale,
+  ``origin`` = first poses coincide, ``none``); ``ate_rmse_m`` (also mean/median/max), metres.
+- RPE per frame: error of the relative motion between consecutive matched poses;
+  ``rpe_trans_m`` (RMSE, metres) and ``rpe_rot_deg`` (RMSE, degrees).
+- RPE per distance (KITTI-style drift): for every pair of poses whose ground-truth path
+  distance is one of ``rpe_lengths`` (+-10 %), the relative translation error divided by
+  that distance, mean in percent (``rpe_trans_pct``) and the relative rotation error per
+  metre (``rpe_rot_deg_per_m``). Default lengths: 100..800 m on paths >= 1 km (KITTI), else
+  10, 20, 30, 40, 50 % of the path length.
+
+CLI (writes ``summary.json``, ``trajectory_est.tum``, ``trajectory.png`` into ``--output``)::
+
+    pwan-evaluate --run OUT/run.json --bag BAG                  # after pwan-replay
+    pwan-evaluate --est est.tum --gt-file gt.txt                # two pose files
+    pwan-evaluate --est recorded_bag --bag BAG                  # /odometry recorded with ros2 bag record
+    pwan-evaluate --offline --bag BAG [BAG ...] [--estimator icp|module:factory]
+    options: --topic /points --gt-topic /ground_truth --frame base_link --align se3 --json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import pathlib
+import sys
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from . import bag_io
+from .run_record import RunRecord
+from .trajectory import Trajectory, TrajectoryError, read_pose_file, write_tum
+
+__all__ = ['EvalConfig', 'EvalResult', 'EvaluationError', 'evaluate', 'load_ground_truth',
+           'make_summary', 'write_outputs', 'format_table', 'main', 'SUMMARY_KEYS']
+
+#: Keys every summary.json has (values may be null when not measurable, e.g. latency of a pose file).
+SUMMARY_KEYS = ('scans', 'scans_dropped', 'median_latency_ms', 'ate_rmse_m', 'rpe_trans_pct', 'rpe_rot_deg_per_m')
+ALIGN_MODES = ('se3', 'origin', 'none')
+
+
+class EvaluationError(RuntimeError):
+    """Evaluation impossible (no common stamps, too few poses, ...)."""
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Evaluation options (CLI flags: same names with dashes)."""
+
+    align: str = 'se3'            # se3 | origin | none
+    max_dt: float = 0.01          # s, stamp association tolerance
+    rpe_lengths: tuple = ()       # m; empty = automatic (see module doc)
+
+    def __post_init__(self):
+        if self.align not in ALIGN_MODES:
+            raise ValueError(f'--align must be one of {ALIGN_MODES}, got {self.align!r}')
+        if not self.max_dt > 0:
+            raise ValueError(f'--max-dt must be > 0, got {self.max_dt}')
+        lengths = tuple(float(v) for v in self.rpe_lengths)
+        if any(not v > 0 for v in lengths):
+            raise ValueError('--rpe-lengths must be positive distances in metres')
+        object.__setattr__(self, 'rpe_lengths', lengths)
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Metrics (see module doc) and the associated, aligned trajectories for plotting."""
+
+    matched: int
+    path_length_m: float
+    duration_s: float
+    ate_rmse_m: float
+    ate_mean_m: float
+    ate_median_m: float
+    ate_max_m: float
+    rpe_trans_m: float | None
+    rpe_rot_deg: float | None
+    rpe_trans_pct: float | None
+    rpe_rot_deg_per_m: float | None
+    rpe_lengths_m: tuple
+    rpe_pairs: int
+    align: str
+    gt: Trajectory            # associated ground truth
+    est_aligned: Trajectory   # associated estimate after alignment
+    ate_errors: np.ndarray    # (matched,) metres
+
+    def metrics(self) -> dict:
+        """The scalar metrics as a JSON-ready dict."""
+        return {k: v for k, v in asdict(self).items() if k not in ('gt', 'est_aligned', 'ate_errors')} | {
+            'rpe_lengths_m': list(self.rpe_lengths_m)}
+
+
+def _evo(traj: Trajectory):
+    from evo.core.trajectory import PoseTrajectory3D
+    return PoseTrajectory3D(poses_se3=list(traj.poses), timestamps=traj.stamps.copy())
+
+
+def _rot_deg(r: np.ndarray) -> np.ndarray:
+    """Rotation angle(s) in degrees of (..., 3, 3) matrices."""
+    c = (np.trace(r, axis1=-2, axis2=-1) - 1.0) / 2.0
+    return np.degrees(np.arccos(np.clip(c, -1.0, 1.0)))
+
+
+def _relative_errors(gt: np.ndarray, est: np.ndarray, pairs) -> tuple[np.ndarray, np.ndarray]:
+    """Translation (m) and rotation (deg) of E = (Q_i^-1 Q_j)^-1 (P_i^-1 P_j) for index pairs."""
+    i, j = np.array(pairs).T
+    q_rel = np.linalg.inv(gt[i]) @ gt[j]
+    p_rel = np.linalg.inv(est[i]) @ est[j]
+    e = np.linalg.inv(q_rel) @ p_rel
+    return np.linalg.norm(e[:, :3, 3], axis=1), _rot_deg(e[:, :3, :3])
+
+
+def _auto_lengths(path_length: float) -> tuple:
+    if path_length >= 1000.0:
+        return tuple(float(v) for v in range(100, 801, 100))
+    return tuple(round(path_length * f, 3) for f in (0.1, 0.2, 0.3, 0.4, 0.5))
+
+
+def align_poses(est: np.ndarray, gt: np.ndarray, mode: str) -> np.ndarray:
+    """Estimated poses (N, 4, 4) mapped into the ground-truth frame.
+
+    se3: the rotation+translation minimising the position error (Kabsch/Umeyama without
+    scale; well defined also for straight-line paths, where evo's Umeyama refuses);
+    origin: the first estimated pose onto the first ground-truth pose; none: unchanged.
+    """
+    if mode == 'none':
+        return est.copy()
+    if mode == 'origin':
+        return gt[0] @ np.linalg.inv(est[0]) @ est
+    x, y = est[:, :3, 3], gt[:, :3, 3]
+    mx, my = x.mean(axis=0), y.mean(axis=0)
+    u, _, vt = np.linalg.svd((x - mx).T @ (y - my))
+    d = np.sign(np.linalg.det(vt.T @ u.T)) or 1.0
+    r = vt.T @ np.diag([1.0, 1.0, d]) @ u.T
+    t = np.eye(4)
+    t[:3, :3], t[:3, 3] = r, my - r @ mx
+    return t @ est
+
+
+def evaluate(est: Trajectory, gt: Trajectory, cfg: EvalConfig = EvalConfig()) -> EvalResult:
+    """ATE and RPE of ``est`` against ``gt`` (both T_parent_child, stamps in seconds)."""
+    from evo.core import sync
+    from evo.core.filters import filter_pairs_by_path
+
+    logging.getLogger('evo').setLevel(logging.WARNING)
+    if len(est) < 2 or len(gt) < 2:
+        raise EvaluationError(f'need at least 2 poses in each trajectory (estimate {len(est)}, ground truth {len(gt)})')
+    try:
+        ref_s, est_s = sync.associate_trajectories(_evo(gt), _evo(est), max_diff=cfg.max_dt)
+    except sync.SyncException as exc:
+        raise EvaluationError(
+            f'no estimated pose has a ground-truth pose within {cfg.max_dt} s (estimate '
+            f'{est.stamps[0]:.3f}..{est.stamps[-1]:.3f} s, ground truth {gt.stamps[0]:.3f}..'
+            f'{gt.stamps[-1]:.3f} s); check --gt-topic/--gt-file and the stamps') from exc
+    if ref_s.num_poses < 2:
+        raise EvaluationError(f'only {ref_s.num_poses} pose matched the ground truth within {cfg.max_dt} s')
+    gt_poses = np.array(ref_s.poses_se3)
+    est_poses = np.array(est_s.poses_se3)
+    aligned_poses = align_poses(est_poses, gt_poses, cfg.align)
+    ate = np.linalg.norm(aligned_poses[:, :3, 3] - gt_poses[:, :3, 3], axis=1)
+
+    consecutive = [(k, k + 1) for k in range(gt_poses.shape[0] - 1)]
+    t_err, r_err = _relative_errors(gt_poses, est_poses, consecutive)
+    gt_traj = Trajectory(ref_s.timestamps, gt_poses)
+    path = gt_traj.path_length()
+    lengths = cfg.rpe_lengths or _auto_lengths(path)
+    dist = np.concatenate([[0.0], np.cumsum(np.linalg.norm(np.diff(gt_poses[:, :3, 3], axis=0), axis=1))])
+    pct, deg_per_m = [], []
+    for length in lengths:
+        pairs = filter_pairs_by_path(list(gt_poses), length, 0.1 * length, all_pairs=True)
+        if not pairs:
+            continue
+        seg = np.array([dist[j] - dist[i] for i, j in pairs])
+        te, re = _relative_errors(gt_poses, est_poses, pairs)
+        pct.extend(100.0 * te / seg)
+        deg_per_m.extend(re / seg)
+    return EvalResult(
+        matched=int(ref_s.num_poses), path_length_m=path, duration_s=float(gt_traj.stamps[-1] - gt_traj.stamps[0]),
+        ate_rmse_m=float(np.sqrt(np.mean(ate ** 2))), ate_mean_m=float(np.mean(ate)),
+        ate_median_m=float(np.median(ate)), ate_max_m=float(np.max(ate)),
+        rpe_trans_m=float(np.sqrt(np.mean(t_err ** 2))), rpe_rot_deg=float(np.sqrt(np.mean(r_err ** 2))),
+        rpe_trans_pct=float(np.mean(pct)) if pct else None,
+        rpe_rot_deg_per_m=float(np.mean(deg_per_m)) if deg_per_m else None,
+        rpe_lengths_m=tuple(lengths), rpe_pairs=len(pct), align=cfg.align, gt=gt_traj,
+        est_aligned=Trajectory(ref_s.timestamps, aligned_poses), ate_errors=ate)
+
+
+def load_ground_truth(bag=None, gt_topic: str = '/ground_truth', gt_file=None, frame: str | None = None,
+                      parent: str | None = None) -> tuple[Trajectory, str]:
+    """(ground truth, description) from a pose file (TUM/KITTI/4x4 blocks) or a bag topic."""
+    if gt_file:
+        try:
+            return read_pose_file(gt_file), f'file {gt_file}'
+        except TrajectoryError as exc:
+            raise EvaluationError(str(exc)) from exc
+    if bag is None:
+        raise EvaluationError('no ground truth: pass --gt-file or a --bag with --gt-topic')
+    return bag_io.read_trajectory(bag, gt_topic, frame=frame, parent=parent), f'{bag} {gt_topic}'
+
+
+def make_summary(result: EvalResult, run: RunRecord | None = None, **extra) -> dict:
+    """The summary dict (keys SUMMARY_KEYS first, then the other metrics and run facts)."""
+    out = {
+        'scans': run.scans if run else result.matched,
+        'scans_dropped': run.scans_dropped if run else None,
+        'median_latency_ms': run.median_latency_ms() if run else None,
+        'ate_rmse_m': result.ate_rmse_m,
+        'rpe_trans_pct': result.rpe_trans_pct,
+        'rpe_rot_deg_per_m': result.rpe_rot_deg_per_m,
+    }
+    out.update(result.metrics())
+    if run is not None:
+        out.update({'scans_published': run.scans_published, 'median_node_latency_ms': run.median_node_latency_ms(),
+                    'node_scans_dropped': run.node_scans_dropped, 'mode': run.mode, 'run_wall_s': run.wall_s,
+                    'bag': run.bag, 'topic': run.topic})
+    out.update(extra)
+    return out
+
+
+def plot(result: EvalResult, path, title: str = '') -> pathlib.Path:
+    """PNG: top view (x, y) of ground truth and aligned estimate; ATE and per-frame RPE over time."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(12, 5))
+    g, e = result.gt.positions, result.est_aligned.positions
+    ax0.plot(g[:, 0], g[:, 1], 'k-', lw=2, label='ground truth')
+    ax0.plot(e[:, 0], e[:, 1], 'r--', lw=1.5, label=f'estimate ({result.align} aligned)')
+    ax0.plot(g[0, 0], g[0, 1], 'ko')
+    ax0.set_aspect('equal', adjustable='datalim')
+    ax0.set_xlabel('x [m]')
+    ax0.set_ylabel('y [m]')
+    ax0.set_title('trajectory, top view')
+    ax0.legend(loc='best')
+    t = result.gt.stamps - result.gt.stamps[0]
+    ax1.plot(t, result.ate_errors, 'b-', label=f'ATE [m] (RMSE {result.ate_rmse_m:.3f})')
+    step = np.linalg.inv(result.gt.poses[:-1]) @ result.gt.poses[1:]
+    est_step = np.linalg.inv(result.est_aligned.poses[:-1]) @ result.est_aligned.poses[1:]
+    rpe = np.linalg.norm((np.linalg.inv(step) @ est_step)[:, :3, 3], axis=1)
+    ax1.plot(t[1:], rpe, 'g-', label='RPE per frame [m]')
+    ax1.set_xlabel('time [s]')
+    ax1.set_ylabel('error [m]')
+    ax1.set_title('error over time')
+    ax1.grid(alpha=0.3)
+    ax1.legend(loc='best')
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def write_outputs(output, result: EvalResult, est: Trajectory, run: RunRecord | None = None,
+                  title: str = '', **extra) -> tuple[dict, pathlib.Path]:
+    """Write trajectory_est.tum, trajectory.png and summary.json into ``output``; (summary, json path)."""
+    output = pathlib.Path(output)
+    output.mkdir(parents=True, exist_ok=True)
+    tum = write_tum(output / 'trajectory_est.tum', est)
+    png = plot(result, output / 'trajectory.png', title)
+    summary = make_summary(result, run, trajectory_tum=str(tum), plot_png=str(png), **extra)
+    path = output / 'summary.json'
+    path.write_text(json.dumps(summary, indent=2))
+    return summary, path
+
+
+def _fmt(v, spec):
+    return 'n/a' if v is None else format(v, spec)
+
+
+def format_table(summary: dict) -> str:
+    """A short human-readable table of a summary."""
+    rows = [
+        ('scans (answered / dropped)', f"{summary['scans']} / {_fmt(summary['scans_dropped'], 'd')}"),
+        ('median latency', f"{_fmt(summary['median_latency_ms'], '.1f')} ms"),
+        ('ATE RMSE', f"{summary['ate_rmse_m']:.3f} m  (align {summary['align']}, {summary['matched']} poses)"),
+        ('RPE per frame', f"{_fmt(summary['rpe_trans_m'], '.3f')} m, {_fmt(summary['rpe_rot_deg'], '.3f')} deg"),
+        ('RPE drift', f"{_fmt(summary['rpe_trans_pct'], '.2f')} %, {_fmt(summary['rpe_rot_deg_per_m'], '.4f')} deg/m "
+                      f"(lengths {', '.join(f'{v:g}' for v in summary['rpe_lengths_m'])} m)"),
+        ('path', f"{summary['path_length_m']:.1f} m in {summary['duration_s']:.1f} s"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return '\n'.join(f'{k:<{width}}  {v}' for k, v in rows)
+
+
+def _evaluate_one(args, cfg: EvalConfig, bag, output: pathlib.Path, run: RunRecord | None,
+                  est: Trajectory | None) -> tuple[dict, pathlib.Path]:
+    gt, source = load_ground_truth(bag, args.gt_topic, args.gt_file, args.frame, args.parent_frame)
+    if est is None:
+        est = run.estimate
+    if run is None and bag is not None and args.topic in bag_io.bag_topics(bag):
+        # a pose file evaluated against a bag: count the bag's scans to report dropped ones
+        run = RunRecord(estimate=est, scans_published=bag_io.require_topic(bag, args.topic).count,
+                        mode='file', bag=str(bag), topic=args.topic)
+    result = evaluate(est, gt, cfg)
+    return write_outputs(output, result, est, run, title=str(bag or args.est or ''), gt_source=source)
+
+
+def main(argv=None) -> int:
+    from .cli_args import add_config_arguments, config_from_args
+    parser = argparse.ArgumentParser(prog='pwan-evaluate', description=__doc__.split('\n\n')[0])
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument('--run', help='run.json written by pwan-replay')
+    src.add_argument('--est', help='estimated trajectory: pose file (TUM, KITTI, 4x4 blocks) or a recorded bag')
+    src.add_argument('--offline', action='store_true', help='run --estimator in-process on each --bag')
+    parser.add_argument('--bag', nargs='+', help='rosbag2 directory (several with --offline)')
+    parser.add_argument('--topic', default='/points', help='PointCloud2 scan topic')
+    parser.add_argument('--gt-topic', default='/ground_truth', help='ground-truth topic in the bag')
+    parser.add_argument('--est-topic', default='/odometry', help='odometry topic when --est is a bag')
+    parser.add_argument('--gt-file', help='ground-truth pose file instead of --gt-topic')
+    parser.add_argument('--frame', help='child frame of the ground-truth poses (required for /tf topics)')
+    parser.add_argument('--parent-frame', help='parent frame filter for TF ground truth')
+    parser.add_argument('--estimator', default='icp', help="offline estimator: 'icp' or module:factory")
+    parser.add_argument('--max-scans', type=int, default=0, help='offline: stop after this many scans (0 = all)')
+    parser.add_argument('--output', default='evaluation', help='output directory')
+    parser.add_argument('--json', action='store_true', help='print the summary JSON instead of the table')
+    add_config_arguments(parser, EvalConfig)
+    args = parser.parse_args(argv)
+    try:
+        cfg = config_from_args(EvalConfig, args)
+        bags = args.bag or [None]
+        output = pathlib.Path(args.output)
+        results = []
+        if args.offline:
+            from .offline import load_estimator, run_offline
+            if args.bag is None:
+                raise EvaluationError('--offline needs --bag')
+            for bag in bags:
+                out = output / pathlib.Path(bag).name if len(bags) > 1 else output
+                run = run_offline(bag, load_estimator(args.estimator), topic=args.topic,
+                                  max_scans=args.max_scans or None)
+                run.save(out)
+                results.append(_evaluate_one(args, cfg, bag, out, run, None))
+        elif args.run:
+            run = RunRecord.load(args.run)
+            results.append(_evaluate_one(args, cfg, bags[0] or run.bag or None, output, run, None))
+        else:
+            if len(bags) > 1:
+                raise EvaluationError('several --bag values need --offline')
+            est_path = pathlib.Path(args.est)
+            if (est_path / 'metadata.yaml').exists():  # a recorded bag, e.g. from ros2 bag record
+                est = bag_io.read_trajectory(est_path, args.est_topic)
+            else:
+                est = read_pose_file(est_path)
+            results.append(_evaluate_one(args, cfg, bags[0], output, None, est))
+    except (ValueError, bag_io.BagError, EvaluationError, TrajectoryError) as exc:
+        print(f'pwan-evaluate: error: {exc}', file=sys.stderr)
+        return 2
+    for summary, path in results:
+        if args.json:
+            print(json.dumps(summary, indent=2))
+        else:
+            print(format_table(summary))
+            print(f"trajectory: {summary['trajectory_tum']}\nplot: {summary['plot_png']}")
+        print(f'summary: {path}')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,292 @@
+"""Simulated spinning-LiDAR sequences written as rosbag2 directories (the package's demo data).
+
+A procedural street scene (ground, building walls with gaps, boxes, poles, parked cars) is
+ray-cast with Open3D's ``RaycastingScene`` from a sensor that moves along a smooth S-shaped
+path with a little roll/pitch sway. Each scan has range noise, random dropouts, spurious
+outlier points and a few moving objects (pedestrians, cars) that are not in the previous
+scan at the same place, so consecutive scans overlap only partially.
+
+Frames (REP-105): ground truth is ``T_world_base`` (parent ``world``, child ``base_link``);
+the LiDAR sits at the base_link origin, so clouds are in ``base_link`` (metres). Bag topics:
+
+- ``/points``        sensor_msgs/PointCloud2, fields x y z intensity (float32) ring (uint16)
+- ``/ground_truth``  nav_msgs/Odometry (pose + body-frame twist)
+- ``/clock``         rosgraph_msgs/Clock at ``clock_hz``
+
+CLI: ``pwan-sim --output BAG_DIR [--scans 80 --rate-hz 10 ...]`` (flags = SimConfig fields).
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from . import bag_io
+from .cli_args import add_config_arguments, config_from_args
+from .pointcloud2 import create_cloud
+
+__all__ = ['SimConfig', 'SimScan', 'SimResult', 'ground_truth_pose', 'simulate', 'write_sim_bag', 'main']
+
+EXTRAS_DTYPE = np.dtype([('intensity', np.float32), ('ring', np.uint16)])
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Simulation parameters (CLI flags have the same names with dashes)."""
+
+    scans: int = 80                 # number of scans
+    rate_hz: float = 10.0           # scan rate
+    beams: int = 24                 # vertical channels
+    azimuth_steps: int = 720        # rays per channel and revolution
+    fov_up_deg: float = 12.0
+    fov_down_deg: float = -22.0
+    max_range: float = 60.0         # m; returns beyond are dropped
+    range_noise: float = 0.02       # m, std of Gaussian range noise
+    dropout: float = 0.05           # fraction of returns dropped at random
+    outliers: float = 0.01          # spurious points as a fraction of returns
+    moving_objects: int = 4         # pedestrians/cars moving through the scene
+    speed: float = 3.0              # m/s along the path
+    seed: int = 0
+    start_time: float = 1.7e9       # s, stamp of the first scan
+    clock_hz: float = 100.0         # /clock messages per second in the bag
+    frame_id: str = 'base_link'
+    world_frame: str = 'world'
+    points_topic: str = '/points'
+    gt_topic: str = '/ground_truth'
+
+    def __post_init__(self):
+        positive = ('scans', 'rate_hz', 'beams', 'azimuth_steps', 'max_range', 'speed', 'clock_hz')
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ValueError(f'--{name.replace("_", "-")} must be > 0, got {getattr(self, name)}')
+        for name in ('dropout', 'outliers'):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f'--{name} must be in [0, 1), got {getattr(self, name)}')
+        if self.range_noise < 0 or self.moving_objects < 0:
+            raise ValueError('--range-noise and --moving-objects must be >= 0')
+        if not self.fov_down_deg < self.fov_up_deg:
+            raise ValueError('--fov-down-deg must be below --fov-up-deg')
+
+
+@dataclass(frozen=True)
+class SimScan:
+    """One scan: ``xyz`` (N, 3) float32 in base_link, ``extras`` (N,) intensity/ring, ``pose`` T_world_base."""
+
+    stamp_ns: int
+    xyz: np.ndarray
+    extras: np.ndarray
+    pose: np.ndarray
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """What :func:`write_sim_bag` wrote."""
+
+    bag: pathlib.Path
+    scans: int
+    mean_points: float
+    path_length_m: float
+    seconds: float
+
+
+# --------------------------------------------------------------------------- trajectory
+
+
+def _path(s: np.ndarray, cfg: SimConfig):
+    """Position (.., 3) at time s (seconds since start) on an S-shaped path through the street."""
+    x = -0.5 * cfg.speed * cfg.scans / cfg.rate_hz + cfg.speed * s
+    y = 2.0 * np.sin(2 * np.pi * s / 6.0)
+    z = 1.8 + 0.05 * np.sin(2 * np.pi * s / 2.3)
+    return np.stack([x, y, z], axis=-1)
+
+
+def _rot(roll, pitch, yaw) -> np.ndarray:
+    cr, sr, cp, sp, cy, sy = np.cos(roll), np.sin(roll), np.cos(pitch), np.sin(pitch), np.cos(yaw), np.sin(yaw)
+    return np.array([[cy * cp, cy * sp * sr - sy * cr, cy * sp * cr + sy * sr],
+                     [sy * cp, sy * sp * sr + cy * cr, sy * sp * cr - cy * sr],
+                     [-sp, cp * sr, cp * cr]])
+
+
+def ground_truth_pose(s: float, cfg: SimConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(T_world_base 4x4, body-frame linear velocity m/s, body-frame angular velocity rad/s) at time s."""
+    h = 1e-3
+    p0, p1, p2 = _path(np.array([s - h, s, s + h]), cfg)
+    vel = (p2 - p0) / (2 * h)
+
+    def attitude(t):
+        d = (_path(np.array(t + h), cfg) - _path(np.array(t - h), cfg)) / (2 * h)
+        return _rot(0.02 * np.sin(2 * np.pi * t / 3.1), 0.015 * np.sin(2 * np.pi * t / 4.3), np.arctan2(d[1], d[0]))
+
+    rot = attitude(s)
+    pose = np.eye(4)
+    pose[:3, :3], pose[:3, 3] = rot, p1
+    dr = attitude(s + h) @ attitude(s - h).T  # world-frame rotation over 2h
+    omega_world = np.array([dr[2, 1] - dr[1, 2], dr[0, 2] - dr[2, 0], dr[1, 0] - dr[0, 1]]) / (4 * h)
+    return pose, rot.T @ vel, rot.T @ omega_world
+
+
+# --------------------------------------------------------------------------- scene
+
+
+def _box(o3d, size, center, yaw=0.0):
+    mesh = o3d.geometry.TriangleMesh.create_box(*size)
+    mesh.translate(-np.asarray(size) / 2.0)
+    mesh.rotate(_rot(0.0, 0.0, yaw), center=(0, 0, 0))
+    mesh.translate(center)
+    return mesh
+
+
+def _static_meshes(o3d, cfg: SimConfig, rng: np.random.Generator):
+    """(mesh, reflectivity) of the static scene; the street runs along x, |y| < 12."""
+    half = 0.5 * cfg.speed * cfg.scans / cfg.rate_hz + 40.0
+    items = [(_box(o3d, (2 * half, 60.0, 0.2), (0.0, 0.0, -0.1)), 0.25)]  # ground, top at z=0
+    for side in (-1, 1):  # building fronts with gaps and varying setback
+        x = -half
+        while x < half:
+            length = rng.uniform(8.0, 20.0)
+            depth = rng.uniform(6.0, 12.0)
+            setback = rng.uniform(11.0, 15.0)
+            height = rng.uniform(5.0, 15.0)
+            items.append((_box(o3d, (length, depth, height),
+                               (x + length / 2, side * (setback + depth / 2), height / 2)), rng.uniform(0.4, 0.8)))
+            x += length + rng.uniform(2.0, 6.0)
+    for _ in range(int(half / 2.5)):  # poles along both kerbs
+        x, side = rng.uniform(-half, half), rng.choice([-1, 1])
+        pole = o3d.geometry.TriangleMesh.create_cylinder(radius=0.12, height=5.0, resolution=12)
+        pole.translate((x, side * rng.uniform(5.0, 6.5), 2.5))
+        items.append((pole, 0.9))
+    for _ in range(int(half / 4.0)):  # parked cars / boxes
+        x, side = rng.uniform(-half, half), rng.choice([-1, 1])
+        size = (rng.uniform(1.0, 4.5), rng.uniform(1.0, 2.0), rng.uniform(0.8, 1.8))
+        items.append((_box(o3d, size, (x, side * rng.uniform(7.0, 10.0), size[2] / 2), rng.uniform(-0.3, 0.3)),
+                      rng.uniform(0.3, 1.0)))
+    return items
+
+
+def _movers(cfg: SimConfig, rng: np.random.Generator):
+    """Moving objects: (size, start xy, velocity xy)."""
+    half = 0.5 * cfg.speed * cfg.scans / cfg.rate_hz
+    out = []
+    for k in range(cfg.moving_objects):
+        if k % 2 == 0:  # car in the opposite lane
+            size, vel = (4.2, 1.8, 1.5), (-rng.uniform(4.0, 8.0), 0.0)
+            start = (rng.uniform(0.0, half + 20.0), -rng.uniform(3.5, 4.5))
+        else:  # pedestrian crossing
+            size, vel = (0.5, 0.5, 1.75), (rng.uniform(-0.5, 0.5), rng.choice([-1, 1]) * rng.uniform(1.0, 1.6))
+            start = (rng.uniform(-half, half), -np.sign(vel[1]) * 8.0)
+        out.append((size, np.array(start), np.array(vel)))
+    return out
+
+
+def _ray_directions(cfg: SimConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Unit ray directions (beams*azimuth_steps, 3) in the sensor frame and their ring index."""
+    elev = np.deg2rad(np.linspace(cfg.fov_down_deg, cfg.fov_up_deg, cfg.beams))
+    azim = np.linspace(-np.pi, np.pi, cfg.azimuth_steps, endpoint=False)
+    e, a = np.meshgrid(elev, azim, indexing='ij')
+    dirs = np.stack([np.cos(e) * np.cos(a), np.cos(e) * np.sin(a), np.sin(e)], axis=-1).reshape(-1, 3)
+    ring = np.repeat(np.arange(cfg.beams, dtype=np.uint16), cfg.azimuth_steps)
+    return dirs, ring
+
+
+def simulate(cfg: SimConfig) -> Iterator[SimScan]:
+    """Yield the scans of the sequence (deterministic for a given config)."""
+    import open3d as o3d
+
+    rng = np.random.default_rng(cfg.seed)
+    static = [(o3d.t.geometry.TriangleMesh.from_legacy(m), r) for m, r in _static_meshes(o3d, cfg, rng)]
+    movers = _movers(cfg, rng)
+    dirs, ring = _ray_directions(cfg)
+    for k in range(cfg.scans):
+        s = k / cfg.rate_hz
+        scene = o3d.t.geometry.RaycastingScene()
+        refl = []
+        for mesh, r in static:
+            scene.add_triangles(mesh)
+            refl.append(r)
+        for size, start, vel in movers:
+            xy = start + vel * s
+            mesh = _box(o3d, size, (xy[0], xy[1], size[2] / 2), np.arctan2(vel[1], vel[0]))
+            scene.add_triangles(o3d.t.geometry.TriangleMesh.from_legacy(mesh))
+            refl.append(0.6)
+        pose, _, _ = ground_truth_pose(s, cfg)
+        world_dirs = dirs @ pose[:3, :3].T
+        rays = np.hstack([np.broadcast_to(pose[:3, 3], world_dirs.shape), world_dirs]).astype(np.float32)
+        hit = scene.cast_rays(o3d.core.Tensor(rays))
+        rng_m = hit['t_hit'].numpy().astype(np.float64)
+        geom = hit['geometry_ids'].numpy()
+        normals = hit['primitive_normals'].numpy()
+        keep = np.isfinite(rng_m) & (rng_m < cfg.max_range) & (rng.random(rng_m.shape[0]) >= cfg.dropout)
+        r = rng_m[keep] + rng.normal(0.0, cfg.range_noise, keep.sum())
+        xyz = dirs[keep] * r[:, None]
+        cos_inc = np.abs(np.einsum('ij,ij->i', normals[keep], world_dirs[keep]))
+        intensity = 100.0 * np.asarray(refl)[geom[keep]] * (0.3 + 0.7 * cos_inc) / (1.0 + 0.01 * r)
+        extras = np.empty(xyz.shape[0], dtype=EXTRAS_DTYPE)
+        extras['intensity'], extras['ring'] = intensity, ring[keep]
+        n_out = int(round(cfg.outliers * xyz.shape[0]))
+        if n_out:
+            d = rng.normal(size=(n_out, 3))
+            d /= np.linalg.norm(d, axis=1, keepdims=True)
+            out_xyz = d * rng.uniform(1.0, 0.5 * cfg.max_range, (n_out, 1))
+            out_ex = np.empty(n_out, dtype=EXTRAS_DTYPE)
+            out_ex['intensity'] = rng.uniform(0.0, 5.0, n_out)
+            out_ex['ring'] = rng.integers(0, cfg.beams, n_out)
+            xyz, extras = np.vstack([xyz, out_xyz]), np.concatenate([extras, out_ex])
+        stamp_ns = int(round(cfg.start_time * 1e9)) + int(round(s * 1e9))
+        yield SimScan(stamp_ns=stamp_ns, xyz=xyz.astype(np.float32), extras=extras, pose=pose)
+
+
+def write_sim_bag(path, cfg: SimConfig = SimConfig(), storage: str = 'mcap') -> SimResult:
+    """Simulate ``cfg`` and write the rosbag2 directory ``path`` (must not exist)."""
+    t0 = time.perf_counter()
+    store = bag_io.typestore()
+    cloud_cls = store.types['sensor_msgs/msg/PointCloud2']
+    start_ns = int(round(cfg.start_time * 1e9))
+    end_ns = start_ns + int(round((cfg.scans - 1) / cfg.rate_hz * 1e9))
+    clock_step = int(round(1e9 / cfg.clock_hz))
+    next_clock = start_ns
+    n_points, positions = [], []
+    with bag_io.BagWriter(path, storage=storage) as writer:
+        for scan in simulate(cfg):
+            while next_clock <= scan.stamp_ns:
+                writer.write('/clock', next_clock, bag_io.clock(next_clock))
+                next_clock += clock_step
+            s = (scan.stamp_ns - start_ns) * 1e-9
+            _, lin, ang = ground_truth_pose(s, cfg)
+            writer.write(cfg.gt_topic, scan.stamp_ns,
+                         bag_io.odometry(scan.stamp_ns, scan.pose, cfg.world_frame, cfg.frame_id, lin, ang))
+            msg = create_cloud(bag_io.header(scan.stamp_ns, cfg.frame_id), scan.xyz, scan.extras, msg_cls=cloud_cls)
+            writer.write(cfg.points_topic, scan.stamp_ns, msg)
+            n_points.append(scan.xyz.shape[0])
+            positions.append(scan.pose[:3, 3])
+        while next_clock <= end_ns:
+            writer.write('/clock', next_clock, bag_io.clock(next_clock))
+            next_clock += clock_step
+    length = float(np.linalg.norm(np.diff(np.array(positions), axis=0), axis=1).sum()) if len(positions) > 1 else 0.0
+    return SimResult(bag=pathlib.Path(path), scans=len(n_points), mean_points=float(np.mean(n_points)),
+                     path_length_m=length, seconds=time.perf_counter() - t0)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog='pwan-sim', description=__doc__.split('\n\n')[0])
+    parser.add_argument('--output', required=True, help='rosbag2 directory to create')
+    parser.add_argument('--storage', choices=('mcap', 'sqlite3'), default='mcap')
+    add_config_arguments(parser, SimConfig)
+    args = parser.parse_args(argv)
+    try:
+        cfg = config_from_args(SimConfig, args)
+        res = write_sim_bag(args.output, cfg, storage=args.storage)
+    except (ValueError, bag_io.BagError) as exc:
+        print(f'pwan-sim: error: {exc}', file=sys.stderr)
+        return 2
+    print(f'wrote {res.bag}: {res.scans} scans, {res.mean_points:.0f} points/scan on average, '
+          f'path {res.path_length_m:.1f} m, {res.seconds:.1f} s')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

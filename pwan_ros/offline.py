@@ -1,0 +1,102 @@
+"""Offline runs: feed a bag's scans to an in-process estimator (no DDS), for batch evaluation.
+
+An *estimator* is any callable ``estimate(points_xyz, stamp) -> pose``:
+``points_xyz`` (N, 3) float array in the scan's frame (metres, NaNs removed), ``stamp`` the
+scan's header stamp in seconds; ``pose`` the 4x4 ``T_odom_base`` of that scan (REP-105; the
+first scan is usually identity), or ``None`` to skip (counted as dropped).
+
+``load_estimator(spec)``: ``'icp'`` is the built-in baseline below (Open3D point-to-plane
+scan-to-scan ICP with a constant-velocity guess); ``'package.module:factory'`` imports
+``factory`` and calls it without arguments to obtain the estimator.
+"""
+from __future__ import annotations
+
+import importlib
+import time
+from typing import Callable
+
+import numpy as np
+
+from . import bag_io
+from .pointcloud2 import read_xyz
+from .run_record import RunRecord
+from .trajectory import Trajectory
+
+__all__ = ['Estimator', 'IcpOdometry', 'load_estimator', 'run_offline']
+
+Estimator = Callable[[np.ndarray, float], 'np.ndarray | None']
+
+
+class IcpOdometry:
+    """Baseline scan-to-scan odometry: voxel downsampling + Open3D point-to-plane ICP.
+
+    voxel: downsampling voxel size (m); max_corr: correspondence distance (m).
+    """
+
+    def __init__(self, voxel: float = 0.4, max_corr: float = 1.0, iterations: int = 30):
+        import open3d as o3d
+        self._o3d = o3d
+        self.voxel, self.max_corr, self.iterations = voxel, max_corr, iterations
+        self._prev = None
+        self._pose = np.eye(4)
+        self._motion = np.eye(4)
+
+    def _cloud(self, xyz):
+        o3d = self._o3d
+        pc = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(np.asarray(xyz, dtype=np.float64)))
+        pc = pc.voxel_down_sample(self.voxel)
+        pc.estimate_normals(o3d.geometry.KDTreeSearchParamHybrid(radius=3 * self.voxel, max_nn=20))
+        return pc
+
+    def __call__(self, xyz: np.ndarray, stamp: float) -> np.ndarray:
+        o3d = self._o3d
+        cur = self._cloud(xyz)
+        if self._prev is not None:
+            reg = o3d.pipelines.registration.registration_icp(
+                cur, self._prev, self.max_corr, self._motion,
+                o3d.pipelines.registration.TransformationEstimationPointToPlane(),
+                o3d.pipelines.registration.ICPConvergenceCriteria(max_iteration=self.iterations))
+            self._motion = reg.transformation  # T_prev_cur
+            self._pose = self._pose @ self._motion
+        self._prev = cur
+        return self._pose.copy()
+
+
+def load_estimator(spec: str) -> Estimator:
+    """'icp' or 'module:factory' (factory() returns the estimator callable)."""
+    if spec == 'icp':
+        return IcpOdometry()
+    module, sep, attr = spec.partition(':')
+    if not sep or not module or not attr:
+        raise ValueError(f"--estimator must be 'icp' or 'package.module:factory', got {spec!r}")
+    try:
+        factory = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f'cannot load estimator {spec!r}: {exc}') from exc
+    return factory()
+
+
+def run_offline(bag, estimate: Estimator, topic: str = '/points', max_scans: int | None = None) -> RunRecord:
+    """Run ``estimate`` on every scan of ``topic`` in ``bag`` (in order); latency = estimate() wall time."""
+    stamps, poses, latencies = [], [], []
+    published = 0
+    t_start = time.perf_counter()
+    for _, msg in bag_io.iter_decoded(bag, topic, [bag_io.CLOUD_TYPE]):
+        if max_scans is not None and published >= max_scans:
+            break
+        published += 1
+        stamp = bag_io.stamp_to_ns(msg.header.stamp) * 1e-9
+        xyz = read_xyz(msg, skip_nans=True)
+        t0 = time.perf_counter()
+        pose = estimate(xyz, stamp)
+        latencies.append((time.perf_counter() - t0) * 1e3)
+        if pose is None:
+            continue
+        pose = np.asarray(pose, dtype=np.float64)
+        if pose.shape != (4, 4):
+            raise ValueError(f'estimator returned shape {pose.shape}, expected (4, 4)')
+        stamps.append(stamp)
+        poses.append(pose)
+    est = Trajectory.from_unsorted(np.array(stamps, dtype=np.float64), np.array(poses).reshape(-1, 4, 4))
+    return RunRecord(estimate=est, scans_published=published, latencies_ms=latencies, mode='offline',
+                     wall_s=time.perf_counter() - t_start, bag=str(bag), topic=topic)

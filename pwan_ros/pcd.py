@@ -1,0 +1,151 @@
+"""PCD (Point Cloud Library) files -> PointCloud2 payloads, keeping every field.
+
+Supports PCD v0.5-0.7 with ``DATA ascii`` and ``DATA binary`` (optionally gzip-compressed,
+``*.pcd.gz``); all TYPE/SIZE combinations PointField can represent (I/U 1, 2, 4 bytes;
+F 4, 8 bytes), COUNT > 1 fields and PCL's ``_`` padding fields (dropped from the field list,
+their bytes kept as padding). ``DATA binary_compressed`` files are read through Open3D's
+tensor reader, which keeps positions, intensity and other scalar attributes.
+Coordinates are in the sensor frame, metres; ``VIEWPOINT`` is ignored.
+"""
+from __future__ import annotations
+
+import gzip
+import pathlib
+import tempfile
+from dataclasses import dataclass
+
+import numpy as np
+
+from .pointcloud2 import DATATYPE_TO_DTYPE, EncodedCloud, FieldSpec, PointCloud2Error, encode_cloud
+
+__all__ = ['PcdError', 'PcdHeader', 'read_pcd']
+
+_PCD_TYPES = {('I', 1): 1, ('U', 1): 2, ('I', 2): 3, ('U', 2): 4, ('I', 4): 5, ('U', 4): 6,
+              ('F', 4): 7, ('F', 8): 8}
+
+
+class PcdError(ValueError):
+    """A PCD file that cannot be read (message names the file and problem)."""
+
+
+@dataclass(frozen=True)
+class PcdHeader:
+    fields: tuple
+    sizes: tuple
+    types: tuple
+    counts: tuple
+    width: int
+    height: int
+    points: int
+    data: str
+
+
+def _parse_header(raw: bytes, path) -> tuple[PcdHeader, int]:
+    entries, pos = {}, 0
+    while True:
+        end = raw.find(b'\n', pos)
+        if end < 0:
+            raise PcdError(f'{path}: PCD header has no DATA line')
+        line = raw[pos:end].decode('ascii', errors='replace').strip()
+        pos = end + 1
+        if not line or line.startswith('#'):
+            continue
+        key, *vals = line.split()
+        entries[key.upper()] = vals
+        if key.upper() == 'DATA':
+            break
+    try:
+        fields = tuple(entries['FIELDS'])
+        n = len(fields)
+        sizes = tuple(int(v) for v in entries['SIZE'])
+        types = tuple(v.upper() for v in entries['TYPE'])
+        counts = tuple(int(v) for v in entries.get('COUNT', ['1'] * n))
+        width, height = int(entries['WIDTH'][0]), int(entries.get('HEIGHT', ['1'])[0])
+        points = int(entries.get('POINTS', [width * height])[0])
+        data = entries['DATA'][0].lower()
+    except (KeyError, IndexError, ValueError) as exc:
+        raise PcdError(f'{path}: malformed PCD header ({exc})') from exc
+    if not (len(sizes) == len(types) == len(counts) == n):
+        raise PcdError(f'{path}: FIELDS/SIZE/TYPE/COUNT lengths differ')
+    return PcdHeader(fields, sizes, types, counts, width, height, points, data), pos
+
+
+def _layout(h: PcdHeader, path) -> tuple[list[FieldSpec], int, np.dtype]:
+    specs, names, formats, offsets, offset = [], [], [], [], 0
+    for name, size, kind, count in zip(h.fields, h.sizes, h.types, h.counts):
+        code = _PCD_TYPES.get((kind, size))
+        if code is None:
+            raise PcdError(f"{path}: field '{name}' has TYPE {kind} SIZE {size}, which PointCloud2 cannot hold")
+        if name != '_':
+            specs.append(FieldSpec(name, offset, code, count))
+            base = DATATYPE_TO_DTYPE[code].newbyteorder('<')
+            names.append(name)
+            formats.append(base if count == 1 else np.dtype((base, (count,))))
+            offsets.append(offset)
+        offset += size * count
+    return specs, offset, np.dtype({'names': names, 'formats': formats, 'offsets': offsets, 'itemsize': offset})
+
+
+def read_pcd(path) -> EncodedCloud:
+    """Read a .pcd / .pcd.gz file into PointCloud2 payload fields (little-endian)."""
+    path = pathlib.Path(path)
+    try:
+        raw = path.read_bytes()
+        if path.suffix == '.gz':
+            raw = gzip.decompress(raw)
+    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+        raise PcdError(f'cannot read {path}: {exc}') from exc
+    header, start = _parse_header(raw, path)
+    if header.data == 'binary_compressed':
+        return _read_with_open3d(raw, path)
+    specs, step, dtype = _layout(header, path)
+    n = header.points
+    if header.data == 'binary':
+        body = np.frombuffer(raw, dtype=np.uint8, offset=start)
+        if body.size < n * step:
+            raise PcdError(f'{path}: {body.size} data bytes, header promises {n} points x {step} bytes')
+        data = body[:n * step].copy()
+    elif header.data == 'ascii':
+        cols = sum(header.counts)
+        values = np.array(raw[start:].split(), dtype=np.float64)
+        if values.size != n * cols:
+            raise PcdError(f'{path}: {values.size} ascii values, expected {n} points x {cols}')
+        values = values.reshape(n, cols)
+        arr = np.zeros(n, dtype=dtype)
+        col = 0
+        for name, count in zip(header.fields, header.counts):
+            if name != '_':
+                arr[name] = values[:, col] if count == 1 else values[:, col:col + count]
+            col += count
+        data = arr.view(np.uint8).reshape(-1).copy()
+    else:
+        raise PcdError(f'{path}: unknown DATA kind {header.data!r}')
+    height, width = (header.height, header.width) if header.height * header.width == n else (1, n)
+    if not {'x', 'y', 'z'} <= {s.name for s in specs}:
+        raise PcdError(f'{path}: PCD has no x/y/z fields (fields: {list(header.fields)})')
+    xyz = np.stack([np.ndarray(n, dtype=dtype['x'], buffer=data, offset=dtype.fields[c][1], strides=(step,))
+                    for c in 'xyz'], axis=1) if n else np.zeros((0, 3))
+    return EncodedCloud(height=height, width=width, fields=tuple(specs), is_bigendian=False, point_step=step,
+                        row_step=step * width, data=data, is_dense=bool(np.isfinite(xyz).all()))
+
+
+def _read_with_open3d(raw: bytes, path) -> EncodedCloud:
+    import open3d as o3d
+    with tempfile.TemporaryDirectory() as tmp:
+        plain = pathlib.Path(tmp) / 'cloud.pcd'
+        plain.write_bytes(raw)
+        pc = o3d.t.io.read_point_cloud(str(plain))
+    if 'positions' not in pc.point:
+        raise PcdError(f'{path}: Open3D found no points in this binary_compressed PCD')
+    xyz = pc.point.positions.numpy()
+    extra = [(k, pc.point[k].numpy()) for k in pc.point if k != 'positions']
+    extras = None
+    if extra:
+        dt = [(k, v.dtype) if v.ndim == 1 or v.shape[1] == 1 else (k, v.dtype, (v.shape[1],)) for k, v in extra]
+        extras = np.zeros(xyz.shape[0], dtype=dt)
+        for k, v in extra:
+            extras[k] = v[:, 0] if v.ndim == 2 and v.shape[1] == 1 else v
+    try:
+        return encode_cloud(xyz, extras, xyz_dtype=xyz.dtype if xyz.dtype == np.float64 else np.float32)
+    except PointCloud2Error as exc:
+        raise PcdError(f'{path}: {exc}') from exc

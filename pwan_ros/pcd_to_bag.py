@@ -1,0 +1,145 @@
+"""Convert a folder of PCD scans plus a pose file into a rosbag2 (mcap) for replay/evaluation.
+
+Each scan becomes a PointCloud2 on ``--topic`` (all PCD fields kept, frame ``--frame-id``);
+its pose (``T_world_sensor``) a nav_msgs/Odometry on ``--gt-topic``; ``/clock`` is written
+at ``--clock-hz``. Stamps come from the pose file (TUM, or 4x4 blocks whose [3, 3] element
+holds the stamp) or, for pose files without stamps (KITTI), from ``--rate-hz``.
+
+Scan <-> pose matching (``--match``): ``name-index`` (default) uses the last integer in the
+file name as the 0-based pose index (``full26.pcd.gz`` -> pose 26, the BALM convention);
+``order`` pairs the sorted files with the poses in order.
+
+    pwan-pcd2bag --scans DIR --poses POSES --output BAG [--pose-format auto|tum|kitti|blocks]
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import re
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import bag_io
+from .pcd import PcdError, read_pcd
+from .trajectory import Trajectory, TrajectoryError, detect_pose_format, read_kitti, read_pose_file
+
+__all__ = ['ConvertConfig', 'ConvertResult', 'convert', 'main']
+
+
+@dataclass(frozen=True)
+class ConvertConfig:
+    """Converter options (CLI flags: same names with dashes)."""
+
+    scans: str                      # folder of .pcd / .pcd.gz files
+    poses: str                      # pose file
+    output: str                     # rosbag2 directory to create
+    pose_format: str = 'auto'       # auto | tum | kitti | blocks
+    match: str = 'name-index'       # name-index | order
+    pattern: str = '*.pcd*'         # glob inside the scans folder
+    rate_hz: float = 10.0           # stamps when the pose file has none (KITTI)
+    start_time: float = 0.0         # s, first stamp when --rate-hz is used
+    frame_id: str = 'base_link'     # frame of the clouds (the sensor)
+    world_frame: str = 'world'
+    topic: str = '/points'
+    gt_topic: str = '/ground_truth'
+    clock_hz: float = 100.0
+    storage: str = 'mcap'
+
+    def __post_init__(self):
+        if self.pose_format not in ('auto', 'tum', 'kitti', 'blocks'):
+            raise ValueError(f'--pose-format must be auto, tum, kitti or blocks, got {self.pose_format!r}')
+        if self.match not in ('name-index', 'order'):
+            raise ValueError(f'--match must be name-index or order, got {self.match!r}')
+        if not (self.rate_hz > 0 and self.clock_hz > 0):
+            raise ValueError('--rate-hz and --clock-hz must be > 0')
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    bag: pathlib.Path
+    scans: int
+    mean_points: float
+    duration_s: float
+
+
+def _poses(cfg: ConvertConfig) -> Trajectory:
+    fmt = detect_pose_format(cfg.poses) if cfg.pose_format == 'auto' else cfg.pose_format
+    if fmt == 'kitti':  # no stamps in the file
+        traj = read_kitti(cfg.poses)
+        return Trajectory(cfg.start_time + traj.stamps / cfg.rate_hz, traj.poses)
+    return read_pose_file(cfg.poses, fmt)
+
+
+def _index(name: str) -> int:
+    found = re.findall(r'\d+', name)
+    if not found:
+        raise ValueError(f'--match name-index: no number in file name {name!r}')
+    return int(found[-1])
+
+
+def convert(cfg: ConvertConfig, log=print) -> ConvertResult:
+    """Write the bag; raises ValueError/PcdError/TrajectoryError/BagError with the problem."""
+    folder = pathlib.Path(cfg.scans)
+    if not folder.is_dir():
+        raise ValueError(f'scan folder {folder} does not exist')
+    files = sorted(p for p in folder.glob(cfg.pattern) if p.name.endswith(('.pcd', '.pcd.gz')))
+    if not files:
+        raise ValueError(f'no .pcd/.pcd.gz files matching {cfg.pattern!r} in {folder}')
+    traj = _poses(cfg)
+    if cfg.match == 'order':
+        if len(files) > len(traj):
+            raise ValueError(f'{len(files)} scans but only {len(traj)} poses in {cfg.poses}')
+        pairs = list(zip(files, range(len(files))))
+    else:
+        pairs = sorted(((f, _index(f.name)) for f in files), key=lambda p: p[1])
+        bad = [f.name for f, k in pairs if k >= len(traj)]
+        if bad:
+            raise ValueError(f'{bad[0]}: pose index beyond the {len(traj)} poses in {cfg.poses}')
+    store = bag_io.typestore()
+    cloud_cls, field_cls = store.types['sensor_msgs/msg/PointCloud2'], store.types['sensor_msgs/msg/PointField']
+    clock_step = int(round(1e9 / cfg.clock_hz))
+    next_clock, n_points = None, []
+    with bag_io.BagWriter(cfg.output, storage=cfg.storage) as writer:
+        for path, k in pairs:
+            stamp_ns = int(round(traj.stamps[k] * 1e9))
+            if next_clock is None:
+                next_clock = stamp_ns
+            while next_clock <= stamp_ns:
+                writer.write('/clock', next_clock, bag_io.clock(next_clock))
+                next_clock += clock_step
+            enc = read_pcd(path)
+            msg = cloud_cls(header=bag_io.header(stamp_ns, cfg.frame_id), height=enc.height, width=enc.width,
+                            fields=[field_cls(name=f.name, offset=f.offset, datatype=f.datatype, count=f.count)
+                                    for f in enc.fields],
+                            is_bigendian=False, point_step=enc.point_step, row_step=enc.row_step, data=enc.data,
+                            is_dense=enc.is_dense)
+            writer.write(cfg.gt_topic, stamp_ns, bag_io.odometry(stamp_ns, traj.poses[k], cfg.world_frame, cfg.frame_id))
+            writer.write(cfg.topic, stamp_ns, msg)
+            n_points.append(enc.width * enc.height)
+            log(f'{path.name}: pose {k}, {n_points[-1]} points, stamp {stamp_ns * 1e-9:.3f}')
+    duration = (traj.stamps[pairs[-1][1]] - traj.stamps[pairs[0][1]])
+    return ConvertResult(bag=pathlib.Path(cfg.output), scans=len(pairs), mean_points=float(np.mean(n_points)),
+                         duration_s=float(duration))
+
+
+def main(argv=None) -> int:
+    from .cli_args import add_config_arguments, config_from_args
+    parser = argparse.ArgumentParser(prog='pwan-pcd2bag', description=__doc__.split('\n\n')[0])
+    add_config_arguments(parser, ConvertConfig, skip=('scans', 'poses', 'output'))
+    parser.add_argument('--scans', required=True, help='folder of .pcd / .pcd.gz scans')
+    parser.add_argument('--poses', required=True, help='pose file (TUM, KITTI or 4x4 blocks)')
+    parser.add_argument('--output', required=True, help='rosbag2 directory to create')
+    args = parser.parse_args(argv)
+    try:
+        res = convert(config_from_args(ConvertConfig, args), log=lambda *a: None)
+    except (ValueError, PcdError, TrajectoryError, bag_io.BagError) as exc:
+        print(f'pwan-pcd2bag: error: {exc}', file=sys.stderr)
+        return 2
+    print(f'wrote {res.bag}: {res.scans} scans, {res.mean_points:.0f} points/scan, {res.duration_s:.1f} s')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

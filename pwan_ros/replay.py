@@ -1,0 +1,292 @@
+"""Replay a rosbag2 into ROS 2 and record the odometry a node answers with.
+
+For machines without ``ros2 bag play`` (rosbag2 is not pip-installable). Plays the chosen
+topics of a bag (mcap or sqlite3) with their original bytes (header stamps untouched),
+paced by the bag's receive times divided by ``rate``, and publishes ``/clock`` with the bag
+time (from the bag's own /clock topic when it is played, else generated at ``clock_hz``), so
+nodes with ``use_sim_time:=true`` see the recorded time. Before starting it waits until the
+scan topic has a subscriber and the odometry topic a publisher (no scan is lost to
+discovery); after the last message it waits until every scan has an odometry answer or
+``drain_timeout`` seconds pass without one.
+
+Odometry messages (nav_msgs/Odometry, header stamp = the scan stamp it answers) become the
+estimated trajectory; the wall time from publishing a scan to receiving its odometry is the
+end-to-end latency; ``latency_ms`` / ``scans_dropped`` key values on /diagnostics are kept.
+
+CLI::
+
+    pwan-replay --bag BAG --output DIR [--rate 1.0] [--topics /points,/clock] \
+                [--odom-topic /odometry] [--remap /velodyne_points:=/points]
+    # writes DIR/run.json + DIR/trajectory_est.tum; then: pwan-evaluate --run DIR/run.json --bag BAG
+
+On a ROS machine ``ros2 bag play BAG --clock`` plus any recorder does the same job.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import pathlib
+import struct
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import bag_io
+from .cli_args import add_config_arguments, config_from_args
+from .run_record import RunRecord
+from .trajectory import Trajectory
+
+__all__ = ['ReplayConfig', 'ReplayError', 'replay', 'main']
+
+
+class ReplayError(RuntimeError):
+    """Replay could not run (no subscriber, unknown message type, ...)."""
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """Replay parameters (CLI flags: same names with dashes)."""
+
+    bag: str
+    topics: tuple = ()               # bag topics to play; empty = all
+    points_topic: str = '/points'    # the scan topic (scans counted, latency measured)
+    odom_topic: str = '/odometry'    # odometry to record; '' = record nothing
+    diagnostics_topic: str = '/diagnostics'  # '' = ignore diagnostics
+    rate: float = 1.0                # playback speed factor
+    clock_hz: float = 100.0          # generated /clock rate (bag time), if the bag has none
+    reliability: str = 'reliable'    # QoS of played topics: reliable | best_effort
+    depth: int = 10                  # QoS history depth of played topics
+    remap: tuple = ()                # 'FROM:=TO' topic renames for playing
+    startup_timeout: float = 60.0    # s to wait for the node's subscription/publisher
+    drain_timeout: float = 10.0      # s without new odometry after the end before stopping
+    settle: float = 0.5              # s to wait after discovery before the first message
+
+    def __post_init__(self):
+        if not self.rate > 0:
+            raise ValueError(f'--rate must be > 0, got {self.rate}')
+        if not self.clock_hz > 0:
+            raise ValueError(f'--clock-hz must be > 0, got {self.clock_hz}')
+        if self.reliability not in ('reliable', 'best_effort'):
+            raise ValueError(f"--reliability must be 'reliable' or 'best_effort', got {self.reliability!r}")
+        if self.depth < 1:
+            raise ValueError('--depth must be >= 1')
+        for r in self.remap:
+            if ':=' not in r:
+                raise ValueError(f"--remap entries look like FROM:=TO, got {r!r}")
+        object.__setattr__(self, 'topics', tuple(self.topics))
+        object.__setattr__(self, 'remap', tuple(self.remap))
+
+    def renames(self) -> dict:
+        return dict(r.split(':=', 1) for r in self.remap)
+
+
+def message_class(msgtype: str):
+    """rclpy class for 'pkg/msg/Name'; ReplayError if that package is not installed."""
+    pkg, _, name = msgtype.split('/')
+    try:
+        return getattr(importlib.import_module(f'{pkg}.msg'), name)
+    except (ImportError, AttributeError) as exc:
+        raise ReplayError(f'message type {msgtype} is not available to rclpy here (install the '
+                          f'{pkg} interface package or leave the topic out with --topics)') from exc
+
+
+def _header_stamp_ns(raw: bytes) -> int:
+    """Header stamp of a CDR message whose first field is std_msgs/Header (after the 4-byte encapsulation)."""
+    order = '<' if raw[1] == 1 else '>'
+    sec, nsec = struct.unpack_from(order + 'iI', raw, 4)
+    return sec * 1_000_000_000 + nsec
+
+
+@dataclass
+class _Recorder:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    published_wall: dict = field(default_factory=dict)    # scan stamp ns -> wall time published
+    odom: dict = field(default_factory=dict)              # stamp ns -> 4x4
+    latencies_ms: list = field(default_factory=list)
+    node_latencies_ms: list = field(default_factory=list)
+    node_scans_dropped: int | None = None
+    diagnostics_last: dict = field(default_factory=dict)
+    last_odom_wall: float = 0.0
+
+
+def _float(v: str):
+    try:
+        return float(v)
+    except ValueError:
+        return None
+
+
+def replay(cfg: ReplayConfig, log=print) -> RunRecord:
+    """Play ``cfg.bag`` over DDS and return what was recorded. Needs rclpy (initialised here)."""
+    import rclpy
+    from rclpy.executors import SingleThreadedExecutor
+    from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+
+    topics = bag_io.bag_topics(cfg.bag)
+    bag_io.require_topic(cfg.bag, cfg.points_topic, [bag_io.CLOUD_TYPE])
+    played = list(cfg.topics) if cfg.topics else sorted(topics)
+    for t in played:
+        bag_io.require_topic(cfg.bag, t)
+    if cfg.points_topic not in played:
+        raise ReplayError(f"scan topic '{cfg.points_topic}' is not among the played topics {played}")
+    classes = {t: message_class(topics[t].msgtype) for t in played}
+    renames = cfg.renames()
+    generate_clock = '/clock' not in played
+
+    reliability = ReliabilityPolicy.RELIABLE if cfg.reliability == 'reliable' else ReliabilityPolicy.BEST_EFFORT
+    qos = QoSProfile(depth=cfg.depth, reliability=reliability, history=HistoryPolicy.KEEP_LAST,
+                     durability=DurabilityPolicy.VOLATILE)
+    clock_qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
+    # /tf_static is latched (TRANSIENT_LOCAL) in ROS 2: late subscribers still get the transforms
+    static_qos = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE,
+                            durability=DurabilityPolicy.TRANSIENT_LOCAL)
+    rec_qos = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
+
+    rclpy.init()
+    try:
+        node = rclpy.create_node('pwan_replay')
+        from rosgraph_msgs.msg import Clock
+        special = {'/clock': clock_qos, '/tf_static': static_qos}
+        pubs = {t: node.create_publisher(classes[t], renames.get(t, t), special.get(t, qos)) for t in played}
+        clock_pub = node.create_publisher(Clock, '/clock', clock_qos) if generate_clock else None
+        rec = _Recorder()
+
+        def on_odom(msg):
+            now = time.monotonic()
+            ns = bag_io.stamp_to_ns(msg.header.stamp)
+            pose = bag_io.pose_from_msg(msg.pose.pose)
+            with rec.lock:
+                rec.odom[ns] = pose
+                rec.last_odom_wall = now
+                sent = rec.published_wall.get(ns)
+                if sent is not None:
+                    rec.latencies_ms.append((now - sent) * 1e3)
+
+        def on_diag(msg):
+            with rec.lock:
+                for status in msg.status:
+                    values = {kv.key: kv.value for kv in status.values}
+                    rec.diagnostics_last.update(values)
+                    if 'latency_ms' in values and _float(values['latency_ms']) is not None:
+                        rec.node_latencies_ms.append(_float(values['latency_ms']))
+                    if 'scans_dropped' in values and _float(values['scans_dropped']) is not None:
+                        rec.node_scans_dropped = int(_float(values['scans_dropped']))
+
+        odom_sub = None
+        if cfg.odom_topic:
+            from nav_msgs.msg import Odometry
+            odom_sub = node.create_subscription(Odometry, cfg.odom_topic, on_odom, rec_qos)
+        if cfg.diagnostics_topic:
+            from diagnostic_msgs.msg import DiagnosticArray
+            node.create_subscription(DiagnosticArray, cfg.diagnostics_topic, on_diag, rec_qos)
+        executor = SingleThreadedExecutor()
+        executor.add_node(node)
+        spinner = threading.Thread(target=executor.spin, daemon=True)
+        spinner.start()
+        try:
+            scan_pub = pubs[cfg.points_topic]
+            deadline = time.monotonic() + cfg.startup_timeout
+            while scan_pub.get_subscription_count() < 1 or (odom_sub is not None and odom_sub.get_publisher_count() < 1):
+                if time.monotonic() > deadline:
+                    missing = (f"no subscriber on '{renames.get(cfg.points_topic, cfg.points_topic)}'"
+                               if scan_pub.get_subscription_count() < 1 else
+                               f"no publisher on '{cfg.odom_topic}'")
+                    raise ReplayError(f'{missing} after {cfg.startup_timeout:.0f} s: is the node running '
+                                      '(same ROS_DOMAIN_ID, topic names/remaps right)?')
+                time.sleep(0.05)
+            time.sleep(cfg.settle)
+            log(f'replay: playing {", ".join(played)} from {cfg.bag} at rate {cfg.rate:g}')
+            t_start = time.monotonic()
+            counts = _play(cfg, pubs, clock_pub, rec, generate_clock, played)
+            t_end = time.monotonic()
+            n_scans = counts.get(cfg.points_topic, 0)
+            if odom_sub is not None:
+                while True:
+                    with rec.lock:
+                        answered = len(set(rec.odom) & set(rec.published_wall))
+                        last = max(rec.last_odom_wall, t_end)
+                    if answered >= n_scans or time.monotonic() - last > cfg.drain_timeout:
+                        break
+                    time.sleep(0.05)
+            wall = time.monotonic() - t_start
+        finally:
+            executor.shutdown()
+            spinner.join(timeout=5)
+            node.destroy_node()
+    finally:
+        rclpy.try_shutdown()
+
+    with rec.lock:
+        stamps = sorted(rec.odom)
+        est = Trajectory(np.array(stamps, dtype=np.float64) * 1e-9,
+                         np.array([rec.odom[s] for s in stamps]).reshape(-1, 4, 4))
+        return RunRecord(estimate=est, scans_published=n_scans, latencies_ms=list(rec.latencies_ms),
+                         node_latencies_ms=list(rec.node_latencies_ms),
+                         node_scans_dropped=rec.node_scans_dropped, mode='replay', wall_s=wall,
+                         bag=str(cfg.bag), topic=cfg.points_topic, diagnostics_last=dict(rec.diagnostics_last))
+
+
+def _play(cfg: ReplayConfig, pubs, clock_pub, rec: _Recorder, generate_clock: bool, played) -> dict:
+    """Publish the bag's messages paced by their log times; returns per-topic counts."""
+    from builtin_interfaces.msg import Time
+    from rosgraph_msgs.msg import Clock
+
+    def publish_clock(ns: int):
+        clock_pub.publish(Clock(clock=Time(sec=ns // 1_000_000_000, nanosec=ns % 1_000_000_000)))
+
+    counts: dict = {}
+    t0_bag = t0_wall = None
+    clock_period = 1.0 / (cfg.clock_hz * cfg.rate)  # wall seconds between generated clocks
+    next_clock_wall = 0.0
+    for topic, _, t_ns, raw in bag_io.iter_raw(cfg.bag, played):
+        if t0_bag is None:
+            t0_bag, t0_wall = t_ns, time.monotonic()
+            next_clock_wall = t0_wall
+        target = t0_wall + (t_ns - t0_bag) * 1e-9 / cfg.rate
+        while True:
+            now = time.monotonic()
+            if generate_clock and next_clock_wall < target and next_clock_wall <= now:
+                publish_clock(t0_bag + int(round((next_clock_wall - t0_wall) * cfg.rate * 1e9)))
+                next_clock_wall += clock_period
+                continue
+            if now >= target:
+                break
+            wake = min(target, next_clock_wall) if generate_clock else target
+            time.sleep(max(wake - now, 0.0))
+        if generate_clock:
+            publish_clock(t_ns)
+        if topic == cfg.points_topic:
+            with rec.lock:
+                rec.published_wall[_header_stamp_ns(raw)] = time.monotonic()
+        pubs[topic].publish(raw)
+        counts[topic] = counts.get(topic, 0) + 1
+    if not counts:
+        raise ReplayError(f'bag {cfg.bag} has no messages on {played}')
+    return counts
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog='pwan-replay', description=__doc__.split('\n\n')[0])
+    parser.add_argument('--output', required=True, help='directory for run.json and trajectory_est.tum')
+    add_config_arguments(parser, ReplayConfig, skip=('bag',))
+    parser.add_argument('--bag', required=True, help='rosbag2 directory (mcap or sqlite3)')
+    args = parser.parse_args(argv)
+    try:
+        cfg = config_from_args(ReplayConfig, args)
+        run = replay(cfg)
+    except (ValueError, bag_io.BagError, ReplayError) as exc:
+        print(f'pwan-replay: error: {exc}', file=sys.stderr)
+        return 2
+    path = run.save(pathlib.Path(args.output))
+    med = run.median_latency_ms()
+    print(f'replay: {run.scans_published} scans published, {run.scans} answered, '
+          f'median latency {"n/a" if med is None else f"{med:.1f} ms"}, {run.wall_s:.1f} s')
+    print(f'run: {path}')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

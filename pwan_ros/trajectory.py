@@ -1,0 +1,200 @@
+"""Timestamped 6-DoF trajectories and pose files (TUM, KITTI, 4x4 blocks).
+
+A :class:`Trajectory` holds ``stamps`` (N,) float64 seconds and ``poses`` (N, 4, 4) float64
+homogeneous transforms ``T_parent_child`` (e.g. base_link in odom, REP-105), metres.
+
+File formats:
+- TUM: ``stamp tx ty tz qx qy qz qw`` per line (``#`` comments allowed).
+- KITTI: 12 numbers per line, the first three rows of the 4x4 matrix, row-major; no stamps
+  (``read_kitti`` takes them separately, default 0, 1, 2, ...).
+- blocks: 4 lines per pose forming a 4x4 matrix, comma or space separated; with
+  ``stamp_in_corner`` element [3, 3] holds the stamp (it is replaced by 1), as in the BALM
+  ``alidarPose.csv`` files.
+"""
+from __future__ import annotations
+
+import pathlib
+import re
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.spatial.transform import Rotation
+
+__all__ = ['Trajectory', 'TrajectoryError', 'pose_from_tq', 'tq_from_pose', 'read_tum', 'write_tum',
+           'read_kitti', 'write_kitti', 'read_blocks', 'read_pose_file', 'detect_pose_format', 'POSE_FORMATS']
+
+POSE_FORMATS = ('tum', 'kitti', 'blocks')
+
+
+class TrajectoryError(ValueError):
+    """A pose file or trajectory that cannot be used (message says why)."""
+
+
+def pose_from_tq(t, q_xyzw) -> np.ndarray:
+    """4x4 pose(s) from translation(s) (..., 3) and unit quaternion(s) (..., 4) in x, y, z, w order."""
+    t = np.asarray(t, dtype=np.float64)
+    q = np.asarray(q_xyzw, dtype=np.float64)
+    out = np.zeros(t.shape[:-1] + (4, 4))
+    out[..., :3, :3] = Rotation.from_quat(q.reshape(-1, 4)).as_matrix().reshape(t.shape[:-1] + (3, 3))
+    out[..., :3, 3] = t
+    out[..., 3, 3] = 1.0
+    return out
+
+
+def tq_from_pose(poses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(translations (N, 3), quaternions (N, 4) x, y, z, w with w >= 0) from (N, 4, 4) poses."""
+    poses = np.asarray(poses, dtype=np.float64).reshape(-1, 4, 4)
+    q = Rotation.from_matrix(poses[:, :3, :3]).as_quat()
+    q[q[:, 3] < 0] *= -1.0
+    return poses[:, :3, 3].copy(), q
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """Poses ``T_parent_child`` (N, 4, 4) at strictly increasing ``stamps`` (N,) in seconds."""
+
+    stamps: np.ndarray
+    poses: np.ndarray
+
+    def __post_init__(self):
+        stamps = np.asarray(self.stamps, dtype=np.float64).reshape(-1)
+        poses = np.asarray(self.poses, dtype=np.float64).reshape(-1, 4, 4)
+        if stamps.shape[0] != poses.shape[0]:
+            raise TrajectoryError(f'{stamps.shape[0]} stamps but {poses.shape[0]} poses')
+        if stamps.size > 1 and not np.all(np.diff(stamps) > 0):
+            raise TrajectoryError('trajectory stamps must be strictly increasing')
+        if not np.all(np.isfinite(poses)):
+            raise TrajectoryError('trajectory contains non-finite poses')
+        object.__setattr__(self, 'stamps', stamps)
+        object.__setattr__(self, 'poses', poses)
+
+    def __len__(self) -> int:
+        return int(self.stamps.shape[0])
+
+    @property
+    def positions(self) -> np.ndarray:
+        """(N, 3) translations, metres."""
+        return self.poses[:, :3, 3]
+
+    def path_length(self) -> float:
+        """Travelled distance along the positions, metres."""
+        return float(np.linalg.norm(np.diff(self.positions, axis=0), axis=1).sum()) if len(self) > 1 else 0.0
+
+    @classmethod
+    def from_unsorted(cls, stamps, poses) -> 'Trajectory':
+        """Sort by stamp and drop repeated stamps (keeping the first)."""
+        stamps = np.asarray(stamps, dtype=np.float64).reshape(-1)
+        poses = np.asarray(poses, dtype=np.float64).reshape(-1, 4, 4)
+        order = np.argsort(stamps, kind='stable')
+        stamps, poses = stamps[order], poses[order]
+        keep = np.ones(stamps.shape[0], dtype=bool)
+        keep[1:] = np.diff(stamps) > 0
+        return cls(stamps[keep], poses[keep])
+
+    def relative_to_first(self) -> 'Trajectory':
+        """Poses expressed in the frame of the first pose (the first becomes identity)."""
+        if not len(self):
+            return self
+        return Trajectory(self.stamps, np.linalg.inv(self.poses[0]) @ self.poses)
+
+
+_SPLIT = re.compile(r'[,\s]+')
+
+
+def _numeric_rows(path: pathlib.Path) -> list[list[float]]:
+    try:
+        text = pathlib.Path(path).read_text()
+    except OSError as exc:
+        raise TrajectoryError(f'cannot read pose file {path}: {exc}') from exc
+    rows = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith('#'):
+            continue
+        try:
+            rows.append([float(v) for v in _SPLIT.split(line) if v])
+        except ValueError as exc:
+            raise TrajectoryError(f'{path}:{lineno}: not a row of numbers: {line[:60]!r}') from exc
+    if not rows:
+        raise TrajectoryError(f'pose file {path} holds no poses')
+    return rows
+
+
+def read_tum(path) -> Trajectory:
+    """Read a TUM file (``stamp tx ty tz qx qy qz qw`` per line)."""
+    rows = _numeric_rows(path)
+    bad = [i for i, r in enumerate(rows) if len(r) != 8]
+    if bad:
+        raise TrajectoryError(f'{path}: TUM lines need 8 numbers, row {bad[0] + 1} has {len(rows[bad[0]])}')
+    arr = np.array(rows)
+    return Trajectory.from_unsorted(arr[:, 0], pose_from_tq(arr[:, 1:4], arr[:, 4:8]))
+
+
+def write_tum(path, traj: Trajectory) -> pathlib.Path:
+    """Write a TUM file (stamps with 9 decimals, i.e. nanoseconds)."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    t, q = tq_from_pose(traj.poses)
+    with path.open('w') as f:
+        for s, ti, qi in zip(traj.stamps, t, q):
+            f.write(f'{s:.9f} ' + ' '.join(f'{v:.9g}' for v in (*ti, *qi)) + '\n')
+    return path
+
+
+def read_kitti(path, stamps=None) -> Trajectory:
+    """Read a KITTI pose file; ``stamps`` (N,) seconds, default 0, 1, 2, ..."""
+    rows = _numeric_rows(path)
+    bad = [i for i, r in enumerate(rows) if len(r) != 12]
+    if bad:
+        raise TrajectoryError(f'{path}: KITTI lines need 12 numbers, row {bad[0] + 1} has {len(rows[bad[0]])}')
+    poses = np.tile(np.eye(4), (len(rows), 1, 1))
+    poses[:, :3, :] = np.array(rows).reshape(-1, 3, 4)
+    stamps = np.arange(len(rows), dtype=np.float64) if stamps is None else np.asarray(stamps, np.float64)
+    if stamps.shape[0] != len(rows):
+        raise TrajectoryError(f'{path}: {len(rows)} KITTI poses but {stamps.shape[0]} stamps')
+    return Trajectory(stamps, poses)
+
+
+def write_kitti(path, traj: Trajectory) -> pathlib.Path:
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savetxt(path, traj.poses[:, :3, :].reshape(-1, 12), fmt='%.9g')
+    return path
+
+
+def read_blocks(path, stamp_in_corner: bool = True) -> Trajectory:
+    """Read 4x4 pose blocks (4 lines each). With ``stamp_in_corner`` element [3, 3] is the stamp
+    (seconds), otherwise stamps are 0, 1, 2, ..."""
+    rows = _numeric_rows(path)
+    if len(rows) % 4 or any(len(r) != 4 for r in rows):
+        raise TrajectoryError(f'{path}: expected blocks of 4 lines with 4 numbers each')
+    mats = np.array(rows).reshape(-1, 4, 4)
+    if stamp_in_corner:
+        stamps = mats[:, 3, 3].copy()
+        mats[:, 3, 3] = 1.0
+    else:
+        stamps = np.arange(mats.shape[0], dtype=np.float64)
+    return Trajectory(stamps, mats)
+
+
+def detect_pose_format(path) -> str:
+    """'tum', 'kitti' or 'blocks' from the number of columns (8, 12, 4)."""
+    width = len(_numeric_rows(path)[0])
+    fmt = {8: 'tum', 12: 'kitti', 4: 'blocks'}.get(width)
+    if fmt is None:
+        raise TrajectoryError(f'{path}: cannot tell the pose format from {width} columns '
+                              '(TUM has 8, KITTI 12, 4x4 blocks 4)')
+    return fmt
+
+
+def read_pose_file(path, fmt: str = 'auto') -> Trajectory:
+    """Read TUM, KITTI or 4x4-block pose files; ``fmt='auto'`` decides from the column count."""
+    if fmt == 'auto':
+        fmt = detect_pose_format(path)
+    if fmt == 'tum':
+        return read_tum(path)
+    if fmt == 'kitti':
+        return read_kitti(path)
+    if fmt == 'blocks':
+        return read_blocks(path)
+    raise TrajectoryError(f'unknown pose format {fmt!r}; expected one of {POSE_FORMATS} or auto')

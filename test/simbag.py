@@ -1,0 +1,18 @@
+"""Small simulated bags shared by the bag/replay/evaluation tests (generated per test module)."""
+import pytest
+
+from pwan_ros.lidar_sim import SimConfig, write_sim_bag
+
+SMALL = dict(beams=8, azimuth_steps=360, moving_objects=2)
+
+
+def make_small_bag(path, scans=6, **overrides):
+    """A tiny rosbag2 (mcap): ``scans`` scans of ~2k points at 10 Hz + /ground_truth + /clock."""
+    cfg = SimConfig(scans=scans, **{**SMALL, **overrides})
+    write_sim_bag(path, cfg)
+    return path
+
+
+@pytest.fixture(scope='module')
+def small_bag(tmp_path_factory):
+    return make_small_bag(tmp_path_factory.mktemp('simbag') / 'bag')

@@ -1,0 +1,172 @@
+"""Evaluation numbers checked against trajectories whose errors can be computed by hand."""
+import json
+import math
+
+import numpy as np
+import pytest
+from scipy.spatial.transform import Rotation
+
+from pwan_ros import evaluation
+from simbag import small_bag  # noqa: F401  (fixture)
+from pwan_ros.evaluation import EvalConfig, EvaluationError, evaluate
+from pwan_ros.offline import run_offline
+from pwan_ros.run_record import RunRecord
+from pwan_ros.trajectory import (Trajectory, TrajectoryError, read_blocks, read_kitti, read_pose_file, read_tum,
+                                 write_kitti, write_tum)
+
+N = 21  # poses 1 m apart along x, 1 s apart
+
+
+def line(n=N, t0=100.0):
+    poses = np.tile(np.eye(4), (n, 1, 1))
+    poses[:, 0, 3] = np.arange(n, dtype=float)
+    return Trajectory(t0 + np.arange(n, dtype=float), poses)
+
+
+def test_scale_drift_gives_two_percent():
+    gt = line()
+    est_poses = gt.poses.copy()
+    est_poses[:, 0, 3] *= 1.02
+    r = evaluate(Trajectory(gt.stamps, est_poses), gt)
+    # relative translation error of any pair = 0.02 * distance -> 2 %; rotations exact
+    assert r.rpe_trans_pct == pytest.approx(2.0, abs=1e-9)
+    assert r.rpe_rot_deg_per_m == pytest.approx(0.0, abs=1e-9)
+    assert r.rpe_trans_m == pytest.approx(0.02, abs=1e-12)
+    # best rigid fit of 1.02*x onto x centres the line: residual 0.02*(x - mean), RMSE 0.02*std(x)
+    assert r.ate_rmse_m == pytest.approx(0.02 * math.sqrt((N * N - 1) / 12.0), rel=1e-6)
+    assert r.ate_max_m == pytest.approx(0.02 * (N - 1) / 2, rel=1e-6)
+    assert r.matched == N and r.path_length_m == pytest.approx(N - 1)
+    assert r.rpe_lengths_m == pytest.approx((2.0, 4.0, 6.0, 8.0, 10.0))
+    # 'origin' alignment pins the first pose: error grows to 0.02 * 20 m at the end
+    o = evaluate(Trajectory(gt.stamps, est_poses), gt, EvalConfig(align='origin'))
+    assert o.ate_max_m == pytest.approx(0.4, rel=1e-9)
+
+
+def test_roll_drift_gives_known_degrees_per_metre():
+    gt = line()
+    est_poses = gt.poses.copy()
+    # rolling about the direction of motion does not change the relative translations
+    est_poses[:, :3, :3] = Rotation.from_euler('x', 0.5 * np.arange(N)[:, None], degrees=True).as_matrix()
+    r = evaluate(Trajectory(gt.stamps, est_poses), gt, EvalConfig(rpe_lengths=(5.0,)))
+    assert r.rpe_rot_deg_per_m == pytest.approx(0.5, rel=1e-9)
+    assert r.rpe_rot_deg == pytest.approx(0.5, rel=1e-9)
+    assert r.rpe_trans_pct == pytest.approx(0.0, abs=1e-9)
+    assert r.rpe_pairs == N - 5
+    assert r.ate_rmse_m == pytest.approx(0.0, abs=1e-9)
+
+
+def test_alignment_modes_and_association():
+    gt = line()
+    shifted = gt.poses.copy()
+    shifted[:, :3, 3] += [3.0, 4.0, 0.0]
+    est = Trajectory(gt.stamps, shifted)
+    assert evaluate(est, gt, EvalConfig(align='none')).ate_rmse_m == pytest.approx(5.0)
+    assert evaluate(est, gt, EvalConfig(align='se3')).ate_rmse_m == pytest.approx(0.0, abs=1e-9)
+    assert evaluate(est, gt, EvalConfig(align='origin')).ate_rmse_m == pytest.approx(0.0, abs=1e-9)
+    # every other pose, stamps 3 ms late: associated within max_dt, 11 matches
+    sub = Trajectory(gt.stamps[::2] + 0.003, gt.poses[::2])
+    r = evaluate(sub, gt)
+    assert r.matched == 11 and r.ate_rmse_m == pytest.approx(0.0, abs=1e-9)
+    with pytest.raises(EvaluationError, match='no estimated pose has a ground-truth pose within 0.001'):
+        evaluate(sub, gt, EvalConfig(max_dt=0.001))
+    with pytest.raises(EvaluationError, match='at least 2 poses'):
+        evaluate(Trajectory(gt.stamps[:1], gt.poses[:1]), gt)
+    with pytest.raises(ValueError, match='--align'):
+        EvalConfig(align='sim3x')
+
+
+def test_pose_files_round_trip(tmp_path):
+    gt = line(5)
+    rot = gt.poses.copy()
+    rot[:, :3, :3] = Rotation.from_euler('zyx', [[0.1 * k, -0.05 * k, 0.02] for k in range(5)]).as_matrix()
+    traj = Trajectory(gt.stamps + 0.123456789, rot)
+    back = read_tum(write_tum(tmp_path / 'a.tum', traj))
+    np.testing.assert_allclose(back.poses, traj.poses, atol=1e-8)
+    np.testing.assert_allclose(back.stamps, traj.stamps, atol=1e-6)
+    kitti = read_kitti(write_kitti(tmp_path / 'a.kitti', traj))
+    np.testing.assert_allclose(kitti.poses, traj.poses, atol=1e-8)
+    assert list(kitti.stamps) == [0, 1, 2, 3, 4]
+    blocks = tmp_path / 'poses.csv'
+    blocks.write_text(''.join(
+        ''.join(','.join(f'{v:.9f}' for v in row) + ',\n' for row in np.vstack([p[:3], [0, 0, 0, s]]))
+        for p, s in zip(traj.poses, traj.stamps)))
+    b = read_blocks(blocks)
+    np.testing.assert_allclose(b.poses, traj.poses, atol=1e-8)
+    np.testing.assert_allclose(b.stamps, traj.stamps, atol=1e-6)
+    assert read_pose_file(blocks).poses.shape == (5, 4, 4)
+    bad = tmp_path / 'bad.txt'
+    bad.write_text('1 2 3\n')
+    with pytest.raises(TrajectoryError, match='3 columns'):
+        read_pose_file(bad)
+    with pytest.raises(TrajectoryError, match='strictly increasing'):
+        Trajectory([1.0, 1.0], np.tile(np.eye(4), (2, 1, 1)))
+
+
+def test_cli_pose_files_writes_summary_plot_and_table(tmp_path, capsys):
+    gt = line()
+    est = gt.poses.copy()
+    est[:, 0, 3] *= 1.02
+    write_tum(tmp_path / 'gt.tum', gt)
+    write_tum(tmp_path / 'est.tum', Trajectory(gt.stamps, est))
+    out = tmp_path / 'eval'
+    rc = evaluation.main(['--est', str(tmp_path / 'est.tum'), '--gt-file', str(tmp_path / 'gt.tum'),
+                          '--output', str(out)])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert rc == 0 and lines[-1] == f'summary: {out / "summary.json"}'
+    assert any(line.startswith('RPE drift') and '2.00 %' in line for line in lines)
+    summary = json.loads((out / 'summary.json').read_text())
+    assert set(evaluation.SUMMARY_KEYS) <= set(summary)
+    assert summary['rpe_trans_pct'] == pytest.approx(2.0) and summary['scans'] == N
+    assert summary['scans_dropped'] is None and summary['median_latency_ms'] is None
+    assert (out / 'trajectory.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    assert read_tum(out / 'trajectory_est.tum').poses.shape == (N, 4, 4)
+    # --json prints the same summary as JSON
+    rc = evaluation.main(['--est', str(tmp_path / 'est.tum'), '--gt-file', str(tmp_path / 'gt.tum'),
+                          '--output', str(out), '--json'])
+    text = capsys.readouterr().out
+    assert rc == 0 and json.loads(text[:text.rindex('}') + 1])['ate_rmse_m'] == summary['ate_rmse_m']
+    # errors are one clear line and exit code 2
+    rc = evaluation.main(['--est', str(tmp_path / 'missing.tum'), '--gt-file', str(tmp_path / 'gt.tum')])
+    assert rc == 2 and 'cannot read pose file' in capsys.readouterr().err
+
+
+def test_offline_run_and_run_record(tmp_path, small_bag):
+    """Offline mode on a generated bag: an estimator with a known 5 % scale error."""
+    from pwan_ros.bag_io import read_trajectory
+    gt = read_trajectory(small_bag, '/ground_truth')
+    lookup = {round(s, 6): p for s, p in zip(gt.stamps, gt.poses)}
+    calls = []
+
+    def estimate(xyz, stamp):
+        calls.append(xyz.shape)
+        rel = np.linalg.inv(gt.poses[0]) @ lookup[round(stamp, 6)]
+        rel[:3, 3] *= 1.05
+        return None if len(calls) == 3 else rel  # the third scan is "dropped"
+
+    run = run_offline(small_bag, estimate)
+    assert run.scans_published == 6 and run.scans == 5 and run.scans_dropped == 1
+    assert all(s[1] == 3 and s[0] > 1000 for s in calls)
+    assert len(run.latencies_ms) == 6 and run.mode == 'offline'
+    loaded = RunRecord.load(run.save(tmp_path / 'run'))
+    np.testing.assert_allclose(loaded.estimate.poses, run.estimate.poses, atol=1e-8)
+    assert loaded.scans_dropped == 1
+    r = evaluate(loaded.estimate, gt)
+    # translations scaled by 1.05: relative errors are 5 % of the chord, chord ~ path on this short bit
+    assert 4.8 < r.rpe_trans_pct <= 5.0 + 1e-6
+    assert r.rpe_rot_deg_per_m == pytest.approx(0.0, abs=1e-4)
+
+
+def test_cli_estimate_from_recorded_bag(tmp_path, small_bag, capsys):
+    """--est may be a bag with /odometry (e.g. from ros2 bag record); scans are counted from --bag."""
+    from pwan_ros import bag_io
+    gt = bag_io.read_trajectory(small_bag, '/ground_truth')
+    with bag_io.BagWriter(tmp_path / 'est_bag') as w:
+        for s, p in list(zip(gt.stamps, gt.poses))[1:]:
+            ns = int(round(s * 1e9))
+            w.write('/odometry', ns, bag_io.odometry(ns, np.linalg.inv(gt.poses[0]) @ p, 'odom', 'base_link'))
+    out = tmp_path / 'eval'
+    rc = evaluation.main(['--est', str(tmp_path / 'est_bag'), '--bag', str(small_bag), '--output', str(out)])
+    assert rc == 0, capsys.readouterr().err
+    summary = json.loads((out / 'summary.json').read_text())
+    assert (summary['scans'], summary['scans_dropped'], summary['matched']) == (5, 1, 5)
+    assert summary['ate_rmse_m'] < 1e-6

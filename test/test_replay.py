@@ -1,0 +1,130 @@
+"""Replay over real DDS into a stand-in node, evaluation of what it answered, and the demo driver."""
+import json
+import pathlib
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pwan_ros import bag_io, demo
+from pwan_ros.evaluation import SUMMARY_KEYS, evaluate, load_ground_truth
+from pwan_ros.replay import ReplayConfig, _play, _Recorder
+from pwan_ros.run_record import RunRecord
+from simbag import small_bag  # noqa: F401  (fixture)
+
+ECHO = pathlib.Path(__file__).parent / 'peers' / 'echo_odom.py'
+
+
+def start_echo(env, *args):
+    return subprocess.Popen([sys.executable, str(ECHO), *args, '--ros-args', '-p', 'use_sim_time:=true'],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop(proc):
+    proc.terminate()
+    proc.wait(timeout=20)
+
+
+@pytest.mark.ros
+def test_replay_into_node_and_evaluate(tmp_path, ros_env, small_bag):
+    # The stand-in answers every scan except each 4th with ground truth scaled by 1.02.
+    echo = start_echo(ros_env, '--drop-every', '4', '--drift', '0.02')
+    try:
+        out = tmp_path / 'run'
+        proc = subprocess.run([sys.executable, '-m', 'pwan_ros.replay', '--bag', str(small_bag), '--output', str(out),
+                               '--drain-timeout', '3'], env=ros_env, capture_output=True, text=True, timeout=90)
+    finally:
+        stop(echo)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == f'run: {out / "run.json"}'
+    run = RunRecord.load(out / 'run.json')
+    assert (run.scans_published, run.scans, run.scans_dropped) == (6, 5, 1)
+    assert run.node_scans_dropped == 1 and len(run.node_latencies_ms) == 5
+    assert len(run.latencies_ms) == 5 and 0 < run.median_latency_ms() < 1000
+    # the node ran on the replayed /clock: its clock equalled the scan stamps
+    assert abs(float(run.diagnostics_last['sim_lag_s'])) < 0.15
+    assert int(run.diagnostics_last['points']) > 1000
+    gt, _ = load_ground_truth(small_bag, '/ground_truth')
+    r = evaluate(run.estimate, gt)
+    # scaled translations: relative error = 2 % of the chord, which is ~ the path on this short piece
+    assert 1.9 < r.rpe_trans_pct <= 2.0 + 1e-6
+    assert r.rpe_rot_deg_per_m == pytest.approx(0.0, abs=1e-3)
+    assert r.ate_rmse_m < 0.02
+
+
+@pytest.mark.ros
+def test_replay_without_subscriber_fails_clearly(tmp_path, ros_env, small_bag):
+    proc = subprocess.run([sys.executable, '-m', 'pwan_ros.replay', '--bag', str(small_bag), '--output',
+                           str(tmp_path / 'run'), '--startup-timeout', '2'],
+                          env=ros_env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "no subscriber on '/points' after 2 s" in proc.stderr
+    proc = subprocess.run([sys.executable, '-m', 'pwan_ros.replay', '--bag', str(small_bag), '--output',
+                           str(tmp_path / 'run'), '--points-topic', '/velodyne_points'],
+                          env=ros_env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "has no topic '/velodyne_points'" in proc.stderr
+
+
+class FakePub:
+    def __init__(self, log, name):
+        self.log, self.name = log, name
+
+    def publish(self, msg):
+        self.log.append((self.name, time.monotonic(), msg))
+
+
+def test_pacing_follows_bag_time_and_rate(small_bag):
+    """Messages leave at bag time / rate; generated /clock ticks are monotonic and end at each scan stamp."""
+    log = []
+    cfg = ReplayConfig(bag=str(small_bag), topics=('/points', '/ground_truth'), rate=2.0, clock_hz=50.0)
+    pubs = {t: FakePub(log, t) for t in cfg.topics}
+    counts = _play(cfg, pubs, FakePub(log, '/clock'), _Recorder(), True, list(cfg.topics))
+    assert counts == {'/points': 6, '/ground_truth': 6}
+    scans = [(t, raw) for name, t, raw in log if name == '/points']
+    t0 = scans[0][0]
+    for k, (t, raw) in enumerate(scans):
+        assert t - t0 == pytest.approx(k * 0.05, abs=0.02)  # 0.1 s of bag time at rate 2
+    clocks = [bag_io.stamp_to_ns(m.clock) for name, _, m in log if name == '/clock']
+    assert clocks == sorted(clocks) and len(clocks) >= 6 + 25  # 50 Hz over 0.5 s of bag time plus one per message
+    last_clock_before_scan = [next(bag_io.stamp_to_ns(m.clock) for n, _, m in reversed(log[:i]) if n == '/clock')
+                              for i, (n, _, _) in enumerate(log) if n == '/points']
+    assert last_clock_before_scan == [int(1.7e18) + k * 100_000_000 for k in range(6)]
+
+
+def test_demo_bag_is_cached(tmp_path):
+    cfg = demo.DemoConfig(output=str(tmp_path), scans=3)
+    logs = []
+    bag = demo._ensure_bag(cfg, tmp_path, logs.append)
+    assert bag_io.bag_topics(bag)['/points'].count == 3 and 'generating' in logs[0]
+    mtime = (bag / 'metadata.yaml').stat().st_mtime_ns
+    assert demo._ensure_bag(cfg, tmp_path, logs.append) == bag and 'cached' in logs[-1]
+    assert (bag / 'metadata.yaml').stat().st_mtime_ns == mtime
+    demo._ensure_bag(demo.DemoConfig(output=str(tmp_path), scans=4), tmp_path, logs.append)
+    assert bag_io.bag_topics(bag)['/points'].count == 4  # other settings: regenerated
+
+
+@pytest.mark.ros
+def test_demo_end_to_end_with_stand_in_node(tmp_path, ros_env):
+    node_cmd = f'{sys.executable} {ECHO} --ros-args -p use_sim_time:=true'
+    proc = subprocess.run([sys.executable, '-m', 'pwan_ros.demo', '--output', str(tmp_path / 'demo'), '--scans', '8',
+                           '--node-cmd', node_cmd, '--drain-timeout', '3'],
+                          env=ros_env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last == f'summary: {tmp_path / "demo" / "summary.json"}'
+    summary = json.loads((tmp_path / 'demo' / 'summary.json').read_text())
+    assert set(SUMMARY_KEYS) <= set(summary)
+    assert summary['scans'] == 8 and summary['scans_dropped'] == 0
+    assert summary['ate_rmse_m'] < 1e-3 and summary['median_latency_ms'] > 0
+    assert pathlib.Path(summary['plot_png']).exists() and pathlib.Path(summary['trajectory_tum']).exists()
+    assert 'trajectory:' in proc.stdout and 'plot:' in proc.stdout
+
+
+@pytest.mark.ros
+def test_demo_reports_a_node_that_dies(tmp_path, ros_env):
+    proc = subprocess.run([sys.executable, '-m', 'pwan_ros.demo', '--output', str(tmp_path / 'demo'), '--scans', '3',
+                           '--node-cmd', f'{sys.executable} -c "import sys; print(\'boom\'); sys.exit(3)"'],
+                          env=ros_env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert 'the node exited early (code 3)' in proc.stderr and 'boom' in proc.stderr
