@@ -29,6 +29,11 @@ setup:
 setup-bench:
 	@EXTRAS=test,bench bash tools/setup_env.sh
 
+# The main job on data the package makes itself: simulate a LiDAR bag (once, cached), replay it
+# into register_node over DDS, evaluate the trajectory against ground truth.
+demo: setup
+	$(PY) -m pwan_ros.demo --output $(RESULTS)/demo
+
 test: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
@@ -40,3 +45,6 @@ test-all: setup
 
 clean-venv:
 	rm -rf $(VENV)
+
+bench: setup-bench
+	$(PY) bench/bench_lidar.py --data $(DATA) --results $(RESULTS)/lidar

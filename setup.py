@@ -42,10 +42,11 @@ setup(
         'matplotlib>=3.6',
         'pyyaml>=6',
         'evo>=1.20',
+        'small-gicp>=1.0',
     ],
     extras_require={
         'test': ['pytest>=7', 'colcon-core>=0.15', 'colcon-ros>=0.4', 'colcon-python-setup-py>=0.2'],
-        'bench': ['small-gicp>=1.0', 'kiss-icp>=1.0', 'probreg>=0.3', 'pycpd>=2.0'],
+        'bench': ['kiss-icp>=1.0', 'probreg>=0.3', 'pycpd>=2.0'],
     },
     zip_safe=True,
     maintainer='pwan_ros maintainers',
@@ -56,6 +57,15 @@ setup(
     entry_points={
         'console_scripts': [
             'pwan-register = pwan_ros.register_cli:main',
+            'register_node = pwan_ros.register_node:main',
+            'pwan-adapt = pwan_ros.adapt_cli:main',
+            'pwan-adapt-import = pwan_ros.adapt_cli:import_main',
+            'adapt_node = pwan_ros.adapt_node:main',
+            'pwan-sim = pwan_ros.lidar_sim:main',
+            'pwan-replay = pwan_ros.replay:main',
+            'pwan-evaluate = pwan_ros.evaluation:main',
+            'pwan-pcd2bag = pwan_ros.pcd_to_bag:main',
+            'pwan-demo = pwan_ros.demo:main',
         ],
     },
 )

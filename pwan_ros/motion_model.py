@@ -1,0 +1,57 @@
+"""Constant-velocity motion prediction for warm-starting scan registration."""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from .se3 import invert, scale_motion
+
+
+class ConstantVelocityModel:
+    """Predicts the next sensor pose from the last two accepted poses (metres, radians).
+
+    The motion between the last two accepted poses is extrapolated to the new stamp along its
+    geodesic, scaled by the ratio of the time steps (capped at ``max_extrapolation`` x, so a
+    long gap after dropped scans does not fling the prediction away).
+    """
+
+    def __init__(self, max_extrapolation: float = 3.0):
+        self.max_extrapolation = max_extrapolation
+        self.reset()
+
+    def reset(self) -> None:
+        self._pose: Optional[np.ndarray] = None
+        self._stamp: Optional[float] = None
+        self._delta = np.eye(4)   # last motion, in the previous pose's frame
+        self._dt: Optional[float] = None
+
+    @property
+    def pose(self) -> Optional[np.ndarray]:
+        return self._pose
+
+    @property
+    def stamp(self) -> Optional[float]:
+        return self._stamp
+
+    def predict(self, stamp: float) -> np.ndarray:
+        """Predicted (4, 4) pose at ``stamp`` (seconds). Identity before the first update."""
+        if self._pose is None:
+            return np.eye(4)
+        if self._dt is None or self._dt <= 0.0:
+            return self._pose.copy()
+        factor = min(max((stamp - self._stamp) / self._dt, 0.0), self.max_extrapolation)
+        return self._pose @ scale_motion(self._delta, factor)
+
+    def update(self, pose: np.ndarray, stamp: float) -> None:
+        """Record an accepted (4, 4) pose at ``stamp`` (seconds)."""
+        if self._pose is not None and stamp > self._stamp:
+            self._delta = invert(self._pose) @ pose
+            self._dt = stamp - self._stamp
+        self._pose = np.array(pose, dtype=np.float64)
+        self._stamp = float(stamp)
+
+    def hold(self, stamp: float) -> None:
+        """Forget the velocity (e.g. after a rejected registration): predict standing still."""
+        self._delta = np.eye(4)
+        self._dt = None

@@ -1,0 +1,171 @@
+"""Drives a running ``register_node`` over DDS in lock-step and records what it answers.
+
+For each scan of a scenario it publishes a PointCloud2 on ``points``, then waits until the
+node answers that scan (an Odometry or a DiagnosticArray carrying the scan's stamp) before
+publishing the next, so results do not depend on the speed of the machine. Everything the
+node published is written to a JSON file.
+
+  python scan_driver.py --scenario sim --scans 12 --out result.json
+  python scan_driver.py --scenario bad --out result.json
+"""
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+import rclpy
+from diagnostic_msgs.msg import DiagnosticArray
+from nav_msgs.msg import Odometry
+from rclpy.node import Node
+from rclpy.qos import QoSProfile, ReliabilityPolicy
+from sensor_msgs.msg import PointCloud2, PointField
+from std_msgs.msg import Header
+from tf2_msgs.msg import TFMessage
+
+from pwan_ros import pointcloud2 as pc2
+from pwan_ros.lidar_sim import SimConfig, simulate
+
+SIM = dict(beams=16, azimuth_steps=360, moving_objects=2, seed=3)
+
+
+def header(stamp_ns, frame='base_link'):
+    h = Header()
+    h.stamp.sec, h.stamp.nanosec = divmod(int(stamp_ns), 1_000_000_000)
+    h.frame_id = frame
+    return h
+
+
+def sim_messages(n):
+    """(label, message, ground-truth pose) for n simulated scans."""
+    for s in simulate(SimConfig(scans=n, **SIM)):
+        yield 'scan', pc2.create_cloud(header(s.stamp_ns), s.xyz, s.extras), s.pose
+
+
+def bad_messages():
+    """Valid scans interleaved with every kind of bad input the node must survive."""
+    scans = list(simulate(SimConfig(scans=6, **SIM)))
+
+    def cloud(k, frame='base_link', stamp=None):
+        s = scans[k]
+        return pc2.create_cloud(header(s.stamp_ns if stamp is None else stamp, frame), s.xyz, s.extras)
+
+    yield 'scan', cloud(0), scans[0].pose
+    empty = pc2.create_cloud(header(scans[0].stamp_ns + 10_000_000), np.zeros((0, 3), np.float32))
+    yield 'empty', empty, None
+    no_z = PointCloud2(header=header(scans[0].stamp_ns + 20_000_000), height=1, width=2,
+                       fields=[PointField(name='x', offset=0, datatype=PointField.FLOAT32, count=1),
+                               PointField(name='y', offset=4, datatype=PointField.FLOAT32, count=1)],
+                       is_bigendian=False, point_step=8, row_step=16, is_dense=True,
+                       data=np.zeros(4, np.float32).tobytes())
+    yield 'no_z', no_z, None
+    nan = pc2.create_cloud(header(scans[0].stamp_ns + 30_000_000), np.full((500, 3), np.nan, np.float32))
+    yield 'all_nan', nan, None
+    bad_type = PointCloud2(header=header(scans[0].stamp_ns + 40_000_000), height=1, width=1,
+                           fields=[PointField(name=n, offset=4 * i, datatype=42, count=1)
+                                   for i, n in enumerate('xyz')],
+                           is_bigendian=False, point_step=12, row_step=12, is_dense=True,
+                           data=bytes(12))
+    yield 'bad_datatype', bad_type, None
+    truncated = cloud(1, stamp=scans[0].stamp_ns + 50_000_000)
+    truncated.data = bytes(truncated.data)[:100]
+    yield 'truncated', truncated, None
+    no_frame = cloud(1, frame='')
+    no_frame.header.stamp.nanosec += 1000
+    yield 'no_frame', no_frame, None
+    with_nans = scans[1].xyz.copy()
+    with_nans[::3] = np.nan
+    yield 'scan_with_nans', pc2.create_cloud(header(scans[1].stamp_ns), with_nans, scans[1].extras), scans[1].pose
+    # A huge cloud: the scan repeated with millimetre jitter (must be downsampled, not choke).
+    rng = np.random.default_rng(0)
+    big = np.concatenate([scans[2].xyz + rng.normal(0, 1e-3, scans[2].xyz.shape).astype(np.float32)
+                          for _ in range(20)])
+    yield 'huge', pc2.create_cloud(header(scans[2].stamp_ns), big), scans[2].pose
+    yield 'scan', cloud(3), scans[3].pose
+    yield 'time_backwards', cloud(1, stamp=scans[1].stamp_ns - 5_000_000_000), None
+    yield 'scan_after_reset', cloud(4), scans[4].pose
+    yield 'frame_change', cloud(5, frame='other_lidar'), scans[5].pose
+
+
+class Driver(Node):
+    def __init__(self):
+        super().__init__('scan_driver')
+        qos = QoSProfile(depth=5, reliability=ReliabilityPolicy.RELIABLE)
+        self.pub = self.create_publisher(PointCloud2, 'points', qos)
+        self.answers = {}     # stamp_ns -> {'odom': ..., 'diag': ...}
+        self.tf = []
+        self.aligned = []
+        self.create_subscription(Odometry, 'odometry', self.on_odom, 50)
+        self.create_subscription(DiagnosticArray, '/diagnostics', self.on_diag, 50)
+        self.create_subscription(TFMessage, '/tf', self.on_tf, 100)
+        self.create_subscription(PointCloud2, 'aligned_points', self.on_aligned, qos)
+
+    @staticmethod
+    def key(stamp):
+        return stamp.sec * 1_000_000_000 + stamp.nanosec
+
+    def on_odom(self, msg):
+        p, q = msg.pose.pose.position, msg.pose.pose.orientation
+        self.answers.setdefault(self.key(msg.header.stamp), {})['odom'] = {
+            'frame': msg.header.frame_id, 'child': msg.child_frame_id,
+            'position': [p.x, p.y, p.z], 'orientation': [q.x, q.y, q.z, q.w],
+            'covariance_xx': msg.pose.covariance[0]}
+
+    def on_diag(self, msg):
+        st = msg.status[0]
+        self.answers.setdefault(self.key(msg.header.stamp), {})['diag'] = {
+            'level': int.from_bytes(st.level, 'little') if isinstance(st.level, bytes) else int(st.level),
+            'message': st.message, 'values': {kv.key: kv.value for kv in st.values}}
+
+    def on_tf(self, msg):
+        for t in msg.transforms:
+            self.tf.append([t.header.frame_id, t.child_frame_id, self.key(t.header.stamp)])
+
+    def on_aligned(self, msg):
+        cloud = pc2.read_cloud(msg)
+        self.aligned.append({'stamp': self.key(msg.header.stamp), 'frame': msg.header.frame_id,
+                             'points': len(cloud), 'fields': [f.name for f in msg.fields],
+                             'xyz_mean': cloud.xyz.mean(axis=0).tolist() if len(cloud) else None})
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument('--scenario', choices=('sim', 'bad'), required=True)
+    ap.add_argument('--scans', type=int, default=12)
+    ap.add_argument('--out', required=True)
+    ap.add_argument('--timeout', type=float, default=60.0, help='seconds to wait per scan')
+    args = ap.parse_args()
+    rclpy.init()
+    node = Driver()
+    sent = []
+    try:
+        deadline = time.monotonic() + 30.0
+        while (node.pub.get_subscription_count() == 0
+               or node.count_publishers('odometry') == 0) and time.monotonic() < deadline:
+            rclpy.spin_once(node, timeout_sec=0.1)
+        if node.pub.get_subscription_count() == 0:
+            print('register_node did not subscribe to points', file=sys.stderr)
+            sys.exit(3)
+        time.sleep(0.5)
+        msgs = sim_messages(args.scans) if args.scenario == 'sim' else bad_messages()
+        for label, msg, pose in msgs:
+            key = Driver.key(msg.header.stamp)
+            node.pub.publish(msg)
+            end = time.monotonic() + args.timeout
+            while key not in node.answers and time.monotonic() < end:
+                rclpy.spin_once(node, timeout_sec=0.05)
+            t_end = time.monotonic() + 0.3   # let the other outputs of this scan arrive
+            while time.monotonic() < t_end:
+                rclpy.spin_once(node, timeout_sec=0.05)
+            sent.append({'label': label, 'stamp': key,
+                         'gt': None if pose is None else np.asarray(pose).tolist()})
+    finally:
+        with open(args.out, 'w') as f:
+            json.dump({'sent': sent, 'answers': {str(k): v for k, v in node.answers.items()},
+                       'tf': node.tf, 'aligned': node.aligned}, f)
+        node.destroy_node()
+        rclpy.try_shutdown()
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,156 @@
+"""The registration pipeline behind register_node, in-process (no ROS)."""
+import numpy as np
+import pytest
+from scipy.spatial.transform import Rotation
+
+from pwan_ros.gicp_tracker import PreparedCloud, track
+from pwan_ros.lidar_sim import SimConfig, simulate
+from pwan_ros.motion_model import ConstantVelocityModel
+from pwan_ros.odometry_config import ConfigError, OdometryConfig
+from pwan_ros.scan_filter import automatic_voxel_size, filter_scan, isolated_voxels, voxel_grid
+from pwan_ros.scan_pipeline import ScanError, ScanPipeline
+from pwan_ros.se3 import invert, make_transform, rotation_angle
+
+SIM = dict(beams=16, azimuth_steps=360, moving_objects=2)
+
+
+def pose_error(est, gt):
+    d = invert(gt) @ est
+    return np.degrees(rotation_angle(d)), np.linalg.norm(d[:3, 3])
+
+
+def yaw(deg):
+    return make_transform(Rotation.from_euler('z', deg, degrees=True).as_matrix(), np.zeros(3))
+
+
+@pytest.fixture(scope='module')
+def sim_scans():
+    return list(simulate(SimConfig(scans=12, seed=2, **SIM)))
+
+
+def test_voxel_grid_counts_and_centroids():
+    pts = np.array([[0.1, 0.1, 0.1], [0.3, 0.3, 0.3], [1.2, 0.1, 0.1]])
+    grid = voxel_grid(pts, 1.0)
+    order = np.argsort(grid.centroids[:, 0])
+    np.testing.assert_allclose(grid.centroids[order], [[0.2, 0.2, 0.2], [1.2, 0.1, 0.1]])
+    np.testing.assert_array_equal(grid.counts[order], [2, 1])
+    np.testing.assert_array_equal(grid.inverse, [grid.inverse[0]] * 2 + [grid.inverse[2]])
+
+
+def test_isolated_returns_removed_only_when_noise_dominates():
+    rng = np.random.default_rng(0)
+    plane = np.column_stack([rng.uniform(0, 10, 20000), rng.uniform(0, 10, 20000), np.zeros(20000)])
+    noise = rng.uniform(-20, 20, (10000, 3))
+    clean = filter_scan(plane, 0.25, 10 ** 6)
+    assert clean.num_isolated_removed == 0
+    dirty = filter_scan(np.vstack([plane, noise]), 0.25, 10 ** 6)
+    # the noise voxels outnumber the plane's before the rule; after it, the plane dominates
+    assert dirty.num_isolated_removed > 9000
+    assert np.mean(np.abs(dirty.points[:, 2]) < 1e-6) > 0.7   # from 14 % before
+    # a cloud sparse everywhere (every return alone, no neighbours) is left as it is
+    sparse = rng.uniform(-20, 20, (3000, 3))
+    assert filter_scan(sparse, 0.25, 10 ** 6).num_isolated_removed == 0
+    # a sparse ring (returns 1.5 voxels apart, each alone in its voxel) has neighbours: kept
+    a = np.linspace(0, 2 * np.pi, 400, endpoint=False)
+    ring = np.column_stack([15 * np.cos(a), 15 * np.sin(a), np.zeros_like(a)])
+    grid = voxel_grid(np.vstack([ring, plane]), 0.16)
+    assert not isolated_voxels(grid)[grid.inverse[:400]].any()
+
+
+def test_automatic_voxel_size_ignores_far_outliers(sim_scans):
+    pts = sim_scans[0].xyz.astype(float)
+    v = automatic_voxel_size(pts)
+    assert 0.1 < v < 1.0
+    rng = np.random.default_rng(1)
+    far = rng.uniform(-500, 500, (len(pts) // 2, 3))
+    assert automatic_voxel_size(np.vstack([pts, far])) == pytest.approx(v, rel=0.25)
+
+
+def test_filter_drops_nan_and_range_gate():
+    pts = np.array([[np.nan, 0, 0], [1, 0, 0], [5, 0, 0], [50, 0, 0], [np.inf, 1, 1]])
+    f = filter_scan(pts, 0.0, 100, min_range=2.0, max_range=10.0)
+    assert (f.num_input, f.num_finite, f.num_in_range) == (5, 3, 1)
+    np.testing.assert_allclose(f.points, [[5, 0, 0]])
+
+
+def test_constant_velocity_model():
+    m = ConstantVelocityModel(max_extrapolation=3.0)
+    np.testing.assert_allclose(m.predict(0.0), np.eye(4))
+    step = yaw(10.0)
+    step[:3, 3] = [1.0, 0.0, 0.0]
+    m.update(np.eye(4), 0.0)
+    m.update(step, 0.1)
+    pred = m.predict(0.2)
+    np.testing.assert_allclose(pred, step @ step, atol=1e-9)
+    # a long gap is extrapolated at most 3 steps (rotation and translation scaled separately)
+    three = yaw(30.0)
+    three[:3, 3] = [3.0, 0.0, 0.0]
+    np.testing.assert_allclose(m.predict(10.0), step @ three, atol=1e-9)
+    m.hold(0.1)
+    np.testing.assert_allclose(m.predict(0.3), step, atol=1e-12)
+
+
+def test_config_validation_names_parameter():
+    with pytest.raises(ConfigError, match="'keyframe_angle'"):
+        OdometryConfig(keyframe_angle=-1.0)
+    with pytest.raises(ConfigError, match="unknown parameter"):
+        OdometryConfig.from_dict({'voxelsize': 0.2})
+    with pytest.raises(ConfigError, match="'max_range'"):
+        OdometryConfig(min_range=5.0, max_range=2.0)
+
+
+def test_pipeline_tracks_simulated_drive(sim_scans):
+    pipe = ScanPipeline(OdometryConfig())
+    gt0 = sim_scans[0].pose
+    errors = []
+    for s in sim_scans:
+        est = pipe.process(s.xyz, s.stamp_ns * 1e-9)
+        assert est.path in ('init', 'track') and est.accepted
+        errors.append(pose_error(est.pose, invert(gt0) @ s.pose))
+    errors = np.array(errors)
+    assert errors[:, 0].max() < 0.3 and errors[:, 1].max() < 0.05, errors
+
+
+def test_pipeline_rejects_bad_scans(sim_scans):
+    pipe = ScanPipeline(OdometryConfig())
+    s = sim_scans[0]
+    with pytest.raises(ScanError, match='valid points'):
+        pipe.process(np.full((100, 3), np.nan), 1.0)
+    pipe.process(s.xyz, 2.0)
+    with pytest.raises(ScanError, match='time went backwards'):
+        pipe.process(s.xyz, 1.0)
+    with pytest.raises(ScanError, match=r'\(N, 3\)'):
+        pipe.process(np.zeros((10, 2)), 3.0)
+
+
+def test_pwan_recovers_where_tracking_fails(sim_scans):
+    """Heavy spurious returns (100 % of the scan's points, uniform in its bounding box) in
+    three scans and a sudden 60 degree turn: partial tracking alone converges to a wrong pose;
+    the pipeline detects it, engages full PWAN and recovers."""
+    jump = yaw(60.0)
+    rng = np.random.default_rng(0)
+    pipe = ScanPipeline(OdometryConfig())
+    gt0 = sim_scans[0].pose
+    engaged, after = [], []
+    for k, s in enumerate(sim_scans):
+        pose, xyz = s.pose, s.xyz.astype(float)
+        if k >= 6:
+            pose, xyz = pose @ jump, xyz @ jump[:3, :3]
+        if k in (6, 7, 8):
+            lo, hi = xyz.min(axis=0), xyz.max(axis=0)
+            xyz = np.vstack([xyz, rng.uniform(lo, hi, (len(xyz), 3))])
+        gt = invert(gt0) @ pose
+        if k == 6:
+            # what plain tracking from the prediction gives on the jump scan
+            kf = pipe.keyframe
+            scan = PreparedCloud.build(filter_scan(xyz, pipe.voxel_size, 10000).points)
+            tr = track(kf.cloud, scan, invert(kf.pose) @ pipe.motion.predict(s.stamp_ns * 1e-9), pipe.h)
+            assert pose_error(kf.pose @ tr.transform, gt)[0] > 5.0
+        est = pipe.process(xyz, s.stamp_ns * 1e-9)
+        engaged.append(est.pwan_engaged)
+        if k >= 6:
+            after.append(pose_error(est.pose, gt))
+    print(f'PWAN engaged on {sum(engaged)} of {len(engaged)} scans: {np.flatnonzero(engaged).tolist()}')
+    assert engaged[6] and 1 <= sum(engaged) <= 3
+    after = np.array(after)
+    assert after[:, 0].max() < 0.5 and after[:, 1].max() < 0.1, after
