@@ -27,7 +27,7 @@ class PreparedCloud:
     tree: 'small_gicp.KdTree'
 
     @classmethod
-    def build(cls, points: np.ndarray, num_threads: int = 2, num_neighbors: int = 20) -> 'PreparedCloud':
+    def build(cls, points: np.ndarray, num_threads: int = 2, num_neighbors: int = 10) -> 'PreparedCloud':
         pts = np.ascontiguousarray(points, dtype=np.float64)
         cloud = small_gicp.PointCloud(pts)
         tree = small_gicp.KdTree(cloud, num_threads=num_threads)

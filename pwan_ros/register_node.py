@@ -200,10 +200,15 @@ class RegisterNode(Node):
             try:
                 self._handle(msg, t_received)
             except Exception as exc:  # never let one scan kill the node
+                if self._stop or not self.context.ok():
+                    return            # shutting down: publishers are gone
                 self.counts['invalid'] += 1
                 self._warn('internal', f'scan skipped after an internal error: {exc!r}')
-                self._publish_diagnostics(msg.header.stamp, DiagnosticStatus.ERROR,
-                                          f'internal error: {exc}', {})
+                try:
+                    self._publish_diagnostics(msg.header.stamp, DiagnosticStatus.ERROR,
+                                              f'internal error: {exc}', {})
+                except Exception:
+                    pass
 
     def _handle(self, msg: PointCloud2, t_received: float) -> None:
         cfg = self.config
@@ -351,8 +356,8 @@ class RegisterNode(Node):
         status.name = 'pwan_register: scan registration'
         status.hardware_id = self.config.base_frame or (self._frame or '')
         status.message = message
-        counts = {f'scans_{k}' if k in ('received', 'processed', 'dropped', 'invalid', 'rejected')
-                  else k: str(v) for k, v in self.counts.items()}
+        counts = {k if k in ('resets', 'over_budget') else f'scans_{k}': str(v)
+                  for k, v in self.counts.items()}
         status.values = [KeyValue(key=k, value=v) for k, v in {**values, **counts,
                                                                  'mode': self.config.mode}.items()]
         arr = DiagnosticArray()

@@ -189,7 +189,7 @@ class ScanPipeline:
             timings['track'] = (time.perf_counter() - t0) * 1e3
             candidate, iterations = (tr.transform, quality), tr.iterations
             reason = self._distrust(quality)
-            if reason == '' and self._scan_index == 2 and kf.is_reference:
+            if reason == '' and self._scan_index == 1 and kf.is_reference:
                 reason = 'start-up against the reference cloud'
         else:
             reason = 'mode pwan'
@@ -236,16 +236,16 @@ class ScanPipeline:
     def _pwan_with_starts(self, kf: Keyframe, scan: PreparedCloud, init: np.ndarray,
                           timings: Dict[str, float]):
         """Full PWAN from the prediction, then from rotations of it about the sensor's z axis
-        (REP-103: z up), each polished by the partial tracker; the first start whose match
-        quality is good ends the search, else the best one is returned, within
-        pwan_time_budget_ms. Returns ((T_kf_scan, quality), iterations)."""
+        (REP-103: z up), each polished by the partial tracker; the best by matched ratio is
+        returned. Starts stop at pwan_time_budget_ms. Returns ((T_kf_scan, quality), iterations)."""
         cfg = self.config
         n = cfg.recovery_yaw_starts
         yaws = [0.0] + [2.0 * np.pi * k / n for k in range(1, n)]
         yaws = sorted(yaws, key=lambda a: min(a, 2.0 * np.pi - a))   # nearest first
-        good = self._acceptance_floor()
-        if self._ratios:
-            good = max(good, 0.9 * float(np.median(self._ratios)))
+        # With a history of good matches, the first start that matches about as well ends the
+        # search; without one (start-up), every start is tried and the best one kept.
+        good = max(self._acceptance_floor(), 0.9 * float(np.median(self._ratios))) \
+            if self._ratios else float('inf')
         deadline = time.perf_counter() + cfg.pwan_time_budget_ms * 1e-3
         best, iterations = None, 0
         timings['pwan'] = timings['polish'] = 0.0

@@ -154,3 +154,21 @@ def test_pwan_recovers_where_tracking_fails(sim_scans):
     assert engaged[6] and 1 <= sum(engaged) <= 3
     after = np.array(after)
     assert after[:, 0].max() < 0.5 and after[:, 1].max() < 0.1, after
+
+
+def test_reference_cloud_start_up_and_tracking(sim_scans):
+    """Scans aligned to a fixed reference (a prior map in odom coordinates), starting with an
+    unknown 90 degree heading: start-up engages PWAN with turned starts, then tracking."""
+    ref = np.vstack([s.xyz.astype(float) @ s.pose[:3, :3].T + s.pose[:3, 3] for s in sim_scans[:3]])
+    offset = yaw(90.0)
+    ref = ref @ offset[:3, :3].T                # map frame turned by 90 deg about z
+    pipe = ScanPipeline(OdometryConfig(reference_cloud='map.ply', pwan_time_budget_ms=600000.0),
+                        reference_points=ref)
+    for k in (3, 4, 5):
+        s = sim_scans[k]
+        est = pipe.process(s.xyz, s.stamp_ns * 1e-9)
+        assert est.accepted, est.reason
+        if k == 3:
+            assert est.pwan_engaged and 'start-up' in est.reason
+        rot, trans = pose_error(est.pose, offset @ s.pose)
+        assert rot < 0.5 and trans < 0.1, (k, rot, trans)
