@@ -46,7 +46,7 @@ setup(
     ],
     extras_require={
         'test': ['pytest>=7', 'colcon-core>=0.15', 'colcon-ros>=0.4', 'colcon-python-setup-py>=0.2'],
-        'bench': ['kiss-icp>=1.0', 'probreg>=0.3', 'pycpd>=2.0'],
+        'bench': ['kiss-icp>=1.0', 'probreg>=0.3', 'pycpd>=2.0', 'scikit-learn>=1.2'],
     },
     zip_safe=True,
     maintainer='pwan_ros maintainers',

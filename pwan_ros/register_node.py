@@ -369,7 +369,8 @@ class RegisterNode(Node):
         with self._lock:
             self._stop = True
             self._wake.notify()
-        self._worker.join(timeout=5.0)
+        self.pipeline.pwan.cancel()       # a running PWAN registration stops at its next step
+        self._worker.join(timeout=30.0)
         return super().destroy_node()
 
 

@@ -252,7 +252,7 @@ class ScanPipeline:
         for k, yaw in enumerate(yaws):
             start = init @ make_transform(Rotation.from_rotvec([0.0, 0.0, yaw]).as_matrix(), np.zeros(3))
             t0 = time.perf_counter()
-            result = self.pwan.align(scan.points, kf.cloud.points, start, self.h)
+            result = self.pwan.align(scan.points, kf.cloud.points, start, self.h, deadline)
             timings['pwan'] += (time.perf_counter() - t0) * 1e3
             t0 = time.perf_counter()
             tr = track(kf.cloud, scan, result.transform, self.h, num_threads=self.num_threads)
@@ -306,7 +306,8 @@ class ScanPipeline:
                             timings: Dict[str, float], finish) -> ScanEstimate:
         """Affine / non-rigid registration of the scan to the fixed reference (full PWAN)."""
         t0 = time.perf_counter()
-        result = self.pwan.align(points, self.keyframe.cloud.points, init, self.h)
+        deadline = time.perf_counter() + self.config.pwan_time_budget_ms * 1e-3
+        result = self.pwan.align(points, self.keyframe.cloud.points, init, self.h, deadline)
         timings['pwan'] = (time.perf_counter() - t0) * 1e3
         aligned = result.transformed_source
         _, sq = self.keyframe.cloud.tree.batch_nearest_neighbor_search(aligned)

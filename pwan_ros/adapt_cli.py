@@ -1,0 +1,142 @@
+"""``pwan-adapt``: partial domain adaptation of a classifier on recorded features (PWAN).
+
+  pwan-adapt --labelled L.npz --unlabelled U.npz [--config adapt.yaml] [--steps N]
+             [--method pwan|source_only|wgan] [--seed S] [--device D] --output DIR [--json]
+
+Every field of :class:`pwan_ros.adaptation.AdaptConfig` is also a flag (``--batch-size`` or
+``--batch_size``, ``--lambda1`` ...). Precedence: defaults < ``--config`` YAML < flags. ``--resume`` continues
+from ``DIR/checkpoints/latest.pt``. Exit status: 0 done, 1 bad input/config, 130 interrupted
+(checkpoint written).
+
+``pwan-adapt-import``: convert features recorded in a rosbag2 into the ``.npz`` input format.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from typing import List, Optional
+
+from pwan_ros.adaptation.config import AdaptConfig, split_yaml
+from pwan_ros.adaptation.errors import AdaptError
+
+
+def _bool(text: str) -> bool:
+    t = text.strip().lower()
+    if t in ('1', 'true', 'yes', 'on'):
+        return True
+    if t in ('0', 'false', 'no', 'off'):
+        return False
+    raise argparse.ArgumentTypeError(f'expected true/false, got {text!r}')
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog='pwan-adapt', description='Partial domain adaptation with PWAN '
+                                '(labelled domain: all classes; unlabelled domain: a subset).')
+    p.add_argument('--labelled', help='.npz with features (N, D), labels (N,), optional class_names')
+    p.add_argument('--unlabelled', help='.npz with features (M, D), optional evaluation labels (M,)')
+    p.add_argument('--output', help='output directory')
+    p.add_argument('--config', help='YAML file (flat keys or a ROS parameter file)')
+    p.add_argument('--resume', action='store_true', help='continue from OUTPUT/checkpoints/latest.pt')
+    p.add_argument('--json', action='store_true', help='print the summary as one JSON object on stdout')
+    p.add_argument('--quiet', action='store_true', help='no progress bar')
+    g = p.add_argument_group('adaptation options (also YAML keys and ROS parameters)')
+    for name, (default, spec) in AdaptConfig.specs().items():
+        typ = _bool if isinstance(default, bool) else type(default)
+        kw = {'choices': spec.choices} if spec.choices else {}
+        flags = dict.fromkeys(['--' + name.replace('_', '-'), '--' + name])  # --batch-size and --batch_size
+        g.add_argument(*flags, dest=name, type=typ, default=None,
+                       help=f'{spec.description} (default {default})', **kw)
+    return p
+
+
+class Progress:
+    """A one-line progress bar on stderr (only when it is a terminal)."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.enabled, self.last = total, enabled and sys.stderr.isatty(), 0.0
+        self.t0 = time.monotonic()
+
+    def __call__(self, trainer, metrics) -> None:
+        now = time.monotonic()
+        done = metrics.step + 1
+        if not self.enabled or (now - self.last < 0.2 and done < self.total):
+            return
+        self.last = now
+        frac = done / self.total
+        bar = '#' * int(30 * frac)
+        sys.stderr.write(f'\r[{bar:<30s}] {done}/{self.total} loss={metrics.loss:.3f} '
+                         f'm_alpha={metrics.m_alpha:.2f} {now - self.t0:.0f}s ')
+        if done >= self.total:
+            sys.stderr.write('\n')
+        sys.stderr.flush()
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        values, io = ({}, {}) if args.config is None else split_yaml(args.config)
+        for key in ('labelled', 'unlabelled', 'output'):
+            if getattr(args, key) is None and io.get(key):
+                setattr(args, key, str(io[key]))
+        missing = [k for k in ('labelled', 'unlabelled', 'output') if not getattr(args, k)]
+        if missing:
+            raise AdaptError('missing required option(s): ' + ', '.join('--' + m for m in missing))
+        values.update({k: getattr(args, k) for k in AdaptConfig.specs() if getattr(args, k) is not None})
+        config = AdaptConfig.from_mapping(values)
+        from pwan_ros.adaptation.runner import run_adaptation
+        stop = {'flag': False}
+
+        def on_signal(signum, frame):
+            stop['flag'] = True
+
+        old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            result = run_adaptation(config, args.labelled, args.unlabelled, args.output, resume=args.resume,
+                                    on_step=Progress(config.steps, not args.quiet and not args.json),
+                                    should_stop=lambda: stop['flag'],
+                                    log=lambda s: print(s, file=sys.stderr))
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+    except AdaptError as exc:
+        print(f'pwan-adapt: error: {exc}', file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    else:
+        acc = '' if result.accuracy is None else f' accuracy={result.accuracy:.4f}'
+        print(f'{"done" if result.completed else "interrupted"}: {result.steps_done}/{result.steps} steps'
+              f'{acc} -> {result.output_dir}', file=sys.stderr)
+    return 0 if result.completed else 130
+
+
+def import_main(argv: Optional[List[str]] = None) -> int:
+    """``pwan-adapt-import BAG --features-topic T [--label-topic L | --label-field F] --output X.npz``."""
+    p = argparse.ArgumentParser(prog='pwan-adapt-import', description='Convert image features recorded in a '
+                                'rosbag2 (one message per image) into the pwan-adapt .npz format.')
+    p.add_argument('bag', help='rosbag2 directory (sqlite3 or mcap)')
+    p.add_argument('--features-topic', required=True, help='topic with one feature vector per message')
+    p.add_argument('--features-field', default='data', help='numeric array field of that message (dotted path)')
+    p.add_argument('--label-topic', help='parallel topic with one label per feature message (same order)')
+    p.add_argument('--label-field', help='label field (dotted path): in the label-topic message, or in the '
+                   'feature message when no label topic is given; integers or class-name strings')
+    p.add_argument('--class-names', nargs='*', help='class names in id order (maps string labels to ids)')
+    p.add_argument('--output', required=True, help='output .npz')
+    args = p.parse_args(argv)
+    from pwan_ros.adaptation.bag_import import import_bag
+    try:
+        info = import_bag(args.bag, args.features_topic, args.output, features_field=args.features_field,
+                          label_topic=args.label_topic, label_field=args.label_field,
+                          class_names=args.class_names)
+    except AdaptError as exc:
+        print(f'pwan-adapt-import: error: {exc}', file=sys.stderr)
+        return 1
+    print(json.dumps(info))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""``adapt_node``: the offline adaptation trainer as a ROS 2 node (thin adapter, no training code).
+
+Parameters: every :class:`pwan_ros.adaptation.AdaptConfig` field (same names as the CLI flags
+and the keys of ``config/adapt.yaml``) plus ``labelled``, ``unlabelled``, ``output`` (paths),
+``resume`` (bool) and ``progress_interval`` (steps between status messages). Publishes
+``diagnostic_msgs/DiagnosticArray`` on ``/diagnostics`` (status name ``adapt_node: training``;
+key/values step, steps, loss, ce, w1, entropy, m_alpha, lr, state, and after evaluations
+unlabelled_entropy / accuracy), writes the outputs of :func:`run_adaptation`, and exits when
+done (status 0). SIGINT/SIGTERM stop training after the current step, write
+``checkpoints/latest.pt`` and exit 0; invalid parameters or inputs exit 1 with a clear log line.
+"""
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+import rclpy
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, ParameterType
+from rclpy.node import Node
+
+from pwan_ros.adaptation.config import AdaptConfig
+from pwan_ros.adaptation.errors import AdaptError
+
+STATUS_NAME = 'adapt_node: training'
+IO_PARAMS = {
+    'labelled': ('', '.npz with features (N, D), labels (N,), optional class_names (required)'),
+    'unlabelled': ('', '.npz with features (M, D), optional evaluation labels (required)'),
+    'output': ('', 'output directory (required)'),
+}
+
+
+def _descriptor(name: str, default: Any, description: str, low=None, high=None,
+                choices=()) -> ParameterDescriptor:
+    d = ParameterDescriptor(name=name, description=description + (f" (one of: {', '.join(choices)})"
+                                                                   if choices else ''))
+    if isinstance(default, bool):
+        d.type = ParameterType.PARAMETER_BOOL
+    elif isinstance(default, int):
+        d.type = ParameterType.PARAMETER_INTEGER
+        if low is not None:
+            d.integer_range = [IntegerRange(from_value=int(low), to_value=int(high), step=1)]
+    elif isinstance(default, float):
+        d.type = ParameterType.PARAMETER_DOUBLE
+        if low is not None:
+            d.floating_point_range = [FloatingPointRange(from_value=float(low), to_value=float(high), step=0.0)]
+    else:
+        d.type = ParameterType.PARAMETER_STRING
+    return d
+
+
+class AdaptNode(Node):
+    """Declares and validates the parameters; :meth:`run` trains and publishes progress."""
+
+    def __init__(self):
+        super().__init__('adapt_node')
+        self.errors: List[str] = []
+        specs = AdaptConfig.specs()
+        values: Dict[str, Any] = {}
+        for name, (default, spec) in specs.items():
+            values[name] = self._declare(name, default, _descriptor(name, default, spec.description, spec.low,
+                                                                    spec.high, spec.choices))
+        io = {name: self._declare(name, d, _descriptor(name, d, desc)) for name, (d, desc) in IO_PARAMS.items()}
+        resume = self._declare('resume', False, _descriptor('resume', False, 'continue from '
+                                                            'output/checkpoints/latest.pt'))
+        interval = self._declare('progress_interval', 20, _descriptor(
+            'progress_interval', 20, 'training steps between status messages on /diagnostics', 1, 1_000_000))
+        for name, value in io.items():
+            if not value:
+                self.errors.append(f"parameter '{name}' is required (a path), e.g. -p {name}:=/path")
+        for name, value in values.items():  # every field on its own, so that all problems are listed
+            try:
+                AdaptConfig.from_mapping({name: value})
+            except AdaptError as exc:
+                self.errors.append(f"invalid parameter '{name}': {exc}")
+        self.config: Optional[AdaptConfig] = None
+        if not self.errors:
+            try:
+                self.config = AdaptConfig.from_mapping(values)
+            except AdaptError as exc:
+                self.errors.append(f'invalid parameters: {exc}')
+        self.io, self.resume, self.interval = io, bool(resume), int(interval or 20)
+        self.pub = self.create_publisher(DiagnosticArray, '/diagnostics', 10)
+        self.stop_requested = False
+
+    def _declare(self, name: str, default: Any, descriptor: ParameterDescriptor) -> Any:
+        """Declare one parameter; a wrong type or an out-of-range override becomes an error line
+        and the default is used so that the remaining parameters are still checked."""
+        try:
+            return self.declare_parameter(name, default, descriptor).value
+        except Exception as exc:  # rclpy's exception classes differ between distros
+            if 'Type' in type(exc).__name__:
+                kind = {ParameterType.PARAMETER_DOUBLE: 'a double (write e.g. 1.0, not 1)',
+                        ParameterType.PARAMETER_INTEGER: 'an integer', ParameterType.PARAMETER_BOOL: 'a bool',
+                        ParameterType.PARAMETER_STRING: 'a string'}[descriptor.type]
+                self.errors.append(f"invalid parameter '{name}': expects {kind}")
+            else:
+                self.errors.append(f"invalid parameter '{name}': out of range{self._range_text(descriptor)} "
+                                   f'({exc})')
+            return default
+
+    @staticmethod
+    def _range_text(d: ParameterDescriptor) -> str:
+        for r in list(d.integer_range) + list(d.floating_point_range):
+            return f' [{r.from_value}, {r.to_value}]'
+        return ''
+
+    # ------------------------------------------------------------------ publishing
+    def publish_status(self, level: int, message: str, values: Dict[str, Any]) -> None:
+        arr = DiagnosticArray()
+        arr.header.stamp = self.get_clock().now().to_msg()
+        st = DiagnosticStatus(level=level, name=STATUS_NAME, message=message, hardware_id='pwan_ros')
+        st.values = [KeyValue(key=k, value=str(v)) for k, v in values.items()]
+        arr.status = [st]
+        self.pub.publish(arr)
+
+    def run(self) -> int:
+        from pwan_ros.adaptation.runner import run_adaptation
+        cfg = self.config
+        last_eval: Dict[str, Any] = {}
+
+        def on_step(trainer, m):
+            if (m.step + 1) % self.interval == 0 or m.step + 1 == cfg.steps:
+                vals = {'state': 'training', 'step': m.step + 1, 'steps': cfg.steps, 'loss': f'{m.loss:.6g}',
+                        'ce': f'{m.ce:.6g}', 'w1': f'{m.w1:.6g}', 'entropy': f'{m.entropy:.6g}',
+                        'm_alpha': f'{m.m_alpha:.6g}', 'lr': f'{m.lr:.6g}', **last_eval}
+                self.publish_status(DiagnosticStatus.OK, f'step {m.step + 1}/{cfg.steps}', vals)
+                rclpy.spin_once(self, timeout_sec=0.0)
+
+        def on_eval(trainer, res):
+            last_eval['unlabelled_entropy'] = f'{res.mean_entropy:.6g}'
+            if res.accuracy is not None:
+                last_eval['accuracy'] = f'{res.accuracy:.6g}'
+
+        self.get_logger().info(f"training {cfg.method} for {cfg.steps} steps -> {self.io['output']}")
+        try:
+            result = run_adaptation(cfg, self.io['labelled'], self.io['unlabelled'], self.io['output'],
+                                    resume=self.resume, on_step=on_step, on_eval=on_eval,
+                                    should_stop=lambda: self.stop_requested,
+                                    log=lambda s: self.get_logger().info(s))
+        except AdaptError as exc:
+            self.get_logger().error(str(exc))
+            self.publish_status(DiagnosticStatus.ERROR, str(exc), {'state': 'error'})
+            self._flush()
+            return 1
+        state = 'done' if result.completed else 'interrupted'
+        vals = {'state': state, 'step': result.steps_done, 'steps': result.steps,
+                'summary': result.summary_path, 'checkpoint': result.checkpoint_path}
+        if result.predictions_path:
+            vals['predictions'] = result.predictions_path
+        if result.accuracy is not None:
+            vals['accuracy'] = f'{result.accuracy:.6g}'
+        self.publish_status(DiagnosticStatus.OK, state, vals)
+        self.get_logger().info(f'{state} at step {result.steps_done}/{result.steps}; summary {result.summary_path}')
+        self._flush()
+        return 0
+
+    def _flush(self, seconds: float = 0.5) -> None:
+        """Give DDS a moment to deliver the last status before the process exits."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            rclpy.spin_once(self, timeout_sec=0.05)
+
+
+def _init(args) -> None:
+    """rclpy.init without rclpy's own SIGINT handling where the distro allows it."""
+    try:
+        from rclpy.signals import SignalHandlerOptions
+        rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
+    except (ImportError, TypeError):
+        rclpy.init(args=args)
+
+
+def main(args: Optional[List[str]] = None) -> int:
+    try:
+        _init(args if args is not None else sys.argv)
+    except Exception as exc:  # rclpy raises its own error types for malformed --ros-args
+        print(f'adapt_node: invalid ROS arguments: {exc}', file=sys.stderr)
+        return 1
+    node = AdaptNode()
+    handlers = {}
+    try:
+        def on_signal(signum, frame):
+            node.stop_requested = True
+            node.get_logger().info(f'signal {signum}: stopping after the current step')
+
+        for s in (signal.SIGINT, signal.SIGTERM):
+            handlers[s] = signal.signal(s, on_signal)
+        if node.errors:
+            for e in node.errors:
+                node.get_logger().error(e)
+            rc = 1
+        else:
+            rc = node.run()
+    finally:
+        node.destroy_node()
+        rclpy.try_shutdown()
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    return rc
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""Typed configuration of the adaptation trainer, validated once.
+
+Field names are also the CLI flags (``--batch-size`` <-> ``batch_size``), the ROS parameter
+names of ``adapt_node`` and the YAML keys of ``config/adapt.yaml``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import yaml
+
+from .errors import AdaptConfigError
+
+METHODS = ('pwan', 'source_only', 'wgan')
+INPUT_NORMS = ('zscore', 'l2', 'l2_zscore', 'none')
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """Metadata of one config field: description and inclusive numeric range (if any)."""
+
+    description: str
+    low: Optional[float] = None
+    high: Optional[float] = None
+    choices: Tuple[str, ...] = ()
+
+
+def _f(default, description, low=None, high=None, choices=()):
+    return field(default=default, metadata={'spec': FieldSpec(description, low, high, tuple(choices))})
+
+
+@dataclass(frozen=True)
+class AdaptConfig:
+    """Hyper-parameters of :class:`pwan_ros.adaptation.trainer.AdaptTrainer` (paper Sec. 5).
+
+    Vocabulary: the *labelled* domain is the paper's reference domain (all classes, mass
+    m_alpha >= 1); the *unlabelled* domain is the paper's source domain (a subset of classes).
+    """
+
+    method: str = _f('pwan', 'pwan (partial alignment), source_only (lambda1=lambda2=0) or '
+                     'wgan (complete alignment: m_alpha=1, unconstrained potential)', choices=METHODS)
+    steps: int = _f(1000, 'number of training steps T', 1, 10_000_000)
+    batch_size: int = _f(64, 'mini-batch size on each domain (labelled side stratified by class)', 2, 65536)
+    bottleneck_dim: int = _f(256, 'width of the bottleneck T_theta (features -> bottleneck_dim)', 2, 65536)
+    potential_hidden: int = _f(256, 'hidden width of the potential network f_w (2 hidden layers)', 2, 65536)
+    dropout: float = _f(0.0, 'dropout on the bottleneck output during training', 0.0, 0.95)
+    input_norm: str = _f('zscore', 'input feature normalisation: zscore (labelled-domain mean/std), l2 '
+                         '(per row), l2_zscore (both, in that order) or none', choices=INPUT_NORMS)
+    lr: float = _f(1e-3, 'base learning rate of Adam for theta, nu; schedule lr*(1+10p)^-0.75, p=step/steps',
+                   1e-8, 10.0)
+    potential_lr: float = _f(1e-3, 'learning rate of RMSprop for the potential network w', 1e-8, 10.0)
+    weight_decay: float = _f(5e-4, 'L2 weight decay of Adam for theta, nu', 0.0, 1.0)
+    lambda1: float = _f(1.0, 'weight of the partial W1 alignment term', 0.0, 1e6)
+    lambda2: float = _f(0.1, 'weight of the entropy of unlabelled predictions', 0.0, 1e6)
+    gp_weight: float = _f(10.0, 'weight of the one-sided gradient penalty on f_w', 0.0, 1e6)
+    potential_updates: int = _f(5, 'potential-network updates u per training step', 1, 1000)
+    m0: float = _f(0.0, 'initial m_alpha (>= 1); 0 = estimate |classes| / |estimated present classes|',
+                   0.0, 1e6)
+    anneal: float = _f(0.0, 'annealing factor s >= 1 (per step) of m_alpha = m0 * s^step; 0 = 10^(1/steps), '
+                       'i.e. m_alpha reaches 10 m0 at the last step', 0.0, 2.0)
+    max_m_alpha: float = _f(1e4, 'upper bound of m_alpha', 1.0, 1e12)
+    warmup_steps: int = _f(200, 'source-only warm-up steps before alignment, mu and m0 estimation', 0, 10_000_000)
+    weight_interval: int = _f(500, 'steps between re-estimations of the class weights mu', 1, 10_000_000)
+    reweight: bool = _f(True, 'reweight labelled cross-entropy by mu (pwan only)')
+    soft_weights: bool = _f(True, 'estimate mu from mean softmax probabilities (true) or hard predictions')
+    eval_interval: int = _f(250, 'steps between full passes over the unlabelled set (metrics, best checkpoint)',
+                            1, 10_000_000)
+    checkpoint_interval: int = _f(500, 'steps between latest-checkpoint writes', 1, 10_000_000)
+    memory_limit_mb: float = _f(1024.0, 'feature arrays larger than this are memory-mapped and streamed, '
+                                'not loaded', 1.0, 1e9)
+    eval_batch: int = _f(4096, 'rows per batch when streaming a whole domain through the network',
+                         1, 10_000_000)
+    seed: int = _f(0, 'random seed (initialisation, sampling, dropout)', 0, 2**31 - 1)
+    device: str = _f('auto', 'compute device: auto, cpu, cuda or cuda:N')
+    threads: int = _f(0, 'CPU threads for torch during the run (0 = leave torch\'s default)', 0, 1024)
+    plots: bool = _f(True, 'write PNG plots (losses, m_alpha, class weights, 2-D projection)')
+
+    # ------------------------------------------------------------------ validation
+    def __post_init__(self):
+        for f in fields(self):
+            value = getattr(self, f.name)
+            spec: FieldSpec = f.metadata['spec']
+            expected = f.type if isinstance(f.type, type) else {'int': int, 'float': float, 'str': str,
+                                                                  'bool': bool}[f.type]
+            if expected is float and isinstance(value, int) and not isinstance(value, bool):
+                object.__setattr__(self, f.name, float(value))
+                value = float(value)
+            if expected is int and isinstance(value, bool) or not isinstance(value, expected):
+                raise AdaptConfigError(f"{f.name}: expected {expected.__name__}, got {value!r}")
+            if expected is float and not math.isfinite(value):
+                raise AdaptConfigError(f'{f.name}: must be finite, got {value!r}')
+            if spec.low is not None and value < spec.low:
+                raise AdaptConfigError(f'{f.name}: {value!r} is below the minimum {spec.low:g}')
+            if spec.high is not None and value > spec.high:
+                raise AdaptConfigError(f'{f.name}: {value!r} is above the maximum {spec.high:g}')
+            if spec.choices and value not in spec.choices:
+                raise AdaptConfigError(f"{f.name}: {value!r} is not one of {', '.join(spec.choices)}")
+        if 0.0 < self.anneal < 1.0:
+            raise AdaptConfigError(f'anneal: must be 0 (auto) or >= 1, got {self.anneal!r}')
+        if 0.0 < self.m0 < 1.0:
+            raise AdaptConfigError(f'm0: must be 0 (estimate) or >= 1, got {self.m0!r}')
+        dev = self.device.strip().lower()
+        if not (dev in ('auto', 'cpu', 'cuda') or (dev.startswith('cuda:') and dev[5:].isdigit())):
+            raise AdaptConfigError(f"device: {self.device!r} is not auto, cpu, cuda or cuda:N")
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], base: Optional['AdaptConfig'] = None) -> 'AdaptConfig':
+        """Config from a dict (YAML keys / ROS parameters); unknown keys are an error."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise AdaptConfigError(f"unknown adaptation option(s): {', '.join(unknown)} "
+                                   f"(known: {', '.join(sorted(names))})")
+        base = base if base is not None else cls()
+        return dataclasses.replace(base, **dict(values))
+
+    @classmethod
+    def from_yaml(cls, path, base: Optional['AdaptConfig'] = None) -> 'AdaptConfig':
+        """Config from a YAML file: either flat keys or a ROS params file
+        (``<node>: {ros__parameters: {...}}``); keys that are not config fields (I/O paths
+        such as ``labelled``) are ignored here and read by :func:`yaml_io_options`."""
+        return cls.from_mapping(split_yaml(path)[0], base)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def specs(cls) -> Dict[str, Tuple[Any, FieldSpec]]:
+        """``name -> (default, FieldSpec)`` for every field (for CLI flags and ROS descriptors)."""
+        return {f.name: (f.default, f.metadata['spec']) for f in fields(cls)}
+
+    def resolved_method(self) -> 'AdaptConfig':
+        """The config with the method's fixed settings applied (baselines share the trainer).
+
+        source_only: lambda1 = lambda2 = 0, no reweighting. wgan: m_alpha = 1 (m0 = 1,
+        anneal = 1), potential without sign constraint, no reweighting."""
+        if self.method == 'source_only':
+            return dataclasses.replace(self, lambda1=0.0, lambda2=0.0, reweight=False)
+        if self.method == 'wgan':
+            return dataclasses.replace(self, m0=1.0, anneal=1.0, reweight=False)
+        return self
+
+
+IO_KEYS = ('labelled', 'unlabelled', 'output', 'resume', 'progress_interval')  # node-only keys
+
+
+def split_yaml(path) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """Read a YAML file into ``(config_values, io_values)``.
+
+    Accepts flat keys or a ROS 2 parameter file (``<node name or /**>: {ros__parameters: ...}``).
+    ``io_values`` holds :data:`IO_KEYS`; any other unknown key is an error."""
+    try:
+        with open(path, 'r', encoding='utf-8') as fh:
+            data = yaml.safe_load(fh)
+    except OSError as exc:
+        raise AdaptConfigError(f'cannot read config file {path}: {exc}') from exc
+    except yaml.YAMLError as exc:
+        raise AdaptConfigError(f'config file {path} is not valid YAML: {exc}') from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise AdaptConfigError(f'config file {path}: expected a mapping at the top level')
+    if len(data) == 1:
+        (only,) = data.values()
+        if isinstance(only, dict) and 'ros__parameters' in only:
+            data = only['ros__parameters'] or {}
+    names = {f.name for f in fields(AdaptConfig)}
+    cfg = {k: v for k, v in data.items() if k in names}
+    io = {k: v for k, v in data.items() if k in IO_KEYS}
+    unknown = sorted(set(data) - names - set(IO_KEYS))
+    if unknown:
+        raise AdaptConfigError(f"config file {path}: unknown key(s) {', '.join(unknown)}")
+    return cfg, io

@@ -1,0 +1,213 @@
+"""End-to-end adaptation run shared by the CLI and the ROS node: inputs -> trainer -> outputs.
+
+Output directory layout (every file written atomically)::
+
+  checkpoints/latest.pt   resumable state (also written on interruption)
+  checkpoints/best.pt     lowest mean entropy on the unlabelled rows (unsupervised criterion)
+  model.ts                TorchScript eta = classifier o bottleneck: features (n, D) -> logits (n, K)
+  predictions.npy         (M,) int64 0-based class ids of the unlabelled rows (last iterate)
+  metrics.csv             per-step metrics;  evals.csv: per-evaluation metrics
+  metrics.json            both, as lists of records
+  plots/*.png             losses, m_alpha, class weights, 2-D projection of bottleneck features
+  summary.json            :class:`AdaptResult`
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io as _io
+import os
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+import torch
+
+from .config import AdaptConfig
+from .data import FeatureSet, load_npz
+from .errors import AdaptInputError
+from .io import atomic_path, write_json, write_npy, write_text
+from .trainer import AdaptTrainer, EvalResult, StepMetrics
+
+
+@dataclass
+class AdaptResult:
+    """Summary of a run (``summary.json``). Paths are absolute."""
+
+    completed: bool
+    method: str
+    steps_done: int
+    steps: int
+    seed: int
+    device: str
+    train_seconds: float
+    num_classes: int
+    class_names: Optional[List[str]]
+    n_labelled: int
+    n_unlabelled: int
+    m0: float
+    m_alpha: float
+    class_weights: List[float]
+    estimated_present_classes: List[int]
+    mean_entropy: Optional[float]
+    best_step: int
+    best_entropy: Optional[float]
+    prediction_histogram: Optional[List[int]]
+    accuracy: Optional[float]
+    absent_class_fraction: Optional[float]
+    output_dir: str
+    predictions_path: Optional[str]
+    model_path: Optional[str]
+    checkpoint_path: str
+    best_checkpoint_path: Optional[str]
+    summary_path: str
+
+    def to_dict(self) -> Dict:
+        return dataclasses.asdict(self)
+
+
+def load_inputs(labelled_path, unlabelled_path, max_memory_mb: float = 1024.0):
+    """Load and validate both feature files (:func:`load_npz`)."""
+    lab = load_npz(labelled_path, 'labelled', require_labels=True, max_memory_mb=max_memory_mb)
+    try:
+        unl = load_npz(unlabelled_path, 'unlabelled', max_memory_mb=max_memory_mb)
+    except BaseException:
+        lab.close()
+        raise
+    return lab, unl
+
+
+def _ckpt_save(trainer: AdaptTrainer, path: str) -> None:
+    with atomic_path(path) as tmp:
+        torch.save(trainer.state_dict(), tmp)
+
+
+def _csv(rows: List[Dict]) -> str:
+    if not rows:
+        return ''
+    cols: List[str] = []
+    for r in rows:
+        cols += [c for c in r if c not in cols]
+    buf = _io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols, lineterminator='\n')
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+def write_metrics(trainer: AdaptTrainer, out: str) -> None:
+    st = trainer.state
+    write_text(os.path.join(out, 'metrics.csv'), _csv(st.history))
+    write_text(os.path.join(out, 'evals.csv'), _csv(st.evals))
+    write_json(os.path.join(out, 'metrics.json'), {'steps': st.history, 'evals': st.evals})
+
+
+def export_torchscript(trainer: AdaptTrainer, path: str) -> None:
+    """Save eta (input normalisation, bottleneck, classifier) as TorchScript on the CPU."""
+    import copy
+    import warnings
+    model = copy.deepcopy(trainer.model).to('cpu').eval()
+    with warnings.catch_warnings():
+        # TorchScript is deprecated in recent torch releases but still the format every libtorch
+        # and older PyTorch consumer loads; the warning is not actionable for the user here.
+        warnings.simplefilter('ignore', DeprecationWarning)
+        scripted = torch.jit.script(model)
+        with atomic_path(path) as tmp:
+            torch.jit.save(scripted, tmp)
+
+
+def run_adaptation(config: AdaptConfig, labelled, unlabelled, output_dir: str, resume: bool = False,
+                   on_step: Optional[Callable[[AdaptTrainer, StepMetrics], None]] = None,
+                   on_eval: Optional[Callable[[AdaptTrainer, EvalResult], None]] = None,
+                   should_stop: Optional[Callable[[], bool]] = None,
+                   log: Callable[[str], None] = lambda s: None) -> AdaptResult:
+    """Train on ``labelled`` / ``unlabelled`` (paths or :class:`FeatureSet`) and write the outputs.
+
+    With ``resume`` the run continues from ``output_dir/checkpoints/latest.pt`` (an error when it
+    does not exist). Inputs are fully validated before anything is written. When
+    ``should_stop`` returns True the run stops, writes ``latest.pt`` and the metrics, and returns
+    with ``completed=False``.
+    """
+    opened = not isinstance(labelled, FeatureSet)
+    lab, unl = load_inputs(labelled, unlabelled, config.memory_limit_mb) if opened else (labelled, unlabelled)
+    try:
+        return _run(config, lab, unl, os.path.abspath(output_dir), resume, on_step, on_eval, should_stop, log)
+    finally:
+        if opened:
+            lab.close()
+            unl.close()
+
+
+def _run(config, lab, unl, out, resume, on_step, on_eval, should_stop, log) -> AdaptResult:
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise AdaptInputError(f'output {out} exists and is not a directory')
+    ckdir = os.path.join(out, 'checkpoints')
+    latest, best = os.path.join(ckdir, 'latest.pt'), os.path.join(ckdir, 'best.pt')
+    torch_threads = torch.get_num_threads()
+    if config.threads > 0:
+        torch.set_num_threads(config.threads)
+    try:
+        trainer = AdaptTrainer(config, lab, unl)
+        if resume:
+            if not os.path.isfile(latest):
+                raise AdaptInputError(f'cannot resume: {latest} does not exist')
+            trainer.load_state_dict(torch.load(latest, map_location='cpu', weights_only=False))
+            log(f'resumed from {latest} at step {trainer.state.step}')
+        os.makedirs(ckdir, exist_ok=True)
+        last_eval: List[EvalResult] = []
+
+        def eval_hook(tr, res, is_best):
+            last_eval[:] = [res]
+            if is_best:
+                _ckpt_save(tr, best)
+            if on_eval is not None:
+                on_eval(tr, res)
+
+        def ckpt_hook(tr):
+            _ckpt_save(tr, latest)
+
+        done = trainer.train(on_step=on_step, on_eval=eval_hook, on_checkpoint=ckpt_hook,
+                             should_stop=should_stop)
+        _ckpt_save(trainer, latest)
+        write_metrics(trainer, out)
+        res = None
+        if done:
+            res = last_eval[0] if last_eval and last_eval[0].step == trainer.state.step else trainer.evaluate()
+            if not last_eval or last_eval[0] is not res:
+                if trainer.record_eval(res):
+                    _ckpt_save(trainer, best)
+                write_metrics(trainer, out)
+            write_npy(os.path.join(out, 'predictions.npy'), res.predictions)
+            export_torchscript(trainer, os.path.join(out, 'model.ts'))
+            if trainer.config.plots:
+                from .plots import write_plots
+                write_plots(trainer, os.path.join(out, 'plots'))
+        else:
+            log(f'stopped at step {trainer.state.step}; checkpoint {latest}')
+        result = _result(trainer, res, out, latest, best, done)
+        write_json(result.summary_path, result.to_dict())
+        return result
+    finally:
+        torch.set_num_threads(torch_threads)
+
+
+def _result(tr: AdaptTrainer, res: Optional[EvalResult], out, latest, best, done) -> AdaptResult:
+    cfg, st, k = tr.config, tr.state, tr.num_classes
+    # Classes predicted for more than 1/K of the unlabelled rows at the end (hard predictions).
+    frac = res.class_fraction if res is not None else st.mu / k
+    return AdaptResult(
+        completed=done, method=cfg.method, steps_done=st.step, steps=cfg.steps, seed=cfg.seed,
+        device=str(tr.device), train_seconds=round(st.train_seconds, 3), num_classes=k,
+        class_names=tr.labelled.class_names, n_labelled=tr.labelled.n, n_unlabelled=tr.unlabelled.n,
+        m0=float(st.m0), m_alpha=tr.m_alpha(), class_weights=[float(v) for v in st.mu],
+        estimated_present_classes=[int(c) for c in np.flatnonzero(frac > 1.0 / k)],
+        mean_entropy=None if res is None else float(res.mean_entropy),
+        best_step=int(st.best_step), best_entropy=None if st.best_step < 0 else float(st.best_entropy),
+        prediction_histogram=None if res is None else np.bincount(res.predictions, minlength=k).tolist(),
+        accuracy=None if res is None else res.accuracy,
+        absent_class_fraction=None if res is None else res.absent_fraction,
+        output_dir=out,
+        predictions_path=os.path.join(out, 'predictions.npy') if done else None,
+        model_path=os.path.join(out, 'model.ts') if done else None,
+        checkpoint_path=latest, best_checkpoint_path=best if os.path.isfile(best) else None,
+        summary_path=os.path.join(out, 'summary.json'))

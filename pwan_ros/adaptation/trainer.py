@@ -1,0 +1,359 @@
+"""PWAN trainer for partial domain adaptation (paper Sec. 5, eq. obj_PDA). Pure PyTorch.
+
+One training step on a labelled batch (x, l) (stratified: equally many rows per class) and an
+unlabelled batch y:
+
+  for u times:  w <- RMSprop ascent of  m_alpha * mean f_w(T^(x)) - mean f_w(T(y)) - gp * GP(f_w)
+  theta, nu <- Adam descent of
+      mean_i mu_{l_i} CE(eta(x_i), l_i) + lambda1 * (-mean f_w(T(y))) + lambda2 * H(eta(y))
+
+T^ is the frozen bottleneck (no gradient through the labelled side of the alignment term).
+mu_l = K * (mean softmax probability of class l on the unlabelled rows; the paper's hard
+indicator with ``soft_weights=False``), re-estimated every ``weight_interval`` steps.
+m_alpha = m0 * s^step with m0 = K / |{l : fraction of argmax predictions in l > 1 / K}|
+(estimated once, when alignment starts) unless given, and s = 10^(1/steps) unless given.
+The first ``warmup_steps`` steps are plain cross-entropy; alignment, entropy, mu and m0 start
+after them. source_only and wgan (complete alignment) are the same trainer with fixed settings
+(:meth:`AdaptConfig.resolved_method`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from .config import AdaptConfig
+from .data import FeatureSet, check_pair
+from .errors import AdaptConfigError, AdaptInputError
+from .models import AdaptedClassifier, PotentialNet, gradient_penalty
+
+CHECKPOINT_VERSION = 1
+# Config fields that may differ between a checkpoint and the run that resumes it.
+RESUME_FREE = ('steps', 'device', 'threads', 'plots', 'eval_batch', 'eval_interval', 'checkpoint_interval',
+               'memory_limit_mb')
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' -> CUDA when available else CPU; 'cuda' without CUDA is an error."""
+    name = name.strip().lower()
+    if name == 'auto':
+        return torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+    if name.startswith('cuda') and not torch.cuda.is_available():
+        raise AdaptConfigError(f"device '{name}' requested but CUDA is not available")
+    return torch.device(name)
+
+
+@dataclass
+class StepMetrics:
+    """Scalars of one training step (losses are batch means)."""
+
+    step: int
+    lr: float
+    m_alpha: float
+    loss: float
+    ce: float
+    w1: float  # m_alpha * mean f(T^(x)) - mean f(T(y)): the partial-W1 estimate (0 when off)
+    gp: float
+    entropy: float
+
+
+@dataclass
+class EvalResult:
+    """A full pass over the unlabelled rows: predictions (M,) int64 and summary statistics."""
+
+    step: int
+    predictions: np.ndarray
+    mean_entropy: float
+    class_fraction: np.ndarray  # (K,) fraction of rows predicted as each class
+    accuracy: Optional[float] = None
+    absent_fraction: Optional[float] = None  # fraction predicted in classes absent from the truth
+
+
+@dataclass
+class TrainerState:
+    """Everything besides network/optimiser weights that a checkpoint restores."""
+
+    step: int = 0
+    mu: Optional[np.ndarray] = None  # (K,) class weights, mean 1
+    m0: float = 1.0
+    best_entropy: float = math.inf
+    best_step: int = -1
+    history: List[Dict[str, float]] = field(default_factory=list)
+    evals: List[Dict[str, float]] = field(default_factory=list)
+    train_seconds: float = 0.0
+
+
+class AdaptTrainer:
+    """Trains eta = D_nu o T_theta on a labelled and an unlabelled :class:`FeatureSet`.
+
+    Args:
+        config: validated :class:`AdaptConfig` (the method's fixed settings are applied here).
+        labelled: features (N, D) with labels (N,) in 0..K-1.
+        unlabelled: features (M, D); labels, if present, are read only by :meth:`evaluate`.
+    """
+
+    def __init__(self, config: AdaptConfig, labelled: FeatureSet, unlabelled: FeatureSet):
+        self.user_config = config
+        self.config = cfg = config.resolved_method()
+        self.labelled, self.unlabelled = labelled, unlabelled
+        self.num_classes = check_pair(labelled, unlabelled)
+        self.device = resolve_device(cfg.device)
+        k = self.num_classes
+        torch.manual_seed(cfg.seed)
+        self.model = AdaptedClassifier(labelled.dim, k, cfg.bottleneck_dim, cfg.dropout, cfg.input_norm)
+        if cfg.input_norm in ('zscore', 'l2_zscore'):
+            mean, std = _moments(labelled, cfg.eval_batch, l2=cfg.input_norm == 'l2_zscore')
+            self.model.norm.mean.copy_(torch.from_numpy(mean))
+            self.model.norm.std.copy_(torch.from_numpy(std))
+        self.potential = PotentialNet(cfg.bottleneck_dim, cfg.potential_hidden, nonpositive=cfg.method != 'wgan')
+        self.model.to(self.device)
+        self.potential.to(self.device)
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.opt_w = torch.optim.RMSprop(self.potential.parameters(), lr=cfg.potential_lr)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self._lr_factor)
+        self.rng = np.random.default_rng(cfg.seed)
+        self.gen = torch.Generator().manual_seed(cfg.seed + 1)
+        self.by_class = [np.flatnonzero(labelled.labels == c) for c in range(k)]
+        self.per_class = max(1, cfg.batch_size // k)
+        self.state = TrainerState(mu=np.ones(k), m0=cfg.m0 if cfg.m0 >= 1 else 1.0)
+        self.absent = None
+        if unlabelled.labels is not None:
+            present = np.bincount(unlabelled.labels, minlength=k) > 0
+            self.absent = ~present
+
+    # ------------------------------------------------------------------ schedules
+    def _lr_factor(self, step: int) -> float:
+        return (1.0 + 10.0 * step / self.config.steps) ** -0.75
+
+    def m_alpha(self, step: Optional[int] = None) -> float:
+        """m_alpha = m0 * s^step, capped at ``max_m_alpha`` (1 for wgan); s = 10^(1/steps) when
+        ``anneal`` is 0 (the paper's choice of m_alpha = 10 m0 at the last step)."""
+        step = self.state.step if step is None else step
+        cfg = self.config
+        s = cfg.anneal if cfg.anneal > 0 else 10.0 ** (1.0 / cfg.steps)
+        return float(min(cfg.max_m_alpha, self.state.m0 * s ** step))
+
+    @property
+    def aligning(self) -> bool:
+        return self.state.step >= self.config.warmup_steps
+
+    # ------------------------------------------------------------------ one step
+    def _batch(self):
+        x_idx = np.concatenate([idx[self.rng.integers(0, idx.size, self.per_class)] for idx in self.by_class])
+        y_idx = np.sort(self.rng.integers(0, self.unlabelled.n, self.config.batch_size))
+        x = torch.from_numpy(self.labelled.rows(x_idx)).to(self.device)
+        lab = torch.from_numpy(self.labelled.labels[x_idx]).to(self.device)
+        y = torch.from_numpy(self.unlabelled.rows(y_idx)).to(self.device)
+        return x, lab, y
+
+    def step(self) -> StepMetrics:
+        """One training step (see module docstring); returns its metrics."""
+        cfg, st = self.config, self.state
+        needs_weights = cfg.reweight or (cfg.lambda1 > 0 and cfg.m0 == 0.0)
+        if needs_weights and self.aligning and (st.step - cfg.warmup_steps) % cfg.weight_interval == 0:
+            self._update_weights()
+        x, lab, y = self._batch()
+        self.model.train()
+        m_alpha = self.m_alpha()
+        align = self.aligning and cfg.lambda1 > 0
+        zx = self.model.embed(x)
+        zy = self.model.embed(y)
+        w1 = gp = 0.0
+        if align:
+            zx_d, zy_d = zx.detach(), zy.detach()
+            for _ in range(cfg.potential_updates):
+                penalty = gradient_penalty(self.potential, zx_d, zy_d, self.gen)
+                gain = m_alpha * self.potential(zx_d).mean() - self.potential(zy_d).mean()
+                self.opt_w.zero_grad(set_to_none=True)
+                (-(gain - cfg.gp_weight * penalty)).backward()
+                self.opt_w.step()
+            w1, gp = float(gain.detach()), float(penalty.detach())
+        weights = torch.as_tensor(st.mu if (cfg.reweight and self.aligning) else np.ones(self.num_classes),
+                                  dtype=torch.float32, device=self.device)
+        ce = (nn.functional.cross_entropy(self.model.head(zx), lab, reduction='none') * weights[lab]).mean()
+        loss = ce
+        logits_y = self.model.head(zy)
+        p = logits_y.softmax(dim=1)
+        ent = -(p * logits_y.log_softmax(dim=1)).sum(dim=1).mean()
+        if align:
+            for prm in self.potential.parameters():
+                prm.requires_grad_(False)
+            loss = loss + cfg.lambda1 * (-self.potential(zy).mean())
+            for prm in self.potential.parameters():
+                prm.requires_grad_(True)
+        if self.aligning and cfg.lambda2 > 0:
+            loss = loss + cfg.lambda2 * ent
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        lr = self.opt.param_groups[0]['lr']
+        self.sched.step()
+        metrics = StepMetrics(st.step, lr, m_alpha, float(loss.detach()), float(ce.detach()), w1, gp,
+                              float(ent.detach()))
+        st.history.append(dataclasses.asdict(metrics))
+        st.step += 1
+        return metrics
+
+    def _update_weights(self) -> None:
+        """Re-estimate mu (and m0 unless given) from predictions on the unlabelled rows."""
+        k = self.num_classes
+        soft, hard = self.class_fractions()
+        self.state.mu = (soft if self.config.soft_weights else hard) * k
+        if self.config.m0 == 0.0 and self.state.step == self.config.warmup_steps:
+            # m0 is estimated once, from the hard predictions of the warmed-up classifier (a soft
+            # average of a young classifier is too flat to count classes); later estimates would
+            # feed back on the alignment they drive.
+            present = int((hard > 1.0 / k).sum())
+            self.state.m0 = k / max(1, present)
+
+    # ------------------------------------------------------------------ inference
+    @torch.no_grad()
+    def predict_logits(self, features: FeatureSet) -> np.ndarray:
+        """Logits (n, K) float32 for all rows, streamed in ``eval_batch`` blocks."""
+        self.model.eval()
+        out = [self.model(torch.from_numpy(b).to(self.device)).cpu().numpy()
+               for b in features.batches(self.config.eval_batch)]
+        return np.concatenate(out).astype(np.float32)
+
+    @torch.no_grad()
+    def embed(self, features: FeatureSet, index: np.ndarray) -> np.ndarray:
+        """Bottleneck features (k, B) of rows ``index``."""
+        self.model.eval()
+        return self.model.embed(torch.from_numpy(features.rows(index)).to(self.device)).cpu().numpy()
+
+    def class_fractions(self):
+        """Predicted class distributions (K,) on the unlabelled rows: (mean softmax, fraction of
+        argmax predictions)."""
+        soft = torch.zeros(self.num_classes, dtype=torch.float64)
+        hard = torch.zeros(self.num_classes, dtype=torch.float64)
+        self.model.eval()
+        with torch.no_grad():
+            for b in self.unlabelled.batches(self.config.eval_batch):
+                logits = self.model(torch.from_numpy(b).to(self.device)).cpu()
+                soft += logits.softmax(dim=1).sum(0).double()
+                hard += torch.bincount(logits.argmax(dim=1), minlength=self.num_classes).double()
+        return (soft / self.unlabelled.n).numpy(), (hard / self.unlabelled.n).numpy()
+
+    def evaluate(self) -> EvalResult:
+        """Predict every unlabelled row; accuracy and absent-class rate when labels exist."""
+        preds, ent_sum = [], 0.0
+        self.model.eval()
+        with torch.no_grad():
+            for b in self.unlabelled.batches(self.config.eval_batch):
+                logits = self.model(torch.from_numpy(b).to(self.device))
+                p = logits.softmax(dim=1)
+                ent_sum += float(-(p * logits.log_softmax(dim=1)).sum())
+                preds.append(logits.argmax(dim=1).cpu().numpy())
+        pred = np.concatenate(preds).astype(np.int64)
+        res = EvalResult(self.state.step, pred, ent_sum / pred.size,
+                         np.bincount(pred, minlength=self.num_classes) / pred.size)
+        if self.unlabelled.labels is not None:
+            res.accuracy = float((pred == self.unlabelled.labels).mean())
+            res.absent_fraction = float(self.absent[pred].mean())
+        return res
+
+    def record_eval(self, res: EvalResult) -> bool:
+        """Append an evaluation to the history; True when it is the new best (lowest entropy,
+        only after warm-up, i.e. an unsupervised criterion)."""
+        row = {'step': res.step, 'mean_entropy': res.mean_entropy, 'm_alpha': self.m_alpha()}
+        if res.accuracy is not None:
+            row.update(accuracy=res.accuracy, absent_fraction=res.absent_fraction)
+        self.state.evals.append(row)
+        if res.step >= self.config.warmup_steps and res.mean_entropy < self.state.best_entropy:
+            self.state.best_entropy, self.state.best_step = res.mean_entropy, res.step
+            return True
+        return False
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        """Everything needed to continue bit-exactly: weights, optimisers, scheduler, RNGs, mu, m0."""
+        st = self.state
+        return {
+            'version': CHECKPOINT_VERSION,
+            'config': self.user_config.to_dict(),
+            'data': {'n_labelled': self.labelled.n, 'n_unlabelled': self.unlabelled.n,
+                     'dim': self.labelled.dim, 'num_classes': self.num_classes},
+            'model': self.model.state_dict(), 'potential': self.potential.state_dict(),
+            'opt': self.opt.state_dict(), 'opt_w': self.opt_w.state_dict(), 'sched': self.sched.state_dict(),
+            'rng_numpy': self.rng.bit_generator.state, 'rng_gen': self.gen.get_state(),
+            'rng_torch': torch.get_rng_state(),
+            'rng_cuda': torch.cuda.get_rng_state_all() if self.device.type == 'cuda' else None,
+            'state': dataclasses.asdict(st),
+        }
+
+    def load_state_dict(self, ckpt: dict) -> None:
+        """Restore a :meth:`state_dict`; the data and training-relevant config must match."""
+        if ckpt.get('version') != CHECKPOINT_VERSION:
+            raise AdaptInputError(f"checkpoint version {ckpt.get('version')} is not {CHECKPOINT_VERSION}")
+        data = {'n_labelled': self.labelled.n, 'n_unlabelled': self.unlabelled.n,
+                'dim': self.labelled.dim, 'num_classes': self.num_classes}
+        if ckpt['data'] != data:
+            raise AdaptInputError(f"checkpoint was trained on other data ({ckpt['data']}), not {data}")
+        mine = self.user_config.to_dict()
+        diff = sorted(k for k, v in ckpt['config'].items() if k not in RESUME_FREE and mine.get(k) != v)
+        if diff:
+            raise AdaptConfigError('cannot resume: the checkpoint was trained with different '
+                                   + ', '.join(f"{k}={ckpt['config'][k]!r} (now {mine[k]!r})" for k in diff))
+        self.model.load_state_dict(ckpt['model'])
+        self.potential.load_state_dict(ckpt['potential'])
+        self.opt.load_state_dict(ckpt['opt'])
+        self.opt_w.load_state_dict(ckpt['opt_w'])
+        self.sched.load_state_dict(ckpt['sched'])
+        self.rng.bit_generator.state = ckpt['rng_numpy']
+        self.gen.set_state(ckpt['rng_gen'])
+        torch.set_rng_state(ckpt['rng_torch'])
+        if ckpt['rng_cuda'] is not None and self.device.type == 'cuda':
+            torch.cuda.set_rng_state_all(ckpt['rng_cuda'])
+        s = dict(ckpt['state'])
+        s['mu'] = np.asarray(s['mu'], dtype=np.float64)
+        self.state = TrainerState(**s)
+
+    # ------------------------------------------------------------------ loop
+    def train(self, until: Optional[int] = None,
+              on_step: Optional[Callable[['AdaptTrainer', StepMetrics], None]] = None,
+              on_eval: Optional[Callable[['AdaptTrainer', EvalResult, bool], None]] = None,
+              on_checkpoint: Optional[Callable[['AdaptTrainer'], None]] = None,
+              should_stop: Optional[Callable[[], bool]] = None) -> bool:
+        """Run steps up to ``until`` (default ``config.steps``); True if it got there, False if
+        ``should_stop`` interrupted it. Evaluation / checkpoint hooks fire at their intervals."""
+        cfg = self.config
+        until = cfg.steps if until is None else until
+        t0 = time.perf_counter()
+        try:
+            while self.state.step < until:
+                if should_stop is not None and should_stop():
+                    return False
+                metrics = self.step()
+                if on_step is not None:
+                    on_step(self, metrics)
+                s = self.state.step
+                if on_eval is not None and (s % cfg.eval_interval == 0 or s == cfg.steps):
+                    res = self.evaluate()
+                    on_eval(self, res, self.record_eval(res))
+                if on_checkpoint is not None and s % cfg.checkpoint_interval == 0 and s < cfg.steps:
+                    on_checkpoint(self)
+            return True
+        finally:
+            self.state.train_seconds += time.perf_counter() - t0
+
+
+def _moments(fs: FeatureSet, chunk: int, l2: bool = False):
+    """Streaming per-column mean and std (D,) float32 (std floored at 1e-6), of the L2-normalised
+    rows when ``l2``."""
+    n, s1, s2 = 0, np.zeros(fs.dim), np.zeros(fs.dim)
+    for b in fs.batches(chunk):
+        b = b.astype(np.float64)
+        if l2:
+            b /= np.maximum(np.linalg.norm(b, axis=1, keepdims=True), 1e-12)
+        n += b.shape[0]
+        s1 += b.sum(0)
+        s2 += (b * b).sum(0)
+    mean = s1 / n
+    std = np.sqrt(np.maximum(s2 / n - mean * mean, 0.0))
+    return mean.astype(np.float32), np.maximum(std, 1e-6).astype(np.float32)

@@ -1,0 +1,133 @@
+"""Read and write point files: .npy .ply .pcd .xyz .txt .csv (text/ply/pcd also gzip-compressed).
+
+Returns / accepts (N, 2) or (N, 3) float64 arrays in the file's units. PLY/PCD go through Open3D
+(imported lazily); text formats through numpy. Problems raise
+:class:`pwan_ros.core.errors.PwanInputError` with a readable message.
+"""
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import shutil
+import tempfile
+
+import numpy as np
+
+from .core.errors import PwanInputError
+
+READ_EXTENSIONS = ('.npy', '.ply', '.pcd', '.xyz', '.txt', '.csv')
+WRITE_EXTENSIONS = ('.npy', '.ply', '.pcd', '.xyz', '.txt', '.csv')
+
+
+def _split_ext(path: str):
+    low = path.lower()
+    gz = low.endswith('.gz')
+    if gz:
+        low = low[:-3]
+    return os.path.splitext(low)[1], gz
+
+
+def _read_text(data: str, path: str) -> np.ndarray:
+    lines = [ln for ln in data.splitlines() if ln.strip() and not ln.lstrip().startswith('#')]
+    if not lines:
+        raise PwanInputError(f'{path}: no points in file')
+    delim = ',' if ',' in lines[0] else None
+    header = None
+    first = lines[0].replace(',', ' ').split()
+    try:
+        [float(v) for v in first]
+    except ValueError:
+        header = [h.strip().lower() for h in (lines[0].split(',') if delim else lines[0].split())]
+        lines = lines[1:]
+    if not lines:
+        raise PwanInputError(f'{path}: no points in file')
+    try:
+        arr = np.loadtxt(io.StringIO('\n'.join(lines)), delimiter=delim, ndmin=2, dtype=np.float64)
+    except ValueError as exc:
+        raise PwanInputError(f'{path}: cannot parse numbers ({exc})') from None
+    if header is not None and all(k in header for k in ('x', 'y')):
+        cols = [header.index(k) for k in ('x', 'y', 'z') if k in header]
+        return arr[:, cols]
+    if arr.shape[1] > 3:
+        return arr[:, :3]
+    return arr
+
+
+def _read_o3d(path: str, ext: str, gz: bool) -> np.ndarray:
+    import open3d as o3d
+    tmp = None
+    try:
+        if gz:
+            fd, tmp = tempfile.mkstemp(suffix=ext)
+            with os.fdopen(fd, 'wb') as out, gzip.open(path, 'rb') as src:
+                shutil.copyfileobj(src, out)
+            target = tmp
+        else:
+            target = path
+        pcd = o3d.io.read_point_cloud(target, format=ext[1:], remove_nan_points=False,
+                                      remove_infinite_points=False)
+        pts = np.asarray(pcd.points, dtype=np.float64)
+    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+        raise PwanInputError(f'{path}: cannot read ({exc})') from None
+    finally:
+        if tmp is not None:
+            os.unlink(tmp)
+    if pts.size == 0:
+        raise PwanInputError(f'{path}: no points read (unreadable or empty {ext[1:].upper()} file)')
+    return pts
+
+
+def read_points(path: str) -> np.ndarray:
+    """Read an (N, 2|3) point array from ``path`` (format from the extension, optional .gz)."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise PwanInputError(f'{path}: no such file')
+    ext, gz = _split_ext(path)
+    if ext not in READ_EXTENSIONS:
+        raise PwanInputError(f'{path}: unsupported extension (use {", ".join(READ_EXTENSIONS)}, optionally .gz)')
+    if ext == '.npy':
+        if gz:
+            raise PwanInputError(f'{path}: compressed .npy is not supported')
+        try:
+            arr = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise PwanInputError(f'{path}: cannot read ({exc})') from None
+        arr = np.asarray(arr)
+        if arr.dtype.kind not in 'fiu':
+            raise PwanInputError(f'{path}: not a numeric array')
+        return arr.astype(np.float64)
+    if ext in ('.ply', '.pcd'):
+        return _read_o3d(path, ext, gz)
+    try:
+        if gz:
+            with gzip.open(path, 'rt') as fh:
+                data = fh.read()
+        else:
+            with open(path, 'r') as fh:
+                data = fh.read()
+    except (OSError, UnicodeDecodeError, EOFError, gzip.BadGzipFile) as exc:
+        raise PwanInputError(f'{path}: cannot read ({exc})') from None
+    return _read_text(data, path)
+
+
+def write_points(path: str, points: np.ndarray) -> None:
+    """Write (N, 2|3) points to ``path`` (.npy .ply .pcd .xyz .txt .csv by extension)."""
+    path = os.fspath(path)
+    pts = np.asarray(points, dtype=np.float64)
+    ext, gz = _split_ext(path)
+    if gz or ext not in WRITE_EXTENSIONS:
+        raise PwanInputError(f'{path}: unsupported output extension (use {", ".join(WRITE_EXTENSIONS)})')
+    try:
+        if ext == '.npy':
+            np.save(path, pts)
+        elif ext in ('.ply', '.pcd'):
+            import open3d as o3d
+            p3 = pts if pts.shape[1] == 3 else np.hstack((pts, np.zeros((pts.shape[0], 1))))
+            pcd = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(p3))
+            if not o3d.io.write_point_cloud(path, pcd, write_ascii=False):
+                raise PwanInputError(f'{path}: cannot write')
+        else:
+            np.savetxt(path, pts, delimiter=',' if ext == '.csv' else ' ', fmt='%.9g')
+    except OSError as exc:
+        raise PwanInputError(f'{path}: cannot write ({exc})') from None

@@ -1,0 +1,250 @@
+"""Typed, frozen and validated configuration of the registration core.
+
+One dataclass per component; every field name is the future ROS parameter / CLI option name
+(nested components are addressed as ``potential.hidden`` etc. by :meth:`RegistrationConfig.from_dict`).
+Lengths are in the caller's units (metres for ROS) unless a field says "normalised": the core
+normalises both sets internally (see ``docs/core.md``) and converts back.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Tuple
+
+from .errors import PwanInputError
+
+TRANSFORMS = ('rigid', 'affine', 'nonrigid')
+DIVERGENCES = ('mass', 'distance')
+H_MODES = ('learn', 'closed_form')
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise PwanInputError(msg)
+
+
+def _pos(name: str, value: float, allow_none: bool = False, allow_zero: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value >= 0 if allow_zero else value > 0)
+    _check(ok, f"{name} must be a {'non-negative' if allow_zero else 'positive'} finite number, got {value!r}")
+
+
+def _int(name: str, value: int, minimum: int) -> None:
+    _check(isinstance(value, int) and not isinstance(value, bool) and value >= minimum,
+           f'{name} must be an integer >= {minimum}, got {value!r}')
+
+
+@dataclass(frozen=True)
+class PotentialConfig:
+    """Potential network f_{w,h} and its optimiser.
+
+    hidden: widths (a, b) of the point-wise MLP d->a->b, branch b->2b->b, skip concat [a-branch,
+    b-branch]->1 (see docs). lr: Adam learning rate. gp_weight: weight of the one-sided gradient
+    penalty mean(relu(|grad f|^2 - 1)); gp_points: points it is evaluated on (subsample of the
+    current source + reference batch), on the first of the u updates of each step only.
+    h_mode: 'learn' (h is a parameter, eq. loss_m_app) or 'closed_form' (h = -inf f over the
+    batch, eq. app_final_m_eq2); mass divergence only. h_init: initial h in normalised units.
+    """
+
+    hidden: Tuple[int, int] = (32, 32)
+    lr: float = 5e-3
+    gp_weight: float = 10.0
+    gp_points: int = 256
+    h_mode: str = 'learn'
+    h_init: float = 1.0
+    leaky_slope: float = 0.2
+    length_scale: float = 0.1
+    betas: Tuple[float, float] = (0.5, 0.99)
+
+    def __post_init__(self):
+        _check(isinstance(self.hidden, (tuple, list)) and len(self.hidden) == 2
+               and all(isinstance(v, int) and v > 0 for v in self.hidden),
+               f'potential.hidden must be two positive ints, got {self.hidden!r}')
+        object.__setattr__(self, 'hidden', tuple(self.hidden))
+        _pos('potential.lr', self.lr)
+        _pos('potential.gp_weight', self.gp_weight, allow_zero=True)
+        _int('potential.gp_points', self.gp_points, 1)
+        _check(self.h_mode in H_MODES, f'potential.h_mode must be one of {H_MODES}, got {self.h_mode!r}')
+        _pos('potential.h_init', self.h_init)
+        _pos('potential.leaky_slope', self.leaky_slope, allow_zero=True)
+        _pos('potential.length_scale', self.length_scale)
+        _check(isinstance(self.betas, (tuple, list)) and len(self.betas) == 2
+               and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas),
+               f'potential.betas must be two numbers in [0, 1), got {self.betas!r}')
+        object.__setattr__(self, 'betas', tuple(float(b) for b in self.betas))
+
+
+@dataclass(frozen=True)
+class CoherenceConfig:
+    """Coherence regulariser lambda Tr(V^T (sigma I + G_rho)^-1 V) of the non-rigid transform.
+
+    rho: Gaussian kernel width, G(i,j) = exp(-|y_i - y_j|^2 / rho) in normalised units (unit
+    variance sets). weight: lambda. sigma: ridge. rank: Nystrom landmarks k.
+    """
+
+    rho: float = 2.0
+    weight: float = 0.01
+    sigma: float = 0.1
+    rank: int = 100
+
+    def __post_init__(self):
+        _pos('coherence.rho', self.rho)
+        _pos('coherence.weight', self.weight, allow_zero=True)
+        _pos('coherence.sigma', self.sigma)
+        _int('coherence.rank', self.rank, 1)
+
+
+@dataclass(frozen=True)
+class FineTuneConfig:
+    """Fine-tune stage (eq. fine_tune): trimmed / thresholded nearest-neighbour objective.
+
+    enabled: run it after the adversarial stage of :func:`register` (``refine`` always runs it).
+    max_iterations: alternations of NN search + closed-form step. tolerance: stop when the RMS
+    motion of the source between iterations falls below ``tolerance`` x (set scale).
+    max_points: cap on the source points used (0 = all valid input points).
+    metric: 'point_to_plane' (rigid only: distance to the nearest reference point measured along
+    its PCA normal from ``normal_neighbors`` neighbours) or 'point_to_point' (eq. fine_tune as
+    written; always used for affine / non-rigid).
+    """
+
+    enabled: bool = True
+    max_iterations: int = 60
+    tolerance: float = 1e-5
+    max_points: int = 20000
+    metric: str = 'point_to_plane'
+    normal_neighbors: int = 10
+
+    def __post_init__(self):
+        _check(isinstance(self.enabled, bool), 'finetune.enabled must be a bool')
+        _check(self.metric in ('point_to_plane', 'point_to_point'),
+               f"finetune.metric must be 'point_to_plane' or 'point_to_point', got {self.metric!r}")
+        _int('finetune.normal_neighbors', self.normal_neighbors, 3)
+        _int('finetune.max_iterations', self.max_iterations, 1)
+        _pos('finetune.tolerance', self.tolerance)
+        _int('finetune.max_points', self.max_points, 0)
+
+
+@dataclass(frozen=True)
+class RegistrationConfig:
+    """Configuration of :func:`pwan_ros.core.register` and :func:`pwan_ros.core.refine`.
+
+    transform: 'rigid' | 'affine' | 'nonrigid'. divergence: 'mass' (m-PWAN) | 'distance' (d-PWAN).
+    mass: matched mass in points (<= min(#source, #reference) valid input points) or
+    mass_ratio: mass as a fraction of min(#source, #reference) (default 0.8 when neither is set).
+    distance_threshold: h of d-PWAN in caller units (None: 2x the median nearest-neighbour spacing
+    of the preprocessed reference). voxel_size: voxel-grid downsampling in caller units before the
+    adversarial stage (None: off). max_points: random cap per set for the adversarial stage.
+    steps: maximum transform updates T. potential_updates: u. warmup_updates: potential updates
+    before the first transform update. batch_size: mini-batch per set (0: whole sets).
+    lr_transform / lr_transform_final: Adam learning rate of the transform, decayed exponentially
+    over ``steps``. tolerance / window / min_steps: stop when the RMS motion of the source over the
+    last ``window`` steps is below ``tolerance`` x (median point spacing of the adversarial-stage
+    source set): below the sampling resolution the potential carries no more information and the
+    fine-tune stage takes over. starts: rigid/affine
+    multi-start count (initial rotations, best partial NN objective wins). prealign:
+    non-rigid only, first run a rigid registration (same settings, incl. ``starts``) and start the
+    non-rigid one from it. device: 'auto' | 'cpu' |
+    'cuda[:N]'. seed: RNG seed (sampling and network init). threads: CPU threads (0: auto).
+    verbose: progress lines on stderr.
+    """
+
+    transform: str = 'rigid'
+    divergence: str = 'mass'
+    mass_ratio: Optional[float] = None
+    mass: Optional[float] = None
+    distance_threshold: Optional[float] = None
+    voxel_size: Optional[float] = None
+    max_points: int = 2000
+    steps: int = 200
+    potential_updates: int = 3
+    warmup_updates: int = 100
+    batch_size: int = 512
+    lr_transform: float = 1e-2
+    lr_transform_final: float = 1e-4
+    tolerance: float = 0.1
+    window: int = 10
+    min_steps: int = 30
+    starts: int = 1
+    prealign: bool = True
+    device: str = 'auto'
+    seed: int = 0
+    threads: int = 0
+    verbose: bool = False
+    potential: PotentialConfig = field(default_factory=PotentialConfig)
+    coherence: CoherenceConfig = field(default_factory=CoherenceConfig)
+    finetune: FineTuneConfig = field(default_factory=FineTuneConfig)
+
+    def __post_init__(self):
+        _check(self.transform in TRANSFORMS, f'transform must be one of {TRANSFORMS}, got {self.transform!r}')
+        _check(self.divergence in DIVERGENCES, f'divergence must be one of {DIVERGENCES}, got {self.divergence!r}')
+        _check(not (self.mass is not None and self.mass_ratio is not None),
+               'give either mass or mass_ratio, not both')
+        _pos('mass', self.mass, allow_none=True)
+        if self.mass_ratio is not None:
+            _pos('mass_ratio', self.mass_ratio)
+            _check(self.mass_ratio <= 1.0, f'mass_ratio must be in (0, 1], got {self.mass_ratio!r}')
+        _pos('distance_threshold', self.distance_threshold, allow_none=True)
+        _pos('voxel_size', self.voxel_size, allow_none=True)
+        _int('max_points', self.max_points, 3)
+        _int('steps', self.steps, 0)
+        _int('potential_updates', self.potential_updates, 1)
+        _int('warmup_updates', self.warmup_updates, 0)
+        _int('batch_size', self.batch_size, 0)
+        _pos('lr_transform', self.lr_transform)
+        _pos('lr_transform_final', self.lr_transform_final)
+        _pos('tolerance', self.tolerance)
+        _int('window', self.window, 1)
+        _int('min_steps', self.min_steps, 0)
+        _int('starts', self.starts, 1)
+        _check(isinstance(self.prealign, bool), 'prealign must be a bool')
+        _check(isinstance(self.device, str), 'device must be a string')
+        _int('seed', self.seed, 0)
+        _int('threads', self.threads, 0)
+        _check(isinstance(self.potential, PotentialConfig), 'potential must be a PotentialConfig')
+        _check(isinstance(self.coherence, CoherenceConfig), 'coherence must be a CoherenceConfig')
+        _check(isinstance(self.finetune, FineTuneConfig), 'finetune must be a FineTuneConfig')
+
+    @property
+    def effective_mass_ratio(self) -> Optional[float]:
+        """Mass ratio used when ``mass`` is not given (0.8, the paper's rigid setting)."""
+        if self.mass is not None:
+            return None
+        return 0.8 if self.mass_ratio is None else self.mass_ratio
+
+    def replace(self, **changes: Any) -> 'RegistrationConfig':
+        """Copy with changed fields (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> 'RegistrationConfig':
+        """Build from a flat mapping; nested fields as ``'potential.lr'`` keys or sub-mappings.
+
+        Unknown keys raise :class:`PwanInputError` (catches typos in ROS parameters / YAML).
+        """
+        top = {f.name for f in dataclasses.fields(cls)}
+        subs = {'potential': PotentialConfig, 'coherence': CoherenceConfig, 'finetune': FineTuneConfig}
+        kwargs: dict = {}
+        nested: dict = {k: {} for k in subs}
+        for key, value in dict(values).items():
+            if '.' in key:
+                head, tail = key.split('.', 1)
+                _check(head in subs, f'unknown configuration key {key!r}')
+                nested[head][tail] = value
+            elif key in subs and isinstance(value, Mapping):
+                nested[key].update(value)
+            else:
+                _check(key in top, f'unknown configuration key {key!r}')
+                kwargs[key] = value
+        for name, sub_cls in subs.items():
+            if nested[name]:
+                known = {f.name for f in dataclasses.fields(sub_cls)}
+                bad = set(nested[name]) - known
+                _check(not bad, f'unknown configuration key(s) {sorted(name + "." + b for b in bad)}')
+                kwargs[name] = sub_cls(**nested[name])
+        try:
+            return cls(**kwargs)
+        except TypeError as exc:  # wrong field types that dataclass itself rejects
+            raise PwanInputError(str(exc)) from None

@@ -1,0 +1,152 @@
+"""Fine-tune objective (eq. fine_tune): sum_j s_j |x_N(j) - T(y_j)| + C(theta), minimised by
+alternating nearest-neighbour search (scipy cKDTree) and closed-form steps.
+
+s_j = 1 for the m nearest pairs (mass type, Topk) or for pairs closer than h (distance type).
+The sum of (unsquared) distances is minimised by iteratively re-weighted least squares: with
+weights w_j = s_j / (2 max(d_j, eps)) the weighted squared problem majorises it, and is solved in
+closed form: weighted Kabsch (rigid), weighted linear least squares (affine), and for non-rigid
+alternately the affine part and V from the coherence-regularised normal equations (Woodbury).
+All arrays here are in the internal normalised frame, row-vector convention T(y) = y A + t + V.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+from scipy.spatial import cKDTree
+
+from .coherence import Coherence
+
+
+@dataclass
+class FineTuneOutcome:
+    """a (d, d), t (d,), v (n, d) or None; selected (n,) bool; distances (n,) NN distances at
+    the final transform; iterations run; converged (motion below tolerance)."""
+
+    a: np.ndarray
+    t: np.ndarray
+    v: Optional[np.ndarray]
+    selected: np.ndarray
+    distances: np.ndarray
+    iterations: int
+    converged: bool
+
+
+def select_pairs(dist: np.ndarray, divergence: str, count: int, h: float) -> np.ndarray:
+    """s_j: the ``count`` smallest distances (mass) or distances <= h (distance); (n,) bool."""
+    if divergence == 'mass':
+        k = int(min(max(count, 1), dist.shape[0]))
+        sel = np.zeros(dist.shape[0], dtype=bool)
+        sel[np.argpartition(dist, k - 1)[:k]] = True
+        return sel
+    return dist <= h
+
+
+def weighted_kabsch(p: np.ndarray, q: np.ndarray, w: np.ndarray):
+    """R (d, d), t (d,) minimising sum w_j |R p_j + t - q_j|^2 (column convention)."""
+    ws = w.sum()
+    pc = (w[:, None] * p).sum(0) / ws
+    qc = (w[:, None] * q).sum(0) / ws
+    cov = ((p - pc) * w[:, None]).T @ (q - qc)
+    u, _, vt = np.linalg.svd(cov)
+    d = np.ones(p.shape[1])
+    d[-1] = np.sign(np.linalg.det(vt.T @ u.T)) or 1.0
+    r = vt.T @ np.diag(d) @ u.T
+    return r, qc - r @ pc
+
+
+def weighted_affine(p: np.ndarray, q: np.ndarray, w: np.ndarray):
+    """A (d, d), t (d,) minimising sum w_j |p_j A + t - q_j|^2 (row convention)."""
+    ph = np.hstack((p, np.ones((p.shape[0], 1))))
+    sw = np.sqrt(w)[:, None]
+    sol, *_ = np.linalg.lstsq(ph * sw, q * sw, rcond=None)
+    return sol[:-1], sol[-1]
+
+
+def estimate_normals(points: np.ndarray, tree: cKDTree, k: int = 10, workers: int = 1) -> np.ndarray:
+    """Unit normals (n, d) by PCA of the k nearest neighbours (smallest-eigenvalue direction)."""
+    k = int(min(k, points.shape[0]))
+    _, nn = tree.query(points, k=k, workers=workers)
+    nb = points[nn]                                           # (n, k, d)
+    nb = nb - nb.mean(axis=1, keepdims=True)
+    cov = np.einsum('nki,nkj->nij', nb, nb)
+    _, vec = np.linalg.eigh(cov)
+    return vec[:, :, 0]
+
+
+def point_to_plane_step(z: np.ndarray, target: np.ndarray, normals: np.ndarray, w: np.ndarray):
+    """Linearised rigid increment (R (d, d), t (d,)) minimising sum w (n.(R z + t - x))^2."""
+    d = z.shape[1]
+    if d == 3:
+        jac = np.hstack((np.cross(z, normals), normals))       # (n, 6): d/d(omega, t)
+    else:
+        jac = np.hstack(((z[:, 0] * normals[:, 1] - z[:, 1] * normals[:, 0])[:, None], normals))
+    res = -((z - target) * normals).sum(1)
+    jw = jac * w[:, None]
+    lhs = jac.T @ jw
+    lhs += 1e-9 * np.trace(lhs) * np.eye(lhs.shape[0])
+    x = np.linalg.solve(lhs, jw.T @ res)
+    if d == 3:
+        omega = x[:3]
+        ang = np.linalg.norm(omega)
+        kx = np.array([[0, -omega[2], omega[1]], [omega[2], 0, -omega[0]], [-omega[1], omega[0], 0]])
+        if ang > 1e-12:
+            r = np.eye(3) + np.sin(ang) / ang * kx + (1 - np.cos(ang)) / ang ** 2 * kx @ kx
+        else:
+            r = np.eye(3) + kx
+        return r, x[3:]
+    c, s_ = np.cos(x[0]), np.sin(x[0])
+    return np.array([[c, -s_], [s_, c]]), x[1:]
+
+
+def run_finetune(src: np.ndarray, ref_tree: cKDTree, ref: np.ndarray, kind: str, a: np.ndarray, t: np.ndarray,
+                 divergence: str, count: int, h: float, max_iterations: int, tolerance: float,
+                 v: Optional[np.ndarray] = None, coherence: Optional[Coherence] = None,
+                 workers: int = 1, ref_normals: Optional[np.ndarray] = None) -> FineTuneOutcome:
+    """Minimise eq. fine_tune from (a, t[, v]). src (n, d), ref (q, d) normalised; ``count`` =
+    number of source points matched (mass type); ``h`` threshold (distance type, normalised).
+    ref_normals (q, d): when given and kind == 'rigid', the distance to the nearest reference
+    point is measured along its normal (point-to-plane, removes the sampling bias)."""
+    a = np.array(a, dtype=np.float64)
+    t = np.array(t, dtype=np.float64)
+    if kind == 'nonrigid' and v is None:
+        v = np.zeros_like(src)
+    z = src @ a + t + (v if v is not None else 0.0)
+    # IRLS floor: distances below the reference sampling resolution carry no information
+    floor = 0.5 * float(np.median(ref_tree.query(ref[:2000], k=2, workers=workers)[0][:, 1]))
+    converged = False
+    it = 0
+    for it in range(1, max_iterations + 1):
+        dist, nn = ref_tree.query(z, k=1, workers=workers)
+        sel = select_pairs(dist, divergence, count, h)
+        if sel.sum() < src.shape[1] + 1:
+            break
+        eps = max(1e-9, floor)
+        w = np.where(sel, 0.5 / np.maximum(dist, eps), 0.0)
+        target = ref[nn]
+        if kind == 'rigid' and ref_normals is not None:
+            nrm = ref_normals[nn]
+            pd = np.abs(((z - target) * nrm).sum(1))
+            wp = np.where(sel, 0.5 / np.maximum(pd, max(1e-9, 0.1 * floor)), 0.0)
+            dr, dt = point_to_plane_step(z, target, nrm, wp)
+            a, t = a @ dr.T, t @ dr.T + dt
+        elif kind == 'rigid':
+            r, tc = weighted_kabsch(src, target, w)
+            a, t = r.T, tc
+        elif kind == 'affine':
+            a, t = weighted_affine(src, target, w)
+        else:
+            a, t = weighted_affine(src, target - v, w)
+            resid = target - (src @ a + t)
+            v = coherence.solve_weighted(torch.as_tensor(w), torch.as_tensor(resid)).numpy()
+        z_new = src @ a + t + (v if v is not None else 0.0)
+        motion = float(np.sqrt(((z_new - z) ** 2).sum(1).mean()))
+        z = z_new
+        if motion < tolerance:
+            converged = True
+            break
+    dist, _ = ref_tree.query(z, k=1, workers=workers)
+    sel = select_pairs(dist, divergence, count, h)
+    return FineTuneOutcome(a=a, t=t, v=v, selected=sel, distances=dist, iterations=it, converged=converged)

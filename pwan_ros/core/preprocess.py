@@ -1,0 +1,144 @@
+"""Input validation, cleaning, downsampling and normalisation of point sets (numpy only)."""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import numpy as np
+from scipy.spatial import cKDTree
+
+from .errors import PwanInputError
+
+
+@dataclass(frozen=True)
+class CleanPoints:
+    """A validated point set. points: (n, d) float64 finite rows; valid: (N,) bool mask of kept
+    input rows; dropped: number of input rows with NaN/inf removed."""
+
+    points: np.ndarray
+    valid: np.ndarray
+    dropped: int
+
+
+def clean_points(points, name: str) -> CleanPoints:
+    """Validate an (N, d) array-like, d in {2, 3}; drop non-finite rows with a warning.
+
+    Raises :class:`PwanInputError` for wrong shapes/dims, non-numeric data or an empty result.
+    """
+    try:
+        arr = np.asarray(points, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise PwanInputError(f'{name}: not a numeric array ({exc})') from None
+    if arr.ndim != 2:
+        raise PwanInputError(f'{name}: expected an (N, 2) or (N, 3) array, got shape {arr.shape}')
+    if arr.shape[1] not in (2, 3):
+        raise PwanInputError(f'{name}: points must have 2 or 3 coordinates, got {arr.shape[1]}')
+    if arr.shape[0] == 0:
+        raise PwanInputError(f'{name}: empty point set')
+    valid = np.isfinite(arr).all(axis=1)
+    dropped = int((~valid).sum())
+    if dropped:
+        warnings.warn(f'{name}: dropped {dropped} of {arr.shape[0]} rows containing NaN/inf', RuntimeWarning,
+                      stacklevel=3)
+    pts = arr[valid]
+    if pts.shape[0] < 3:
+        raise PwanInputError(f'{name}: need at least 3 finite points, got {pts.shape[0]}')
+    return CleanPoints(points=pts, valid=valid, dropped=dropped)
+
+
+def voxel_downsample(points: np.ndarray, voxel: float) -> np.ndarray:
+    """Centroid of the points in each occupied voxel of edge ``voxel`` (same units as points).
+
+    Returns (k, d), k <= n, ordered by voxel key (deterministic)."""
+    if voxel is None or voxel <= 0:
+        return points
+    keys = np.floor((points - points.min(axis=0)) / voxel).astype(np.int64)
+    _, inverse, counts = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
+    inverse = inverse.reshape(-1)
+    sums = np.zeros((counts.shape[0], points.shape[1]))
+    np.add.at(sums, inverse, points)
+    return sums / counts[:, None]
+
+
+def random_subset(points: np.ndarray, max_points: int, rng: np.random.Generator) -> np.ndarray:
+    """At most ``max_points`` rows drawn without replacement (all rows when fewer)."""
+    if max_points <= 0 or points.shape[0] <= max_points:
+        return points
+    idx = np.sort(rng.choice(points.shape[0], size=max_points, replace=False))
+    return points[idx]
+
+
+def median_spacing(points: np.ndarray) -> float:
+    """Median distance from each point to its nearest other point (same units as points)."""
+    if points.shape[0] < 2:
+        return 0.0
+    d, _ = cKDTree(points).query(points, k=2)
+    return float(np.median(d[:, 1]))
+
+
+@dataclass(frozen=True)
+class Normaliser:
+    """Similarity map into the internal frame: p_n = (p - center) / scale, per set.
+
+    source_center / reference_center: (d,) caller units. scale: caller units per normalised unit
+    (common to both sets, so distances scale uniformly)."""
+
+    source_center: np.ndarray
+    reference_center: np.ndarray
+    scale: float
+
+    def source(self, p: np.ndarray) -> np.ndarray:
+        return (p - self.source_center) / self.scale
+
+    def reference(self, p: np.ndarray) -> np.ndarray:
+        return (p - self.reference_center) / self.scale
+
+    def denormalise_reference(self, p: np.ndarray) -> np.ndarray:
+        return p * self.scale + self.reference_center
+
+    def to_caller(self, a_mat: np.ndarray, t_vec: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """Convert a normalised row-vector map y_n -> y_n A + t into the caller frame.
+
+        Returns (M, b) with x = M @ y + b for column vectors in caller units."""
+        m = a_mat.T
+        b = self.scale * t_vec + self.reference_center - m @ self.source_center
+        return m, b
+
+
+def make_normaliser(source: np.ndarray, reference: np.ndarray, align_centroids: bool) -> Normaliser:
+    """Centre the reference on its centroid; the source on its own centroid when
+    ``align_centroids`` (cold start) or on the reference centroid (warm start keeps ``init``).
+    Scale = RMS distance of the reference to its centroid (unit-RMS internal frame)."""
+    rc = reference.mean(axis=0)
+    sc = source.mean(axis=0) if align_centroids else rc
+    scale = float(np.sqrt(((reference - rc) ** 2).sum(axis=1).mean()))
+    src_scale = float(np.sqrt(((source - source.mean(axis=0)) ** 2).sum(axis=1).mean()))
+    scale = max(scale, src_scale)
+    if not np.isfinite(scale) or scale <= 0:
+        raise PwanInputError('degenerate point sets: all points coincide')
+    return Normaliser(source_center=sc, reference_center=rc, scale=scale)
+
+
+def homogeneous(m: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(d+1, d+1) homogeneous matrix from linear part (d, d) and translation (d,)."""
+    d = m.shape[0]
+    out = np.eye(d + 1)
+    out[:d, :d] = m
+    out[:d, d] = b
+    return out
+
+
+def check_init(init: Optional[np.ndarray], dim: int) -> Optional[np.ndarray]:
+    """Validate an initial (dim+1, dim+1) homogeneous transform (source -> reference frame)."""
+    if init is None:
+        return None
+    try:
+        arr = np.asarray(init, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise PwanInputError('init: not a numeric matrix') from None
+    if arr.shape != (dim + 1, dim + 1):
+        raise PwanInputError(f'init: expected a {dim + 1}x{dim + 1} homogeneous transform, got shape {arr.shape}')
+    if not np.isfinite(arr).all():
+        raise PwanInputError('init: contains NaN/inf')
+    return arr

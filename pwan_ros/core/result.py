@@ -1,0 +1,53 @@
+"""Result type of :func:`register` / :func:`refine`."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Optional
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class RegistrationResult:
+    """Outcome of a registration, in the caller's units and frames.
+
+    transform: (d+1, d+1) homogeneous map of source points into the reference frame,
+        x = T[:d, :d] @ y + T[:d, d] (rigid/affine; for non-rigid its affine part).
+    transformed_source: (n, d) the valid source points mapped into the reference frame (incl.
+        non-rigid offsets), in input order; n = source_valid.sum().
+    match_weights: (n,) in [0, 1]: 1 where the point is matched by the final partial objective
+        (top-m / <= h nearest neighbours), 0 where it is omitted.
+    source_valid: (N,) bool, input rows kept (False = dropped NaN/inf row).
+    matched_ratio: mean of match_weights. converged: the adversarial stage stopped on its motion
+    criterion (or was skipped) and the fine-tune converged. iterations: transform updates of the
+    adversarial stage. potential_updates: potential network updates. finetune_iterations.
+    time_s: wall time of the call; timings: per stage seconds. num_source / num_reference: valid
+    input points; num_dropped_*: NaN/inf rows removed. mass: matched mass in points (mass type,
+    else None); distance_threshold: h in caller units (distance type or the fine-tune threshold,
+    else None); h: final potential clip level (caller units, None for refine). displacement:
+    (n, d) non-rigid offsets in caller units (None otherwise). potential_state: network weights
+    for a warm start (pass back as ``potential_state=``). device: torch device used.
+    """
+
+    transform: np.ndarray
+    transformed_source: np.ndarray
+    match_weights: np.ndarray
+    source_valid: np.ndarray
+    matched_ratio: float
+    converged: bool
+    iterations: int
+    potential_updates: int
+    finetune_iterations: int
+    time_s: float
+    timings: Dict[str, float]
+    num_source: int
+    num_reference: int
+    num_dropped_source: int
+    num_dropped_reference: int
+    mass: Optional[float]
+    distance_threshold: Optional[float]
+    h: Optional[float] = None
+    displacement: Optional[np.ndarray] = None
+    potential_state: Optional[dict] = field(default=None, repr=False)
+    device: str = 'cpu'
+    start_index: int = 0

@@ -1,0 +1,259 @@
+"""Adaptation core: config validation, input checks, the PWAN objective on synthetic Gaussian
+classes, exact resume, TorchScript export and the pwan-adapt CLI end to end."""
+import dataclasses
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from pwan_ros.adaptation import (AdaptConfig, AdaptConfigError, AdaptInputError, AdaptTrainer, FeatureSet,
+                                 load_npz, run_adaptation, save_npz)
+from pwan_ros.adapt_cli import main as adapt_main
+from pwan_ros.adaptation.config import split_yaml
+from pwan_ros.adaptation.data import check_pair
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CLI = pathlib.Path(sys.executable).parent / 'pwan-adapt'
+
+
+def gaussian_domains(seed=0, k=6, d=32, n_per=60, shift=0.9, sigma=0.8):
+    """K Gaussian classes (labelled, all classes) and a shifted copy of the first K/2 classes
+    (unlabelled), class means 4 apart, domain shift of 0.9 x that distance, offset +3."""
+    rng = np.random.default_rng(seed)
+    means = rng.normal(size=(k, d))
+    means *= 4.0 / np.linalg.norm(means[0] - means[1])
+    lab = np.concatenate([means[c] + sigma * rng.normal(size=(n_per, d)) for c in range(k)]) + 3.0
+    delta = rng.normal(size=d)
+    delta *= shift * 4.0 / np.linalg.norm(delta)
+    unl = np.concatenate([means[c] + delta + sigma * rng.normal(size=(n_per, d)) for c in range(k // 2)]) + 3.0
+    return (lab.astype(np.float32), np.repeat(np.arange(k), n_per),
+            unl.astype(np.float32), np.repeat(np.arange(k // 2), n_per))
+
+
+SYN = dict(steps=250, warmup_steps=50, weight_interval=50, batch_size=36, potential_updates=2, eval_interval=50,
+           checkpoint_interval=100, device='cpu', plots=False)
+
+
+def write_pair(tmp_path, seed=0):
+    xl, yl, xu, yu = gaussian_domains(seed)
+    lp, up = tmp_path / 'lab.npz', tmp_path / 'unl.npz'
+    save_npz(lp, xl, yl, [f'c{i}' for i in range(6)])
+    save_npz(up, xu, yu, compressed=True)
+    return lp, up
+
+
+# ---------------------------------------------------------------------------- config
+def test_config_validation_and_yaml(tmp_path):
+    cfg = AdaptConfig()
+    assert cfg.method == 'pwan' and cfg.bottleneck_dim == 256
+    for bad, msg in [({'steps': 0}, 'below the minimum'), ({'method': 'dann'}, 'not one of'),
+                     ({'lambda1': float('nan')}, 'finite'), ({'m0': 0.5}, '>= 1'),
+                     ({'device': 'gpu7'}, 'device'), ({'steps': 1.5}, 'expected int'),
+                     ({'no_such': 1}, 'unknown')]:
+        with pytest.raises(AdaptConfigError, match=msg):
+            AdaptConfig.from_mapping(bad)
+    assert AdaptConfig.from_mapping({'lambda1': 1}).lambda1 == 1.0  # ints are accepted for floats
+    assert cfg.resolved_method() == cfg
+    so = AdaptConfig(method='source_only').resolved_method()
+    assert (so.lambda1, so.lambda2, so.reweight) == (0.0, 0.0, False)
+    wg = AdaptConfig(method='wgan').resolved_method()
+    assert (wg.m0, wg.anneal, wg.reweight) == (1.0, 1.0, False)
+    # The shipped ROS parameter file holds exactly the defaults, plus the node's I/O keys.
+    values, io = split_yaml(ROOT / 'config' / 'adapt.yaml')
+    assert AdaptConfig.from_mapping(values) == AdaptConfig()
+    assert set(values) == set(AdaptConfig.specs())
+    assert set(io) == {'labelled', 'unlabelled', 'output', 'resume', 'progress_interval'}
+    flat = tmp_path / 'flat.yaml'
+    flat.write_text(yaml.safe_dump({'steps': 7, 'method': 'wgan'}))
+    assert AdaptConfig.from_yaml(flat) == AdaptConfig(steps=7, method='wgan')
+    flat.write_text('steps: [1, 2')
+    with pytest.raises(AdaptConfigError, match='not valid YAML'):
+        AdaptConfig.from_yaml(flat)
+
+
+# ---------------------------------------------------------------------------- inputs
+def test_bad_inputs_are_clear_errors(tmp_path):
+    x = np.ones((10, 4), np.float32)
+    y = np.arange(10) % 2
+
+    def lp(name, **arrays):
+        p = tmp_path / name
+        np.savez(p, **arrays)
+        return p
+
+    (tmp_path / 'empty.npz').write_bytes(b'')
+    with pytest.raises(AdaptInputError, match='is empty'):
+        load_npz(tmp_path / 'empty.npz')
+    with pytest.raises(AdaptInputError, match='does not exist'):
+        load_npz(tmp_path / 'missing.npz')
+    (tmp_path / 'junk.npz').write_text('not a zip')
+    with pytest.raises(AdaptInputError, match='not a readable .npz'):
+        load_npz(tmp_path / 'junk.npz')
+    with pytest.raises(AdaptInputError, match="no 'features'"):
+        load_npz(lp('nof.npz', labels=y))
+    with pytest.raises(AdaptInputError, match='features are empty'):
+        load_npz(lp('zero.npz', features=np.zeros((0, 4), np.float32)))
+    bad = x.copy()
+    bad[3, 2] = np.nan
+    with pytest.raises(AdaptInputError, match='NaN .*row 3, column 2'):
+        load_npz(lp('nan.npz', features=bad, labels=y))
+    with pytest.raises(AdaptInputError, match=r'labels must have shape \(10,\)'):
+        load_npz(lp('short.npz', features=x, labels=y[:5]))
+    with pytest.raises(AdaptInputError, match="no 'labels'"):
+        load_npz(lp('nolab.npz', features=x), require_labels=True)
+    lab = load_npz(lp('l.npz', features=x, labels=y))
+    with pytest.raises(AdaptInputError, match='dimensions differ'):
+        check_pair(lab, load_npz(lp('u5.npz', features=np.ones((3, 5), np.float32))))
+    with pytest.raises(AdaptInputError, match='evaluation label 7 out of range'):
+        check_pair(lab, load_npz(lp('u7.npz', features=x, labels=np.full(10, 7))))
+    with pytest.raises(AdaptInputError, match='negative label'):
+        check_pair(load_npz(lp('neg.npz', features=x, labels=y - 1)), lab)
+    with pytest.raises(AdaptInputError, match=r'class\(es\) \[1\] have no rows'):
+        check_pair(load_npz(lp('gap.npz', features=x, labels=y * 2)), lab)
+    with pytest.raises(AdaptInputError, match='out of range for 2 class_names'):
+        check_pair(load_npz(lp('names.npz', features=x, labels=y * 2, class_names=np.array(['a', 'b']))), lab)
+
+
+def test_large_sets_are_memory_mapped(tmp_path):
+    """Features above the in-memory limit are streamed from a memory map (stored or inflated)."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3000, 16)).astype(np.float32)
+    for compressed in (False, True):
+        p = tmp_path / f'big{compressed}.npz'
+        save_npz(p, x, compressed=compressed)
+        fs = load_npz(p, 'unlabelled', max_memory_mb=0.01)
+        assert isinstance(fs.features, np.memmap)
+        blocks = list(fs.batches(1000))
+        assert [b.shape for b in blocks] == [(1000, 16)] * 3
+        np.testing.assert_array_equal(np.concatenate(blocks), x)
+        np.testing.assert_array_equal(fs.rows(np.array([5, 2999])), x[[5, 2999]])
+        tmp = fs._tmpfile
+        assert (tmp is not None) == compressed
+        fs.close()
+        assert tmp is None or not os.path.exists(tmp)
+    bad = x.copy()
+    bad[2500, 1] = np.inf
+    save_npz(tmp_path / 'badbig.npz', bad)
+    with pytest.raises(AdaptInputError, match='row 2500'):
+        load_npz(tmp_path / 'badbig.npz', max_memory_mb=0.01)
+
+
+# ---------------------------------------------------------------------------- method
+def _fit(method, seed, **kw):
+    xl, yl, xu, yu = gaussian_domains(seed)
+    cfg = AdaptConfig.from_mapping(dict(SYN, method=method, seed=seed, **kw))
+    tr = AdaptTrainer(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu))
+    tr.train()
+    return tr, tr.evaluate()
+
+
+def test_pwan_beats_source_only_and_complete_alignment():
+    """Unlabelled domain: 3 of 6 classes, shifted. PWAN > source-only > complete alignment."""
+    torch.set_num_threads(1)
+    acc = {m: [] for m in ('source_only', 'wgan', 'pwan')}
+    for seed in (0, 1):
+        res = {m: _fit(m, seed)[1] for m in acc}
+        for m, r in res.items():
+            acc[m].append(r.accuracy)
+        assert res['pwan'].accuracy > res['source_only'].accuracy, res
+        assert res['pwan'].accuracy >= res['wgan'].accuracy + 0.1, res
+        assert res['pwan'].absent_fraction < res['wgan'].absent_fraction
+        assert res['pwan'].absent_fraction <= res['source_only'].absent_fraction
+    assert np.mean(acc['pwan']) >= np.mean(acc['source_only']) + 0.03, acc
+
+
+def test_resume_reproduces_uninterrupted_run():
+    torch.set_num_threads(1)
+    xl, yl, xu, yu = gaussian_domains(3)
+    cfg = AdaptConfig.from_mapping(dict(SYN, steps=60, warmup_steps=20, weight_interval=15, potential_updates=2,
+                                        dropout=0.3))
+    full = AdaptTrainer(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu))
+    full.train()
+    first = AdaptTrainer(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu))
+    first.train(until=33)
+    ckpt = first.state_dict()
+    torch.manual_seed(12345)  # the checkpoint must restore every RNG it relies on
+    np.random.seed(7)
+    resumed = AdaptTrainer(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu))
+    resumed.load_state_dict(ckpt)
+    resumed.train()
+    for a, b in zip(full.model.state_dict().values(), resumed.model.state_dict().values()):
+        assert torch.equal(a, b)
+    for a, b in zip(full.potential.state_dict().values(), resumed.potential.state_dict().values()):
+        assert torch.equal(a, b)
+    np.testing.assert_array_equal(full.state.mu, resumed.state.mu)
+    assert full.m_alpha() == resumed.m_alpha() and full.state.history == resumed.state.history
+    other = AdaptTrainer(dataclasses.replace(cfg, lambda1=0.5), FeatureSet(xl, yl), FeatureSet(xu, yu))
+    with pytest.raises(AdaptConfigError, match='lambda1=1.0'):
+        other.load_state_dict(ckpt)
+
+
+# ---------------------------------------------------------------------------- runner + CLI
+def test_cli_outputs_torchscript_and_resume(tmp_path, capsys):
+    lp, up = write_pair(tmp_path)
+    out = tmp_path / 'out'
+    args = [str(CLI), '--labelled', str(lp), '--unlabelled', str(up), '--output', str(out), '--json',
+            '--steps', '120', '--warmup-steps', '40', '--weight-interval', '40', '--batch-size', '36',
+            '--potential-updates', '2', '--eval-interval', '40', '--checkpoint-interval', '50',
+            '--device', 'cpu', '--threads', '1']
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary['completed'] and summary['steps_done'] == 120 and summary['num_classes'] == 6
+    assert summary['class_names'] == [f'c{i}' for i in range(6)]
+    pred = np.load(summary['predictions_path'])
+    yu = gaussian_domains(0)[3]
+    assert pred.shape == yu.shape and pred.dtype == np.int64
+    assert summary['accuracy'] == pytest.approx(float((pred == yu).mean()))
+    assert summary['absent_class_fraction'] == pytest.approx(float((pred >= 3).mean()))
+    for f in ('checkpoints/latest.pt', 'checkpoints/best.pt', 'model.ts', 'metrics.csv', 'evals.csv',
+              'metrics.json', 'summary.json', 'plots/losses.png', 'plots/m_alpha.png',
+              'plots/class_weights.png', 'plots/projection.png'):
+        assert (out / f).stat().st_size > 0, f
+    assert not [p for p in out.rglob('*.tmp')]
+    assert len((out / 'metrics.csv').read_text().splitlines()) == 121
+    # TorchScript gives the same predictions, standalone.
+    with warnings.catch_warnings():  # TorchScript is deprecated in torch >= 2.10, still loadable
+        warnings.simplefilter('ignore', DeprecationWarning)
+        ts = torch.jit.load(str(out / 'model.ts'))
+    xu = load_npz(up).features
+    with torch.no_grad():
+        np.testing.assert_array_equal(ts(torch.from_numpy(xu)).argmax(1).numpy(), pred)
+    # Resuming with a different training config is refused with the differences named.
+    rc = adapt_main(args[1:8] + ['--steps', '120', '--resume', '--device', 'cpu'])
+    assert rc == 1 and 'cannot resume' in capsys.readouterr().err
+
+
+def test_cli_bad_input_writes_nothing(tmp_path, capsys):
+    x = np.ones((10, 4), np.float32)
+    np.savez(tmp_path / 'l.npz', features=x, labels=np.arange(10) % 2)
+    np.savez(tmp_path / 'u.npz', features=np.ones((5, 3), np.float32))
+    out = tmp_path / 'out'
+    base = ['--labelled', str(tmp_path / 'l.npz'), '--unlabelled', str(tmp_path / 'u.npz'), '--output', str(out)]
+    assert adapt_main(base) == 1
+    err = capsys.readouterr().err
+    assert 'feature dimensions differ' in err and 'Traceback' not in err
+    assert adapt_main(base + ['--lambda1', '-1']) == 1
+    assert 'lambda1: -1.0 is below the minimum' in capsys.readouterr().err
+    assert adapt_main(base[:4]) == 1
+    assert 'missing required option(s): --output' in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_run_adaptation_stop_writes_checkpoint(tmp_path):
+    xl, yl, xu, yu = gaussian_domains(0)
+    cfg = AdaptConfig.from_mapping(dict(SYN, steps=50, potential_updates=1))
+    calls = []
+    res = run_adaptation(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu), tmp_path / 'o',
+                         should_stop=lambda: calls.append(1) or len(calls) > 10)
+    assert not res.completed and res.steps_done == 10 and res.predictions_path is None
+    assert os.path.isfile(res.checkpoint_path) and not (tmp_path / 'o' / 'predictions.npy').exists()
+    res = run_adaptation(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu), tmp_path / 'o', resume=True)
+    assert res.completed and res.steps_done == 50

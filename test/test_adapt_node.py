@@ -1,0 +1,162 @@
+"""adapt_node as a real ROS 2 process: parameters from --ros-args, progress over DDS on
+/diagnostics (received by a separate listener process), outputs, SIGINT and bad parameters."""
+import json
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import yaml
+
+from pwan_ros.adaptation import save_npz
+from test_adapt_core import gaussian_domains
+
+NODE = pathlib.Path(sys.executable).parent / 'adapt_node'
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+LISTENER = textwrap.dedent('''
+    import json, sys, time
+    import rclpy
+    from diagnostic_msgs.msg import DiagnosticArray
+    out, timeout = sys.argv[1], float(sys.argv[2])
+    rclpy.init()
+    node = rclpy.create_node('adapt_listener')
+    got = []
+    def cb(msg):
+        for st in msg.status:
+            if st.name == 'adapt_node: training':
+                got.append({'level': int.from_bytes(st.level, 'little') if isinstance(st.level, bytes)
+                            else int(st.level), 'message': st.message,
+                            **{kv.key: kv.value for kv in st.values}})
+    node.create_subscription(DiagnosticArray, '/diagnostics', cb, 10)
+    print('ready', flush=True)
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and not (got and got[-1]['state'] in ('done', 'interrupted', 'error')):
+        rclpy.spin_once(node, timeout_sec=0.1)
+    json.dump(got, open(out, 'w'))
+    node.destroy_node()
+    rclpy.try_shutdown()
+''')
+
+
+def _inputs(tmp_path):
+    xl, yl, xu, yu = gaussian_domains(0)
+    save_npz(tmp_path / 'lab.npz', xl, yl)
+    save_npz(tmp_path / 'unl.npz', xu, yu)
+    return tmp_path / 'lab.npz', tmp_path / 'unl.npz'
+
+
+def _params(tmp_path, **extra):
+    lab, unl = _inputs(tmp_path)
+    p = dict(labelled=str(lab), unlabelled=str(unl), output=str(tmp_path / 'out'), device='cpu', threads=1,
+             batch_size=36, warmup_steps=40, weight_interval=40, potential_updates=2, eval_interval=40,
+             checkpoint_interval=1000, plots=False, progress_interval=10, input_norm='zscore')
+    p.update(extra)
+    args = ['--ros-args']
+    for k, v in p.items():
+        if v is None:
+            continue
+        args += ['-p', f'{k}:={str(v).lower() if isinstance(v, bool) else v}']
+    return args
+
+
+def _listen(tmp_path, env, timeout):
+    script = tmp_path / 'listener.py'
+    script.write_text(LISTENER)
+    out = tmp_path / 'status.json'
+    proc = subprocess.Popen([sys.executable, str(script), str(out), str(timeout)], env=env,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == 'ready'
+    return proc, out
+
+
+@pytest.mark.ros
+def test_node_trains_publishes_and_exits(tmp_path, ros_env):
+    listener, status = _listen(tmp_path, ros_env, 90)
+    time.sleep(1.0)  # discovery
+    node = subprocess.run([str(NODE)] + _params(tmp_path, steps=200), env=ros_env, capture_output=True,
+                          text=True, timeout=120)
+    assert node.returncode == 0, node.stderr
+    listener.wait(timeout=30)
+    got = json.loads(status.read_text())
+    states = [g['state'] for g in got]
+    assert states[-1] == 'done' and 'training' in states
+    steps = [int(g['step']) for g in got if g['state'] == 'training']
+    assert steps == sorted(steps) and steps[-1] == 200 and len(steps) >= 5
+    assert all(float(g['m_alpha']) >= 1.0 for g in got if g['state'] == 'training')
+    final = got[-1]
+    summary = json.loads(pathlib.Path(final['summary']).read_text())
+    assert summary['completed'] and summary['steps_done'] == 200
+    assert float(final['accuracy']) == pytest.approx(summary['accuracy'], abs=1e-5)
+    pred = np.load(final['predictions'])
+    assert pred.shape == (180,) and (tmp_path / 'out' / 'model.ts').stat().st_size > 0
+
+
+@pytest.mark.ros
+def test_node_sigint_checkpoints_and_exits_cleanly(tmp_path, ros_env):
+    listener, status = _listen(tmp_path, ros_env, 90)
+    time.sleep(1.0)
+    node = subprocess.Popen([str(NODE)] + _params(tmp_path, steps=100000, checkpoint_interval=30), env=ros_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    latest = tmp_path / 'out' / 'checkpoints' / 'latest.pt'
+    deadline = time.monotonic() + 60
+    while not latest.exists() and time.monotonic() < deadline and node.poll() is None:
+        time.sleep(0.1)  # training is under way once the first periodic checkpoint exists
+    assert latest.exists(), 'no periodic checkpoint within 60 s'
+    node.send_signal(signal.SIGINT)
+    rest, _ = node.communicate(timeout=60)
+    assert node.returncode == 0, rest
+    assert 'Traceback' not in rest and 'interrupted at step' in rest
+    listener.wait(timeout=30)
+    got = json.loads(status.read_text())
+    assert got[-1]['state'] == 'interrupted'
+    stopped = int(got[-1]['step'])
+    assert 30 <= stopped < 100000
+    summary = json.loads((tmp_path / 'out' / 'summary.json').read_text())
+    assert not summary['completed'] and summary['steps_done'] == stopped
+    import torch
+    ckpt = torch.load(tmp_path / 'out' / 'checkpoints' / 'latest.pt', weights_only=False)
+    assert ckpt['state']['step'] == stopped
+    assert not (tmp_path / 'out' / 'predictions.npy').exists()
+
+
+@pytest.mark.ros
+def test_node_rejects_invalid_parameters(tmp_path, ros_env):
+    """All problems are reported at once, before anything is written."""
+    node = subprocess.run([str(NODE)] + _params(tmp_path, steps=10, lambda1=1, gp_weight=-2.0, method='dann',
+                                                output=None), env=ros_env, capture_output=True, text=True,
+                          timeout=60)
+    assert node.returncode == 1, node.stderr
+    for msg in ("invalid parameter 'lambda1': expects a double (write e.g. 1.0, not 1)",
+                "invalid parameter 'gp_weight': out of range [0.0, 1000000.0]",
+                "invalid parameter 'method': method: 'dann' is not one of pwan, source_only, wgan", "parameter 'output' is required"):
+        assert msg in node.stderr, (msg, node.stderr)
+    assert 'Traceback' not in node.stderr
+    node = subprocess.run([str(NODE)] + _params(tmp_path, steps=10, lambda1=-2.0), env=ros_env,
+                          capture_output=True, text=True, timeout=60)
+    assert node.returncode == 1 and "'lambda1'" in node.stderr and 'Traceback' not in node.stderr
+    assert not (tmp_path / 'out').exists()
+    node = subprocess.run([str(NODE), '--ros-args', '-p', 'output:='], env=ros_env, capture_output=True,
+                          text=True, timeout=60)
+    assert node.returncode == 1 and 'invalid ROS arguments' in node.stderr and 'Traceback' not in node.stderr
+    # Unreadable input: clear error, nothing written.
+    bad = _params(tmp_path, steps=10, unlabelled=str(tmp_path / 'nope.npz'))
+    node = subprocess.run([str(NODE)] + bad, env=ros_env, capture_output=True, text=True, timeout=60)
+    assert node.returncode == 1 and 'does not exist' in node.stderr
+    assert not (tmp_path / 'out').exists()
+
+
+def test_launch_file_and_params_file_agree_with_node():
+    """The launch file names the installed executable and the shipped parameter file, whose keys
+    are exactly the node's parameters (launch_ros is not installable here: checked statically)."""
+    src = (ROOT / 'launch' / 'adapt.launch.py').read_text()
+    assert "executable='adapt_node'" in src and "'adapt.yaml'" in src
+    params = yaml.safe_load((ROOT / 'config' / 'adapt.yaml').read_text())['adapt_node']['ros__parameters']
+    from pwan_ros.adaptation import AdaptConfig
+    assert set(params) == set(AdaptConfig.specs()) | {'labelled', 'unlabelled', 'output', 'resume',
+                                                      'progress_interval'}
+    compile(src, 'adapt.launch.py', 'exec')

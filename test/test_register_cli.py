@@ -1,0 +1,86 @@
+"""The pwan-register console script (called in-process through main(argv))."""
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+from _core_shapes import blob, rot3
+from pwan_ros.cloud_io import read_points, write_points
+from pwan_ros.register_cli import main
+
+R = rot3(10, -8, 12)
+T = np.array([0.1, 0.05, -0.2])
+
+
+@pytest.fixture()
+def pair(tmp_path):
+    src = blob(400, 1)
+    ref = blob(400, 0) @ R.T + T
+    sp, rp = tmp_path / 'src.npy', tmp_path / 'ref.txt.gz'
+    np.save(sp, src)
+    with gzip.open(rp, 'wt') as fh:
+        np.savetxt(fh, ref)
+    return src, sp, rp
+
+
+def test_json_output_and_written_points(pair, tmp_path, capsys):
+    src, sp, rp = pair
+    out = tmp_path / 'out.ply'
+    rc = main([str(sp), str(rp), '--json', '--output', str(out), '--steps', '150', '--seed', '1'])
+    assert rc == 0
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)       # stdout is exactly one JSON object
+    assert set(data) >= {'transform', 'time_s', 'num_source', 'num_reference', 'matched_ratio', 'converged',
+                         'output'}
+    tf = np.array(data['transform'])
+    assert tf.shape == (4, 4)
+    assert np.abs(tf[:3, :3] - R).max() < 0.01 and np.abs(tf[:3, 3] - T).max() < 0.01
+    assert data['num_source'] == 400 and data['output'] == str(out)
+    moved = read_points(str(out))
+    np.testing.assert_allclose(moved, src @ tf[:3, :3].T + tf[:3, 3], atol=1e-5)
+
+
+def test_text_output_2d_and_nan_rows(tmp_path, capsys):
+    a = np.linspace(0, 2 * np.pi, 120, endpoint=False)
+    pts = np.stack((np.cos(a) * (1 + 0.3 * np.cos(3 * a)), 0.6 * np.sin(a)), 1)
+    src = pts.copy()
+    src[3] = np.nan
+    sp, rp, op = tmp_path / 's.csv', tmp_path / 'r.xyz', tmp_path / 'o.txt'
+    np.savetxt(sp, src, delimiter=',')
+    np.savetxt(rp, pts + [0.05, -0.02])
+    rc = main([str(sp), str(rp), '--output', str(op), '--divergence', 'distance', '-q'])
+    assert rc == 0
+    captured = capsys.readouterr()
+    assert 'transform' in captured.out and 'dropped 1' in captured.err
+    out = np.loadtxt(op)
+    assert out.shape == (120, 2) and np.isnan(out[3]).all()
+    np.testing.assert_allclose(out[10], pts[10] + [0.05, -0.02], atol=0.01)
+
+
+@pytest.mark.parametrize('args,msg', [
+    (['missing.npy', 'REF'], 'no such file'),
+    (['SRC', 'REF', '--mass', '1e9'], 'exceeds'),
+    (['SRC', 'REF', '--divergence', 'distance', '--distance', '-1'], 'distance_threshold'),
+    (['SRC', 'BAD'], 'cannot parse'),
+    (['SRC', 'EMPTY'], 'empty'),
+])
+def test_bad_input_gives_message_and_nonzero_exit(pair, tmp_path, capsys, args, msg):
+    _, sp, rp = pair
+    bad = tmp_path / 'bad.txt'
+    bad.write_text('1 2 3\n4 five 6\n')
+    empty = tmp_path / 'empty.npy'
+    np.save(empty, np.zeros((0, 3)))
+    subst = {'SRC': str(sp), 'REF': str(rp), 'BAD': str(bad), 'EMPTY': str(empty)}
+    rc = main([subst.get(a, a) for a in args])
+    captured = capsys.readouterr()
+    assert rc == 2
+    assert msg in captured.err and 'Traceback' not in captured.err
+
+
+def test_cloud_io_round_trip(tmp_path):
+    pts = np.random.default_rng(0).normal(size=(50, 3))
+    for ext in ('.npy', '.ply', '.pcd', '.txt', '.xyz', '.csv'):
+        path = str(tmp_path / ('p' + ext))
+        write_points(path, pts)
+        np.testing.assert_allclose(read_points(path), pts, atol=1e-6)
