@@ -204,3 +204,25 @@ def test_launch_file_names_real_executable_and_config():
                 if isinstance(c, ast.Call) and getattr(c.func, 'id', '') == 'DeclareLaunchArgument'}
     assert declared == {'config', 'points', 'use_sim_time', 'device'}
     assert "'config', 'register.yaml'" in src
+
+
+@pytest.mark.ros
+def test_node_stops_promptly_during_pwan(tmp_path, ros_env):
+    """Ctrl-C while full PWAN is running: the registration is cancelled at its next step and
+    the node exits cleanly (no abort from a thread still inside torch)."""
+    import time
+    node = start_node(ros_env, 'mode:=pwan', 'steps:=100000', 'pwan_time_budget_ms:=600000.0')
+    try:
+        # two scans: the second starts a (deliberately endless) PWAN registration
+        drive(ros_env, tmp_path, 'sim', '--scans', '2', '--timeout', '4')
+        time.sleep(2.0)
+        assert node.poll() is None
+        t0 = time.monotonic()
+        rc, log = stop_node(node)
+        elapsed = time.monotonic() - t0
+    finally:
+        if node.poll() is None:
+            node.kill()
+    assert rc == 0, log[-3000:]
+    assert elapsed < 20.0, elapsed
+    assert 'terminate called' not in log and 'Traceback' not in log, log[-3000:]
