@@ -35,7 +35,10 @@ class OdometryConfig:
         selection of the tracker, d-PWAN's threshold, and the matched ratio). 0: 4 x voxel_size.
     voxel_size: voxel-grid downsampling of each scan, metres. 0: automatic, 1.5 % of the 95th
         percentile range of the first scan, clamped to [0.02, 1.0] m.
-    max_points: cap on points per scan after downsampling (random subset; huge clouds).
+    max_points: cap on points per scan after downsampling (random subset; huge clouds); a
+        scan that becomes a keyframe keeps this many.
+    source_points: points of each scan used to track it against the keyframe (random subset
+        of the downsampled scan; the tracking cost is linear in it).
     pwan_max_points: cap on points per set for the full-PWAN path (its cost is linear in it).
     min_range / max_range: range gate in metres around the sensor (0: off).
     recovery_yaw_starts: full PWAN starts from the prediction and, if that does not match well,
@@ -60,6 +63,7 @@ class OdometryConfig:
     distance_threshold: float = 0.0
     voxel_size: float = 0.0
     max_points: int = 10000
+    source_points: int = 10000
     pwan_max_points: int = 1500
     steps: int = 400
     potential_updates: int = 5
@@ -102,7 +106,8 @@ class OdometryConfig:
               '0 (off) or a number > min_range')
         for name in ('min_matched_ratio', 'ratio_drop'):
             check(number(name) and 0.0 <= getattr(self, name) <= 1.0, name, 'a number in [0, 1]')
-        for name, low in (('max_points', 100), ('pwan_max_points', 50), ('steps', 1),
+        for name, low in (('max_points', 100), ('source_points', 100), ('pwan_max_points', 50),
+                          ('steps', 1),
                           ('recovery_yaw_starts', 1),
                           ('potential_updates', 1), ('seed', 0)):
             v = getattr(self, name)
@@ -145,7 +150,8 @@ DESCRIPTIONS: Dict[str, str] = {
     'mass_ratio': 'fraction of the smaller point set that must be matched (m-PWAN), (0, 1]',
     'distance_threshold': 'partial-matching distance h in metres; 0 = 4 x voxel_size',
     'voxel_size': 'voxel-grid downsampling in metres; 0 = automatic from the first scan',
-    'max_points': 'cap on points per scan after downsampling',
+    'max_points': 'cap on points per scan after downsampling (keyframes keep this many)',
+    'source_points': 'points of each scan used to track it against the keyframe',
     'pwan_max_points': 'cap on points per set used by full PWAN',
     'steps': 'maximum PWAN transform updates per registration',
     'potential_updates': 'potential-network updates per transform update (u of Alg. 1)',

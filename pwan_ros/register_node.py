@@ -46,7 +46,8 @@ _FLOAT_RANGES = {
     'max_range': (0.0, 1e4), 'keyframe_distance': (0.0, 1e4), 'keyframe_angle': (0.0, math.pi),
     'time_budget_ms': (0.0, 1e6), 'pwan_time_budget_ms': (0.0, 1e7),
 }
-_INT_RANGES = {'max_points': (100, 10_000_000), 'pwan_max_points': (50, 1_000_000),
+_INT_RANGES = {'max_points': (100, 10_000_000), 'source_points': (100, 10_000_000),
+               'pwan_max_points': (50, 1_000_000),
                'recovery_yaw_starts': (1, 36),
                'steps': (1, 1_000_000), 'potential_updates': (1, 10_000), 'seed': (0, 2**31 - 1)}
 

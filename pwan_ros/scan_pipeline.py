@@ -152,7 +152,14 @@ class ScanPipeline:
             raise ScanError(f'scan has {len(filt.points)} usable points after filtering '
                             f'({filt.num_input} received, {filt.num_finite} finite), '
                             f'need {MIN_POINTS}')
-        scan = PreparedCloud.build(filt.points, self.num_threads)
+        # The scan is tracked with a subset of its points; the whole downsampled scan is
+        # prepared (covariances, KD-tree) only when it becomes a keyframe.
+        dense = filt.points
+        if len(dense) > cfg.source_points:
+            dense_idx = np.sort(self._rng.choice(len(dense), cfg.source_points, replace=False))
+            scan = PreparedCloud.build(dense[dense_idx], self.num_threads)
+        else:
+            scan = PreparedCloud.build(dense, self.num_threads)
         timings['preprocess'] = (time.perf_counter() - t_start) * 1e3
         self._last_stamp = stamp
         self._scan_index += 1
@@ -165,7 +172,8 @@ class ScanPipeline:
 
         if self.keyframe is None:
             # The first scan defines the odometry frame.
-            self.keyframe = Keyframe(scan, np.eye(4), self._new_keyframe_id())
+            self.keyframe = Keyframe(self._keyframe_cloud(scan, dense), np.eye(4),
+                                     self._new_keyframe_id())
             self.motion.update(np.eye(4), stamp)
             return finish(pose=np.eye(4), path='init', accepted=True, pwan_engaged=False,
                           reason='', matched_ratio=1.0, median_residual=0.0, iterations=0,
@@ -175,7 +183,7 @@ class ScanPipeline:
         prediction = self.motion.predict(stamp)
         init = invert(kf.pose) @ prediction
         if cfg.transform != 'rigid':
-            return self._process_deformable(scan, filt.points, init, timings, finish)
+            return self._process_deformable(scan, dense, init, timings, finish)
 
         candidate = None
         starts = 0
@@ -226,7 +234,7 @@ class ScanPipeline:
         self._rejections = 0
         self._ratios.append(quality.matched_ratio)
         self._residuals.append(quality.median_residual)
-        new_kf = self._maybe_new_keyframe(scan, pose, transform)
+        new_kf = self._maybe_new_keyframe(scan, dense, pose, transform)
         return finish(pose=pose, path=path, accepted=True, pwan_engaged=pwan_engaged,
                       reason=reason, pwan_starts=starts, matched_ratio=quality.matched_ratio,
                       median_residual=quality.median_residual, iterations=iterations,
@@ -291,14 +299,17 @@ class ScanPipeline:
         self._keyframe_count += 1
         return self._keyframe_count
 
-    def _maybe_new_keyframe(self, scan: PreparedCloud, pose: np.ndarray,
+    def _keyframe_cloud(self, scan: PreparedCloud, dense: np.ndarray) -> PreparedCloud:
+        return scan if len(scan) == len(dense) else PreparedCloud.build(dense, self.num_threads)
+
+    def _maybe_new_keyframe(self, scan: PreparedCloud, dense: np.ndarray, pose: np.ndarray,
                             t_kf_scan: np.ndarray) -> bool:
         if self.keyframe.is_reference:
             return False
         cfg = self.config
         if (translation_norm(t_kf_scan) >= cfg.keyframe_distance
                 or rotation_angle(t_kf_scan) >= cfg.keyframe_angle):
-            self.keyframe = Keyframe(scan, pose, self._new_keyframe_id())
+            self.keyframe = Keyframe(self._keyframe_cloud(scan, dense), pose, self._new_keyframe_id())
             return True
         return False
 

@@ -17,6 +17,7 @@ from .errors import PwanInputError
 TRANSFORMS = ('rigid', 'affine', 'nonrigid')
 DIVERGENCES = ('mass', 'distance')
 H_MODES = ('learn', 'closed_form')
+START_SCORES = ('overlap', 'nn')
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -144,7 +145,13 @@ class RegistrationConfig:
     last ``window`` steps is below ``tolerance`` x (median point spacing of the adversarial-stage
     source set): below the sampling resolution the potential carries no more information and the
     fine-tune stage takes over. starts: rigid/affine
-    multi-start count (initial rotations, best partial NN objective wins). prealign:
+    multi-start count (initial rotations: identity, then the cube group, then random).
+    start_score: how the starts are compared after their fine-tune: 'overlap' (distance-type
+    partial objective of the NN plan at h = 2x the dense reference spacing, i.e. how much of the
+    source lies on the reference) or 'nn' (fixed-mass partial NN objective on the voxel sets).
+    start_steps: 0 = every start runs the full Alg. 1; > 0 = coarse-to-fine tournament: every
+    start runs ``start_steps`` transform steps + a fine-tune on ``start_finetune_points`` source
+    points, the best ``start_keep`` continue with the full Alg. 1 + fine-tune. prealign:
     non-rigid only, first run a rigid registration (same settings, incl. ``starts``) and start the
     non-rigid one from it. device: 'auto' | 'cpu' |
     'cuda[:N]'. seed: RNG seed (sampling and network init). threads: CPU threads (0: auto).
@@ -168,6 +175,10 @@ class RegistrationConfig:
     window: int = 10
     min_steps: int = 30
     starts: int = 1
+    start_score: str = 'overlap'
+    start_steps: int = 0
+    start_keep: int = 2
+    start_finetune_points: int = 2000
     prealign: bool = True
     device: str = 'auto'
     seed: int = 0
@@ -199,6 +210,11 @@ class RegistrationConfig:
         _int('window', self.window, 1)
         _int('min_steps', self.min_steps, 0)
         _int('starts', self.starts, 1)
+        _check(self.start_score in START_SCORES,
+               f'start_score must be one of {START_SCORES}, got {self.start_score!r}')
+        _int('start_steps', self.start_steps, 0)
+        _int('start_keep', self.start_keep, 1)
+        _int('start_finetune_points', self.start_finetune_points, 0)
         _check(isinstance(self.prealign, bool), 'prealign must be a bool')
         _check(isinstance(self.device, str), 'device must be a string')
         _int('seed', self.seed, 0)

@@ -119,9 +119,49 @@ def _finish(prob: _Problem, config: RegistrationConfig, kind: str, a: np.ndarray
         device=device, start_index=start_index)
 
 
-def _do_finetune(prob: _Problem, config: RegistrationConfig, kind: str, a, t, v_fn, h_caller: Optional[float],
-                 rng: np.random.Generator):
-    """Run eq. fine_tune on (capped) full-resolution points. Returns (a, t, v_fn, iters, converged)."""
+@dataclass
+class _FineTuneData:
+    """Point sets of the fine-tune stage (normalised): source ys, reference xr, its tree and
+    normals (rigid point-to-plane). Built once per registration and shared by all starts."""
+
+    ys: np.ndarray
+    xr: np.ndarray
+    tree: cKDTree
+    normals: Optional[np.ndarray]
+
+
+    def subset(self, cap: int, seed: int) -> '_FineTuneData':
+        """The same reference, tree and normals with at most ``cap`` source points (0: all)."""
+        if not cap or self.ys.shape[0] <= cap:
+            return self
+        idx = np.sort(np.random.default_rng(seed + 31).choice(self.ys.shape[0], size=cap, replace=False))
+        return _FineTuneData(self.ys[idx], self.xr, self.tree, self.normals)
+
+
+class _OverlapScorer:
+    """Selection criterion of the multi-start: the distance-type partial objective of the
+    nearest-neighbour plan (eq. our_primal with the NN plan, sum_j min(d_j - h, 0)) at the
+    resolution-derived threshold h = 2 x the median nearest-neighbour spacing of the dense
+    fine-tune reference, on up to 2000 dense source points, as mean(min(d_j, h)) / h in [0, 1]
+    (lower = more of the source lies on the reference). Unlike the fixed-mass NN objective it does
+    not charge a candidate for the points outside the overlap, and uniform outliers are too sparse
+    at this scale to be matched by chance."""
+
+    def __init__(self, data: '_FineTuneData', seed: int, cap: int = 2000):
+        rng = np.random.default_rng(seed + 29)
+        n = data.ys.shape[0]
+        self.ys = data.ys[rng.choice(n, size=min(cap, n), replace=False)]
+        self.tree = data.tree
+        m = data.xr.shape[0]
+        probe = data.xr[rng.choice(m, size=min(cap, m), replace=False)]
+        self.h = 2.0 * max(float(np.median(data.tree.query(probe, k=2)[0][:, 1])), 1e-12)
+
+    def __call__(self, a: np.ndarray, t: np.ndarray) -> float:
+        dist, _ = self.tree.query(self.ys @ a + t, k=1)
+        return float(np.minimum(dist, self.h).mean() / self.h)
+
+
+def _finetune_data(prob: _Problem, config: RegistrationConfig, kind: str, rng: np.random.Generator) -> _FineTuneData:
     norm = prob.norm
     ys_all = norm.source(prob.src_init)
     idx = _finetune_set(ys_all, config.finetune.max_points, rng)
@@ -129,6 +169,19 @@ def _do_finetune(prob: _Problem, config: RegistrationConfig, kind: str, a, t, v_
     ref_idx = _finetune_set(prob.ref.points, max(config.finetune.max_points, 0) * 2, rng)
     xr = norm.reference(prob.ref.points[ref_idx])
     tree = cKDTree(xr)
+    normals = None
+    if kind == 'rigid' and config.finetune.metric == 'point_to_plane':
+        normals = estimate_normals(xr, tree, k=config.finetune.normal_neighbors, workers=-1)
+    return _FineTuneData(ys, xr, tree, normals)
+
+
+def _do_finetune(prob: _Problem, config: RegistrationConfig, kind: str, a, t, v_fn, h_caller: Optional[float],
+                 rng: np.random.Generator, data: Optional[_FineTuneData] = None):
+    """Run eq. fine_tune on (capped) full-resolution points. Returns (a, t, v_fn, iters, converged)."""
+    norm = prob.norm
+    if data is None:
+        data = _finetune_data(prob, config, kind, rng)
+    ys, xr, tree, normals = data.ys, data.xr, data.tree, data.normals
     count = 0
     if config.divergence == 'mass':
         count = int(round(min(1.0, prob.mass / prob.src.points.shape[0]) * ys.shape[0]))
@@ -139,9 +192,6 @@ def _do_finetune(prob: _Problem, config: RegistrationConfig, kind: str, a, t, v_
         gen = torch.Generator().manual_seed(config.seed + 17)
         coh = Coherence(torch.as_tensor(ys, dtype=torch.float64), config.coherence, gen)
         v0 = v_fn(ys) if v_fn is not None else np.zeros_like(ys)
-    normals = None
-    if kind == 'rigid' and config.finetune.metric == 'point_to_plane':
-        normals = estimate_normals(xr, tree, k=config.finetune.normal_neighbors, workers=-1)
     out = run_finetune(ys, tree, xr, kind, a, t, config.divergence, count, h_n, config.finetune.max_iterations,
                        config.finetune.tolerance, v=v0, coherence=coh, workers=-1, ref_normals=normals)
     new_v_fn = v_fn
@@ -222,9 +272,12 @@ def _partial_objective(dist: np.ndarray, sel: np.ndarray, divergence: str, h: fl
 def _adversarial(config: RegistrationConfig, device: torch.device, ys_np: np.ndarray, xs_np: np.ndarray,
                  mass_n: Optional[float], h_n: Optional[float], rot0: Optional[np.ndarray],
                  potential_state: Optional[dict], seed: int, scale: float,
-                 should_stop: Optional[Callable[[], bool]] = None):
+                 should_stop: Optional[Callable[[], bool]] = None, t0: Optional[np.ndarray] = None,
+                 decay_steps: Optional[int] = None):
     """Alg. 1 in the normalised frame from the rotation ``rot0`` (column convention, about the
-    origin). Returns (a, t, v_fn, steps, updates, converged, h_final_normalised, state)."""
+    origin) and translation ``t0``. Returns (a, t, v_fn, steps, updates, converged,
+    h_final_normalised, state). decay_steps: horizon of the learning-rate decay (default
+    config.steps; a short tournament stage uses the full run's schedule)."""
     kind = config.transform
     d = ys_np.shape[1]
     torch.manual_seed(seed)
@@ -238,6 +291,9 @@ def _adversarial(config: RegistrationConfig, device: torch.device, ys_np: np.nda
     transform = make_transform(kind, d, r).to(device)
     if rot0 is not None:
         transform.set_linear(torch.as_tensor(rot0.T, dtype=dtype, device=device))
+    if t0 is not None:
+        with torch.no_grad():
+            transform.t.copy_(torch.as_tensor(t0, dtype=dtype, device=device))
     coh = Coherence(y, config.coherence, gen) if kind == 'nonrigid' else None
     t_params = list(transform.parameters())
     opt_t = torch.optim.Adam(t_params, lr=config.lr_transform)
@@ -266,7 +322,8 @@ def _adversarial(config: RegistrationConfig, device: torch.device, ys_np: np.nda
     tol = config.tolerance * max(median_spacing(ys_np), 1e-9)
     converged = config.steps == 0
     steps_done = 0
-    decay = (config.lr_transform_final / config.lr_transform) ** (1.0 / max(config.steps - 1, 1))
+    horizon = config.steps if decay_steps is None else decay_steps
+    decay = (config.lr_transform_final / config.lr_transform) ** (1.0 / max(horizon - 1, 1))
     last_print = time.perf_counter()
     hv = trainer.net.h.detach()
     for step in range(config.steps):
@@ -366,38 +423,64 @@ def register(source, reference, config: Optional[RegistrationConfig] = None, ini
     mass_n = prob.ratio_min * min(q, r) if config.divergence == 'mass' else None
     h_n = h_caller / norm.scale if h_caller is not None else None
     rots = _start_rotations(d, config.starts) if config.starts > 1 and kind != 'nonrigid' else [None]
-    best = None
-    tot_steps = tot_updates = tot_ft = 0
-    for i, rot0 in enumerate(rots):
-        if i > 0 and should_stop is not None and should_stop():
-            break
+    multi = len(rots) > 1
+    ft_data = _finetune_data(prob, config, kind, rng) if (config.finetune.enabled or multi) else None
+    scorer = _OverlapScorer(ft_data, config.seed) if multi and config.start_score == 'overlap' else None
+    count_n = int(round(min(1.0, mass_n / r) * r)) if config.divergence == 'mass' else 0
+    tot = {'steps': 0, 'updates': 0, 'ft': 0}
+
+    def score_of(a, t):
+        if scorer is not None:
+            return scorer(a, t)
+        z = ys_np @ a + t
+        dist, _ = cKDTree(xs_np).query(z, k=1)
+        sel = select_pairs(dist, config.divergence, count_n, h_n if h_n else 0.0)
+        return _partial_objective(dist, sel, config.divergence, h_n if h_n else 0.0)
+
+    def run_start(cfg, i, rot0, t_init, state0, data):
         ta = time.perf_counter()
         with thread_scope(config.threads):
             a, t, v_fn, steps, updates, conv, h_final, state = _adversarial(
-                config, device, ys_np, xs_np, mass_n, h_n, rot0, potential_state, config.seed + 1000 * i,
-                norm.scale, should_stop)
+                cfg, device, ys_np, xs_np, mass_n, h_n, rot0, state0, config.seed + 1000 * i,
+                norm.scale, should_stop, t0=t_init, decay_steps=config.steps)
         timings['adversarial'] += time.perf_counter() - ta
-        tot_steps += steps
-        tot_updates += updates
+        tot['steps'] += steps
+        tot['updates'] += updates
         ft_conv = True
         if config.finetune.enabled:
             tf = time.perf_counter()
-            a, t, v_fn, ft_iters, ft_conv = _do_finetune(prob, config, kind, a, t, v_fn, h_caller, rng)
+            a, t, v_fn, ft_iters, ft_conv = _do_finetune(prob, config, kind, a, t, v_fn, h_caller, rng, data)
             timings['finetune'] += time.perf_counter() - tf
-            tot_ft += ft_iters
-        cand = (a, t, v_fn, conv and ft_conv, h_final, state, i)
-        if len(rots) > 1:
-            z = ys_np @ a + t
-            dist, _ = cKDTree(xs_np).query(z, k=1)
-            count = int(round(min(1.0, mass_n / r) * r)) if config.divergence == 'mass' else 0
-            sel = select_pairs(dist, config.divergence, count, h_n if h_n else 0.0)
-            score = _partial_objective(dist, sel, config.divergence, h_n if h_n else 0.0)
+            tot['ft'] += ft_iters
+        score = score_of(a, t) if multi else 0.0
+        return score, (a, t, v_fn, conv and ft_conv, h_final, state, i)
+
+    tournament = multi and config.start_steps > 0
+    cfg1 = config.replace(steps=config.start_steps, min_steps=min(config.min_steps, config.start_steps)) \
+        if tournament else config
+    data1 = ft_data.subset(config.start_finetune_points, config.seed) if tournament and ft_data is not None \
+        else ft_data
+    cands = []
+    for i, rot0 in enumerate(rots):
+        if i > 0 and should_stop is not None and should_stop():
+            break
+        cands.append(run_start(cfg1, i, rot0, None, potential_state, data1))
+        if config.verbose and multi:
+            print(f'[pwan] start {i + 1}/{len(rots)}: score {cands[-1][0]:.5g}', file=sys.stderr)
+    if tournament:
+        # coarse-to-fine: the best start_keep short runs continue with the full Alg. 1 + fine-tune
+        cands.sort(key=lambda c: c[0])
+        finals = []
+        for score, c in cands[:config.start_keep]:
+            if finals and should_stop is not None and should_stop():
+                break
+            a1, t1, _, _, _, state1, i = c
+            finals.append(run_start(config, i, a1.T, t1, state1, ft_data))
             if config.verbose:
-                print(f'[pwan] start {i + 1}/{len(rots)}: objective {score * norm.scale:.5g}', file=sys.stderr)
-            if best is None or score < best[0]:
-                best = (score, cand)
-        else:
-            best = (0.0, cand)
+                print(f'[pwan] start {i + 1} refined: score {score:.5g} -> {finals[-1][0]:.5g}', file=sys.stderr)
+        cands = finals
+    best = min(cands, key=lambda c: c[0])
+    tot_steps, tot_updates, tot_ft = tot['steps'], tot['updates'], tot['ft']
     a, t, v_fn, converged, h_final, state, idx = best[1]
     if pre is not None:
         timings['prealign'] = pre.time_s

@@ -6,6 +6,8 @@ angle (2-D). affine: A free. nonrigid: A, t and per-point offsets V (r, d) of th
 """
 from __future__ import annotations
 
+import abc
+
 from typing import Optional, Tuple
 
 import torch
@@ -44,7 +46,7 @@ def matrix_to_quaternion(r: torch.Tensor) -> torch.Tensor:
     return q / q.norm()
 
 
-class Transform(nn.Module):
+class Transform(nn.Module, abc.ABC):
     """T(y) = y A + t (+ V). ``forward(y, idx)``: y (n, d); idx (n,) rows of V for the points
     (nonrigid only; None = all r source points in order)."""
 
@@ -55,14 +57,16 @@ class Transform(nn.Module):
         self.dim = dim
         self.t = nn.Parameter(torch.zeros(dim))
 
+    @abc.abstractmethod
     def linear(self) -> torch.Tensor:
-        raise NotImplementedError
+        """The (d, d) linear part A (row-vector convention, y A)."""
 
     def forward(self, y: torch.Tensor, idx: Optional[torch.Tensor] = None) -> torch.Tensor:
         return y @ self.linear() + self.t
 
+    @abc.abstractmethod
     def set_linear(self, a: torch.Tensor) -> None:
-        raise NotImplementedError
+        """Set the linear part to ``a`` (d, d) (the nearest valid one for constrained kinds)."""
 
     def affine_part(self) -> Tuple[torch.Tensor, torch.Tensor]:
         """(A (d, d), t (d,)) detached."""
