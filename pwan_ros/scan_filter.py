@@ -94,18 +94,17 @@ def automatic_voxel_size(points: np.ndarray) -> float:
     if len(pts) == 0:
         raise ValueError('cannot choose a voxel size for an empty scan')
 
-    def from_ranges(p):
-        return float(np.clip(0.015 * np.percentile(np.linalg.norm(p, axis=1), 95), 0.02, 1.0))
+    def from_ranges(p, percentile):
+        return float(np.clip(0.015 * np.percentile(np.linalg.norm(p, axis=1), percentile), 0.02, 1.0))
 
-    guess = from_ranges(pts)
-    for _ in range(2):   # the second pass, at a finer size, catches outliers that shared voxels
-        grid = voxel_grid(pts, guess)
-        drop = isolated_voxels(grid)
-        if not drop.any():
-            break
+    # Look for isolated returns at a fine first guess (from the median range, which up to half
+    # the returns being outliers cannot inflate much): at a coarse one, dense noise fills the
+    # neighbouring voxels and nothing looks isolated.
+    grid = voxel_grid(pts, from_ranges(pts, 50))
+    drop = isolated_voxels(grid)
+    if drop.any():
         pts = pts[~drop[grid.inverse]]
-        guess = from_ranges(pts)
-    return guess
+    return from_ranges(pts, 95)
 
 
 def filter_scan(points: np.ndarray, voxel_size: float, max_points: int, min_range: float = 0.0,

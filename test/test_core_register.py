@@ -121,3 +121,20 @@ def test_bad_init_and_device():
         register(src, ref, RegistrationConfig(), init=np.eye(3))
     with pytest.raises(PwanInputError, match='device'):
         register(src, ref, RegistrationConfig(device='tpu'))
+
+
+def test_multistart_tournament_selects_by_overlap():
+    """A 120-degree rotation (out of reach from identity) is solved by the coarse-to-fine
+    multi-start; the winner is chosen by the overlap criterion, also with 100 % outliers."""
+    rot = rot3(0, 0, 120) @ rot3(10, 0, 0)
+    src = blob(500, 1)
+    ref = blob(500, 0) @ rot.T + T_TRUE
+    rng = np.random.default_rng(3)
+    ref = np.vstack((ref, rng.uniform(ref.min(0), ref.max(0), size=(500, 3))))
+    single = register(src, ref, RegistrationConfig(seed=0))
+    assert rot_err_deg(single.transform[:3, :3], rot) > 20       # identity start fails
+    cfg = RegistrationConfig(seed=0, starts=10, start_steps=40, start_keep=2)
+    res = register(src, ref, cfg)
+    assert res.start_index > 0
+    assert rot_err_deg(res.transform[:3, :3], rot) < 1.0
+    assert np.linalg.norm(res.transform[:3, 3] - T_TRUE) < 0.02

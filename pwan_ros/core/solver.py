@@ -273,11 +273,12 @@ def _adversarial(config: RegistrationConfig, device: torch.device, ys_np: np.nda
                  mass_n: Optional[float], h_n: Optional[float], rot0: Optional[np.ndarray],
                  potential_state: Optional[dict], seed: int, scale: float,
                  should_stop: Optional[Callable[[], bool]] = None, t0: Optional[np.ndarray] = None,
-                 decay_steps: Optional[int] = None):
+                 decay_steps: Optional[int] = None, step_offset: int = 0):
     """Alg. 1 in the normalised frame from the rotation ``rot0`` (column convention, about the
     origin) and translation ``t0``. Returns (a, t, v_fn, steps, updates, converged,
     h_final_normalised, state). decay_steps: horizon of the learning-rate decay (default
-    config.steps; a short tournament stage uses the full run's schedule)."""
+    config.steps; a short tournament stage uses the full run's schedule); step_offset: the
+    schedule starts at that step (a tournament continuation resumes where its short run ended)."""
     kind = config.transform
     d = ys_np.shape[1]
     torch.manual_seed(seed)
@@ -331,7 +332,7 @@ def _adversarial(config: RegistrationConfig, device: torch.device, ys_np: np.nda
             converged = False
             break
         for g in opt_t.param_groups:
-            g['lr'] = config.lr_transform * decay ** step
+            g['lr'] = config.lr_transform * decay ** (step + step_offset)
         xb, yi = batches()
         ysrc = y if yi is None else y[yi]
         with torch.no_grad():
@@ -437,12 +438,12 @@ def register(source, reference, config: Optional[RegistrationConfig] = None, ini
         sel = select_pairs(dist, config.divergence, count_n, h_n if h_n else 0.0)
         return _partial_objective(dist, sel, config.divergence, h_n if h_n else 0.0)
 
-    def run_start(cfg, i, rot0, t_init, state0, data):
+    def run_start(cfg, i, rot0, t_init, state0, data, offset=0):
         ta = time.perf_counter()
         with thread_scope(config.threads):
             a, t, v_fn, steps, updates, conv, h_final, state = _adversarial(
                 cfg, device, ys_np, xs_np, mass_n, h_n, rot0, state0, config.seed + 1000 * i,
-                norm.scale, should_stop, t0=t_init, decay_steps=config.steps)
+                norm.scale, should_stop, t0=t_init, decay_steps=config.steps, step_offset=offset)
         timings['adversarial'] += time.perf_counter() - ta
         tot['steps'] += steps
         tot['updates'] += updates
@@ -471,11 +472,13 @@ def register(source, reference, config: Optional[RegistrationConfig] = None, ini
         # coarse-to-fine: the best start_keep short runs continue with the full Alg. 1 + fine-tune
         cands.sort(key=lambda c: c[0])
         finals = []
+        rest = max(config.steps - config.start_steps, 0)
+        cfg2 = config.replace(steps=rest, min_steps=min(config.min_steps, rest))
         for score, c in cands[:config.start_keep]:
             if finals and should_stop is not None and should_stop():
                 break
             a1, t1, _, _, _, state1, i = c
-            finals.append(run_start(config, i, a1.T, t1, state1, ft_data))
+            finals.append(run_start(cfg2, i, a1.T, t1, state1, ft_data, offset=config.start_steps))
             if config.verbose:
                 print(f'[pwan] start {i + 1} refined: score {score:.5g} -> {finals[-1][0]:.5g}', file=sys.stderr)
         cands = finals
