@@ -33,8 +33,8 @@ class OdometryConfig:
         need ``reference_cloud`` (a scan-to-scan motion is rigid).
     distance_threshold: h in metres: correspondences farther than h do not count (the partial
         selection of the tracker, d-PWAN's threshold, and the matched ratio). 0: 4 x voxel_size.
-    voxel_size: voxel-grid downsampling of each scan, metres. 0: automatic, 1.5 % of the 95th
-        percentile range of the first scan, clamped to [0.02, 1.0] m.
+    voxel_size: voxel-grid downsampling of each scan, metres. 0: automatic, 3.5 % of the median
+        range of the first scan (isolated returns ignored), clamped to [0.02, 1.0] m.
     max_points: cap on points per scan after downsampling (random subset; huge clouds); a
         scan that becomes a keyframe keeps this many.
     source_points: points of each scan used to track it against the keyframe (random subset

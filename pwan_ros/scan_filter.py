@@ -86,25 +86,23 @@ def isolated_voxels(grid: VoxelGrid) -> np.ndarray:
 
 
 def automatic_voxel_size(points: np.ndarray) -> float:
-    """Voxel size (m) from a scan's extent: 1.5 % of the 95th-percentile range from the sensor,
-    clamped to [0.02, 1.0] m (an indoor depth camera gets a few cm, an outdoor lidar ~0.25 m).
-    Isolated returns (see the module docstring), found at a first guess of the size, do not
-    count: far-flung outliers would otherwise inflate the range statistic."""
+    """Voxel size (m) from a scan's extent: 3.5 % of the median range from the sensor, clamped
+    to [0.02, 1.0] m (about 0.2 m for a lidar in a street or a building, a few cm for a depth
+    camera on a desk). Isolated returns (see the module docstring), looked for at a fine first
+    guess, do not count: dense far-flung outliers would otherwise inflate the statistic (at a
+    coarse size they fill neighbouring voxels and nothing looks isolated)."""
     pts = np.asarray(points, dtype=np.float64)
     if len(pts) == 0:
         raise ValueError('cannot choose a voxel size for an empty scan')
 
-    def from_ranges(p, percentile):
-        return float(np.clip(0.015 * np.percentile(np.linalg.norm(p, axis=1), percentile), 0.02, 1.0))
+    def from_ranges(p, factor):
+        return float(np.clip(factor * np.median(np.linalg.norm(p, axis=1)), 0.02, 1.0))
 
-    # Look for isolated returns at a fine first guess (from the median range, which up to half
-    # the returns being outliers cannot inflate much): at a coarse one, dense noise fills the
-    # neighbouring voxels and nothing looks isolated.
-    grid = voxel_grid(pts, from_ranges(pts, 50))
+    grid = voxel_grid(pts, from_ranges(pts, 0.015))
     drop = isolated_voxels(grid)
     if drop.any():
         pts = pts[~drop[grid.inverse]]
-    return from_ranges(pts, 95)
+    return from_ranges(pts, 0.035)
 
 
 def filter_scan(points: np.ndarray, voxel_size: float, max_points: int, min_range: float = 0.0,

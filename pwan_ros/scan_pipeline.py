@@ -197,8 +197,8 @@ class ScanPipeline:
             timings['track'] = (time.perf_counter() - t0) * 1e3
             candidate, iterations = (tr.transform, quality), tr.iterations
             reason = self._distrust(quality)
-            if reason == '' and self._scan_index == 1 and kf.is_reference:
-                reason = 'start-up against the reference cloud'
+            if self._scan_index == 1 and kf.is_reference:
+                reason = 'start-up against the reference cloud' + (f' ({reason})' if reason else '')
         else:
             reason = 'mode pwan'
         if reason:

@@ -133,8 +133,14 @@ def test_multistart_tournament_selects_by_overlap():
     ref = np.vstack((ref, rng.uniform(ref.min(0), ref.max(0), size=(500, 3))))
     single = register(src, ref, RegistrationConfig(seed=0))
     assert rot_err_deg(single.transform[:3, :3], rot) > 20       # identity start fails
-    cfg = RegistrationConfig(seed=0, starts=10, start_steps=40, start_keep=2)
+    cfg = RegistrationConfig(seed=0, starts=4, start_steps=40, start_keep=1)
     res = register(src, ref, cfg)
     assert res.start_index > 0
     assert rot_err_deg(res.transform[:3, :3], rot) < 1.0
     assert np.linalg.norm(res.transform[:3, 3] - T_TRUE) < 0.02
+
+
+@pytest.mark.parametrize('bad', [{'start_score': 'icp'}, {'start_steps': -1}, {'start_keep': 0}])
+def test_multistart_config_validated(bad):
+    with pytest.raises(PwanInputError):
+        RegistrationConfig(**bad)

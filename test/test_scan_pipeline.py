@@ -11,7 +11,7 @@ from pwan_ros.scan_filter import automatic_voxel_size, filter_scan, isolated_vox
 from pwan_ros.scan_pipeline import ScanError, ScanPipeline
 from pwan_ros.se3 import invert, make_transform, rotation_angle
 
-SIM = dict(beams=16, azimuth_steps=360, moving_objects=2)
+SIM = dict(beams=16, azimuth_steps=720, moving_objects=2)
 
 
 def pose_error(est, gt):

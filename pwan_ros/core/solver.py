@@ -388,7 +388,9 @@ def register(source, reference, config: Optional[RegistrationConfig] = None, ini
     reference. potential_state: optional network weights from a previous result
     (``result.potential_state``) to warm-start the potential. config.starts > 1 (rigid/affine)
     runs Alg. 1 + fine-tune from several initial rotations and keeps the one with the lowest
-    partial nearest-neighbour objective (eq. fine_tune value). should_stop: optional callable
+    ``config.start_score`` (default: the distance-type partial NN objective at 2x the dense
+    reference spacing, see :class:`_OverlapScorer`); with ``config.start_steps > 0`` as a
+    coarse-to-fine tournament (short runs from every start, the best ``start_keep`` continue). should_stop: optional callable
     polled once per transform update (and between starts); when it returns True the adversarial
     stage ends early (``converged`` is then False) — for time budgets and shutdown. Deterministic
     for a fixed seed on a given device and thread count (without should_stop). Raises

@@ -26,7 +26,7 @@ from tf2_msgs.msg import TFMessage
 from pwan_ros import pointcloud2 as pc2
 from pwan_ros.lidar_sim import SimConfig, simulate
 
-SIM = dict(beams=16, azimuth_steps=360, moving_objects=2, seed=3)
+SIM = dict(beams=16, azimuth_steps=720, moving_objects=2, seed=3)
 
 
 def header(stamp_ns, frame='base_link'):
