@@ -46,5 +46,11 @@ test-all: setup
 clean-venv:
 	rm -rf $(VENV)
 
+# Benchmarks on the shared evaluation data, side by side with other libraries (long: about an
+# hour on 2 cores). Each script prints its tables and writes JSON under $(RESULTS)/.
 bench: setup-bench
 	$(PY) bench/bench_lidar.py --data $(DATA) --results $(RESULTS)/lidar
+	$(PY) bench/bench_speed.py --data $(DATA) --results $(RESULTS)/speed
+	$(PY) bench/bench_rigid.py --data $(DATA) --results $(RESULTS)/rigid --outliers 0 0.5 1.0
+	$(PY) bench/bench_nonrigid.py --data $(DATA) --results $(RESULTS)/nonrigid --protocol a
+	$(PY) bench/bench_pda.py --data $(DATA)/pda --features googlenet --out $(RESULTS)/pda_googlenet.json

@@ -207,8 +207,6 @@ def estimate_discrepancy(reference, source, divergence: str = 'mass', mass: Opti
         iterations = 6000 if method == 'ctransform' else 3000
     if iterations < 1:
         raise PwanInputError('iterations must be >= 1')
-    if method not in ('ctransform', 'network'):
-        raise PwanInputError(f"method must be 'ctransform' or 'network', got {method!r}")
     dev = resolve_device(device)
     if method == 'ctransform':
         cfg = config or ESTIMATOR_CTRANSFORM
@@ -343,12 +341,15 @@ def _estimate_ctransform(ref, src, center, scale, divergence, mass, h, m_alpha, 
             opt.step()
             sched.step()
         with torch.no_grad():
-            rx = net.negpart(net.raw(x))
+            # certificate in float64 (the network values are float32, the distances exact)
+            rx = net.negpart(net.raw(x)).double()
+            x = torch.as_tensor((ref - center) / scale, dtype=torch.float64, device=dev)
+            y = torch.as_tensor((src - center) / scale, dtype=torch.float64, device=dev)
             w = _source_ctransform(rx, x, y)
             if divergence == 'mass':
                 hv = _best_h_values(rx, w, m_alpha, m_beta, mass)
             else:
-                hv = torch.tensor(h, dtype=rx.dtype, device=rx.device)
+                hv = torch.tensor(h, dtype=torch.float64, device=rx.device)
             u = torch.maximum(rx, -hv)
             wv = _source_ctransform(u, x, y)
             v = torch.maximum(wv, -hv)
@@ -357,7 +358,7 @@ def _estimate_ctransform(ref, src, center, scale, divergence, mass, h, m_alpha, 
             val = m_alpha * fx.mean() - m_beta * v.mean()
             val = val + hv * (mass - m_beta) if divergence == 'mass' else val - hv * m_beta
             # |grad F|: 0 where the clip is active (source at -h, reference at 0), else 1
-            tol = 1e-6
+            tol = 1e-9
             gy = (wv > -hv + tol).to(torch.float64).cpu().numpy()
             gx = (cu < -tol).to(torch.float64).cpu().numpy()
     return DiscrepancyEstimate(value=float(val) * scale, h=float(hv) * scale, source_grad_norm=gy,

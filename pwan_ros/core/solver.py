@@ -472,11 +472,16 @@ def register(source, reference, config: Optional[RegistrationConfig] = None, ini
             print(f'[pwan] start {i + 1}/{len(rots)}: score {cands[-1][0]:.5g}', file=sys.stderr)
     if tournament:
         # coarse-to-fine: the best start_keep short runs continue with the full Alg. 1 + fine-tune
-        cands.sort(key=lambda c: c[0])
+        # (the first start, i.e. the caller's init / identity, is always a finalist: it is the
+        # prior, and a short run from it may simply not have converged yet)
+        ranked = sorted(cands, key=lambda c: c[0])
+        keep = ranked[:config.start_keep]
+        if all(c[1][6] != 0 for c in keep):
+            keep.append(cands[0])
         finals = []
         rest = max(config.steps - config.start_steps, 0)
         cfg2 = config.replace(steps=rest, min_steps=min(config.min_steps, rest))
-        for score, c in cands[:config.start_keep]:
+        for score, c in keep:
             if finals and should_stop is not None and should_stop():
                 break
             a1, t1, _, _, _, state1, i = c
