@@ -226,3 +226,30 @@ def test_node_stops_promptly_during_pwan(tmp_path, ros_env):
     assert rc == 0, log[-3000:]
     assert elapsed < 20.0, elapsed
     assert 'terminate called' not in log and 'Traceback' not in log, log[-3000:]
+
+
+@pytest.mark.ros
+def test_base_frame_through_static_transform(tmp_path, ros_env):
+    """base_frame differs from the cloud frame: the node waits for the static transform (scans
+    skipped with a warning), then publishes the base pose, composed through it (REP-105)."""
+    node = start_node(ros_env, 'base_frame:=robot')
+    try:
+        missing = drive(ros_env, tmp_path, 'sim', '--scans', '2', '--timeout', '10')
+        res = drive(ros_env, tmp_path, 'sim', '--scans', '6',
+                    '--static-tf', 'robot', 'base_link', '0.5', '0.0', '1.2')
+    finally:
+        rc, log = stop_node(node)
+    assert rc == 0, log[-3000:]
+    for s in missing['sent']:
+        diag = missing['answers'][str(s['stamp'])]['diag']
+        assert diag['level'] == 1 and 'missing static transform robot -> base_link' in diag['message']
+    # the same scans again (the skipped ones left no state), now with the transform known
+    t_rb = np.eye(4)
+    t_rb[:3, 3] = [0.5, 0.0, 1.2]
+    gt0 = np.array(res['sent'][0]['gt'])
+    for s in res['sent']:
+        ans = res['answers'][str(s['stamp'])]
+        assert ans['odom']['child'] == 'robot'
+        expected = t_rb @ invert(gt0) @ np.array(s['gt']) @ invert(t_rb)
+        err = invert(expected) @ odom_pose(ans)
+        assert np.degrees(rotation_angle(err)) < 0.5 and np.linalg.norm(err[:3, 3]) < 0.05

@@ -21,6 +21,8 @@ from rclpy.node import Node
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import PointCloud2, PointField
 from std_msgs.msg import Header
+from geometry_msgs.msg import TransformStamped
+from rclpy.qos import DurabilityPolicy
 from tf2_msgs.msg import TFMessage
 
 from pwan_ros import pointcloud2 as pc2
@@ -134,10 +136,23 @@ def main():
     ap.add_argument('--scans', type=int, default=12)
     ap.add_argument('--out', required=True)
     ap.add_argument('--timeout', type=float, default=60.0, help='seconds to wait per scan')
+    ap.add_argument('--static-tf', nargs=5, metavar=('PARENT', 'CHILD', 'X', 'Y', 'Z'),
+                    help='publish a static transform (translation only) on /tf_static first')
     args = ap.parse_args()
     rclpy.init()
     node = Driver()
     sent = []
+    if args.static_tf:
+        parent, child, x, y, z = args.static_tf
+        latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
+                             durability=DurabilityPolicy.TRANSIENT_LOCAL)
+        static_pub = node.create_publisher(TFMessage, '/tf_static', latched)
+        t = TransformStamped()
+        t.header.frame_id, t.child_frame_id = parent, child
+        t.transform.translation.x, t.transform.translation.y, t.transform.translation.z = (
+            float(x), float(y), float(z))
+        t.transform.rotation.w = 1.0
+        static_pub.publish(TFMessage(transforms=[t]))
     try:
         deadline = time.monotonic() + 30.0
         while (node.pub.get_subscription_count() == 0
