@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import small_gicp
 
-from .se3 import transform_points
+from .se3 import project_rigid, transform_points
 
 
 @dataclass
@@ -84,7 +84,7 @@ def track(target: PreparedCloud, source: PreparedCloud, init: np.ndarray, h: flo
     res = small_gicp.align(target.cloud, source.cloud, target.tree, init_T_target_source=init,
                            registration_type='GICP', max_correspondence_distance=2.0 * h,
                            num_threads=num_threads, max_iterations=max_iterations)
-    t = np.asarray(res.T_target_source, dtype=np.float64)
+    t = project_rigid(np.asarray(res.T_target_source, dtype=np.float64))
     quality = match_quality(target, source.points, t, h)
     return TrackResult(t, quality, int(res.iterations), bool(res.converged),
                        (time.perf_counter() - start) * 1e3)

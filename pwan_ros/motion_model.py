@@ -5,7 +5,7 @@ from typing import Optional
 
 import numpy as np
 
-from .se3 import invert, scale_motion
+from .se3 import invert, project_rigid, scale_motion
 
 
 class ConstantVelocityModel:
@@ -44,11 +44,13 @@ class ConstantVelocityModel:
         return self._pose @ scale_motion(self._delta, factor)
 
     def update(self, pose: np.ndarray, stamp: float) -> None:
-        """Record an accepted (4, 4) pose at ``stamp`` (seconds)."""
+        """Record an accepted (4, 4) pose at ``stamp`` (seconds). The pose is re-orthonormalised:
+        rigid inverses use the transpose, and rounding would otherwise compound scan by scan."""
+        pose = project_rigid(np.asarray(pose, dtype=np.float64))
         if self._pose is not None and stamp > self._stamp:
             self._delta = invert(self._pose) @ pose
             self._dt = stamp - self._stamp
-        self._pose = np.array(pose, dtype=np.float64)
+        self._pose = pose
         self._stamp = float(stamp)
 
     def hold(self, stamp: float) -> None:

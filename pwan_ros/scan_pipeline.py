@@ -227,7 +227,7 @@ class ScanPipeline:
                           median_residual=quality.median_residual, iterations=iterations,
                           new_keyframe=False)
 
-        pose = kf.pose @ transform
+        pose = project_rigid(kf.pose @ transform)   # keep poses orthonormal: no compounding drift
         self.motion.update(pose, stamp)
         if pwan_engaged and cfg.mode == 'adaptive':
             self.motion.hold(stamp)   # a recovered jump is not a velocity to extrapolate
