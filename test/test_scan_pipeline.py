@@ -173,3 +173,24 @@ def test_reference_cloud_start_up_and_tracking(sim_scans):
             assert est.pwan_engaged and 'start-up' in est.reason
         rot, trans = pose_error(est.pose, offset @ s.pose)
         assert rot < 0.5 and trans < 0.1, (k, rot, trans)
+
+
+def test_poses_stay_orthonormal():
+    """Rigid inverses use the transpose: a pose that drifts from orthonormal compounds the
+    drift scan by scan (it wrecked tracking after ~30 scans). Poses are re-orthonormalised."""
+    m = ConstantVelocityModel()
+    skewed = yaw(20.0)
+    skewed[:3, :3] *= 1.0 + 1e-3
+    m.update(np.eye(4), 0.0)
+    m.update(skewed, 0.1)
+    r = m.pose[:3, :3]
+    np.testing.assert_allclose(r @ r.T, np.eye(3), atol=1e-12)
+    p = m.predict(0.2)[:3, :3]
+    np.testing.assert_allclose(p @ p.T, np.eye(3), atol=1e-12)
+    rng = np.random.default_rng(0)
+    pts = np.column_stack([rng.uniform(0, 10, 3000), rng.uniform(0, 10, 3000), rng.uniform(0, 3, 3000)])
+    cloud = PreparedCloud.build(filter_scan(pts, 0.3, 10000).points)
+    init = np.eye(4)
+    init[:3, :3] *= 1.0 + 1e-3
+    t = track(cloud, cloud, init, 0.6).transform[:3, :3]
+    np.testing.assert_allclose(t @ t.T, np.eye(3), atol=1e-12)
