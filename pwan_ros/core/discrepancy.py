@@ -20,7 +20,7 @@ from .config import DIVERGENCES, PotentialConfig
 from .device import resolve_device, thread_scope
 from .errors import PwanInputError
 from .potential import PotentialNet, gradient_norm, gradient_penalty
-from .preprocess import clean_points
+from .preprocess import clean_pair
 
 
 #: network defaults of the stand-alone estimator: wider, lower lr, decays to 1e-3 x lr; precision
@@ -126,7 +126,14 @@ def best_clip_level(net, x: torch.Tensor, y: torch.Tensor, m_alpha: float, m_bet
     gx = -net.negpart(net.raw(x))
     gy = -net.negpart(net.raw(y))
     cand = torch.cat((gx, gy, h_now.reshape(1))).clamp(min=1e-12)
-    best, best_val = h_now, None
+    return _best_kink(gx, gy, cand, m_alpha, m_beta, mass)
+
+
+def _best_kink(gx: torch.Tensor, gy: torch.Tensor, cand: torch.Tensor, m_alpha: float, m_beta: float,
+               mass: float) -> torch.Tensor:
+    """The h among ``cand`` maximising -m_alpha mean(min(gx, h)) + m_beta mean(min(gy, h)) + h (m - m_beta)
+    (evaluated in chunks of 1024 candidates)."""
+    best, best_val = cand[0], None
     for s in range(0, cand.shape[0], 1024):
         c = cand[s:s + 1024][:, None]
         val = (-m_alpha * torch.minimum(gx[None, :], c).mean(1) + m_beta * torch.minimum(gy[None, :], c).mean(1)
@@ -178,15 +185,8 @@ def estimate_discrepancy(reference, source, divergence: str = 'mass', mass: Opti
     lower bound. 'network' is the plain Alg. 1 potential f = clip(-|g|, -h, 0) with the gradient
     penalty (the registration's potential), reported as trained.
     """
-    ref = clean_points(reference, 'reference').points
-    src = clean_points(source, 'source').points
-    if ref.shape[1] != src.shape[1]:
-        raise PwanInputError(f'reference is {ref.shape[1]}-D but source is {src.shape[1]}-D')
+    ref, src, m_alpha, m_beta = clean_pair(reference, source, mass_reference, mass_source)
     q, r = ref.shape[0], src.shape[0]
-    m_alpha = float(q if mass_reference is None else mass_reference)
-    m_beta = float(r if mass_source is None else mass_source)
-    if not (m_alpha > 0 and m_beta > 0):
-        raise PwanInputError('total masses must be positive')
     cfg = config or ESTIMATOR_POTENTIAL
     center = np.concatenate((ref, src)).mean(axis=0)
     scale = float(np.sqrt(((ref - center) ** 2).sum(axis=1).mean()))
@@ -286,16 +286,7 @@ def _best_h_values(r: torch.Tensor, w: torch.Tensor, m_alpha: float, m_beta: flo
     """Exact maximiser over h of m_alpha mean(max(r,-h)) - m_beta mean(max(w,-h)) + h (m - m_beta)
     (concave piecewise linear in h, maximum at a kink -r_i / -w_j)."""
     gx, gy = -r, (-w).clamp(min=0)
-    cand = torch.cat((gx, gy)).clamp(min=1e-12)
-    best, best_val = cand[0], None
-    for s in range(0, cand.shape[0], 1024):
-        c = cand[s:s + 1024][:, None]
-        val = (-m_alpha * torch.minimum(gx[None, :], c).mean(1) + m_beta * torch.minimum(gy[None, :], c).mean(1)
-               + c[:, 0] * (mass - m_beta))
-        i = int(torch.argmax(val))
-        if best_val is None or val[i] > best_val:
-            best_val, best = val[i], c[i, 0]
-    return best
+    return _best_kink(gx, gy, torch.cat((gx, gy)).clamp(min=1e-12), m_alpha, m_beta, mass)
 
 
 def _estimate_ctransform(ref, src, center, scale, divergence, mass, h, m_alpha, m_beta, iterations, batch_size,

@@ -13,7 +13,7 @@ import ot
 from scipy.spatial.distance import cdist
 
 from .errors import PwanInputError
-from .preprocess import clean_points
+from .preprocess import clean_pair
 
 
 @dataclass(frozen=True)
@@ -30,15 +30,8 @@ class ExactDiscrepancy:
 
 
 def _prepare(reference, source, mass_reference, mass_source):
-    ref = clean_points(reference, 'reference').points
-    src = clean_points(source, 'source').points
-    if ref.shape[1] != src.shape[1]:
-        raise PwanInputError(f'reference is {ref.shape[1]}-D but source is {src.shape[1]}-D')
+    ref, src, m_alpha, m_beta = clean_pair(reference, source, mass_reference, mass_source)
     q, r = ref.shape[0], src.shape[0]
-    m_alpha = float(q if mass_reference is None else mass_reference)
-    m_beta = float(r if mass_source is None else mass_source)
-    if not (m_alpha > 0 and m_beta > 0):
-        raise PwanInputError('total masses must be positive')
     a = np.full(q, m_alpha / q)
     b = np.full(r, m_beta / r)
     return ref, src, a, b, cdist(ref, src)

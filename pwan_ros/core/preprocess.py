@@ -142,3 +142,17 @@ def check_init(init: Optional[np.ndarray], dim: int) -> Optional[np.ndarray]:
     if not np.isfinite(arr).all():
         raise PwanInputError('init: contains NaN/inf')
     return arr
+
+
+def clean_pair(reference, source, mass_reference=None, mass_source=None):
+    """Validated (reference (q, d), source (r, d), m_alpha, m_beta) for a discrepancy between two
+    point sets of the same dimension; total masses default to the point counts."""
+    ref = clean_points(reference, 'reference').points
+    src = clean_points(source, 'source').points
+    if ref.shape[1] != src.shape[1]:
+        raise PwanInputError(f'reference is {ref.shape[1]}-D but source is {src.shape[1]}-D')
+    m_alpha = float(ref.shape[0] if mass_reference is None else mass_reference)
+    m_beta = float(src.shape[0] if mass_source is None else mass_source)
+    if not (m_alpha > 0 and m_beta > 0):
+        raise PwanInputError('total masses must be positive')
+    return ref, src, m_alpha, m_beta
