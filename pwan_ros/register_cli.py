@@ -35,7 +35,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument('--voxel', type=float, dest='voxel_size', help='voxel size for the adversarial stage')
     p.add_argument('--max-points', type=int, help='cap on points per set in the adversarial stage')
     p.add_argument('--steps', type=int, help='maximum transform updates T')
-    p.add_argument('--starts', type=int, help='rigid multi-start: number of initial rotations')
+    p.add_argument('--starts', type=int, help='multi-start: number of initial rotations (24 = the cube group; '
+                                               'for an unknown orientation)')
+    p.add_argument('--start-steps', type=int, help='multi-start tournament: Alg. 1 steps of every start before the '
+                                                    'best continue (default 60 with --starts > 1; 0 = every start '
+                                                    'runs the full Alg. 1)')
     p.add_argument('--device', default='auto', help='auto | cpu | cuda | cuda:N')
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--threads', type=int, help='CPU threads (default: auto)')
@@ -54,6 +58,10 @@ def _config(args):
         val = getattr(args, key, None)
         if val is not None:
             values[key] = val
+    if args.start_steps is not None:
+        values['start_steps'] = args.start_steps
+    elif (args.starts or 1) > 1:
+        values['start_steps'] = 60
     return RegistrationConfig.from_dict(values)
 
 

@@ -84,3 +84,11 @@ def test_cloud_io_round_trip(tmp_path):
         path = str(tmp_path / ('p' + ext))
         write_points(path, pts)
         np.testing.assert_allclose(read_points(path), pts, atol=1e-6)
+
+
+@pytest.mark.parametrize('args,starts,start_steps', [([], 1, 0), (['--starts', '24'], 24, 60),
+                                                     (['--starts', '8', '--start-steps', '0'], 8, 0)])
+def test_multistart_flags_pick_the_tournament(args, starts, start_steps):
+    from pwan_ros.register_cli import _config, _parser
+    cfg = _config(_parser().parse_args(['a.npy', 'b.npy'] + args))
+    assert (cfg.starts, cfg.start_steps) == (starts, start_steps)

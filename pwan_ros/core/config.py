@@ -19,6 +19,12 @@ DIVERGENCES = ('mass', 'distance')
 H_MODES = ('learn', 'closed_form')
 START_SCORES = ('overlap', 'nn')
 
+#: defaults of the fields left None, per transform: (steps, potential_updates, tolerance). The
+#: non-rigid transform has r x d more parameters, moves more slowly per step and needs a more
+#: accurate potential (measured on the bcpd pairs with 120 % outliers: 200 steps / u=3 left the
+#: MSE at 1.2-2.8x the similarity oracle, 1000 / u=10 / tolerance 0.03 at 0.2-1.1x).
+TRANSFORM_DEFAULTS = {'rigid': (200, 3, 0.1), 'affine': (200, 3, 0.1), 'nonrigid': (1000, 10, 0.03)}
+
 
 def _check(cond: bool, msg: str) -> None:
     if not cond:
@@ -108,7 +114,10 @@ class FineTuneConfig:
     max_points: cap on the source points used (0 = all valid input points).
     metric: 'point_to_plane' (rigid only: distance to the nearest reference point measured along
     its PCA normal from ``normal_neighbors`` neighbours) or 'point_to_point' (eq. fine_tune as
-    written; always used for affine / non-rigid).
+    written; always used for affine / non-rigid). overlap_refine: rigid mass-type
+    :func:`register` only: after the mass-type fine-tune, the distance-type one at h = 2x the
+    median spacing of the dense reference, so the matched mass follows the actual overlap rather
+    than the configured mass (a mass above the true overlap pulls the pose off).
     """
 
     enabled: bool = True
@@ -117,9 +126,11 @@ class FineTuneConfig:
     max_points: int = 20000
     metric: str = 'point_to_plane'
     normal_neighbors: int = 10
+    overlap_refine: bool = True
 
     def __post_init__(self):
         _check(isinstance(self.enabled, bool), 'finetune.enabled must be a bool')
+        _check(isinstance(self.overlap_refine, bool), 'finetune.overlap_refine must be a bool')
         _check(self.metric in ('point_to_plane', 'point_to_point'),
                f"finetune.metric must be 'point_to_plane' or 'point_to_point', got {self.metric!r}")
         _int('finetune.normal_neighbors', self.normal_neighbors, 3)
@@ -138,13 +149,14 @@ class RegistrationConfig:
     distance_threshold: h of d-PWAN in caller units (None: 2x the median nearest-neighbour spacing
     of the preprocessed reference). voxel_size: voxel-grid downsampling in caller units before the
     adversarial stage (None: off). max_points: random cap per set for the adversarial stage.
-    steps: maximum transform updates T. potential_updates: u. warmup_updates: potential updates
-    before the first transform update. batch_size: mini-batch per set (0: whole sets).
+    steps: maximum transform updates T. potential_updates: u. (None: per-transform defaults,
+    :data:`TRANSFORM_DEFAULTS`: 200 / 3 rigid and affine, 1000 / 10 non-rigid.) warmup_updates:
+    potential updates before the first transform update. batch_size: mini-batch per set (0: whole sets).
     lr_transform / lr_transform_final: Adam learning rate of the transform, decayed exponentially
     over ``steps``. tolerance / window / min_steps: stop when the RMS motion of the source over the
     last ``window`` steps is below ``tolerance`` x (median point spacing of the adversarial-stage
     source set): below the sampling resolution the potential carries no more information and the
-    fine-tune stage takes over. starts: rigid/affine
+    fine-tune stage takes over (None: 0.1 rigid/affine, 0.03 non-rigid). starts: rigid/affine
     multi-start count (initial rotations: identity, then the cube group, then random).
     start_score: how the starts are compared after their fine-tune: 'overlap' (distance-type
     partial objective of the NN plan at h = 2x the dense reference spacing, i.e. how much of the
@@ -165,13 +177,13 @@ class RegistrationConfig:
     distance_threshold: Optional[float] = None
     voxel_size: Optional[float] = None
     max_points: int = 2000
-    steps: int = 200
-    potential_updates: int = 3
+    steps: Optional[int] = None
+    potential_updates: Optional[int] = None
     warmup_updates: int = 100
     batch_size: int = 512
     lr_transform: float = 1e-2
     lr_transform_final: float = 1e-4
-    tolerance: float = 0.1
+    tolerance: Optional[float] = None
     window: int = 10
     min_steps: int = 30
     starts: int = 1
@@ -200,13 +212,15 @@ class RegistrationConfig:
         _pos('distance_threshold', self.distance_threshold, allow_none=True)
         _pos('voxel_size', self.voxel_size, allow_none=True)
         _int('max_points', self.max_points, 3)
-        _int('steps', self.steps, 0)
-        _int('potential_updates', self.potential_updates, 1)
+        if self.steps is not None:
+            _int('steps', self.steps, 0)
+        if self.potential_updates is not None:
+            _int('potential_updates', self.potential_updates, 1)
         _int('warmup_updates', self.warmup_updates, 0)
         _int('batch_size', self.batch_size, 0)
         _pos('lr_transform', self.lr_transform)
         _pos('lr_transform_final', self.lr_transform_final)
-        _pos('tolerance', self.tolerance)
+        _pos('tolerance', self.tolerance, allow_none=True)
         _int('window', self.window, 1)
         _int('min_steps', self.min_steps, 0)
         _int('starts', self.starts, 1)
@@ -229,6 +243,15 @@ class RegistrationConfig:
         if self.mass is not None:
             return None
         return 0.8 if self.mass_ratio is None else self.mass_ratio
+
+    def resolved(self) -> 'RegistrationConfig':
+        """Copy with ``steps`` / ``potential_updates`` / ``tolerance`` left None set to the
+        transform's defaults (:data:`TRANSFORM_DEFAULTS`)."""
+        steps, updates, tol = TRANSFORM_DEFAULTS[self.transform]
+        return dataclasses.replace(self, steps=steps if self.steps is None else self.steps,
+                                   potential_updates=updates if self.potential_updates is None
+                                   else self.potential_updates,
+                                   tolerance=tol if self.tolerance is None else self.tolerance)
 
     def replace(self, **changes: Any) -> 'RegistrationConfig':
         """Copy with changed fields (validated again)."""

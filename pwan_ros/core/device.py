@@ -28,8 +28,11 @@ def resolve_device(name: str) -> torch.device:
 def default_threads() -> int:
     """Intra-op threads for CPU runs: 1 on machines with <= 2 cores, else half the cores, at most 4.
 
-    The potential network is a small MLP on a few thousand points: a second thread gains only
-    1.1-1.35x on an idle 2-core CPU and loses up to 10x when the cores are shared (measured)."""
+    A single potential network is a small MLP on a few thousand points: a second thread gains only
+    1.1-1.35x on an idle 2-core CPU and loses up to 10x when the cores are shared (measured). The
+    24-start ensemble is compute-bound and a second thread halves it on an idle 2-core CPU, but two
+    such processes side by side ran 5-10x slower than with one thread each (measured), so the
+    default stays 1 there; set ``threads`` explicitly on a dedicated machine."""
     try:
         n = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - non-Linux

@@ -6,6 +6,7 @@ threshold is converted on the way in and reported in caller units.
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections import deque
@@ -20,12 +21,17 @@ from .coherence import Coherence
 from .config import RegistrationConfig
 from .device import resolve_device, thread_scope
 from .discrepancy import PotentialTrainer
+from .ensemble import run_ensemble
 from .errors import PwanInputError
 from .finetune import estimate_normals, run_finetune, select_pairs
 from .preprocess import (CleanPoints, Normaliser, check_init, clean_points, homogeneous, make_normaliser,
                          median_spacing, random_subset, voxel_downsample)
 from .result import RegistrationResult
 from .transforms import make_transform
+
+
+#: points (starts x mini-batch) of one lock-step group of the tournament's short stage
+_ENSEMBLE_POINTS = 1 << 16
 
 
 @dataclass
@@ -161,6 +167,14 @@ class _OverlapScorer:
         return float(np.minimum(dist, self.h).mean() / self.h)
 
 
+def overlap_score(points: np.ndarray, reference: np.ndarray, seed: int = 0) -> float:
+    """:class:`_OverlapScorer` on caller-frame points as they are: points (n, d), reference (m, d);
+    0 = every point lies on the reference, 1 = none does."""
+    d = points.shape[1]
+    scorer = _OverlapScorer(_FineTuneData(points, reference, cKDTree(reference), None), seed)
+    return scorer(np.eye(d), np.zeros(d))
+
+
 def _finetune_data(prob: _Problem, config: RegistrationConfig, kind: str, rng: np.random.Generator) -> _FineTuneData:
     norm = prob.norm
     ys_all = norm.source(prob.src_init)
@@ -176,8 +190,12 @@ def _finetune_data(prob: _Problem, config: RegistrationConfig, kind: str, rng: n
 
 
 def _do_finetune(prob: _Problem, config: RegistrationConfig, kind: str, a, t, v_fn, h_caller: Optional[float],
-                 rng: np.random.Generator, data: Optional[_FineTuneData] = None):
-    """Run eq. fine_tune on (capped) full-resolution points. Returns (a, t, v_fn, iters, converged)."""
+                 rng: np.random.Generator, data: Optional[_FineTuneData] = None, final: bool = False):
+    """Run eq. fine_tune on (capped) full-resolution points. Returns (a, t, v_fn, iters, converged).
+
+    ``final`` (the last fine-tune of a rigid mass-type registration, ``finetune.overlap_refine``):
+    then the distance-type fine-tune at h = 2 x the median spacing of the dense reference, whose
+    matched mass follows the actual overlap instead of the configured mass."""
     norm = prob.norm
     if data is None:
         data = _finetune_data(prob, config, kind, rng)
@@ -194,6 +212,16 @@ def _do_finetune(prob: _Problem, config: RegistrationConfig, kind: str, a, t, v_
         v0 = v_fn(ys) if v_fn is not None else np.zeros_like(ys)
     out = run_finetune(ys, tree, xr, kind, a, t, config.divergence, count, h_n, config.finetune.max_iterations,
                        config.finetune.tolerance, v=v0, coherence=coh, workers=-1, ref_normals=normals)
+    if final and kind == 'rigid' and config.divergence == 'mass' and config.finetune.overlap_refine:
+        probe = xr[np.random.default_rng(config.seed + 37).choice(xr.shape[0], size=min(2000, xr.shape[0]),
+                                                                 replace=False)]
+        h_ov = 2.0 * float(np.median(tree.query(probe, k=2)[0][:, 1]))
+        if h_ov > 0:
+            first = out
+            out = run_finetune(ys, tree, xr, kind, out.a, out.t, 'distance', 0, h_ov,
+                               config.finetune.max_iterations, config.finetune.tolerance, workers=-1,
+                               ref_normals=normals)
+            out = dataclasses.replace(out, iterations=first.iterations + out.iterations)
     new_v_fn = v_fn
     if kind == 'nonrigid':
         v_ft = torch.as_tensor(out.v, dtype=torch.float64)
@@ -272,13 +300,9 @@ def _partial_objective(dist: np.ndarray, sel: np.ndarray, divergence: str, h: fl
 def _adversarial(config: RegistrationConfig, device: torch.device, ys_np: np.ndarray, xs_np: np.ndarray,
                  mass_n: Optional[float], h_n: Optional[float], rot0: Optional[np.ndarray],
                  potential_state: Optional[dict], seed: int, scale: float,
-                 should_stop: Optional[Callable[[], bool]] = None, t0: Optional[np.ndarray] = None,
-                 decay_steps: Optional[int] = None, step_offset: int = 0):
+                 should_stop: Optional[Callable[[], bool]] = None):
     """Alg. 1 in the normalised frame from the rotation ``rot0`` (column convention, about the
-    origin) and translation ``t0``. Returns (a, t, v_fn, steps, updates, converged,
-    h_final_normalised, state). decay_steps: horizon of the learning-rate decay (default
-    config.steps; a short tournament stage uses the full run's schedule); step_offset: the
-    schedule starts at that step (a tournament continuation resumes where its short run ended)."""
+    origin). Returns (a, t, v_fn, steps, updates, converged, h_final_normalised, state)."""
     kind = config.transform
     d = ys_np.shape[1]
     torch.manual_seed(seed)
@@ -292,9 +316,6 @@ def _adversarial(config: RegistrationConfig, device: torch.device, ys_np: np.nda
     transform = make_transform(kind, d, r).to(device)
     if rot0 is not None:
         transform.set_linear(torch.as_tensor(rot0.T, dtype=dtype, device=device))
-    if t0 is not None:
-        with torch.no_grad():
-            transform.t.copy_(torch.as_tensor(t0, dtype=dtype, device=device))
     coh = Coherence(y, config.coherence, gen) if kind == 'nonrigid' else None
     t_params = list(transform.parameters())
     opt_t = torch.optim.Adam(t_params, lr=config.lr_transform)
@@ -323,8 +344,7 @@ def _adversarial(config: RegistrationConfig, device: torch.device, ys_np: np.nda
     tol = config.tolerance * max(median_spacing(ys_np), 1e-9)
     converged = config.steps == 0
     steps_done = 0
-    horizon = config.steps if decay_steps is None else decay_steps
-    decay = (config.lr_transform_final / config.lr_transform) ** (1.0 / max(horizon - 1, 1))
+    decay = (config.lr_transform_final / config.lr_transform) ** (1.0 / max(config.steps - 1, 1))
     last_print = time.perf_counter()
     hv = trainer.net.h.detach()
     for step in range(config.steps):
@@ -332,7 +352,7 @@ def _adversarial(config: RegistrationConfig, device: torch.device, ys_np: np.nda
             converged = False
             break
         for g in opt_t.param_groups:
-            g['lr'] = config.lr_transform * decay ** (step + step_offset)
+            g['lr'] = config.lr_transform * decay ** step
         xb, yi = batches()
         ysrc = y if yi is None else y[yi]
         with torch.no_grad():
@@ -390,7 +410,10 @@ def register(source, reference, config: Optional[RegistrationConfig] = None, ini
     runs Alg. 1 + fine-tune from several initial rotations and keeps the one with the lowest
     ``config.start_score`` (default: the distance-type partial NN objective at 2x the dense
     reference spacing, see :class:`_OverlapScorer`); with ``config.start_steps > 0`` as a
-    coarse-to-fine tournament (short runs from every start, the best ``start_keep`` continue). should_stop: optional callable
+    coarse-to-fine tournament (short runs from every start, the best ``start_keep`` continue); all
+    starts run in lock-step as one batched ensemble (:mod:`ensemble`). Non-rigid with ``prealign``:
+    rigid registration(s) first; with several starts the ``start_keep`` best rigid finalists are
+    each deformed and the best non-rigid result by the overlap score is returned. should_stop: optional callable
     polled once per transform update (and between starts); when it returns True the adversarial
     stage ends early (``converged`` is then False) — for time budgets and shutdown. Deterministic
     for a fixed seed on a given device and thread count (without should_stop). Raises
@@ -398,13 +421,38 @@ def register(source, reference, config: Optional[RegistrationConfig] = None, ini
     """
     config = config or RegistrationConfig()
     t0 = time.perf_counter()
-    pre = None
-    if config.transform == 'nonrigid' and config.prealign:
-        # coarse-to-fine: a rigid PWAN registration (with config.starts) initialises the
-        # non-rigid one (large rotations are out of reach of a deformation started at identity)
-        pre = register(source, reference, config.replace(transform='rigid', prealign=False), init=init,
-                       potential_state=None, should_stop=should_stop)
-        init = pre.transform
+    if config.transform != 'nonrigid' or not config.prealign:
+        return _register_candidates(source, reference, config, init, potential_state, should_stop)[0][1]
+    # coarse-to-fine: rigid PWAN registration(s) (with config.starts) initialise the non-rigid one
+    # (large rotations are out of reach of a deformation started at identity); fields left None
+    # take the rigid defaults there. With several starts the ``start_keep`` best rigid finalists are
+    # deformed and compared after the non-rigid stage: a rigid fit of a deformed shape can rank
+    # a wrong, symmetric pose first.
+    pres = _register_candidates(source, reference, config.replace(transform='rigid', prealign=False), init,
+                                None, should_stop)[:config.start_keep]
+    ref_clean = np.asarray(reference, dtype=np.float64)
+    ref_clean = ref_clean[np.isfinite(ref_clean).all(axis=1)]   # validated by the rigid stage
+    best = None
+    for _, pre in pres:
+        if best is not None and should_stop is not None and should_stop():
+            break
+        res = _register_candidates(source, reference, config.replace(prealign=False), pre.transform,
+                                   potential_state, should_stop)[0][1]
+        score = overlap_score(res.transformed_source, ref_clean, config.seed) if len(pres) > 1 else 0.0
+        res = dataclasses.replace(res, timings={**res.timings, 'prealign': pre.time_s},
+                                  iterations=res.iterations + pre.iterations,
+                                  potential_updates=res.potential_updates + pre.potential_updates,
+                                  start_index=pre.start_index)
+        if best is None or score < best[0]:
+            best = (score, res)
+    return dataclasses.replace(best[1], time_s=time.perf_counter() - t0)
+
+
+def _register_candidates(source, reference, config: RegistrationConfig, init, potential_state, should_stop) -> list:
+    """Alg. 1 + fine-tune (all starts / the tournament); returns the finalists as
+    [(start score, RegistrationResult)], best first (one entry without multi-start)."""
+    t0 = time.perf_counter()
+    config = config.resolved()
     prob = _prepare(source, reference, config, init)
     device = resolve_device(config.device)
     rng = np.random.default_rng(config.seed)
@@ -440,62 +488,106 @@ def register(source, reference, config: Optional[RegistrationConfig] = None, ini
         sel = select_pairs(dist, config.divergence, count_n, h_n if h_n else 0.0)
         return _partial_objective(dist, sel, config.divergence, h_n if h_n else 0.0)
 
-    def run_start(cfg, i, rot0, t_init, state0, data, offset=0):
+    def run_start(i, rot0, state0):
         ta = time.perf_counter()
         with thread_scope(config.threads):
             a, t, v_fn, steps, updates, conv, h_final, state = _adversarial(
-                cfg, device, ys_np, xs_np, mass_n, h_n, rot0, state0, config.seed + 1000 * i,
-                norm.scale, should_stop, t0=t_init, decay_steps=config.steps, step_offset=offset)
+                config, device, ys_np, xs_np, mass_n, h_n, rot0, state0, config.seed + 1000 * i, norm.scale,
+                should_stop)
         timings['adversarial'] += time.perf_counter() - ta
         tot['steps'] += steps
         tot['updates'] += updates
         ft_conv = True
         if config.finetune.enabled:
             tf = time.perf_counter()
-            a, t, v_fn, ft_iters, ft_conv = _do_finetune(prob, config, kind, a, t, v_fn, h_caller, rng, data)
+            a, t, v_fn, ft_iters, ft_conv = _do_finetune(prob, config, kind, a, t, v_fn, h_caller, rng, ft_data,
+                                                         final=True)
             timings['finetune'] += time.perf_counter() - tf
             tot['ft'] += ft_iters
         score = score_of(a, t) if multi else 0.0
         return score, (a, t, v_fn, conv and ft_conv, h_final, state, i)
 
-    tournament = multi and config.start_steps > 0
-    cfg1 = config.replace(steps=config.start_steps, min_steps=min(config.min_steps, config.start_steps)) \
-        if tournament else config
-    data1 = ft_data.subset(config.start_finetune_points, config.seed) if tournament and ft_data is not None \
-        else ft_data
-    cands = []
-    for i, rot0 in enumerate(rots):
-        if i > 0 and should_stop is not None and should_stop():
-            break
-        cands.append(run_start(cfg1, i, rot0, None, potential_state, data1))
-        if config.verbose and multi:
-            print(f'[pwan] start {i + 1}/{len(rots)}: score {cands[-1][0]:.5g}', file=sys.stderr)
-    if tournament:
-        # coarse-to-fine: the best start_keep short runs continue with the full Alg. 1 + fine-tune
-        # (the first start, i.e. the caller's init / identity, is always a finalist: it is the
-        # prior, and a short run from it may simply not have converged yet)
-        ranked = sorted(cands, key=lambda c: c[0])
-        keep = ranked[:config.start_keep]
-        if all(c[1][6] != 0 for c in keep):
-            keep.append(cands[0])
-        finals = []
-        rest = max(config.steps - config.start_steps, 0)
-        cfg2 = config.replace(steps=rest, min_steps=min(config.min_steps, rest))
-        for score, c in keep:
-            if finals and should_stop is not None and should_stop():
-                break
-            a1, t1, _, _, _, state1, i = c
-            finals.append(run_start(cfg2, i, a1.T, t1, state1, ft_data, offset=config.start_steps))
+    def finetune(a, t, small: bool):
+        """Fine-tune (a, t) (on start_finetune_points source points when ``small``)."""
+        tf = time.perf_counter()
+        data = ft_data.subset(config.start_finetune_points, config.seed) if small else ft_data
+        a, t, _, ft_iters, ft_conv = _do_finetune(prob, config, kind, a, t, None, h_caller, rng, data,
+                                                  final=not small)
+        timings['finetune'] += time.perf_counter() - tf
+        tot['ft'] += ft_iters
+        return a, t, ft_conv
+
+    if multi:
+        cands = _multistart(config, device, ys_np, xs_np, mass_n, h_n, rots, should_stop, potential_state,
+                            timings, tot, finetune, score_of)
+    else:
+        cands = [run_start(0, rots[0], potential_state)]
+    out = []
+    for score, (a, t, v_fn, converged, h_final, state, idx) in sorted(cands, key=lambda c: c[0]):
+        out.append((score, _finish(prob, config, kind, a, t, v_fn, h_caller, t0, dict(timings), tot['steps'],
+                                   tot['updates'], tot['ft'], converged, h_final * norm.scale, state, str(device),
+                                   start_index=idx)))
+    return out
+
+def _multistart(config: RegistrationConfig, device, ys_np, xs_np, mass_n, h_n, rots, should_stop, potential_state,
+                timings, tot, finetune, score_of) -> list:
+    """Multi-start (rigid/affine), all starts in lock-step (:func:`ensemble.run_ensemble`).
+
+    ``start_steps > 0`` (coarse-to-fine tournament): every start runs ``start_steps`` steps of
+    Alg. 1 and a fine-tune on ``start_finetune_points`` source points (always: it is part of the
+    selection); the ``start_keep`` best by ``score_of`` (plus the first start, the caller's prior)
+    continue with the rest of Alg. 1. ``start_steps == 0``: every start runs the full Alg. 1.
+    Finalists end with the fine-tune (if enabled). Returns [(score, (a, t, v_fn, converged, h,
+    state, index))]."""
+    r, q = ys_np.shape[0], xs_np.shape[0]
+    group = max(1, _ENSEMBLE_POINTS // max(config.batch_size or max(q, r), 1))
+
+    def stage(cfg, items, steps, seed, **kw):
+        """run_ensemble over ``items`` [(rotation, translation, state)] in groups; yields per start."""
+        for g0 in range(0, len(items), group):
+            if g0 > 0 and should_stop is not None and should_stop():
+                return
+            part = items[g0:g0 + group]
+            ta = time.perf_counter()
+            with thread_scope(config.threads):
+                starts, done, updates = run_ensemble(
+                    cfg, device, ys_np, xs_np, mass_n, h_n, [p[0] for p in part], steps, seed + g0, should_stop,
+                    states=[p[2] for p in part], translations=None if part[0][1] is None else [p[1] for p in part],
+                    **kw)
+            timings['adversarial'] += time.perf_counter() - ta
+            for k, st in enumerate(starts):
+                tot['steps'] += done
+                tot['updates'] += updates
+                yield g0 + k, st
+
+    if config.start_steps > 0:
+        cfg1 = config.replace(min_steps=min(config.min_steps, config.start_steps))
+        cands = []
+        for i, st in stage(cfg1, [(rot, None, potential_state) for rot in rots], config.start_steps, config.seed):
+            a, t, _ = finetune(st.a, st.t, small=True)
+            cands.append((score_of(a, t), a, t, st.state, i))
             if config.verbose:
-                print(f'[pwan] start {i + 1} refined: score {score:.5g} -> {finals[-1][0]:.5g}', file=sys.stderr)
-        cands = finals
-    best = min(cands, key=lambda c: c[0])
-    tot_steps, tot_updates, tot_ft = tot['steps'], tot['updates'], tot['ft']
-    a, t, v_fn, converged, h_final, state, idx = best[1]
-    if pre is not None:
-        timings['prealign'] = pre.time_s
-        tot_steps += pre.iterations
-        tot_updates += pre.potential_updates
-        idx = pre.start_index
-    return _finish(prob, config, kind, a, t, v_fn, h_caller, t0, timings, tot_steps, tot_updates, tot_ft,
-                   converged, h_final * norm.scale, state, str(device), start_index=idx)
+                print(f'[pwan] start {i + 1}/{len(rots)}: score {cands[-1][0]:.5g}', file=sys.stderr)
+        # the first start (the caller's init / identity) is always a finalist: it is the prior,
+        # and a short run from it may simply not have converged yet
+        keep = sorted(cands, key=lambda c: c[0])[:config.start_keep]
+        if all(c[4] != 0 for c in keep):
+            keep.append(cands[0])
+        items = [(c[1].T, c[2], c[3]) for c in keep]
+        index = [c[4] for c in keep]
+        rest = 0 if should_stop is not None and should_stop() else max(config.steps - config.start_steps, 0)
+        finals = stage(config, items, rest, config.seed + 7919, step_offset=config.start_steps, converge=True,
+                       warmup=False)
+    else:
+        index = list(range(len(rots)))
+        finals = stage(config, [(rot, None, potential_state) for rot in rots], config.steps, config.seed,
+                       converge=True)
+    out = []
+    for i, st in finals:
+        a, t, ft_conv = st.a, st.t, True
+        if config.finetune.enabled:
+            a, t, ft_conv = finetune(a, t, small=False)
+        out.append((score_of(a, t), (a, t, None, st.converged and ft_conv, st.h, st.state, index[i])))
+        if config.verbose:
+            print(f'[pwan] start {index[i] + 1} final score {out[-1][0]:.5g}', file=sys.stderr)
+    return out
