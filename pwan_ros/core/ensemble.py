@@ -25,7 +25,7 @@ from torch import nn
 from .config import PotentialConfig, RegistrationConfig
 from .errors import PwanInputError
 from .preprocess import median_spacing
-from .transforms import matrix_to_quaternion
+from .transforms import matrix_to_quaternion, quaternion_to_matrix
 
 
 class EnsemblePotential(nn.Module):
@@ -77,16 +77,6 @@ class EnsemblePotential(nn.Module):
         return out
 
 
-def _quaternions_to_matrices(q: torch.Tensor) -> torch.Tensor:
-    """Rotation matrices (S, 3, 3) (column convention) of quaternions (S, 4) = (w, x, y, z)."""
-    w, x, y, z = (q / q.norm(dim=1, keepdim=True)).unbind(1)
-    return torch.stack((
-        torch.stack((1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)), 1),
-        torch.stack((2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)), 1),
-        torch.stack((2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)), 1),
-    ), 1)
-
-
 class EnsembleTransform(nn.Module):
     """S rigid (quaternion / 2-D angle) or affine transforms: y (S, n, d) -> y A_s + t_s."""
 
@@ -109,7 +99,7 @@ class EnsembleTransform(nn.Module):
         if self.kind == 'affine':
             return self.a
         if self.dim == 3:
-            return _quaternions_to_matrices(self.q).transpose(1, 2)
+            return quaternion_to_matrix(self.q).transpose(1, 2)
         c, s = torch.cos(self.q[:, 0]), torch.sin(self.q[:, 0])
         return torch.stack((torch.stack((c, s), 1), torch.stack((-s, c), 1)), 1)
 

@@ -488,40 +488,33 @@ def _register_candidates(source, reference, config: RegistrationConfig, init, po
         sel = select_pairs(dist, config.divergence, count_n, h_n if h_n else 0.0)
         return _partial_objective(dist, sel, config.divergence, h_n if h_n else 0.0)
 
-    def run_start(i, rot0, state0):
+    def finetune(a, t, v_fn=None, small: bool = False):
+        """Fine-tune (a, t[, v_fn]) (on start_finetune_points source points when ``small``, else
+        the final one). Returns (a, t, v_fn, converged)."""
+        tf = time.perf_counter()
+        data = ft_data.subset(config.start_finetune_points, config.seed) if small else ft_data
+        a, t, v_fn, ft_iters, ft_conv = _do_finetune(prob, config, kind, a, t, v_fn, h_caller, rng, data,
+                                                     final=not small)
+        timings['finetune'] += time.perf_counter() - tf
+        tot['ft'] += ft_iters
+        return a, t, v_fn, ft_conv
+
+    if multi:
+        cands = _multistart(config, device, ys_np, xs_np, mass_n, h_n, rots, should_stop, potential_state,
+                            timings, tot, finetune, score_of)
+    else:
         ta = time.perf_counter()
         with thread_scope(config.threads):
             a, t, v_fn, steps, updates, conv, h_final, state = _adversarial(
-                config, device, ys_np, xs_np, mass_n, h_n, rot0, state0, config.seed + 1000 * i, norm.scale,
+                config, device, ys_np, xs_np, mass_n, h_n, rots[0], potential_state, config.seed, norm.scale,
                 should_stop)
         timings['adversarial'] += time.perf_counter() - ta
         tot['steps'] += steps
         tot['updates'] += updates
         ft_conv = True
         if config.finetune.enabled:
-            tf = time.perf_counter()
-            a, t, v_fn, ft_iters, ft_conv = _do_finetune(prob, config, kind, a, t, v_fn, h_caller, rng, ft_data,
-                                                         final=True)
-            timings['finetune'] += time.perf_counter() - tf
-            tot['ft'] += ft_iters
-        score = score_of(a, t) if multi else 0.0
-        return score, (a, t, v_fn, conv and ft_conv, h_final, state, i)
-
-    def finetune(a, t, small: bool):
-        """Fine-tune (a, t) (on start_finetune_points source points when ``small``)."""
-        tf = time.perf_counter()
-        data = ft_data.subset(config.start_finetune_points, config.seed) if small else ft_data
-        a, t, _, ft_iters, ft_conv = _do_finetune(prob, config, kind, a, t, None, h_caller, rng, data,
-                                                  final=not small)
-        timings['finetune'] += time.perf_counter() - tf
-        tot['ft'] += ft_iters
-        return a, t, ft_conv
-
-    if multi:
-        cands = _multistart(config, device, ys_np, xs_np, mass_n, h_n, rots, should_stop, potential_state,
-                            timings, tot, finetune, score_of)
-    else:
-        cands = [run_start(0, rots[0], potential_state)]
+            a, t, v_fn, ft_conv = finetune(a, t, v_fn)
+        cands = [(0.0, (a, t, v_fn, conv and ft_conv, h_final, state, 0))]
     out = []
     for score, (a, t, v_fn, converged, h_final, state, idx) in sorted(cands, key=lambda c: c[0]):
         out.append((score, _finish(prob, config, kind, a, t, v_fn, h_caller, t0, dict(timings), tot['steps'],
@@ -564,7 +557,7 @@ def _multistart(config: RegistrationConfig, device, ys_np, xs_np, mass_n, h_n, r
         cfg1 = config.replace(min_steps=min(config.min_steps, config.start_steps))
         cands = []
         for i, st in stage(cfg1, [(rot, None, potential_state) for rot in rots], config.start_steps, config.seed):
-            a, t, _ = finetune(st.a, st.t, small=True)
+            a, t, _, _ = finetune(st.a, st.t, small=True)
             cands.append((score_of(a, t), a, t, st.state, i))
             if config.verbose:
                 print(f'[pwan] start {i + 1}/{len(rots)}: score {cands[-1][0]:.5g}', file=sys.stderr)
@@ -586,7 +579,7 @@ def _multistart(config: RegistrationConfig, device, ys_np, xs_np, mass_n, h_n, r
     for i, st in finals:
         a, t, ft_conv = st.a, st.t, True
         if config.finetune.enabled:
-            a, t, ft_conv = finetune(a, t, small=False)
+            a, t, _, ft_conv = finetune(a, t)
         out.append((score_of(a, t), (a, t, None, st.converged and ft_conv, st.h, st.state, index[i])))
         if config.verbose:
             print(f'[pwan] start {index[i] + 1} final score {out[-1][0]:.5g}', file=sys.stderr)

@@ -15,13 +15,14 @@ from torch import nn
 
 
 def quaternion_to_matrix(q: torch.Tensor) -> torch.Tensor:
-    """Rotation matrix (3, 3) of a quaternion (w, x, y, z) (normalised here)."""
-    w, x, y, z = q / q.norm()
+    """Rotation matrices (..., 3, 3), column convention, of quaternions (..., 4) = (w, x, y, z)
+    (normalised here)."""
+    w, x, y, z = (q / q.norm(dim=-1, keepdim=True)).unbind(-1)
     return torch.stack((
-        torch.stack((1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w))),
-        torch.stack((2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w))),
-        torch.stack((2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y))),
-    ))
+        torch.stack((1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)), -1),
+        torch.stack((2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)), -1),
+        torch.stack((2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)), -1),
+    ), -2)
 
 
 def matrix_to_quaternion(r: torch.Tensor) -> torch.Tensor:
