@@ -57,6 +57,7 @@ class AdaptNode(Node):
     def __init__(self):
         super().__init__('adapt_node')
         self.errors: List[str] = []
+        self._last_status: Optional[tuple] = None
         specs = AdaptConfig.specs()
         values: Dict[str, Any] = {}
         for name, (default, spec) in specs.items():
@@ -109,6 +110,7 @@ class AdaptNode(Node):
 
     # ------------------------------------------------------------------ publishing
     def publish_status(self, level: int, message: str, values: Dict[str, Any]) -> None:
+        self._last_status = (level, message, values)
         arr = DiagnosticArray()
         arr.header.stamp = self.get_clock().now().to_msg()
         st = DiagnosticStatus(level=level, name=STATUS_NAME, message=message, hardware_id='pwan_ros')
@@ -157,11 +159,18 @@ class AdaptNode(Node):
         self._flush()
         return 0
 
-    def _flush(self, seconds: float = 0.5) -> None:
-        """Give DDS a moment to deliver the last status before the process exits."""
+    def _flush(self, seconds: float = 1.0, repeats: int = 3) -> None:
+        """Give DDS time to deliver the last (final) status before the process exits, publishing it
+        ``repeats`` times over ``seconds``: a single sample sent just before the writer goes away
+        was occasionally lost on a loaded machine (seen once in CI)."""
         end = time.monotonic() + seconds
+        next_pub, sent = time.monotonic() + seconds / repeats, 1
         while time.monotonic() < end:
             rclpy.spin_once(self, timeout_sec=0.05)
+            if sent < repeats and time.monotonic() >= next_pub and self._last_status is not None:
+                self.publish_status(*self._last_status)
+                sent += 1
+                next_pub += seconds / repeats
 
 
 def _init(args) -> None:
