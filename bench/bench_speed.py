@@ -7,6 +7,7 @@ torch thread this is the wall time the run would take on an idle core). Wall tim
 on shared machines: repeat with --repeats and compare methods within one run.
 
     python bench/bench_speed.py --data ../shared/data --results results/speed --sizes 1000 2000 5000
+    python bench/bench_speed.py --sizes 2000 --methods pwan pwan-24 pwan-24-keep2-200   # multi-start cost
 """
 from __future__ import annotations
 
@@ -22,6 +23,12 @@ from bench_rigid import make_pair  # noqa: E402
 import anchors  # noqa: E402
 
 from pwan_ros.core import RegistrationConfig, register  # noqa: E402
+
+
+#: tournament variants: the recommended multi-start (defaults: 4 finalists, 600-step schedule) and
+#: the previous schedule (2 finalists, 200 steps), 1 thread so that cpu_s is comparable
+MULTISTART = {'pwan-24': {'starts': 24, 'start_steps': 60, 'threads': 1},
+              'pwan-24-keep2-200': {'starts': 24, 'start_steps': 60, 'threads': 1, 'start_keep': 2, 'steps': 200}}
 
 
 def main(argv=None):
@@ -45,8 +52,9 @@ def main(argv=None):
             for m in args.methods:
                 with Timer() as tm:
                     extra = {}
-                    if m == 'pwan':
-                        res = register(src, ref, RegistrationConfig(device=args.device, seed=rep))
+                    if m in MULTISTART or m == 'pwan':
+                        cfg = RegistrationConfig(device=args.device, seed=rep, **MULTISTART.get(m, {}))
+                        res = register(src, ref, cfg)
                         est = res.transform
                         extra = {'steps': res.iterations, 'updates': res.potential_updates,
                                  'converged': res.converged, 'adversarial_s': res.timings['adversarial'],

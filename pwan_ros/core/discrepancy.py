@@ -37,13 +37,14 @@ class PotentialTrainer:
     """Alg. 1 inner loop: Adam ascent of the KR objective in the normalised frame.
 
     divergence: 'mass' | 'distance'. mass: m (same units as the point masses). h: fixed
-    threshold for 'distance' (normalised units). m_alpha, m_beta: total masses. The training
+    threshold for 'distance' (normalised units). m_alpha, m_beta: total masses. h_floor: lower
+    bound of a learned h (normalised units; the registration's resolution floor, 0 for the estimator). The training
     loss is divided by m_beta so that learning rates do not depend on set sizes.
     """
 
     def __init__(self, dim: int, divergence: str, config: PotentialConfig, device: torch.device,
                  m_alpha: float, m_beta: float, mass: Optional[float] = None, h: Optional[float] = None,
-                 state: Optional[Dict[str, torch.Tensor]] = None):
+                 state: Optional[Dict[str, torch.Tensor]] = None, h_floor: float = 0.0):
         if divergence not in DIVERGENCES:
             raise PwanInputError(f'unknown divergence {divergence!r}')
         self.divergence = divergence
@@ -59,6 +60,7 @@ class PotentialTrainer:
         self.m_beta = float(m_beta)
         self.mass = None if mass is None else float(mass)
         self.closed_form = divergence == 'mass' and config.h_mode == 'closed_form'
+        self.h_floor = max(float(h_floor), 1e-6)
         if divergence == 'distance':
             if h is None or not h > 0:
                 raise PwanInputError('distance divergence needs a positive threshold h')
@@ -112,7 +114,7 @@ class PotentialTrainer:
         self.opt.step()
         if not self.closed_form and self.divergence == 'mass':
             with torch.no_grad():
-                self.net.h.clamp_(min=1e-6)
+                self.net.h.clamp_(min=self.h_floor)
         self.updates += 1
 
 

@@ -125,7 +125,7 @@ def run_ensemble(config: RegistrationConfig, device: torch.device, ys_np: np.nda
                  seed: int, should_stop: Optional[Callable[[], bool]] = None,
                  states: Optional[Sequence[Optional[Dict[str, torch.Tensor]]]] = None,
                  translations: Optional[Sequence[np.ndarray]] = None, step_offset: int = 0,
-                 converge: bool = False, warmup: bool = True) -> tuple:
+                 converge: bool = False, warmup: bool = True, h_floor: float = 0.0) -> tuple:
     """Alg. 1 (u = ``config.potential_updates``) for every start at once: ``config.warmup_updates``
     potential updates (if ``warmup``), then up to ``steps`` transform steps.
 
@@ -134,8 +134,8 @@ def run_ensemble(config: RegistrationConfig, device: torch.device, ys_np: np.nda
     entries: fresh init). The learning-rate schedule is that of a full ``config.steps`` run,
     entered at ``step_offset``. converge: stop once every start's RMS motion over
     ``config.window`` steps is below ``config.tolerance`` x the source spacing (after
-    ``config.min_steps``). Returns (list of :class:`EnsembleStart`, steps done, potential updates
-    per start).
+    ``config.min_steps``). h_floor: lower bound of the learned h (normalised units). Returns
+    (list of :class:`EnsembleStart`, steps done, potential updates per start).
     """
     kind = config.transform
     pc = config.potential
@@ -203,7 +203,7 @@ def run_ensemble(config: RegistrationConfig, device: torch.device, ys_np: np.nda
         opt_f.step()
         if config.divergence == 'mass' and not closed_form:
             with torch.no_grad():
-                net.h.clamp_(min=1e-6)
+                net.h.clamp_(min=max(h_floor, 1e-6))
 
     y_all = y.expand(count, -1, -1)
     warm = config.warmup_updates if warmup else 0

@@ -300,7 +300,7 @@ def _partial_objective(dist: np.ndarray, sel: np.ndarray, divergence: str, h: fl
 def _adversarial(config: RegistrationConfig, device: torch.device, ys_np: np.ndarray, xs_np: np.ndarray,
                  mass_n: Optional[float], h_n: Optional[float], rot0: Optional[np.ndarray],
                  potential_state: Optional[dict], seed: int, scale: float,
-                 should_stop: Optional[Callable[[], bool]] = None):
+                 should_stop: Optional[Callable[[], bool]] = None, h_floor: float = 0.0):
     """Alg. 1 in the normalised frame from the rotation ``rot0`` (column convention, about the
     origin). Returns (a, t, v_fn, steps, updates, converged, h_final_normalised, state)."""
     kind = config.transform
@@ -312,7 +312,7 @@ def _adversarial(config: RegistrationConfig, device: torch.device, ys_np: np.nda
     x = torch.as_tensor(xs_np, dtype=dtype, device=device)
     r, q = y.shape[0], x.shape[0]
     trainer = PotentialTrainer(d, config.divergence, config.potential, device, float(q), float(r),
-                               mass=mass_n, h=h_n, state=potential_state)
+                               mass=mass_n, h=h_n, state=potential_state, h_floor=h_floor)
     transform = make_transform(kind, d, r).to(device)
     if rot0 is not None:
         transform.set_linear(torch.as_tensor(rot0.T, dtype=dtype, device=device))
@@ -412,7 +412,7 @@ def register(source, reference, config: Optional[RegistrationConfig] = None, ini
     reference spacing, see :class:`_OverlapScorer`); with ``config.start_steps > 0`` as a
     coarse-to-fine tournament (short runs from every start, the best ``start_keep`` continue); all
     starts run in lock-step as one batched ensemble (:mod:`ensemble`). Non-rigid with ``prealign``:
-    rigid registration(s) first; with several starts the ``start_keep`` best rigid finalists are
+    rigid registration(s) first; with several starts the ``prealign_keep`` best rigid finalists are
     each deformed and the best non-rigid result by the overlap score is returned. should_stop: optional callable
     polled once per transform update (and between starts); when it returns True the adversarial
     stage ends early (``converged`` is then False) — for time budgets and shutdown. Deterministic
@@ -425,13 +425,17 @@ def register(source, reference, config: Optional[RegistrationConfig] = None, ini
         return _register_candidates(source, reference, config, init, potential_state, should_stop)[0][1]
     # coarse-to-fine: rigid PWAN registration(s) (with config.starts) initialise the non-rigid one
     # (large rotations are out of reach of a deformation started at identity); fields left None
-    # take the rigid defaults there. With several starts the ``start_keep`` best rigid finalists are
+    # take the rigid defaults there. With several starts the ``prealign_keep`` best rigid finalists are
     # deformed and compared after the non-rigid stage: a rigid fit of a deformed shape can rank
     # a wrong, symmetric pose first.
-    pres = _register_candidates(source, reference, config.replace(transform='rigid', prealign=False), init,
-                                None, should_stop)[:config.start_keep]
+    cands = _register_candidates(source, reference, config.replace(transform='rigid', prealign=False), init,
+                                 None, should_stop)
     ref_clean = np.asarray(reference, dtype=np.float64)
     ref_clean = ref_clean[np.isfinite(ref_clean).all(axis=1)]   # validated by the rigid stage
+    # distinct poses only: finalists that converged to the same pose (within the reference sampling)
+    # would be deformed twice
+    tol = median_spacing(random_subset(ref_clean, 5000, np.random.default_rng(config.seed)))
+    pres = [cands[i] for i in distinct_poses([c[1].transformed_source for c in cands], tol, config.prealign_keep)]
     best = None
     for _, pre in pres:
         if best is not None and should_stop is not None and should_stop():
@@ -446,6 +450,18 @@ def register(source, reference, config: Optional[RegistrationConfig] = None, ini
         if best is None or score < best[0]:
             best = (score, res)
     return dataclasses.replace(best[1], time_s=time.perf_counter() - t0)
+
+
+def distinct_poses(placements: list, tol: float, keep: int) -> list:
+    """Indices of up to ``keep`` placements (each (n, d), the same points moved by a candidate
+    pose, best first) whose RMS distance to every earlier kept one exceeds ``tol`` (caller units)."""
+    kept: list = []
+    for i, z in enumerate(placements):
+        if len(kept) == keep:
+            break
+        if all(np.sqrt(np.mean(np.sum((z - placements[j]) ** 2, 1))) > tol for j in kept):
+            kept.append(i)
+    return kept
 
 
 def _register_candidates(source, reference, config: RegistrationConfig, init, potential_state, should_stop) -> list:
@@ -473,6 +489,8 @@ def _register_candidates(source, reference, config: RegistrationConfig, init, po
     timings = {'preprocess': time.perf_counter() - t0, 'adversarial': 0.0, 'finetune': 0.0}
     mass_n = prob.ratio_min * min(q, r) if config.divergence == 'mass' else None
     h_n = h_caller / norm.scale if h_caller is not None else None
+    # resolution floor of the learned h (normalised): below the reference sampling the potential is flat
+    h_floor = config.potential.h_floor * median_spacing(xs_np) if config.divergence == 'mass' else 0.0
     rots = _start_rotations(d, config.starts) if config.starts > 1 and kind != 'nonrigid' else [None]
     multi = len(rots) > 1
     ft_data = _finetune_data(prob, config, kind, rng) if (config.finetune.enabled or multi) else None
@@ -500,14 +518,14 @@ def _register_candidates(source, reference, config: RegistrationConfig, init, po
         return a, t, v_fn, ft_conv
 
     if multi:
-        cands = _multistart(config, device, ys_np, xs_np, mass_n, h_n, rots, should_stop, potential_state,
-                            timings, tot, finetune, score_of)
+        cands = _multistart(config, device, ys_np, xs_np, mass_n, h_n, h_floor, rots, should_stop,
+                            potential_state, timings, tot, finetune, score_of)
     else:
         ta = time.perf_counter()
         with thread_scope(config.threads):
             a, t, v_fn, steps, updates, conv, h_final, state = _adversarial(
                 config, device, ys_np, xs_np, mass_n, h_n, rots[0], potential_state, config.seed, norm.scale,
-                should_stop)
+                should_stop, h_floor)
         timings['adversarial'] += time.perf_counter() - ta
         tot['steps'] += steps
         tot['updates'] += updates
@@ -522,8 +540,8 @@ def _register_candidates(source, reference, config: RegistrationConfig, init, po
                                    start_index=idx)))
     return out
 
-def _multistart(config: RegistrationConfig, device, ys_np, xs_np, mass_n, h_n, rots, should_stop, potential_state,
-                timings, tot, finetune, score_of) -> list:
+def _multistart(config: RegistrationConfig, device, ys_np, xs_np, mass_n, h_n, h_floor, rots, should_stop,
+                potential_state, timings, tot, finetune, score_of) -> list:
     """Multi-start (rigid/affine), all starts in lock-step (:func:`ensemble.run_ensemble`).
 
     ``start_steps > 0`` (coarse-to-fine tournament): every start runs ``start_steps`` steps of
@@ -546,7 +564,7 @@ def _multistart(config: RegistrationConfig, device, ys_np, xs_np, mass_n, h_n, r
                 starts, done, updates = run_ensemble(
                     cfg, device, ys_np, xs_np, mass_n, h_n, [p[0] for p in part], steps, seed + g0, should_stop,
                     states=[p[2] for p in part], translations=None if part[0][1] is None else [p[1] for p in part],
-                    **kw)
+                    h_floor=h_floor, **kw)
             timings['adversarial'] += time.perf_counter() - ta
             for k, st in enumerate(starts):
                 tot['steps'] += done
@@ -577,10 +595,20 @@ def _multistart(config: RegistrationConfig, device, ys_np, xs_np, mass_n, h_n, r
                        converge=True)
     out = []
     for i, st in finals:
-        a, t, ft_conv = st.a, st.t, True
-        if config.finetune.enabled:
-            a, t, _, ft_conv = finetune(a, t)
-        out.append((score_of(a, t), (a, t, None, st.converged and ft_conv, st.h, st.state, index[i])))
+        poses = [(st.a, st.t)]
+        if config.start_steps > 0:
+            # the finalist's short-stage pose stays a candidate: continuing Alg. 1 at the schedule's
+            # higher learning rate can walk away from a pose the short stage had already found
+            poses.append((keep[i][1], keep[i][2]))
+        best = None
+        for a, t in poses:
+            ft_conv = True
+            if config.finetune.enabled:
+                a, t, _, ft_conv = finetune(a, t)
+            score = score_of(a, t)
+            if best is None or score < best[0]:
+                best = (score, (a, t, None, st.converged and ft_conv, st.h, st.state, index[i]))
+        out.append(best)
         if config.verbose:
-            print(f'[pwan] start {index[i] + 1} final score {out[-1][0]:.5g}', file=sys.stderr)
+            print(f'[pwan] start {index[i] + 1} final score {best[0]:.5g}', file=sys.stderr)
     return out
