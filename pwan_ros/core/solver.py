@@ -548,7 +548,8 @@ def _multistart(config: RegistrationConfig, device, ys_np, xs_np, mass_n, h_n, h
     Alg. 1 and a fine-tune on ``start_finetune_points`` source points (always: it is part of the
     selection); the ``start_keep`` best by ``score_of`` (plus the first start, the caller's prior)
     continue with the rest of Alg. 1. ``start_steps == 0``: every start runs the full Alg. 1.
-    Finalists end with the fine-tune (if enabled). Returns [(score, (a, t, v_fn, converged, h,
+    Finalists end with the fine-tune (if enabled); in the tournament each finalist contributes the
+    better (by ``score_of``) of its continued and its short-stage pose. Returns [(score, (a, t, v_fn, converged, h,
     state, index))]."""
     r, q = ys_np.shape[0], xs_np.shape[0]
     group = max(1, _ENSEMBLE_POINTS // max(config.batch_size or max(q, r), 1))
