@@ -34,11 +34,12 @@ def _parser() -> argparse.ArgumentParser:
                    help='distance threshold h for --divergence distance (default: 2x median point spacing)')
     p.add_argument('--voxel', type=float, dest='voxel_size', help='voxel size for the adversarial stage')
     p.add_argument('--max-points', type=int, help='cap on points per set in the adversarial stage')
-    p.add_argument('--steps', type=int, help='maximum transform updates T')
+    p.add_argument('--steps', type=int, help='maximum transform updates T (default: 200 rigid / affine, 600 with '
+                                              '--starts > 1, 1000 non-rigid)')
     p.add_argument('--starts', type=int, help='multi-start: number of initial rotations (24 = the cube group; '
                                                'for an unknown orientation)')
     p.add_argument('--start-steps', type=int, help='multi-start tournament: Alg. 1 steps of every start before the '
-                                                    'best continue (default 60 with --starts > 1; 0 = every start '
+                                                    'best 4 continue (default 60 with --starts > 1; 0 = every start '
                                                     'runs the full Alg. 1)')
     p.add_argument('--device', default='auto', help='auto | cpu | cuda | cuda:N')
     p.add_argument('--seed', type=int, default=0)
