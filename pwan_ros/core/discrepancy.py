@@ -38,8 +38,9 @@ class PotentialTrainer:
 
     divergence: 'mass' | 'distance'. mass: m (same units as the point masses). h: fixed
     threshold for 'distance' (normalised units). m_alpha, m_beta: total masses. h_floor: lower
-    bound of a learned h (normalised units; the registration's resolution floor, 0 for the estimator). The training
-    loss is divided by m_beta so that learning rates do not depend on set sizes.
+    bound of a learned h (normalised units; the registration's resolution floor, 0 for the
+    estimator). The training loss is divided by m_beta so that learning rates do not depend on
+    set sizes.
     """
 
     def __init__(self, dim: int, divergence: str, config: PotentialConfig, device: torch.device,

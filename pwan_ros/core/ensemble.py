@@ -154,6 +154,7 @@ def run_ensemble(config: RegistrationConfig, device: torch.device, ys_np: np.nda
         except (KeyError, RuntimeError, TypeError) as exc:
             raise PwanInputError(f'potential_state does not fit this network: {exc}') from None
     closed_form = config.divergence == 'mass' and pc.h_mode == 'closed_form'
+    h_min = max(float(h_floor), 1e-6)       # lower bound of a learned h
     m_alpha, m_beta = float(q), float(r)
     if config.divergence == 'distance':
         with torch.no_grad():
@@ -203,7 +204,7 @@ def run_ensemble(config: RegistrationConfig, device: torch.device, ys_np: np.nda
         opt_f.step()
         if config.divergence == 'mass' and not closed_form:
             with torch.no_grad():
-                net.h.clamp_(min=max(h_floor, 1e-6))
+                net.h.clamp_(min=h_min)
 
     y_all = y.expand(count, -1, -1)
     warm = config.warmup_updates if warmup else 0
