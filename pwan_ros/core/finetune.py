@@ -23,7 +23,8 @@ from .coherence import Coherence
 @dataclass
 class FineTuneOutcome:
     """a (d, d), t (d,), v (n, d) or None; selected (n,) bool; distances (n,) NN distances at
-    the final transform; iterations run; converged (motion below tolerance)."""
+    the final transform (exact for the selected points, inf for points beyond the search radius);
+    iterations run; converged (motion below tolerance)."""
 
     a: np.ndarray
     t: np.ndarray
@@ -101,6 +102,17 @@ def point_to_plane_step(z: np.ndarray, target: np.ndarray, normals: np.ndarray, 
     return np.array([[c, -s_], [s_, c]]), x[1:]
 
 
+def _nearest(tree: cKDTree, z: np.ndarray, bound: float, need: int, workers: int):
+    """Distance and index of the nearest tree point of each row of z (n, d), searched within
+    ``bound`` (beyond: inf and index tree.n); rows left at inf are searched again without the bound
+    when fewer than ``need`` rows were found (so the ``need`` smallest distances are always exact)."""
+    dist, nn = tree.query(z, k=1, workers=workers, distance_upper_bound=bound)
+    if need and np.isfinite(bound) and int(np.isfinite(dist).sum()) < need:
+        far = ~np.isfinite(dist)
+        dist[far], nn[far] = tree.query(z[far], k=1, workers=workers)
+    return dist, nn
+
+
 def run_finetune(src: np.ndarray, ref_tree: cKDTree, ref: np.ndarray, kind: str, a: np.ndarray, t: np.ndarray,
                  divergence: str, count: int, h: float, max_iterations: int, tolerance: float,
                  v: Optional[np.ndarray] = None, coherence: Optional[Coherence] = None,
@@ -118,13 +130,20 @@ def run_finetune(src: np.ndarray, ref_tree: cKDTree, ref: np.ndarray, kind: str,
     floor = 0.5 * float(np.median(ref_tree.query(ref[:2000], k=2, workers=workers)[0][:, 1]))
     converged = False
     it = 0
+    # search radius: only the selected pairs need their exact nearest neighbour, and a k-d tree
+    # search for a point far from the reference surface (outside the overlap) is slow. Distance
+    # type: the threshold h. Mass type: the count-th smallest distance of the last iteration plus
+    # the largest point motion since, which bounds every new distance of the last selection.
+    bound = np.nextafter(h, np.inf) if divergence == 'distance' else np.inf
+    last = ref.shape[0] - 1
     for it in range(1, max_iterations + 1):
-        dist, nn = ref_tree.query(z, k=1, workers=workers)
+        dist, nn = _nearest(ref_tree, z, bound, count if divergence == 'mass' else 0, workers)
         sel = select_pairs(dist, divergence, count, h)
         if sel.sum() < src.shape[1] + 1:
             break
         eps = max(1e-9, floor)
         w = np.where(sel, 0.5 / np.maximum(dist, eps), 0.0)
+        nn = np.minimum(nn, last)               # rows beyond the radius are unselected (weight 0)
         target = ref[nn]
         if kind == 'rigid' and ref_normals is not None:
             nrm = ref_normals[nn]
@@ -142,11 +161,14 @@ def run_finetune(src: np.ndarray, ref_tree: cKDTree, ref: np.ndarray, kind: str,
             resid = target - (src @ a + t)
             v = coherence.solve_weighted(torch.as_tensor(w), torch.as_tensor(resid)).numpy()
         z_new = src @ a + t + (v if v is not None else 0.0)
-        motion = float(np.sqrt(((z_new - z) ** 2).sum(1).mean()))
+        step = np.sqrt(((z_new - z) ** 2).sum(1))
+        motion = float(np.sqrt((step ** 2).mean()))
         z = z_new
+        if divergence == 'mass':
+            bound = np.nextafter(float(dist[sel].max()) + float(step.max()), np.inf) * (1 + 1e-9)
         if motion < tolerance:
             converged = True
             break
-    dist, _ = ref_tree.query(z, k=1, workers=workers)
+    dist, _ = _nearest(ref_tree, z, bound, count if divergence == 'mass' else 0, workers)
     sel = select_pairs(dist, divergence, count, h)
     return FineTuneOutcome(a=a, t=t, v=v, selected=sel, distances=dist, iterations=it, converged=converged)

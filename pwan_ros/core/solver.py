@@ -32,6 +32,8 @@ from .transforms import make_transform
 
 #: points (starts x mini-batch) of one lock-step group of the tournament's short stage
 _ENSEMBLE_POINTS = 1 << 16
+#: reference points per source point in the multi-start's selection fine-tunes
+_SAMPLE_REF_FACTOR = 4
 
 
 @dataclass
@@ -137,11 +139,20 @@ class _FineTuneData:
 
 
     def subset(self, cap: int, seed: int) -> '_FineTuneData':
-        """The same reference, tree and normals with at most ``cap`` source points (0: all)."""
-        if not cap or self.ys.shape[0] <= cap:
-            return self
-        idx = np.sort(np.random.default_rng(seed + 31).choice(self.ys.shape[0], size=cap, replace=False))
-        return _FineTuneData(self.ys[idx], self.xr, self.tree, self.normals)
+        """At most ``cap`` source and ``_SAMPLE_REF_FACTOR x cap`` reference points (0: all), with
+        their normals: the data of the multi-start's selection fine-tunes. They only rank the
+        candidates (the winner gets the dense fine-tune), and a sparser reference makes the search
+        of every source point outside the overlap several times cheaper."""
+        rng = np.random.default_rng(seed + 31)
+        ys, xr, tree, normals = self.ys, self.xr, self.tree, self.normals
+        if cap and ys.shape[0] > cap:
+            ys = ys[np.sort(rng.choice(ys.shape[0], size=cap, replace=False))]
+        if cap and xr.shape[0] > _SAMPLE_REF_FACTOR * cap:
+            idx = np.sort(rng.choice(xr.shape[0], size=_SAMPLE_REF_FACTOR * cap, replace=False))
+            xr = xr[idx]
+            tree = cKDTree(xr)
+            normals = None if normals is None else normals[idx]
+        return _FineTuneData(ys, xr, tree, normals)
 
 
 class _OverlapScorer:
@@ -163,7 +174,8 @@ class _OverlapScorer:
         self.h = 2.0 * max(float(np.median(data.tree.query(probe, k=2)[0][:, 1])), 1e-12)
 
     def __call__(self, a: np.ndarray, t: np.ndarray) -> float:
-        dist, _ = self.tree.query(self.ys @ a + t, k=1)
+        # searched within h only: farther points count h either way, and their search is slow
+        dist, _ = self.tree.query(self.ys @ a + t, k=1, distance_upper_bound=self.h)
         return float(np.minimum(dist, self.h).mean() / self.h)
 
 
@@ -494,6 +506,8 @@ def _register_candidates(source, reference, config: RegistrationConfig, init, po
     rots = _start_rotations(d, config.starts) if config.starts > 1 and kind != 'nonrigid' else [None]
     multi = len(rots) > 1
     ft_data = _finetune_data(prob, config, kind, rng) if (config.finetune.enabled or multi) else None
+    # the multi-start's fine-tunes before the final one run on a sample (their selection score's size)
+    small_data = ft_data.subset(config.start_finetune_points, config.seed) if multi else None
     scorer = _OverlapScorer(ft_data, config.seed) if multi and config.start_score == 'overlap' else None
     count_n = int(round(min(1.0, mass_n / r) * r)) if config.divergence == 'mass' else 0
     tot = {'steps': 0, 'updates': 0, 'ft': 0}
@@ -510,7 +524,7 @@ def _register_candidates(source, reference, config: RegistrationConfig, init, po
         """Fine-tune (a, t[, v_fn]) (on start_finetune_points source points when ``small``, else
         the final one). Returns (a, t, v_fn, converged)."""
         tf = time.perf_counter()
-        data = ft_data.subset(config.start_finetune_points, config.seed) if small else ft_data
+        data = small_data if small else ft_data
         a, t, v_fn, ft_iters, ft_conv = _do_finetune(prob, config, kind, a, t, v_fn, h_caller, rng, data,
                                                      final=not small)
         timings['finetune'] += time.perf_counter() - tf
@@ -518,8 +532,14 @@ def _register_candidates(source, reference, config: RegistrationConfig, init, po
         return a, t, v_fn, ft_conv
 
     if multi:
-        cands = _multistart(config, device, ys_np, xs_np, mass_n, h_n, h_floor, rots, should_stop,
-                            potential_state, timings, tot, finetune, score_of)
+        cands = sorted(_multistart(config, device, ys_np, xs_np, mass_n, h_n, h_floor, rots, should_stop,
+                                   potential_state, timings, tot, finetune, score_of), key=lambda c: c[0])
+        if config.finetune.enabled:
+            # the finalists were compared after the fine-tune on start_finetune_points source points
+            # (the score's own sample size); only the winner gets the dense fine-tune
+            score, (a, t, v_fn, conv, h_final, state, idx) = cands[0]
+            a, t, v_fn, ft_conv = finetune(a, t)
+            cands[0] = (score, (a, t, v_fn, conv and ft_conv, h_final, state, idx))
     else:
         ta = time.perf_counter()
         with thread_scope(config.threads):
@@ -534,7 +554,7 @@ def _register_candidates(source, reference, config: RegistrationConfig, init, po
             a, t, v_fn, ft_conv = finetune(a, t, v_fn)
         cands = [(0.0, (a, t, v_fn, conv and ft_conv, h_final, state, 0))]
     out = []
-    for score, (a, t, v_fn, converged, h_final, state, idx) in sorted(cands, key=lambda c: c[0]):
+    for score, (a, t, v_fn, converged, h_final, state, idx) in cands:
         out.append((score, _finish(prob, config, kind, a, t, v_fn, h_caller, t0, dict(timings), tot['steps'],
                                    tot['updates'], tot['ft'], converged, h_final * norm.scale, state, str(device),
                                    start_index=idx)))
@@ -548,9 +568,10 @@ def _multistart(config: RegistrationConfig, device, ys_np, xs_np, mass_n, h_n, h
     Alg. 1 and a fine-tune on ``start_finetune_points`` source points (always: it is part of the
     selection); the ``start_keep`` best by ``score_of`` (plus the first start, the caller's prior)
     continue with the rest of Alg. 1. ``start_steps == 0``: every start runs the full Alg. 1.
-    Finalists end with the fine-tune (if enabled); in the tournament each finalist contributes the
-    better (by ``score_of``) of its continued and its short-stage pose. Returns [(score, (a, t, v_fn, converged, h,
-    state, index))]."""
+    Finalists end with the fine-tune on ``start_finetune_points`` source points (if enabled; the
+    caller gives the winner the dense one); in the tournament each finalist contributes the better
+    (by ``score_of``) of its continued and its short-stage pose. Returns [(score, (a, t, v_fn,
+    converged, h, state, index))]."""
     r, q = ys_np.shape[0], xs_np.shape[0]
     group = max(1, _ENSEMBLE_POINTS // max(config.batch_size or max(q, r), 1))
 
@@ -605,7 +626,7 @@ def _multistart(config: RegistrationConfig, device, ys_np, xs_np, mass_n, h_n, h
         for a, t in poses:
             ft_conv = True
             if config.finetune.enabled:
-                a, t, _, ft_conv = finetune(a, t)
+                a, t, _, ft_conv = finetune(a, t, small=True)
             score = score_of(a, t)
             if best is None or score < best[0]:
                 best = (score, (a, t, None, st.converged and ft_conv, st.h, st.state, index[i]))
