@@ -53,10 +53,13 @@ def main(argv=None):
                                                     'pycpd'])
     p.add_argument('--pairs', type=int, nargs='+', help='indices into the pair list (default all 8)')
     p.add_argument('--starts', type=int, default=1, help='PWAN multi-start count')
+    p.add_argument('--outlier-seed', type=int, default=0,
+                   help='offset added to the pair index that seeds the outlier draw (another draw: e.g. 100)')
     p.add_argument('--set', nargs='*', default=[], help='PWAN config overrides key=value')
     args = p.parse_args(argv)
     poses = bunny_poses(args.data)
-    pairs = [BUNNY_PAIRS[i] for i in args.pairs] if args.pairs else BUNNY_PAIRS
+    indices = args.pairs if args.pairs else list(range(len(BUNNY_PAIRS)))
+    pairs = [BUNNY_PAIRS[i] for i in indices]
     overrides = {}
     for kv in args.set:
         k, v = kv.split('=', 1)
@@ -65,8 +68,10 @@ def main(argv=None):
     for ratio in args.outliers:
         errs = {m: [] for m in args.methods}
         times = {m: [] for m in args.methods}
-        for pi, (s_name, r_name) in enumerate(pairs):
-            src_n, ref_n, src_v, ref_v, gt = make_pair(args.data, s_name, r_name, poses, ratio, seed=pi)
+        for pi, (s_name, r_name) in zip(indices, pairs):
+            # the outliers of a pair are seeded by its index in the full list (same draw with --pairs)
+            src_n, ref_n, src_v, ref_v, gt = make_pair(args.data, s_name, r_name, poses, ratio,
+                                                       seed=pi + args.outlier_seed)
             true_angle = rotation_error_deg(gt[:3, :3], np.eye(3))
             for m in args.methods:
                 with Timer() as tm:
