@@ -45,7 +45,7 @@ setup(
         'small-gicp>=1.0',
     ],
     extras_require={
-        'test': ['pytest>=7', 'colcon-core>=0.15', 'colcon-ros>=0.4', 'colcon-python-setup-py>=0.2'],
+        'test': ['pytest>=7', 'hypothesis>=6', 'colcon-core>=0.15', 'colcon-ros>=0.4', 'colcon-python-setup-py>=0.2'],
         'bench': ['kiss-icp>=1.0', 'probreg>=0.3', 'pycpd>=2.0', 'scikit-learn>=1.2'],
     },
     zip_safe=True,

@@ -14,6 +14,7 @@ import tempfile
 
 import numpy as np
 
+from .atomic_io import OutputError, atomic_path, check_output
 from .core.errors import PwanInputError
 
 READ_EXTENSIONS = ('.npy', '.ply', '.pcd', '.xyz', '.txt', '.csv')
@@ -81,8 +82,12 @@ def _read_o3d(path: str, ext: str, gz: bool) -> np.ndarray:
 def read_points(path: str) -> np.ndarray:
     """Read an (N, 2|3) point array from ``path`` (format from the extension, optional .gz)."""
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise PwanInputError(f'{path}: is a directory, expected a point file')
     if not os.path.isfile(path):
         raise PwanInputError(f'{path}: no such file')
+    if os.path.getsize(path) == 0:
+        raise PwanInputError(f'{path}: empty file')
     ext, gz = _split_ext(path)
     if ext not in READ_EXTENSIONS:
         raise PwanInputError(f'{path}: unsupported extension (use {", ".join(READ_EXTENSIONS)}, optionally .gz)')
@@ -91,7 +96,7 @@ def read_points(path: str) -> np.ndarray:
             raise PwanInputError(f'{path}: compressed .npy is not supported')
         try:
             arr = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, EOFError) as exc:
             raise PwanInputError(f'{path}: cannot read ({exc})') from None
         arr = np.asarray(arr)
         if arr.dtype.kind not in 'fiu':
@@ -111,23 +116,41 @@ def read_points(path: str) -> np.ndarray:
     return _read_text(data, path)
 
 
-def write_points(path: str, points: np.ndarray) -> None:
-    """Write (N, 2|3) points to ``path`` (.npy .ply .pcd .xyz .txt .csv by extension)."""
+def check_output_path(path: str) -> str:
+    """Validate an output point file path before any work: a supported extension and a
+    writable location. Raises :class:`PwanInputError` with one line."""
     path = os.fspath(path)
-    pts = np.asarray(points, dtype=np.float64)
     ext, gz = _split_ext(path)
     if gz or ext not in WRITE_EXTENSIONS:
         raise PwanInputError(f'{path}: unsupported output extension (use {", ".join(WRITE_EXTENSIONS)})')
     try:
-        if ext == '.npy':
-            np.save(path, pts)
-        elif ext in ('.ply', '.pcd'):
-            import open3d as o3d
-            p3 = pts if pts.shape[1] == 3 else np.hstack((pts, np.zeros((pts.shape[0], 1))))
-            pcd = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(p3))
-            if not o3d.io.write_point_cloud(path, pcd, write_ascii=False):
-                raise PwanInputError(f'{path}: cannot write')
-        else:
-            np.savetxt(path, pts, delimiter=',' if ext == '.csv' else ' ', fmt='%.9g')
+        return check_output(path)
+    except OutputError as exc:
+        raise PwanInputError(str(exc)) from None
+
+
+def write_points(path: str, points: np.ndarray, interrupted=None) -> None:
+    """Write (N, 2|3) points to ``path`` (.npy .ply .pcd .xyz .txt .csv by extension), atomically:
+    a temporary sibling renamed into place when complete, so a failure leaves no partial file.
+    interrupted: optional callable; when it returns True after the write, the file is discarded
+    and KeyboardInterrupt raised (a Ctrl-C during the write)."""
+    path = check_output_path(path)
+    pts = np.asarray(points, dtype=np.float64)
+    ext, _ = _split_ext(path)
+    try:
+        with atomic_path(path, suffix='.tmp' + ext) as tmp:
+            if ext == '.npy':
+                with open(tmp, 'wb') as fh:
+                    np.save(fh, pts)
+            elif ext in ('.ply', '.pcd'):
+                import open3d as o3d
+                p3 = pts if pts.shape[1] == 3 else np.hstack((pts, np.zeros((pts.shape[0], 1))))
+                pcd = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(p3))
+                if not o3d.io.write_point_cloud(tmp, pcd, write_ascii=False):
+                    raise PwanInputError(f'{path}: cannot write')
+            else:
+                np.savetxt(tmp, pts, delimiter=',' if ext == '.csv' else ' ', fmt='%.9g')
+            if interrupted is not None and interrupted():
+                raise KeyboardInterrupt
     except OSError as exc:
-        raise PwanInputError(f'{path}: cannot write ({exc})') from None
+        raise PwanInputError(f'{path}: cannot write ({exc.strerror or exc})') from None

@@ -15,7 +15,7 @@ from typing import Any, Dict, Mapping
 MODES = ('adaptive', 'pwan')
 TRANSFORMS = ('rigid', 'affine', 'nonrigid')
 DIVERGENCES = ('mass', 'distance')
-RELIABILITIES = ('reliable', 'best_effort')
+RELIABILITIES = ('auto', 'best_effort', 'reliable')
 
 
 class ConfigError(ValueError):
@@ -32,7 +32,7 @@ class OdometryConfig:
         the PWAN core (see pwan_ros.core.RegistrationConfig). Non-rigid and affine transforms
         need ``reference_cloud`` (a scan-to-scan motion is rigid).
     distance_threshold: h in metres: correspondences farther than h do not count (the partial
-        selection of the tracker, d-PWAN's threshold, and the matched ratio). 0: 4 x voxel_size.
+        selection of the tracker, d-PWAN's threshold, and the matched ratio). 0: 2 x voxel_size.
     voxel_size: voxel-grid downsampling of each scan, metres. 0: automatic, 3.5 % of the median
         range of the first scan (isolated returns ignored), clamped to [0.02, 1.0] m.
     max_points: cap on points per scan after downsampling (random subset; huge clouds); a
@@ -49,7 +49,17 @@ class OdometryConfig:
     keyframe_distance / keyframe_angle: motion from the keyframe (m / rad) that starts a new one.
     odom_frame / base_frame: REP-105 frames of the published pose; base_frame '' = the cloud's
         frame_id. publish_tf: broadcast odom_frame -> base_frame on /tf.
-    reliability: QoS reliability of the ``points`` subscription.
+    reliability: QoS reliability of the ``points`` subscription. 'auto' (default): best effort
+        (depth 1, matches every publisher: lidar drivers publish best effort with the sensor-data
+        profile) until the topic's publishers are all seen to be reliable (a bag player), then
+        reliable (depth 5) -- like rosbag2's recorder, it adapts to the publishers, because a
+        best-effort subscription loses clouds of ~1 MB and more from a reliable publisher under
+        Fast DDS (measured). 'best_effort' / 'reliable': fixed; 'reliable' never matches a
+        best-effort driver.
+    reanchor_after: after this many consecutive rejected scans (the keyframe no longer matches:
+        e.g. it was made from a bad scan, or the scene changed), the next scan becomes a new
+        keyframe at the held pose and tracking resumes from there (path 'reanchor'; the motion
+        during the rejected scans is not recovered). 0: never.
     reference_cloud: file (.ply .pcd .xyz .txt .csv .npy) to align every scan to instead of the
         previous scans (e.g. a part or a prior map), in odom_frame coordinates.
     time_budget_ms: per-scan time budget of the tracking path; the PWAN path is bounded by
@@ -79,7 +89,8 @@ class OdometryConfig:
     odom_frame: str = 'odom'
     base_frame: str = ''
     publish_tf: bool = True
-    reliability: str = 'reliable'
+    reliability: str = 'auto'
+    reanchor_after: int = 5
     reference_cloud: str = ''
     time_budget_ms: float = 100.0
     pwan_time_budget_ms: float = 20000.0
@@ -108,7 +119,7 @@ class OdometryConfig:
             check(number(name) and 0.0 <= getattr(self, name) <= 1.0, name, 'a number in [0, 1]')
         for name, low in (('max_points', 100), ('source_points', 100), ('pwan_max_points', 50),
                           ('steps', 1),
-                          ('recovery_yaw_starts', 1),
+                          ('recovery_yaw_starts', 1), ('reanchor_after', 0),
                           ('potential_updates', 1), ('seed', 0)):
             v = getattr(self, name)
             check(isinstance(v, int) and not isinstance(v, bool) and v >= low, name, f'an integer >= {low}')
@@ -148,7 +159,7 @@ DESCRIPTIONS: Dict[str, str] = {
     'transform': 'rigid | affine | nonrigid (the last two need reference_cloud)',
     'divergence': 'mass (m-PWAN, mass_ratio) | distance (d-PWAN, distance_threshold)',
     'mass_ratio': 'fraction of the smaller point set that must be matched (m-PWAN), (0, 1]',
-    'distance_threshold': 'partial-matching distance h in metres; 0 = 4 x voxel_size',
+    'distance_threshold': 'partial-matching distance h in metres; 0 = 2 x voxel_size',
     'voxel_size': 'voxel-grid downsampling in metres; 0 = automatic from the first scan',
     'max_points': 'cap on points per scan after downsampling (keyframes keep this many)',
     'source_points': 'points of each scan used to track it against the keyframe',
@@ -167,7 +178,10 @@ DESCRIPTIONS: Dict[str, str] = {
     'odom_frame': 'fixed frame of the published pose (REP-105)',
     'base_frame': "moving frame of the published pose; '' = the cloud's frame_id",
     'publish_tf': 'broadcast odom_frame -> base_frame on /tf',
-    'reliability': 'QoS reliability of the points subscription: reliable | best_effort',
+    'reliability': 'QoS reliability of the points subscription: auto (best effort, reliable once all '
+                   'publishers are reliable) | best_effort | reliable (misses best-effort drivers)',
+    'reanchor_after': 'consecutive rejected scans after which the next scan becomes a new keyframe '
+                      'at the held pose (0 = never)',
     'reference_cloud': 'point file to align every scan to instead of the previous scans',
     'time_budget_ms': 'per-scan time budget of the tracking path (ms)',
     'pwan_time_budget_ms': 'time budget of one full-PWAN registration (ms)',

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 import warnings
 from typing import List, Optional
 
 import numpy as np
 
-from .cloud_io import read_points, write_points
+from .cloud_io import check_output_path, read_points, write_points
 from .core.errors import PwanInputError
 
 
@@ -66,32 +68,78 @@ def _config(args):
     return RegistrationConfig.from_dict(values)
 
 
+class _Interrupt:
+    """SIGINT/SIGTERM as a flag: the registration stops at its next step (``should_stop``) and
+    nothing is written, instead of an exception thrown into the middle of torch and Open3D work.
+    A second signal exits at once."""
+
+    def __init__(self, prog: str):
+        self.prog = prog
+        self.requested = False
+        self._old = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._old[sig] = signal.signal(sig, self._handle)
+            except ValueError:      # not the main thread (tests calling main() from a thread)
+                pass
+        return self
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        return False
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            _hard_exit(self.prog, 130)
+        self.requested = True
+
+    def __call__(self) -> bool:
+        return self.requested
+
+
+def _hard_exit(prog: str, code: int) -> None:
+    """Exit without interpreter teardown (torch / Open3D worker threads can crash it)."""
+    print(f'{prog}: interrupted', file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = _parser().parse_args(argv)
     prog = 'pwan-register'
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter('always')
-            config = _config(args)
-            src = read_points(args.source)
-            ref = read_points(args.reference)
-            from .core import register
-            if not args.quiet:
-                print(f'[pwan] registering {args.source} ({src.shape[0]} pts) onto {args.reference} '
-                      f'({ref.shape[0]} pts)', file=sys.stderr)
-            res = register(src, ref, config)
-        for w in caught:
-            print(f'{prog}: warning: {w.message}', file=sys.stderr)
-        if args.output:
-            out = np.full(src.shape, np.nan) if src.ndim == 2 else None
-            out[res.source_valid] = res.transformed_source
-            write_points(args.output, out)
-    except PwanInputError as exc:
-        print(f'{prog}: error: {exc}', file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f'{prog}: interrupted', file=sys.stderr)
-        return 130
+    with _Interrupt(prog) as interrupted:
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter('always')
+                config = _config(args)
+                if args.output:
+                    check_output_path(args.output)      # before any work
+                src = read_points(args.source)
+                ref = read_points(args.reference)
+                from .core import register
+                if not args.quiet:
+                    print(f'[pwan] registering {args.source} ({src.shape[0]} pts) onto {args.reference} '
+                          f'({ref.shape[0]} pts)', file=sys.stderr)
+                res = register(src, ref, config, should_stop=interrupted)
+            if interrupted():
+                raise KeyboardInterrupt
+            for w in caught:
+                print(f'{prog}: warning: {w.message}', file=sys.stderr)
+            if args.output:
+                if not args.quiet:
+                    print(f'[pwan] writing {args.output}', file=sys.stderr)
+                out = np.full(src.shape, np.nan)
+                out[res.source_valid] = res.transformed_source
+                write_points(args.output, out, interrupted=interrupted)
+        except PwanInputError as exc:
+            print(f'{prog}: error: {exc}', file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            _hard_exit(prog, 130)
     d = res.transform.shape[0] - 1
     t4 = res.transform
     if d == 2:  # report 2-D results as a 4x4 acting on (x, y, 0)

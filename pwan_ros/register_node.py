@@ -35,6 +35,7 @@ from sensor_msgs.msg import PointCloud2
 from tf2_msgs.msg import TFMessage
 
 from . import pointcloud2 as pc2
+from .ros_args import params_file_problem
 from .odometry_config import DESCRIPTIONS, ConfigError, OdometryConfig
 from .scan_pipeline import ScanError, ScanEstimate, ScanPipeline
 from .se3 import from_quaternion, invert, project_rigid, to_quaternion
@@ -48,7 +49,7 @@ _FLOAT_RANGES = {
 }
 _INT_RANGES = {'max_points': (100, 10_000_000), 'source_points': (100, 10_000_000),
                'pwan_max_points': (50, 1_000_000),
-               'recovery_yaw_starts': (1, 36),
+               'recovery_yaw_starts': (1, 36), 'reanchor_after': (0, 1_000_000),
                'steps': (1, 1_000_000), 'potential_updates': (1, 10_000), 'seed': (0, 2**31 - 1)}
 
 
@@ -80,25 +81,32 @@ def _matrix_from_transform(t) -> np.ndarray:
 
 
 class StaticFrames:
-    """Static transforms received on /tf_static, looked up through chains of edges."""
+    """Static transforms received on /tf_static, looked up through chains of edges.
+
+    Thread-safe: ``add`` runs in the executor's callback, ``lookup`` in the worker thread."""
 
     def __init__(self):
         self._edges: Dict[Tuple[str, str], np.ndarray] = {}
+        self._lock = threading.Lock()
 
     def add(self, msg: TFMessage) -> None:
         for t in msg.transforms:
             parent, child = t.header.frame_id.lstrip('/'), t.child_frame_id.lstrip('/')
             try:
-                self._edges[(parent, child)] = _matrix_from_transform(t.transform)
+                m = _matrix_from_transform(t.transform)
             except ValueError:
                 continue
+            with self._lock:
+                self._edges[(parent, child)] = m
 
     def lookup(self, target: str, source: str) -> Optional[np.ndarray]:
         """T_target_source (maps points in ``source`` into ``target``), or None if unknown."""
         if target == source:
             return np.eye(4)
+        with self._lock:
+            edges = list(self._edges.items())
         graph: Dict[str, list] = {}
-        for (p, c), m in self._edges.items():
+        for (p, c), m in edges:
             graph.setdefault(p, []).append((c, m))              # T_p_c
             graph.setdefault(c, []).append((p, invert(m)))      # T_c_p
         frontier, seen = [(target, np.eye(4))], {target}
@@ -128,6 +136,12 @@ class RegisterNode(Node):
             values[f.name] = self.get_parameter(f.name).value
         self.config = OdometryConfig.from_dict(values)   # raises ConfigError
         cfg = self.config
+        from .core.device import resolve_device
+        from .core.errors import PwanInputError
+        try:
+            resolve_device(cfg.device)      # 'cuda' without CUDA fails here, not on every scan
+        except PwanInputError as exc:
+            raise ConfigError(f"invalid value '{cfg.device}' for parameter 'device': {exc}") from None
 
         reference = None
         if cfg.reference_cloud:
@@ -142,10 +156,14 @@ class RegisterNode(Node):
         self.pipeline = ScanPipeline(cfg, reference)
         self.static_frames = StaticFrames()
 
-        reliability = (ReliabilityPolicy.RELIABLE if cfg.reliability == 'reliable'
-                       else ReliabilityPolicy.BEST_EFFORT)
-        qos = QoSProfile(depth=5, history=HistoryPolicy.KEEP_LAST, reliability=reliability)
-        self.create_subscription(PointCloud2, 'points', self._on_points, qos)
+        # best effort (depth 1) matches drivers publishing with the sensor-data profile and
+        # reliable publishers (bag players) alike; a reliable subscription misses the former.
+        # 'auto' switches to reliable once every publisher on the topic is reliable.
+        self._points_sub = None
+        self._subscribe_points(ReliabilityPolicy.RELIABLE if cfg.reliability == 'reliable'
+                               else ReliabilityPolicy.BEST_EFFORT)
+        if cfg.reliability == 'auto':
+            self.create_timer(0.5, self._adapt_reliability)
         static_qos = QoSProfile(depth=100, durability=DurabilityPolicy.TRANSIENT_LOCAL,
                                 reliability=ReliabilityPolicy.RELIABLE)
         self.create_subscription(TFMessage, '/tf_static', self.static_frames.add, static_qos)
@@ -159,7 +177,7 @@ class RegisterNode(Node):
         self._pending: Optional[Tuple[PointCloud2, float]] = None
         self._stop = False
         self.counts = dict(received=0, processed=0, dropped=0, invalid=0, rejected=0,
-                           pwan_engaged=0, resets=0, over_budget=0)
+                           pwan_engaged=0, reanchored=0, resets=0, over_budget=0)
         self._frame: Optional[str] = None
         self._origin = np.eye(4)        # T_odom_sensor-start of the current pipeline run
         self._last_pose = np.eye(4)     # last published T_odom_base
@@ -172,6 +190,29 @@ class RegisterNode(Node):
             f'pwan_register ready: mode={cfg.mode} transform={cfg.transform} '
             f'divergence={cfg.divergence} device={cfg.device} reliability={cfg.reliability}'
             + (f" reference_cloud='{cfg.reference_cloud}'" if cfg.reference_cloud else ''))
+
+    # ------------------------------------------------------------------ QoS
+    def _subscribe_points(self, reliability: ReliabilityPolicy) -> None:
+        if self._points_sub is not None:
+            self.destroy_subscription(self._points_sub)
+        reliable = reliability == ReliabilityPolicy.RELIABLE
+        qos = QoSProfile(depth=5 if reliable else 1, history=HistoryPolicy.KEEP_LAST, reliability=reliability)
+        self._points_sub = self.create_subscription(PointCloud2, 'points', self._on_points, qos)
+        self._points_reliability = reliability
+
+    def _adapt_reliability(self) -> None:
+        """reliability 'auto': reliable when all publishers of the points topic are reliable (bag
+        players), else best effort (drivers; also matches reliable publishers)."""
+        infos = self.get_publishers_info_by_topic(self._points_sub.topic_name)
+        if not infos:
+            return
+        want = (ReliabilityPolicy.RELIABLE
+                if all(i.qos_profile.reliability == ReliabilityPolicy.RELIABLE for i in infos)
+                else ReliabilityPolicy.BEST_EFFORT)
+        if want != self._points_reliability:
+            self.get_logger().info(f"points publishers are {'all reliable' if want == ReliabilityPolicy.RELIABLE else 'best effort'}: subscribing "
+                                   f"{'reliable' if want == ReliabilityPolicy.RELIABLE else 'best effort'}")
+            self._subscribe_points(want)
 
     # ------------------------------------------------------------------ callbacks
     def _on_points(self, msg: PointCloud2) -> None:
@@ -203,7 +244,7 @@ class RegisterNode(Node):
             except Exception as exc:  # never let one scan kill the node
                 if self._stop or not self.context.ok():
                     return            # shutting down: publishers are gone
-                self.counts['invalid'] += 1
+                self._count(invalid=1)
                 self._warn('internal', f'scan skipped after an internal error: {exc!r}')
                 try:
                     self._publish_diagnostics(msg.header.stamp, DiagnosticStatus.ERROR,
@@ -218,13 +259,13 @@ class RegisterNode(Node):
         try:
             cloud = pc2.read_cloud(msg)
         except pc2.PointCloud2Error as exc:
-            self.counts['invalid'] += 1
+            self._count(invalid=1)
             self._warn('decode', f'invalid PointCloud2 skipped: {exc}')
             self._publish_diagnostics(msg.header.stamp, DiagnosticStatus.WARN,
                                       f'invalid cloud: {exc}', {})
             return
         if not frame:
-            self.counts['invalid'] += 1
+            self._count(invalid=1)
             self._warn('frame', 'PointCloud2 without header.frame_id skipped')
             self._publish_diagnostics(msg.header.stamp, DiagnosticStatus.WARN,
                                       'cloud without frame_id', {})
@@ -232,7 +273,7 @@ class RegisterNode(Node):
         base = cfg.base_frame or frame
         t_base_sensor = self.static_frames.lookup(base, frame)
         if t_base_sensor is None:
-            self.counts['invalid'] += 1
+            self._count(invalid=1)
             self._warn('tf', f"no static transform {base} -> {frame} on /tf_static yet; "
                              'scan skipped')
             self._publish_diagnostics(msg.header.stamp, DiagnosticStatus.WARN,
@@ -251,16 +292,14 @@ class RegisterNode(Node):
         try:
             est = self.pipeline.process(cloud.xyz, stamp)
         except ScanError as exc:
-            self.counts['invalid'] += 1
+            self._count(invalid=1)
             self._warn('scan', f'scan skipped: {exc}')
             self._publish_diagnostics(msg.header.stamp, DiagnosticStatus.WARN, str(exc), {})
             return
         self._last_stamp = stamp
-        self.counts['processed'] += 1
-        self.counts['pwan_engaged'] += int(est.pwan_engaged)
-        self.counts['rejected'] += int(not est.accepted)
-        if est.path != 'pwan' and est.latency_ms > cfg.time_budget_ms:
-            self.counts['over_budget'] += 1
+        self._count(processed=1, pwan_engaged=int(est.pwan_engaged), rejected=int(not est.accepted),
+                    reanchored=int(est.path == 'reanchor'),
+                    over_budget=int(est.path != 'pwan' and est.latency_ms > cfg.time_budget_ms))
 
         # T_odom_base: odom is the base pose at the start of the run (REP-105).
         t_sensor_base = invert(t_base_sensor)
@@ -275,7 +314,7 @@ class RegisterNode(Node):
             self._last_pose, self._pose_stamp = t_odom_base, stamp
         self._publish_pose(msg.header.stamp, base, t_odom_base, est, twist)
         self._publish_aligned(msg, cloud, est, t_odom_base @ t_base_sensor)
-        level = DiagnosticStatus.OK if est.accepted else DiagnosticStatus.WARN
+        level = DiagnosticStatus.OK if est.accepted and est.path != 'reanchor' else DiagnosticStatus.WARN
         latency = (time.perf_counter() - t_received) * 1e3
         text = est.path + (f': {est.reason}' if est.reason else '')
         self._publish_diagnostics(msg.header.stamp, level, text, {
@@ -285,14 +324,21 @@ class RegisterNode(Node):
             'matched_ratio': f'{est.matched_ratio:.4f}',
             'median_residual_m': f'{est.median_residual:.4f}',
             'iterations': str(est.iterations), 'num_points': str(est.num_points),
-            'num_input_points': str(est.num_input), 'keyframe': str(est.keyframe),
+            'num_input_points': str(est.num_input), 'num_far_points': str(est.num_far),
+            'keyframe': str(est.keyframe),
             'voxel_size_m': f'{self.pipeline.voxel_size:.4f}',
             'distance_threshold_m': f'{self.pipeline.h:.4f}',
             **{f'{k}_ms': f'{v:.2f}' for k, v in est.timings_ms.items()},
         })
 
+    def _count(self, **increments: int) -> None:
+        """Add to the scan counters (shared with the subscription callback)."""
+        with self._lock:
+            for k, v in increments.items():
+                self.counts[k] += v
+
     def _restart(self, keep_pose: bool) -> None:
-        self.counts['resets'] += 1
+        self._count(resets=1)
         self._origin = (self._origin @ self.pipeline.motion.pose
                         if keep_pose and self.pipeline.motion.pose is not None else np.eye(4))
         self.pipeline.reset()
@@ -357,8 +403,10 @@ class RegisterNode(Node):
         status.name = 'pwan_register: scan registration'
         status.hardware_id = self.config.base_frame or (self._frame or '')
         status.message = message
+        with self._lock:
+            snapshot = dict(self.counts)
         counts = {k if k in ('resets', 'over_budget') else f'scans_{k}': str(v)
-                  for k, v in self.counts.items()}
+                  for k, v in snapshot.items()}
         status.values = [KeyValue(key=k, value=v) for k, v in {**values, **counts,
                                                                  'mode': self.config.mode}.items()]
         arr = DiagnosticArray()
@@ -397,7 +445,16 @@ def _covariance(est: ScanEstimate, h: float):
 
 
 def main(args=None) -> int:
-    rclpy.init(args=args)
+    problem = params_file_problem(sys.argv if args is None else args)
+    if problem:
+        print(f'pwan_register: {problem}', file=sys.stderr)
+        return 2
+    try:
+        rclpy.init(args=args)
+    except Exception as exc:  # rcl's argument errors (RCLError) are multi-line C messages
+        print(f"pwan_register: invalid ROS arguments: {str(exc).splitlines()[0] if str(exc) else exc!r}",
+              file=sys.stderr)
+        return 2
     node = None
     try:
         node = RegisterNode()

@@ -22,6 +22,11 @@ import numpy as np
 
 ISOLATED_VOXEL_FRACTION = 0.2
 DENSE_MASS_FRACTION = 0.3
+#: returns farther than this many times the scan's median range are glitches (a driver writing
+#: 1e19 m or 3e38 m): physically implausible, and they would overflow voxel keys. Statistics a
+#: few points cannot move; 100 x keeps every real return of a lidar whose median range is >= 3 m.
+FAR_RANGE_FACTOR = 100.0
+_MAX_FLAT_KEY = 2 ** 62
 _NEIGHBOURS = np.array([o for o in product((-1, 0, 1), repeat=3) if o != (0, 0, 0)], dtype=np.int64)
 
 
@@ -29,7 +34,8 @@ _NEIGHBOURS = np.array([o for o in product((-1, 0, 1), repeat=3) if o != (0, 0, 
 class FilteredScan:
     """points: (M, 3) float64, sensor frame. num_input: points received; num_finite: of those
     with finite x/y/z; num_in_range: of those inside the range gate; voxel_size: metres used;
-    num_isolated_removed: isolated voxels dropped (see the module docstring)."""
+    num_isolated_removed: isolated voxels dropped (see the module docstring); num_far: finite
+    returns dropped beyond ``FAR_RANGE_FACTOR`` x the median range."""
 
     points: np.ndarray
     num_input: int
@@ -37,6 +43,7 @@ class FilteredScan:
     num_in_range: int
     voxel_size: float
     num_isolated_removed: int = 0
+    num_far: int = 0
 
 
 @dataclass(frozen=True)
@@ -52,9 +59,17 @@ class VoxelGrid:
 
 
 def voxel_grid(points: np.ndarray, voxel_size: float) -> VoxelGrid:
-    """Voxel-grid a (N, 3) float64 cloud (metres) with cubic voxels of ``voxel_size``."""
-    keys = np.floor(points / voxel_size).astype(np.int64)
-    keys -= keys.min(axis=0) - 1          # >= 1, so neighbour keys stay non-negative
+    """Voxel-grid a (N, 3) float64 cloud (metres) with cubic voxels of ``voxel_size``.
+
+    Raises ValueError when the cloud spans too many voxels for 63-bit keys (far glitches are
+    removed before, see :func:`far_returns`)."""
+    cells = np.floor(points / voxel_size)
+    cells -= cells.min(axis=0) - 1        # >= 1, so neighbour keys stay non-negative
+    span_f = cells.max(axis=0) + 2
+    if not float(np.prod(span_f)) < _MAX_FLAT_KEY:
+        raise ValueError(f'voxel_size {voxel_size:g} m is too small for a scan spanning '
+                         f'{float(np.ptp(points, axis=0).max()):.4g} m')
+    keys = cells.astype(np.int64)
     span = keys.max(axis=0) + 2
     flat = (keys[:, 0] * span[1] + keys[:, 1]) * span[2] + keys[:, 2]
     uniq, first, inverse, counts = np.unique(flat, return_index=True, return_inverse=True,
@@ -85,6 +100,14 @@ def isolated_voxels(grid: VoxelGrid) -> np.ndarray:
     return drop
 
 
+def far_returns(points: np.ndarray) -> np.ndarray:
+    """(N,) bool: finite returns (N, 3) farther than ``FAR_RANGE_FACTOR`` x the median range."""
+    r = np.sqrt((points ** 2).sum(axis=1))
+    if len(r) == 0:
+        return np.zeros(0, dtype=bool)
+    return r > FAR_RANGE_FACTOR * max(float(np.median(r)), 1e-3)
+
+
 def automatic_voxel_size(points: np.ndarray) -> float:
     """Voxel size (m) from a scan's extent: 3.5 % of the median range from the sensor, clamped
     to [0.02, 1.0] m (about 0.2 m for a lidar in a street or a building, a few cm for a depth
@@ -94,6 +117,7 @@ def automatic_voxel_size(points: np.ndarray) -> float:
     pts = np.asarray(points, dtype=np.float64)
     if len(pts) == 0:
         raise ValueError('cannot choose a voxel size for an empty scan')
+    pts = pts[~far_returns(pts)]
 
     def from_ranges(p, factor):
         return float(np.clip(factor * np.median(np.linalg.norm(p, axis=1)), 0.02, 1.0))
@@ -107,8 +131,8 @@ def automatic_voxel_size(points: np.ndarray) -> float:
 
 def filter_scan(points: np.ndarray, voxel_size: float, max_points: int, min_range: float = 0.0,
                 max_range: float = 0.0, rng: np.random.Generator | None = None) -> FilteredScan:
-    """Finite-point filter, range gate (0 = off), voxel grid (voxel_size > 0) with isolated-return
-    removal, and random cap at ``max_points``.
+    """Finite-point filter, far-glitch gate (:func:`far_returns`), range gate (0 = off), voxel grid
+    (voxel_size > 0) with isolated-return removal, and random cap at ``max_points``.
 
     points: (N, 3) array-like in the sensor frame. Raises ValueError for a wrong shape.
     """
@@ -118,6 +142,10 @@ def filter_scan(points: np.ndarray, voxel_size: float, max_points: int, min_rang
     pts = pts.astype(np.float64, copy=False)
     pts = pts[np.isfinite(pts).all(axis=1)]
     num_finite = len(pts)
+    far = far_returns(pts)
+    num_far = int(far.sum())
+    if num_far:
+        pts = pts[~far]
     if min_range > 0.0 or max_range > 0.0:
         r = np.linalg.norm(pts, axis=1)
         keep = r >= min_range
@@ -135,4 +163,4 @@ def filter_scan(points: np.ndarray, voxel_size: float, max_points: int, min_rang
         rng = rng or np.random.default_rng(0)
         pts = pts[np.sort(rng.choice(len(pts), max_points, replace=False))]
     return FilteredScan(np.ascontiguousarray(pts), int(np.asarray(points).shape[0]), num_finite,
-                        num_in_range, float(voxel_size), removed)
+                        num_in_range, float(voxel_size), removed, num_far)

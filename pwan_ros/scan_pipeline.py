@@ -11,7 +11,11 @@ the sensor in the odometry frame. Two paths produce poses:
   residual jumping), and in ``mode='pwan'`` for every scan. Its result re-initialises tracking.
 
 A registration that matches too little is rejected: the last good pose is kept (and
-reported), the motion model stops extrapolating, and the next scan tries again.
+reported), the motion model stops extrapolating, and the next scan tries again. So is a scan
+whose usable points collapse (fewer than ``POINT_COLLAPSE_RATIO`` x the median of the recent
+accepted scans: a driver glitch, a half-delivered scan), before it can become a keyframe. After
+``reanchor_after`` consecutive rejections the next scan becomes a new keyframe at the held pose
+(path 'reanchor'), so a keyframe that no longer matches cannot make the odometry reject forever.
 """
 from __future__ import annotations
 
@@ -32,6 +36,9 @@ from scipy.spatial.transform import Rotation
 from .se3 import invert, make_transform, project_rigid, rotation_angle, translation_norm
 
 MIN_POINTS = 30
+#: a scan keeping fewer usable points than this fraction of the recent accepted scans' median is
+#: rejected (its content collapsed; registering it would match the few survivors "well")
+POINT_COLLAPSE_RATIO = 0.3
 
 
 class ScanError(ValueError):
@@ -54,7 +61,9 @@ class ScanEstimate:
     """Result of one scan.
 
     pose: (4, 4) T_odom_sensor (for a rejected scan: the last good pose). path: 'init' (first
-    scan defines odom), 'track', 'pwan', or 'rejected'. accepted: whether ``pose`` comes from
+    scan defines odom), 'track', 'pwan', 'rejected', or 'reanchor' (a new keyframe at the held
+    pose after ``reanchor_after`` rejections). num_far: finite returns dropped as far glitches.
+    accepted: whether ``pose`` comes from
     this scan. pwan_engaged: full PWAN ran for this scan. reason: why PWAN ran or the scan was
     rejected ('' otherwise). matched_ratio / median_residual: partial-matching quality against
     the keyframe (fraction of the scan's points within h; metres). aligned_points: non-rigid /
@@ -79,6 +88,7 @@ class ScanEstimate:
     aligned_points: Optional[np.ndarray] = None
     affine: Optional[np.ndarray] = None
     pwan_starts: int = 0
+    num_far: int = 0
 
 
 class ScanPipeline:
@@ -104,11 +114,13 @@ class ScanPipeline:
 
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
-        """Forget all state (keyframes, motion); the next scan starts a new odometry."""
+        """Forget all state (keyframes, motion, PWAN warm start); the next scan starts a new odometry."""
         self.motion.reset()
+        self.pwan.reset()
         self.keyframe: Optional[Keyframe] = None
         self._ratios: Deque[float] = collections.deque(maxlen=10)
         self._residuals: Deque[float] = collections.deque(maxlen=10)
+        self._sizes: Deque[int] = collections.deque(maxlen=10)
         self._last_stamp: Optional[float] = None
         self._rejections = 0
         self._scan_index = 0
@@ -146,8 +158,11 @@ class ScanPipeline:
             self.voxel_size = automatic_voxel_size(finite)
             if self._reference_points is not None:
                 self._set_reference_keyframe()
-        filt = filter_scan(pts, self.voxel_size, cfg.max_points, cfg.min_range, cfg.max_range,
-                           rng=self._rng)
+        try:
+            filt = filter_scan(pts, self.voxel_size, cfg.max_points, cfg.min_range, cfg.max_range,
+                               rng=self._rng)
+        except ValueError as exc:
+            raise ScanError(str(exc)) from None
         if len(filt.points) < MIN_POINTS:
             raise ScanError(f'scan has {len(filt.points)} usable points after filtering '
                             f'({filt.num_input} received, {filt.num_finite} finite), '
@@ -166,6 +181,7 @@ class ScanPipeline:
 
         def finish(**kw) -> ScanEstimate:
             return ScanEstimate(stamp=stamp, num_points=len(filt.points), num_input=filt.num_input,
+                                num_far=filt.num_far,
                                 keyframe=self.keyframe.index if self.keyframe else -1,
                                 latency_ms=(time.perf_counter() - t_start) * 1e3,
                                 timings_ms=timings, **kw)
@@ -180,8 +196,23 @@ class ScanPipeline:
                           new_keyframe=True)
 
         kf = self.keyframe
+        if cfg.reanchor_after and self._rejections >= cfg.reanchor_after and not kf.is_reference:
+            # The keyframe has stopped matching: restart tracking from this scan at the held pose.
+            pose = self.motion.pose if self.motion.pose is not None else kf.pose
+            self.keyframe = Keyframe(self._keyframe_cloud(scan, dense), pose.copy(), self._new_keyframe_id())
+            self.motion.update(pose, stamp)
+            self.motion.hold(stamp)
+            why = f're-anchored on this scan after {self._rejections} rejected scans (motion since not recovered)'
+            self._rejections = 0
+            self._forget_history()
+            self._sizes.append(len(dense))
+            return finish(pose=pose.copy(), path='reanchor', accepted=True, pwan_engaged=False, reason=why,
+                          matched_ratio=1.0, median_residual=0.0, iterations=0, new_keyframe=True)
         prediction = self.motion.predict(stamp)
         init = invert(kf.pose) @ prediction
+        collapse = self._collapsed(len(dense))
+        if collapse:
+            return self._reject(stamp, finish, collapse, 0.0, float('inf'), 0, False, 0)
         if cfg.transform != 'rigid':
             return self._process_deformable(scan, dense, init, timings, finish)
 
@@ -212,20 +243,10 @@ class ScanPipeline:
         path = 'pwan' if pwan_engaged else 'track'
         floor = self._acceptance_floor()
         if quality.matched_ratio < floor:
-            self.motion.hold(stamp)
-            self._rejections += 1
-            if self._rejections >= 3:
-                # The scene may have changed for good: stop comparing with the old ratios.
-                self._ratios.clear()
-                self._residuals.clear()
-            last = self.motion.pose if self.motion.pose is not None else np.eye(4)
             why = (f'matched ratio {quality.matched_ratio:.2f} < required {floor:.2f}'
                    + (f' ({reason})' if reason else ''))
-            return finish(pose=last.copy(), path='rejected', accepted=False,
-                          pwan_engaged=pwan_engaged, reason=why, pwan_starts=starts,
-                          matched_ratio=quality.matched_ratio,
-                          median_residual=quality.median_residual, iterations=iterations,
-                          new_keyframe=False)
+            return self._reject(stamp, finish, why, quality.matched_ratio, quality.median_residual,
+                                iterations, pwan_engaged, starts)
 
         pose = project_rigid(kf.pose @ transform)   # keep poses orthonormal: no compounding drift
         self.motion.update(pose, stamp)
@@ -234,6 +255,7 @@ class ScanPipeline:
         self._rejections = 0
         self._ratios.append(quality.matched_ratio)
         self._residuals.append(quality.median_residual)
+        self._sizes.append(len(dense))
         new_kf = self._maybe_new_keyframe(scan, dense, pose, transform)
         return finish(pose=pose, path=path, accepted=True, pwan_engaged=pwan_engaged,
                       reason=reason, pwan_starts=starts, matched_ratio=quality.matched_ratio,
@@ -241,6 +263,32 @@ class ScanPipeline:
                       new_keyframe=new_kf)
 
     # ------------------------------------------------------------------ helpers
+    def _reject(self, stamp: float, finish, why: str, ratio: float, residual: float, iterations: int,
+                pwan_engaged: bool, starts: int) -> ScanEstimate:
+        """Keep the last good pose, stop extrapolating, count the rejection."""
+        self.motion.hold(stamp)
+        self._rejections += 1
+        if self._rejections >= 3:
+            # The scene may have changed for good: stop comparing with the old scans.
+            self._forget_history()
+        last = self.motion.pose if self.motion.pose is not None else np.eye(4)
+        return finish(pose=last.copy(), path='rejected', accepted=False, pwan_engaged=pwan_engaged,
+                      reason=why, pwan_starts=starts, matched_ratio=ratio, median_residual=residual,
+                      iterations=iterations, new_keyframe=False)
+
+    def _forget_history(self) -> None:
+        self._ratios.clear()
+        self._residuals.clear()
+        self._sizes.clear()
+
+    def _collapsed(self, size: int) -> str:
+        """Why the scan's usable point count collapsed against the recent scans ('' if not)."""
+        if len(self._sizes) >= 3:
+            ref = float(np.median(self._sizes))
+            if size < POINT_COLLAPSE_RATIO * ref:
+                return f'usable points collapsed ({size} vs recent {ref:.0f})'
+        return ''
+
     def _pwan_with_starts(self, kf: Keyframe, scan: PreparedCloud, init: np.ndarray,
                           timings: Dict[str, float]):
         """Full PWAN from the prediction, then from rotations of it about the sensor's z axis

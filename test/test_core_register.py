@@ -167,7 +167,8 @@ def test_nan_rows_dropped_and_counted():
 
 @pytest.mark.parametrize('src,ref,cfg,msg', [
     (np.zeros((0, 3)), np.ones((5, 3)), {}, 'empty'),
-    (np.ones((5, 3)), np.ones((5, 2)), {}, '3-D but reference is 2-D'),
+    (np.random.default_rng(2).normal(size=(5, 3)), np.random.default_rng(3).normal(size=(5, 2)), {},
+     '3-D but reference is 2-D'),
     (np.random.default_rng(0).normal(size=(10, 3)), np.random.default_rng(1).normal(size=(20, 3)),
      {'mass': 11.0}, 'exceeds'),
 ])

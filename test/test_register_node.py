@@ -175,7 +175,7 @@ def test_params_file_and_overrides_reach_the_node(tmp_path, ros_env):
         assert values[1].string_value == 'pwan'
         assert values[2].integer_value == 10000
         assert values[3].string_value == 'odom'
-        assert values[4].string_value == 'reliable'
+        assert values[4].string_value == 'auto'
         client_node.destroy_node()
     finally:
         rclpy.try_shutdown()

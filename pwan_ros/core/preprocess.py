@@ -11,24 +11,58 @@ from scipy.spatial import cKDTree
 from .errors import PwanInputError
 
 
+#: a point farther than this many median spreads (median distance of the set's points to their
+#: coordinate-wise median) from that median is a gross outlier: it is left out of the estimation
+#: (statistics, voxel grid, adversarial stage, fine-tune) and only moved by the result. A few such
+#: points (driver glitches at 1e19 m) would otherwise dominate the centroid and scale, and
+#: overflow voxel keys and float32 network inputs.
+FAR_OUTLIER_FACTOR = 50.0
+
+
 @dataclass(frozen=True)
 class CleanPoints:
     """A validated point set. points: (n, d) float64 finite rows; valid: (N,) bool mask of kept
-    input rows; dropped: number of input rows with NaN/inf removed."""
+    input rows; dropped: number of input rows with NaN/inf removed; core: (n,) bool mask of the
+    rows used in the estimation (all but far outliers, see :data:`FAR_OUTLIER_FACTOR`)."""
 
     points: np.ndarray
     valid: np.ndarray
     dropped: int
+    core: Optional[np.ndarray] = None
+
+    @property
+    def fit(self) -> np.ndarray:
+        """(k, d) the rows used in the estimation."""
+        return self.points if self.core is None else self.points[self.core]
+
+    @property
+    def num_far(self) -> int:
+        return 0 if self.core is None else int((~self.core).sum())
+
+
+def far_outliers(points: np.ndarray, factor: float = FAR_OUTLIER_FACTOR) -> np.ndarray:
+    """(n,) bool: rows farther than ``factor`` x the median spread from the coordinate-wise median.
+
+    Statistics a few points cannot move (the median moves by at most the spread when up to half
+    the points are replaced). The spread ignores exact duplicates of the median."""
+    med = np.median(points, axis=0)
+    r = np.sqrt(((points - med) ** 2).sum(axis=1))
+    pos = r[r > 0]
+    if pos.size == 0:
+        return np.zeros(points.shape[0], dtype=bool)
+    return r > factor * float(np.median(pos))
 
 
 def clean_points(points, name: str) -> CleanPoints:
-    """Validate an (N, d) array-like, d in {2, 3}; drop non-finite rows with a warning.
+    """Validate an (N, d) array-like, d in {2, 3}; drop non-finite rows with a warning; mark far
+    outliers (left out of the estimation, with a warning).
 
-    Raises :class:`PwanInputError` for wrong shapes/dims, non-numeric data or an empty result.
+    Raises :class:`PwanInputError` for wrong shapes/dims, non-numeric data, or fewer than 3
+    distinct finite points.
     """
     try:
         arr = np.asarray(points, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         raise PwanInputError(f'{name}: not a numeric array ({exc})') from None
     if arr.ndim != 2:
         raise PwanInputError(f'{name}: expected an (N, 2) or (N, 3) array, got shape {arr.shape}')
@@ -44,7 +78,43 @@ def clean_points(points, name: str) -> CleanPoints:
     pts = arr[valid]
     if pts.shape[0] < 3:
         raise PwanInputError(f'{name}: need at least 3 finite points, got {pts.shape[0]}')
-    return CleanPoints(points=pts, valid=valid, dropped=dropped)
+    far = far_outliers(pts)
+    core = ~far
+    n_distinct = _count_distinct(pts[core])
+    if n_distinct < 3:
+        raise PwanInputError(f'{name}: degenerate point set: {n_distinct} distinct point(s) among {pts.shape[0]} '
+                             f'finite ones (need at least 3)')
+    if far.any():
+        r_max = float(np.abs(pts[far]).max())
+        warnings.warn(f'{name}: {int(far.sum())} of {pts.shape[0]} points lie more than {FAR_OUTLIER_FACTOR:g}x '
+                      f'the median spread from the median (up to {r_max:.3g} in the input units) and are left '
+                      'out of the estimation', RuntimeWarning, stacklevel=3)
+    return CleanPoints(points=pts, valid=valid, dropped=dropped, core=core if far.any() else None)
+
+
+def _count_distinct(points: np.ndarray, k: int = 3) -> int:
+    """min(k, number of distinct rows) in O(n k) without sorting."""
+    rest = points
+    found = 0
+    while rest.shape[0] and found < k:
+        found += 1
+        rest = rest[(rest != rest[0]).any(axis=1)]
+    return found
+
+
+def check_rank(points: np.ndarray, transform: str, name: str) -> None:
+    """Raise :class:`PwanInputError` when ``points`` (n, d) cannot determine a ``transform``:
+    rigid needs points not all on one line, affine / non-rigid (an affine part) needs them to span
+    all d dimensions. Relative tolerance 1e-9 of the largest extent."""
+    d = points.shape[1]
+    c = points - points.mean(axis=0)
+    sv = np.linalg.svd(c[:: max(1, c.shape[0] // 20000)], compute_uv=False)
+    rank = int((sv > 1e-9 * sv[0]).sum()) if sv[0] > 0 else 0
+    need = 2 if transform == 'rigid' else d
+    if rank < need:
+        shape = 'collinear' if rank == 1 else ('coplanar' if rank == 2 else 'coincident')
+        raise PwanInputError(f'{name}: degenerate point set: all points are {shape}, which cannot determine a '
+                             f'{"non-rigid" if transform == "nonrigid" else transform} transform')
 
 
 def voxel_downsample(points: np.ndarray, voxel: float) -> np.ndarray:
@@ -53,7 +123,10 @@ def voxel_downsample(points: np.ndarray, voxel: float) -> np.ndarray:
     Returns (k, d), k <= n, ordered by voxel key (deterministic)."""
     if voxel is None or voxel <= 0:
         return points
-    keys = np.floor((points - points.min(axis=0)) / voxel).astype(np.int64)
+    cells = (points - points.min(axis=0)) / voxel
+    if not float(cells.max(initial=0.0)) < 2.0 ** 52:
+        raise PwanInputError(f'voxel_size {voxel:g} is too small for a set spanning {float(np.ptp(points, axis=0).max()):g}')
+    keys = np.floor(cells).astype(np.int64)
     _, inverse, counts = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
     inverse = inverse.reshape(-1)
     sums = np.zeros((counts.shape[0], points.shape[1]))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+import warnings
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional
@@ -24,8 +25,8 @@ from .discrepancy import PotentialTrainer
 from .ensemble import run_ensemble
 from .errors import PwanInputError
 from .finetune import estimate_normals, run_finetune, select_pairs
-from .preprocess import (CleanPoints, Normaliser, check_init, clean_points, homogeneous, make_normaliser,
-                         median_spacing, random_subset, voxel_downsample)
+from .preprocess import (CleanPoints, Normaliser, check_init, check_rank, clean_points, far_outliers, homogeneous,
+                         make_normaliser, median_spacing, random_subset, voxel_downsample)
 from .result import RegistrationResult
 from .transforms import make_transform
 
@@ -49,6 +50,16 @@ class _Problem:
     ratio_min: Optional[float]  # mass / min(N_s, N_r) (mass type)
     mass: Optional[float]
 
+    @property
+    def src_fit(self) -> np.ndarray:
+        """Source points used in the estimation (far outliers left out), after the init transform."""
+        return self.src_init if self.src.core is None else self.src_init[self.src.core]
+
+    @property
+    def ref_fit(self) -> np.ndarray:
+        """Reference points used in the estimation (far outliers left out)."""
+        return self.ref.fit
+
 
 def _prepare(source, reference, config: RegistrationConfig, init) -> _Problem:
     src = clean_points(source, 'source')
@@ -57,7 +68,9 @@ def _prepare(source, reference, config: RegistrationConfig, init) -> _Problem:
     if ref.points.shape[1] != dim:
         raise PwanInputError(f'source is {dim}-D but reference is {ref.points.shape[1]}-D')
     init_m = check_init(init, dim)
-    n_min = min(src.points.shape[0], ref.points.shape[0])
+    check_rank(src.fit, config.transform, 'source')
+    check_rank(ref.fit, config.transform, 'reference')
+    n_min = min(src.fit.shape[0], ref.fit.shape[0])
     ratio = mass = None
     if config.divergence == 'mass':
         if config.mass is not None:
@@ -70,8 +83,9 @@ def _prepare(source, reference, config: RegistrationConfig, init) -> _Problem:
             mass = ratio * n_min
     init_h = np.eye(dim + 1) if init_m is None else init_m
     src_init = src.points @ init_h[:dim, :dim].T + init_h[:dim, dim]
-    norm = make_normaliser(src_init, ref.points, align_centroids=init_m is None)
-    return _Problem(src, ref, src_init, init_h, norm, dim, ratio, mass)
+    prob = _Problem(src, ref, src_init, init_h, None, dim, ratio, mass)
+    prob.norm = make_normaliser(prob.src_fit, prob.ref_fit, align_centroids=init_m is None)
+    return prob
 
 
 def _finetune_set(points: np.ndarray, cap: int, rng: np.random.Generator):
@@ -108,7 +122,7 @@ def _finish(prob: _Problem, config: RegistrationConfig, kind: str, a: np.ndarray
         zn = zn + vn
         disp = vn * norm.scale
     z = norm.denormalise_reference(zn)
-    tree = cKDTree(prob.ref.points)
+    tree = cKDTree(prob.ref_fit)
     dist, _ = tree.query(z, k=1, workers=-1)
     n_s = z.shape[0]
     if config.divergence == 'mass':
@@ -189,11 +203,11 @@ def overlap_score(points: np.ndarray, reference: np.ndarray, seed: int = 0) -> f
 
 def _finetune_data(prob: _Problem, config: RegistrationConfig, kind: str, rng: np.random.Generator) -> _FineTuneData:
     norm = prob.norm
-    ys_all = norm.source(prob.src_init)
+    ys_all = norm.source(prob.src_fit)
     idx = _finetune_set(ys_all, config.finetune.max_points, rng)
     ys = ys_all[idx]
-    ref_idx = _finetune_set(prob.ref.points, max(config.finetune.max_points, 0) * 2, rng)
-    xr = norm.reference(prob.ref.points[ref_idx])
+    ref_idx = _finetune_set(prob.ref_fit, max(config.finetune.max_points, 0) * 2, rng)
+    xr = norm.reference(prob.ref_fit[ref_idx])
     tree = cKDTree(xr)
     normals = None
     if kind == 'rigid' and config.finetune.metric == 'point_to_plane':
@@ -202,7 +216,8 @@ def _finetune_data(prob: _Problem, config: RegistrationConfig, kind: str, rng: n
 
 
 def _do_finetune(prob: _Problem, config: RegistrationConfig, kind: str, a, t, v_fn, h_caller: Optional[float],
-                 rng: np.random.Generator, data: Optional[_FineTuneData] = None, final: bool = False):
+                 rng: np.random.Generator, data: Optional[_FineTuneData] = None, final: bool = False,
+                 warn: bool = False):
     """Run eq. fine_tune on (capped) full-resolution points. Returns (a, t, v_fn, iters, converged).
 
     ``final`` (the last fine-tune of a rigid mass-type registration, ``finetune.overlap_refine``):
@@ -214,7 +229,7 @@ def _do_finetune(prob: _Problem, config: RegistrationConfig, kind: str, a, t, v_
     ys, xr, tree, normals = data.ys, data.xr, data.tree, data.normals
     count = 0
     if config.divergence == 'mass':
-        count = int(round(min(1.0, prob.mass / prob.src.points.shape[0]) * ys.shape[0]))
+        count = int(round(min(1.0, prob.mass / prob.src_fit.shape[0]) * ys.shape[0]))
     h_n = (h_caller / norm.scale) if h_caller is not None else 0.0
     coh = None
     v0 = None
@@ -224,6 +239,7 @@ def _do_finetune(prob: _Problem, config: RegistrationConfig, kind: str, a, t, v_
         v0 = v_fn(ys) if v_fn is not None else np.zeros_like(ys)
     out = run_finetune(ys, tree, xr, kind, a, t, config.divergence, count, h_n, config.finetune.max_iterations,
                        config.finetune.tolerance, v=v0, coherence=coh, workers=-1, ref_normals=normals)
+    capped = not out.converged and out.iterations >= config.finetune.max_iterations
     if final and kind == 'rigid' and config.divergence == 'mass' and config.finetune.overlap_refine:
         probe = xr[np.random.default_rng(config.seed + 37).choice(xr.shape[0], size=min(2000, xr.shape[0]),
                                                                  replace=False)]
@@ -233,7 +249,12 @@ def _do_finetune(prob: _Problem, config: RegistrationConfig, kind: str, a, t, v_
             out = run_finetune(ys, tree, xr, kind, out.a, out.t, 'distance', 0, h_ov,
                                config.finetune.max_iterations, config.finetune.tolerance, workers=-1,
                                ref_normals=normals)
+            capped = capped or (not out.converged and out.iterations >= config.finetune.max_iterations)
             out = dataclasses.replace(out, iterations=first.iterations + out.iterations)
+    if warn and capped:
+        warnings.warn(f'the fine-tune stopped at finetune.max_iterations={config.finetune.max_iterations} before '
+                      'converging: the result may be short of the optimum (raise finetune.max_iterations)',
+                      RuntimeWarning, stacklevel=3)
     new_v_fn = v_fn
     if kind == 'nonrigid':
         v_ft = torch.as_tensor(out.v, dtype=torch.float64)
@@ -259,13 +280,14 @@ def refine(source, reference, init=None, config: Optional[RegistrationConfig] = 
     t0 = time.perf_counter()
     prob = _prepare(source, reference, config, init if init is not None else None)
     # refine never re-centres: keep init semantics (identity init = trust the input frames)
-    prob.norm = make_normaliser(prob.src_init, prob.ref.points, align_centroids=False)
+    prob.norm = make_normaliser(prob.src_fit, prob.ref_fit, align_centroids=False)
     rng = np.random.default_rng(config.seed)
-    h_caller = _threshold(config, prob.ref.points) if config.divergence == 'distance' else None
+    h_caller = _threshold(config, prob.ref_fit) if config.divergence == 'distance' else None
     t1 = time.perf_counter()
     d = prob.dim
     kind = config.transform
-    a, t, v_fn, iters, conv = _do_finetune(prob, config, kind, np.eye(d), np.zeros(d), None, h_caller, rng)
+    a, t, v_fn, iters, conv = _do_finetune(prob, config, kind, np.eye(d), np.zeros(d), None, h_caller, rng,
+                                           warn=True)
     timings = {'preprocess': t1 - t0, 'finetune': time.perf_counter() - t1}
     return _finish(prob, config, kind, a, t, v_fn, h_caller, t0, timings, 0, 0, iters, conv, None, None, 'cpu')
 
@@ -444,6 +466,7 @@ def register(source, reference, config: Optional[RegistrationConfig] = None, ini
                                  None, should_stop)
     ref_clean = np.asarray(reference, dtype=np.float64)
     ref_clean = ref_clean[np.isfinite(ref_clean).all(axis=1)]   # validated by the rigid stage
+    ref_clean = ref_clean[~far_outliers(ref_clean)]
     # distinct poses only: finalists that converged to the same pose (within the reference sampling)
     # would be deformed twice
     tol = median_spacing(random_subset(ref_clean, 5000, np.random.default_rng(config.seed)))
@@ -486,8 +509,8 @@ def _register_candidates(source, reference, config: RegistrationConfig, init, po
     rng = np.random.default_rng(config.seed)
     norm = prob.norm
     # adversarial-stage point sets (caller units -> voxel -> cap -> normalised)
-    src_ds = voxel_downsample(prob.src_init, config.voxel_size)
-    ref_ds = voxel_downsample(prob.ref.points, config.voxel_size)
+    src_ds = voxel_downsample(prob.src_fit, config.voxel_size)
+    ref_ds = voxel_downsample(prob.ref_fit, config.voxel_size)
     src_ds = random_subset(src_ds, config.max_points, rng)
     ref_ds = random_subset(ref_ds, config.max_points, rng)
     if src_ds.shape[0] < 3 or ref_ds.shape[0] < 3:
@@ -526,7 +549,7 @@ def _register_candidates(source, reference, config: RegistrationConfig, init, po
         tf = time.perf_counter()
         data = small_data if small else ft_data
         a, t, v_fn, ft_iters, ft_conv = _do_finetune(prob, config, kind, a, t, v_fn, h_caller, rng, data,
-                                                     final=not small)
+                                                     final=not small, warn=not small)
         timings['finetune'] += time.perf_counter() - tf
         tot['ft'] += ft_iters
         return a, t, v_fn, ft_conv

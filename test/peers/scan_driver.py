@@ -18,7 +18,7 @@ import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
 from nav_msgs.msg import Odometry
 from rclpy.node import Node
-from rclpy.qos import QoSProfile, ReliabilityPolicy
+from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from sensor_msgs.msg import PointCloud2, PointField
 from std_msgs.msg import Header
 from geometry_msgs.msg import TransformStamped
@@ -42,6 +42,26 @@ def sim_messages(n):
     """(label, message, ground-truth pose) for n simulated scans."""
     for s in simulate(SimConfig(scans=n, **SIM)):
         yield 'scan', pc2.create_cloud(header(s.stamp_ns), s.xyz, s.extras), s.pose
+
+
+def glitch_messages(n):
+    """Simulated scans; scan 4 carries 10 extra points at 1e19-3e38 m (a driver glitch) and scan 6
+    keeps only an eighth of its returns (a half-delivered scan)."""
+    rng = np.random.default_rng(0)
+    for k, s in enumerate(simulate(SimConfig(scans=n, **SIM))):
+        xyz, extras = s.xyz, s.extras
+        label = 'scan'
+        if k == 4:
+            far = (rng.choice([-1.0, 1.0], (10, 3)) * rng.uniform(1.0, 3.0, (10, 3))
+                   * np.array([1e19, 1e30, 1e38])).astype(np.float32)
+            xyz = np.vstack([xyz, far])
+            extras = None if extras is None else np.concatenate([extras, extras[:10]])
+            label = 'far_glitch'
+        elif k == 6:
+            xyz = xyz[:len(xyz) // 8]
+            extras = None if extras is None else extras[:len(xyz)]
+            label = 'collapsed'
+        yield label, pc2.create_cloud(header(s.stamp_ns), xyz, extras), s.pose
 
 
 def bad_messages():
@@ -90,10 +110,11 @@ def bad_messages():
 
 
 class Driver(Node):
-    def __init__(self):
+    def __init__(self, sensor_qos=False):
         super().__init__('scan_driver')
         qos = QoSProfile(depth=5, reliability=ReliabilityPolicy.RELIABLE)
-        self.pub = self.create_publisher(PointCloud2, 'points', qos)
+        # a lidar driver publishes with the sensor-data profile (best effort); a bag player reliably
+        self.pub = self.create_publisher(PointCloud2, 'points', qos_profile_sensor_data if sensor_qos else qos)
         self.answers = {}     # stamp_ns -> {'odom': ..., 'diag': ...}
         self.tf = []
         self.aligned = []
@@ -132,7 +153,9 @@ class Driver(Node):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument('--scenario', choices=('sim', 'bad'), required=True)
+    ap.add_argument('--scenario', choices=('sim', 'bad', 'glitch'), required=True)
+    ap.add_argument('--sensor-qos', action='store_true',
+                    help='publish with the sensor-data QoS profile (best effort), as lidar drivers do')
     ap.add_argument('--scans', type=int, default=12)
     ap.add_argument('--out', required=True)
     ap.add_argument('--timeout', type=float, default=60.0, help='seconds to wait per scan')
@@ -140,7 +163,7 @@ def main():
                     help='publish a static transform (translation only) on /tf_static first')
     args = ap.parse_args()
     rclpy.init()
-    node = Driver()
+    node = Driver(args.sensor_qos)
     sent = []
     if args.static_tf:
         parent, child, x, y, z = args.static_tf
@@ -162,7 +185,8 @@ def main():
             print('register_node did not subscribe to points', file=sys.stderr)
             sys.exit(3)
         time.sleep(0.5)
-        msgs = sim_messages(args.scans) if args.scenario == 'sim' else bad_messages()
+        msgs = {'sim': lambda: sim_messages(args.scans), 'bad': bad_messages,
+                'glitch': lambda: glitch_messages(args.scans)}[args.scenario]()
         for label, msg, pose in msgs:
             key = Driver.key(msg.header.stamp)
             node.pub.publish(msg)
