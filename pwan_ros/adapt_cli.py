@@ -5,8 +5,8 @@
 
 Every field of :class:`pwan_ros.adaptation.AdaptConfig` is also a flag (``--batch-size`` or
 ``--batch_size``, ``--lambda1`` ...). Precedence: defaults < ``--config`` YAML < flags. ``--resume`` continues
-from ``DIR/checkpoints/latest.pt``. Exit status: 0 done, 1 bad input/config, 130 interrupted
-(checkpoint written).
+from ``DIR/checkpoints/latest.pt``. Exit status: 0 done, 2 bad input/config or an output that
+cannot be written (one line on stderr), 130 interrupted (checkpoint written).
 
 ``pwan-adapt-import``: convert features recorded in a rosbag2 into the ``.npz`` input format.
 """
@@ -77,6 +77,14 @@ class Progress:
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        return _main(args)
+    except KeyboardInterrupt:  # before training started (loading inputs): nothing written
+        print('pwan-adapt: interrupted', file=sys.stderr)
+        return 130
+
+
+def _main(args) -> int:
+    try:
         values, io = ({}, {}) if args.config is None else split_yaml(args.config)
         for key in ('labelled', 'unlabelled', 'output'):
             if getattr(args, key) is None and io.get(key):
@@ -103,7 +111,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 signal.signal(s, h)
     except AdaptError as exc:
         print(f'pwan-adapt: error: {exc}', file=sys.stderr)
-        return 1
+        return 2
     if args.json:
         print(json.dumps(result.to_dict()))
     else:
@@ -114,7 +122,10 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def import_main(argv: Optional[List[str]] = None) -> int:
-    """``pwan-adapt-import BAG --features-topic T [--label-topic L | --label-field F] --output X.npz``."""
+    """``pwan-adapt-import BAG --features-topic T [--label-topic L | --label-field F] --output X.npz``.
+
+    Exit status: 0 written, 2 bad input or unwritable output (one line), 130 interrupted (nothing
+    written)."""
     p = argparse.ArgumentParser(prog='pwan-adapt-import', description='Convert image features recorded in a '
                                 'rosbag2 (one message per image) into the pwan-adapt .npz format.')
     p.add_argument('bag', help='rosbag2 directory (sqlite3 or mcap)')
@@ -133,7 +144,10 @@ def import_main(argv: Optional[List[str]] = None) -> int:
                           class_names=args.class_names)
     except AdaptError as exc:
         print(f'pwan-adapt-import: error: {exc}', file=sys.stderr)
-        return 1
+        return 2
+    except KeyboardInterrupt:
+        print('pwan-adapt-import: interrupted', file=sys.stderr)
+        return 130
     print(json.dumps(info))
     return 0
 

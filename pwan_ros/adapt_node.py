@@ -7,7 +7,9 @@ and the keys of ``config/adapt.yaml``) plus ``labelled``, ``unlabelled``, ``outp
 key/values step, steps, loss, ce, w1, entropy, m_alpha, lr, state, and after evaluations
 unlabelled_entropy / accuracy), writes the outputs of :func:`run_adaptation`, and exits when
 done (status 0). SIGINT/SIGTERM stop training after the current step, write
-``checkpoints/latest.pt`` and exit 0; invalid parameters or inputs exit 1 with a clear log line.
+``checkpoints/latest.pt`` and exit 0; invalid parameters or inputs, or an output that cannot be
+written (read-only or full disk), exit 2 with a clear log line (and ``state: error`` on
+/diagnostics once training was started).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from rclpy.node import Node
 
 from pwan_ros.adaptation.config import AdaptConfig
 from pwan_ros.adaptation.errors import AdaptError
+from pwan_ros.ros_args import params_file_problem
 
 STATUS_NAME = 'adapt_node: training'
 IO_PARAMS = {
@@ -146,7 +149,7 @@ class AdaptNode(Node):
             self.get_logger().error(str(exc))
             self.publish_status(DiagnosticStatus.ERROR, str(exc), {'state': 'error'})
             self._flush()
-            return 1
+            return 2
         state = 'done' if result.completed else 'interrupted'
         vals = {'state': state, 'step': result.steps_done, 'steps': result.steps,
                 'summary': result.summary_path, 'checkpoint': result.checkpoint_path}
@@ -183,11 +186,17 @@ def _init(args) -> None:
 
 
 def main(args: Optional[List[str]] = None) -> int:
+    argv = args if args is not None else sys.argv
+    problem = params_file_problem(argv)
+    if problem:
+        print(f'adapt_node: {problem}', file=sys.stderr)
+        return 2
     try:
-        _init(args if args is not None else sys.argv)
+        _init(argv)
     except Exception as exc:  # rclpy raises its own error types for malformed --ros-args
-        print(f'adapt_node: invalid ROS arguments: {exc}', file=sys.stderr)
-        return 1
+        first = str(exc).splitlines()[0] if str(exc) else repr(exc)
+        print(f'adapt_node: invalid ROS arguments: {first}', file=sys.stderr)
+        return 2
     node = AdaptNode()
     handlers = {}
     try:
@@ -200,7 +209,7 @@ def main(args: Optional[List[str]] = None) -> int:
         if node.errors:
             for e in node.errors:
                 node.get_logger().error(e)
-            rc = 1
+            rc = 2
         else:
             rc = node.run()
     finally:

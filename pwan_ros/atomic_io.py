@@ -79,6 +79,12 @@ def atomic_path(path, suffix: str = '.tmp') -> Iterator[str]:
         yield tmp
         _chmod_default(tmp)
         os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        if exc.filename in (None, tmp):  # a failed write() names no file: name the output
+            raise OSError(exc.errno, exc.strerror or str(exc), path) from None
+        raise
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -114,6 +120,12 @@ def write_text(path, text: str) -> None:
 
 def write_json(path, obj: Any) -> None:
     write_text(path, json.dumps(obj, indent=2, sort_keys=False) + '\n')
+
+
+def write_bytes(path, data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        with open(tmp, 'wb') as fh:
+            fh.write(data)
 
 
 def write_npy(path, array: np.ndarray) -> None:

@@ -13,7 +13,9 @@ topic) raises :class:`BagError` naming the bag and the problem.
 """
 from __future__ import annotations
 
+import contextlib
 import pathlib
+import sys
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -84,37 +86,76 @@ def clock(stamp_ns: int):
 
 
 class BagWriter:
-    """Write a rosbag2 directory (mcap by default) message by message.
+    """Write a rosbag2 directory (mcap by default) message by message, atomically.
 
     ``with BagWriter(path) as w: w.write('/points', stamp_ns, msg)`` -- topics are added on
-    first use from the message's type. ``path`` must not exist yet (rosbag2 convention).
+    first use from the message's type. ``path`` must not exist yet (rosbag2 convention). The bag
+    is written under a temporary sibling directory and renamed to ``path`` only when the ``with``
+    block completes: a failed or interrupted conversion (an exception, Ctrl-C, a full disk)
+    leaves no bag at all, never a complete-looking truncated one.
     """
 
     def __init__(self, path, storage: str = 'mcap'):
-        from rosbags.rosbag2 import StoragePlugin, Writer
+        from rosbags.rosbag2 import StoragePlugin
+        from .atomic_io import OutputError, check_output
         self.path = pathlib.Path(path)
         if self.path.exists():
             raise BagError(f'{self.path} already exists; rosbag2 writers need a new directory')
         plugins = {'mcap': StoragePlugin.MCAP, 'sqlite3': StoragePlugin.SQLITE3}
         if storage not in plugins:
             raise BagError(f'unknown storage {storage!r}; use one of {sorted(plugins)}')
-        self._writer = Writer(self.path, version=8, storage_plugin=plugins[storage])
+        try:
+            check_output(self.path, directory=True, must_not_exist=True)
+        except OutputError as exc:
+            raise BagError(str(exc)) from None
+        self._plugin = plugins[storage]
+        self._writer = None
+        self._atomic = None
         self._connections = {}
         self.counts: dict[str, int] = {}
 
     def __enter__(self) -> 'BagWriter':
-        self._writer.open()
+        from rosbags.rosbag2 import Writer
+        from .atomic_io import atomic_dir
+        self._atomic = atomic_dir(self.path)
+        tmp = self._atomic.__enter__()
+        try:
+            self._writer = Writer(pathlib.Path(tmp), version=8, storage_plugin=self._plugin)
+            self._writer.open()
+        except BaseException:
+            self._atomic.__exit__(*sys.exc_info())
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
-        self._writer.close()
+        try:
+            with self._named_errors():
+                self._writer.close()
+        except BaseException:
+            self._atomic.__exit__(*sys.exc_info())
+            if exc[0] is None:
+                raise
+            return
+        self._atomic.__exit__(*exc)
+
+    @contextlib.contextmanager
+    def _named_errors(self):
+        """An OSError from the storage layer without a file name (a failed write(): full disk)
+        is re-raised naming the bag."""
+        try:
+            yield
+        except OSError as exc:
+            if exc.filename is None:
+                raise OSError(exc.errno, exc.strerror or str(exc), str(self.path)) from None
+            raise
 
     def write(self, topic: str, stamp_ns: int, msg: Any) -> None:
-        conn = self._connections.get(topic)
-        if conn is None:
-            conn = self._writer.add_connection(topic, msg.__msgtype__, typestore=typestore())
-            self._connections[topic] = conn
-        self._writer.write(conn, int(stamp_ns), typestore().serialize_cdr(msg, msg.__msgtype__))
+        with self._named_errors():
+            conn = self._connections.get(topic)
+            if conn is None:
+                conn = self._writer.add_connection(topic, msg.__msgtype__, typestore=typestore())
+                self._connections[topic] = conn
+            self._writer.write(conn, int(stamp_ns), typestore().serialize_cdr(msg, msg.__msgtype__))
         self.counts[topic] = self.counts.get(topic, 0) + 1
 
 

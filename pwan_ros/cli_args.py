@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import signal
+import sys
+from typing import Callable, Tuple, Type
 
-__all__ = ['add_config_arguments', 'config_from_args']
+__all__ = ['add_config_arguments', 'config_from_args', 'run_cli', 'os_error_text']
 
 _TYPES = {'int': int, 'float': float, 'str': str}
 
@@ -33,3 +37,45 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls, skip=()) -> None:
 def config_from_args(cls, args: argparse.Namespace, skip=()):
     """Build dataclass ``cls`` from parsed arguments (its own __post_init__ validates)."""
     return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if f.name not in skip})
+
+
+def os_error_text(exc: OSError) -> str:
+    """``path: reason`` for an OSError (e.g. ``/data/out: File too large``), one line."""
+    reason = exc.strerror or str(exc)
+    return f'{exc.filename}: {reason}' if exc.filename else reason
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM raises KeyboardInterrupt like SIGINT (main thread only), so both unwind the same
+    way: atomic outputs delete their temporaries on the way out."""
+    try:
+        old = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    except ValueError:  # not the main thread
+        old = None
+    try:
+        yield
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+
+
+def run_cli(prog: str, body: Callable[[], int], errors: Tuple[Type[BaseException], ...] = ()) -> int:
+    """Run a command's ``body`` with the package's failure contract.
+
+    ``errors`` (the command's own bad-input types) and any ``OSError`` (a missing input, a full or
+    read-only disk) print one line ``prog: error: ...`` and return 2; Ctrl-C or SIGTERM print
+    ``prog: interrupted`` and return 130. Outputs are written atomically (:mod:`pwan_ros.atomic_io`),
+    so either way nothing half-written is left behind."""
+    try:
+        with _sigterm_as_interrupt():
+            return body()
+    except KeyboardInterrupt:
+        print(f'{prog}: interrupted', file=sys.stderr)
+        return 130
+    except OSError as exc:
+        print(f'{prog}: error: {os_error_text(exc)}', file=sys.stderr)
+        return 2
+    except errors as exc:
+        print(f'{prog}: error: {exc}', file=sys.stderr)
+        return 2

@@ -24,7 +24,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from .cli_args import add_config_arguments, config_from_args
+from .atomic_io import check_output, write_text
+from .cli_args import add_config_arguments, config_from_args, run_cli
 
 __all__ = ['DemoConfig', 'DemoError', 'run_demo', 'default_node_command', 'main']
 
@@ -96,7 +97,7 @@ def _ensure_bag(cfg: DemoConfig, out: pathlib.Path, log) -> pathlib.Path:
         shutil.rmtree(bag)
     log(f'demo: generating {cfg.scans} simulated scans into {bag} ...')
     res = write_sim_bag(bag, sim)
-    stamp.write_text(wanted)
+    write_text(stamp, wanted)
     log(f'demo: {res.scans} scans, {res.mean_points:.0f} points/scan, path {res.path_length_m:.1f} m '
         f'({res.seconds:.1f} s)')
     return bag
@@ -125,7 +126,7 @@ def run_demo(cfg: DemoConfig, log=print) -> pathlib.Path:
     from .ros_env import isolated_ros_env
     from .run_record import RunRecord
 
-    out = pathlib.Path(cfg.output).resolve()
+    out = pathlib.Path(check_output(cfg.output, directory=True)).resolve()
     out.mkdir(parents=True, exist_ok=True)
     bag = _ensure_bag(cfg, out, log)
     env = isolated_ros_env(out / 'logs')
@@ -143,12 +144,14 @@ def run_demo(cfg: DemoConfig, log=print) -> pathlib.Path:
                           '--startup-timeout', str(cfg.startup_timeout), '--drain-timeout', str(cfg.drain_timeout)]
             with open(out / 'replay.log', 'w') as replay_log:
                 replayer = subprocess.Popen(replay_cmd, env=env, stdout=replay_log, stderr=subprocess.STDOUT)
-                while replayer.poll() is None:
-                    if node.poll() is not None:
-                        _stop(replayer)
-                        raise DemoError(f'the node exited early (code {node.returncode}); last lines of '
-                                        f'{out / "node.log"}:\n{_tail(out / "node.log")}')
-                    time.sleep(0.2)
+                try:
+                    while replayer.poll() is None:
+                        if node.poll() is not None:
+                            raise DemoError(f'the node exited early (code {node.returncode}); last lines of '
+                                            f'{out / "node.log"}:\n{_tail(out / "node.log")}')
+                        time.sleep(0.2)
+                finally:  # also on Ctrl-C: no replayer left running
+                    _stop(replayer)
             if replayer.returncode != 0:
                 raise DemoError(f'replay failed (code {replayer.returncode}); last lines of {out / "replay.log"}:\n'
                                 f'{_tail(out / "replay.log")}')
@@ -174,12 +177,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog='pwan-demo', description=__doc__.split('\n\n')[0])
     add_config_arguments(parser, DemoConfig)
     args = parser.parse_args(argv)
-    try:
+
+    def body() -> int:
         run_demo(config_from_args(DemoConfig, args))
-    except (ValueError, DemoError, RuntimeError) as exc:
-        print(f'pwan-demo: error: {exc}', file=sys.stderr)
-        return 2
-    return 0
+        return 0
+    return run_cli('pwan-demo', body, (ValueError, DemoError, RuntimeError))
 
 
 if __name__ == '__main__':

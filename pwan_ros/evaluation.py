@@ -34,6 +34,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from . import bag_io
+from .atomic_io import atomic_path, check_output, write_text
+from .cli_args import add_config_arguments, config_from_args, run_cli
 from .run_record import RunRecord
 from .trajectory import Trajectory, TrajectoryError, read_pose_file, write_tum
 
@@ -254,9 +256,11 @@ def plot(result: EvalResult, path, title: str = '') -> pathlib.Path:
         fig.suptitle(title)
     fig.tight_layout()
     path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    try:
+        with atomic_path(path, suffix='.png') as tmp:
+            fig.savefig(tmp, dpi=90, format='png')
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -264,12 +268,11 @@ def write_outputs(output, result: EvalResult, est: Trajectory, run: RunRecord | 
                   title: str = '', **extra) -> tuple[dict, pathlib.Path]:
     """Write trajectory_est.tum, trajectory.png and summary.json into ``output``; (summary, json path)."""
     output = pathlib.Path(output)
-    output.mkdir(parents=True, exist_ok=True)
     tum = write_tum(output / 'trajectory_est.tum', est)
     png = plot(result, output / 'trajectory.png', title)
     summary = make_summary(result, run, trajectory_tum=str(tum), plot_png=str(png), **extra)
     path = output / 'summary.json'
-    path.write_text(json.dumps(summary, indent=2))
+    write_text(path, json.dumps(summary, indent=2))  # last: its presence means the set is complete
     return summary, path
 
 
@@ -306,7 +309,6 @@ def _evaluate_one(args, cfg: EvalConfig, bag, output: pathlib.Path, run: RunReco
 
 
 def main(argv=None) -> int:
-    from .cli_args import add_config_arguments, config_from_args
     parser = argparse.ArgumentParser(prog='pwan-evaluate', description=__doc__.split('\n\n')[0])
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument('--run', help='run.json written by pwan-replay')
@@ -325,36 +327,38 @@ def main(argv=None) -> int:
     parser.add_argument('--json', action='store_true', help='print the summary JSON instead of the table')
     add_config_arguments(parser, EvalConfig)
     args = parser.parse_args(argv)
-    try:
-        cfg = config_from_args(EvalConfig, args)
-        bags = args.bag or [None]
-        output = pathlib.Path(args.output)
-        results = []
-        if args.offline:
-            from .offline import load_estimator, run_offline
-            if args.bag is None:
-                raise EvaluationError('--offline needs --bag')
-            for bag in bags:
-                out = output / pathlib.Path(bag).name if len(bags) > 1 else output
-                run = run_offline(bag, load_estimator(args.estimator), topic=args.topic,
-                                  max_scans=args.max_scans or None)
-                run.save(out)
-                results.append(_evaluate_one(args, cfg, bag, out, run, None))
-        elif args.run:
-            run = RunRecord.load(args.run)
-            results.append(_evaluate_one(args, cfg, bags[0] or run.bag or None, output, run, None))
+    return run_cli('pwan-evaluate', lambda: _main(args), (ValueError, bag_io.BagError, EvaluationError,
+                                                          TrajectoryError))
+
+
+def _main(args) -> int:
+    cfg = config_from_args(EvalConfig, args)
+    check_output(args.output, directory=True)  # before any work
+    bags = args.bag or [None]
+    output = pathlib.Path(args.output)
+    results = []
+    if args.offline:
+        from .offline import load_estimator, run_offline
+        if args.bag is None:
+            raise EvaluationError('--offline needs --bag')
+        for bag in bags:
+            out = output / pathlib.Path(bag).name if len(bags) > 1 else output
+            run = run_offline(bag, load_estimator(args.estimator), topic=args.topic,
+                              max_scans=args.max_scans or None)
+            run.save(out)
+            results.append(_evaluate_one(args, cfg, bag, out, run, None))
+    elif args.run:
+        run = RunRecord.load(args.run)
+        results.append(_evaluate_one(args, cfg, bags[0] or run.bag or None, output, run, None))
+    else:
+        if len(bags) > 1:
+            raise EvaluationError('several --bag values need --offline')
+        est_path = pathlib.Path(args.est)
+        if (est_path / 'metadata.yaml').exists():  # a recorded bag, e.g. from ros2 bag record
+            est = bag_io.read_trajectory(est_path, args.est_topic)
         else:
-            if len(bags) > 1:
-                raise EvaluationError('several --bag values need --offline')
-            est_path = pathlib.Path(args.est)
-            if (est_path / 'metadata.yaml').exists():  # a recorded bag, e.g. from ros2 bag record
-                est = bag_io.read_trajectory(est_path, args.est_topic)
-            else:
-                est = read_pose_file(est_path)
-            results.append(_evaluate_one(args, cfg, bags[0], output, None, est))
-    except (ValueError, bag_io.BagError, EvaluationError, TrajectoryError) as exc:
-        print(f'pwan-evaluate: error: {exc}', file=sys.stderr)
-        return 2
+            est = read_pose_file(est_path)
+        results.append(_evaluate_one(args, cfg, bags[0], output, None, est))
     for summary, path in results:
         if args.json:
             print(json.dumps(summary, indent=2))

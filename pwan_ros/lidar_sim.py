@@ -27,7 +27,7 @@ from typing import Iterator
 import numpy as np
 
 from . import bag_io
-from .cli_args import add_config_arguments, config_from_args
+from .cli_args import add_config_arguments, config_from_args, run_cli
 from .pointcloud2 import create_cloud
 
 __all__ = ['SimConfig', 'SimScan', 'SimResult', 'ground_truth_pose', 'simulate', 'write_sim_bag', 'main']
@@ -277,15 +277,13 @@ def main(argv=None) -> int:
     parser.add_argument('--storage', choices=('mcap', 'sqlite3'), default='mcap')
     add_config_arguments(parser, SimConfig)
     args = parser.parse_args(argv)
-    try:
-        cfg = config_from_args(SimConfig, args)
-        res = write_sim_bag(args.output, cfg, storage=args.storage)
-    except (ValueError, bag_io.BagError) as exc:
-        print(f'pwan-sim: error: {exc}', file=sys.stderr)
-        return 2
-    print(f'wrote {res.bag}: {res.scans} scans, {res.mean_points:.0f} points/scan on average, '
-          f'path {res.path_length_m:.1f} m, {res.seconds:.1f} s')
-    return 0
+
+    def body() -> int:
+        res = write_sim_bag(args.output, config_from_args(SimConfig, args), storage=args.storage)
+        print(f'wrote {res.bag}: {res.scans} scans, {res.mean_points:.0f} points/scan on average, '
+              f'path {res.path_length_m:.1f} m, {res.seconds:.1f} s')
+        return 0
+    return run_cli('pwan-sim', body, (ValueError, bag_io.BagError))
 
 
 if __name__ == '__main__':

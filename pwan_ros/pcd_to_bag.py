@@ -125,20 +125,19 @@ def convert(cfg: ConvertConfig, log=print) -> ConvertResult:
 
 
 def main(argv=None) -> int:
-    from .cli_args import add_config_arguments, config_from_args
+    from .cli_args import add_config_arguments, config_from_args, run_cli
     parser = argparse.ArgumentParser(prog='pwan-pcd2bag', description=__doc__.split('\n\n')[0])
     add_config_arguments(parser, ConvertConfig, skip=('scans', 'poses', 'output'))
     parser.add_argument('--scans', required=True, help='folder of .pcd / .pcd.gz scans')
     parser.add_argument('--poses', required=True, help='pose file (TUM, KITTI or 4x4 blocks)')
     parser.add_argument('--output', required=True, help='rosbag2 directory to create')
     args = parser.parse_args(argv)
-    try:
+
+    def body() -> int:
         res = convert(config_from_args(ConvertConfig, args), log=lambda *a: None)
-    except (ValueError, PcdError, TrajectoryError, bag_io.BagError) as exc:
-        print(f'pwan-pcd2bag: error: {exc}', file=sys.stderr)
-        return 2
-    print(f'wrote {res.bag}: {res.scans} scans, {res.mean_points:.0f} points/scan, {res.duration_s:.1f} s')
-    return 0
+        print(f'wrote {res.bag}: {res.scans} scans, {res.mean_points:.0f} points/scan, {res.duration_s:.1f} s')
+        return 0
+    return run_cli('pwan-pcd2bag', body, (ValueError, PcdError, TrajectoryError, bag_io.BagError))
 
 
 if __name__ == '__main__':

@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import bag_io
-from .cli_args import add_config_arguments, config_from_args
+from .atomic_io import check_output
+from .cli_args import add_config_arguments, config_from_args, run_cli
 from .run_record import RunRecord
 from .trajectory import Trajectory
 
@@ -274,18 +275,18 @@ def main(argv=None) -> int:
     add_config_arguments(parser, ReplayConfig, skip=('bag',))
     parser.add_argument('--bag', required=True, help='rosbag2 directory (mcap or sqlite3)')
     args = parser.parse_args(argv)
-    try:
+
+    def body() -> int:
         cfg = config_from_args(ReplayConfig, args)
+        check_output(args.output, directory=True)  # before the replay, not after it
         run = replay(cfg)
-    except (ValueError, bag_io.BagError, ReplayError) as exc:
-        print(f'pwan-replay: error: {exc}', file=sys.stderr)
-        return 2
-    path = run.save(pathlib.Path(args.output))
-    med = run.median_latency_ms()
-    print(f'replay: {run.scans_published} scans published, {run.scans} answered, '
-          f'median latency {"n/a" if med is None else f"{med:.1f} ms"}, {run.wall_s:.1f} s')
-    print(f'run: {path}')
-    return 0
+        path = run.save(pathlib.Path(args.output))
+        med = run.median_latency_ms()
+        print(f'replay: {run.scans_published} scans published, {run.scans} answered, '
+              f'median latency {"n/a" if med is None else f"{med:.1f} ms"}, {run.wall_s:.1f} s')
+        print(f'run: {path}')
+        return 0
+    return run_cli('pwan-replay', body, (ValueError, bag_io.BagError, ReplayError))
 
 
 if __name__ == '__main__':

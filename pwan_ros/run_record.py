@@ -5,12 +5,12 @@ repeated without re-running anything.
 """
 from __future__ import annotations
 
-import json
 import pathlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
+from .atomic_io import read_json, write_json
 from .trajectory import Trajectory, read_tum, write_tum
 
 __all__ = ['RunRecord']
@@ -57,21 +57,41 @@ class RunRecord:
         return float(np.median(self.node_latencies_ms)) if self.node_latencies_ms else None
 
     def save(self, directory) -> pathlib.Path:
-        """Write ``trajectory_est.tum`` and ``run.json`` into ``directory``; returns run.json."""
+        """Write ``trajectory_est.tum`` then ``run.json`` into ``directory`` (each atomically, the
+        record last, so a ``run.json`` always has its trajectory); returns run.json."""
         directory = pathlib.Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         tum = write_tum(directory / 'trajectory_est.tum', self.estimate)
         data = {k: v for k, v in asdict(self).items() if k != 'estimate'}
         data['trajectory_tum'] = tum.name
         path = directory / 'run.json'
-        path.write_text(json.dumps(data, indent=2))
+        write_json(path, data)
         return path
 
     @classmethod
     def load(cls, path) -> 'RunRecord':
-        """Read a ``run.json`` written by :meth:`save` (the TUM file next to it)."""
+        """Read a ``run.json`` written by :meth:`save` (the TUM file next to it).
+
+        Raises ValueError naming the file when it is missing, not JSON, or not a run record."""
         path = pathlib.Path(path)
-        data = json.loads(path.read_text())
+        data = read_json(path)
+        if not isinstance(data, dict):
+            raise ValueError(f'{path}: not a run record (expected a JSON object)')
+        missing = [k for k in ('trajectory_tum', 'scans_published') if k not in data]
+        if missing:
+            raise ValueError(f'{path}: not a run record (missing {", ".join(missing)})')
+        known = {f.name for f in fields(cls)} - {'estimate'}
+        unknown = sorted(set(data) - known - {'trajectory_tum'})
+        if unknown:
+            raise ValueError(f'{path}: not a run record (unknown keys {", ".join(unknown)})')
+        if not isinstance(data['scans_published'], int) or not isinstance(data['trajectory_tum'], str):
+            raise ValueError(f'{path}: not a run record (scans_published must be an integer, '
+                             'trajectory_tum a file name)')
         tum = path.parent / data.pop('trajectory_tum')
-        return cls(estimate=read_tum(tum) if tum.stat().st_size else Trajectory(np.zeros(0), np.zeros((0, 4, 4))),
-                   **data)
+        if not tum.is_file():
+            raise ValueError(f'{path}: its trajectory {tum} is missing')
+        estimate = read_tum(tum) if tum.stat().st_size else Trajectory(np.zeros(0), np.zeros((0, 4, 4)))
+        try:
+            return cls(estimate=estimate, **data)
+        except TypeError as exc:
+            raise ValueError(f'{path}: not a run record ({exc})') from None

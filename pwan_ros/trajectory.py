@@ -105,7 +105,10 @@ def _numeric_rows(path: pathlib.Path) -> list[list[float]]:
     try:
         text = pathlib.Path(path).read_text()
     except OSError as exc:
-        raise TrajectoryError(f'cannot read pose file {path}: {exc}') from exc
+        reason = 'is a directory' if pathlib.Path(path).is_dir() else (exc.strerror or str(exc))
+        raise TrajectoryError(f'cannot read pose file {path}: {reason}') from None
+    except UnicodeDecodeError:
+        raise TrajectoryError(f'cannot read pose file {path}: not a text file') from None
     rows = []
     for lineno, line in enumerate(text.splitlines(), 1):
         line = line.strip()
@@ -132,12 +135,11 @@ def read_tum(path) -> Trajectory:
 
 def write_tum(path, traj: Trajectory) -> pathlib.Path:
     """Write a TUM file (stamps with 9 decimals, i.e. nanoseconds)."""
+    from .atomic_io import write_text
     path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     t, q = tq_from_pose(traj.poses)
-    with path.open('w') as f:
-        for s, ti, qi in zip(traj.stamps, t, q):
-            f.write(f'{s:.9f} ' + ' '.join(f'{v:.9g}' for v in (*ti, *qi)) + '\n')
+    write_text(path, ''.join(f'{s:.9f} ' + ' '.join(f'{v:.9g}' for v in (*ti, *qi)) + '\n'
+                             for s, ti, qi in zip(traj.stamps, t, q)))
     return path
 
 

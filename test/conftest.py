@@ -1,5 +1,6 @@
 """Shared fixtures: an isolated ROS 2 environment for tests that start real ROS processes."""
 import os
+import pathlib
 import random
 import sys
 
@@ -34,3 +35,24 @@ def ros_subprocess_env(tmp_path, domain_id=None):
 @pytest.fixture
 def ros_env(tmp_path):
     return ros_subprocess_env(tmp_path)
+
+
+@pytest.fixture
+def unwritable_dir(tmp_path):
+    """A directory the test process cannot create files in: a 0555 directory, or for root (who
+    writes through permissions) /proc/sys, which no process can write into."""
+    d = tmp_path / 'readonly'
+    d.mkdir()
+    d.chmod(0o555)
+    yield d if not os.access(d, os.W_OK) else pathlib.Path('/proc/sys')
+    d.chmod(0o755)
+
+
+def assert_one_line_failure(proc, code=2, contains=()):
+    """A CLI failure by the package's contract: exit ``code``, one non-empty stderr line, no
+    traceback, naming each of ``contains``."""
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == code, (proc.returncode, proc.stderr[-2000:])
+    assert 'Traceback' not in proc.stderr and len(lines) == 1, proc.stderr[-2000:]
+    for text in contains:
+        assert str(text) in lines[0], (text, lines[0])

@@ -77,4 +77,4 @@ def test_import_errors(tmp_path):
     assert not (tmp_path / 'x.npz').exists()
     proc = subprocess.run([str(IMPORT), str(tmp_path / 'missing'), '--features-topic', '/f', '--output',
                            str(tmp_path / 'x.npz')], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 1 and 'does not exist' in proc.stderr
+    assert proc.returncode == 2 and "does not exist" in proc.stderr

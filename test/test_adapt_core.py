@@ -228,7 +228,7 @@ def test_cli_outputs_torchscript_and_resume(tmp_path, capsys):
         np.testing.assert_array_equal(ts(torch.from_numpy(xu)).argmax(1).numpy(), pred)
     # Resuming with a different training config is refused with the differences named.
     rc = adapt_main(args[1:8] + ['--steps', '120', '--resume', '--device', 'cpu'])
-    assert rc == 1 and 'cannot resume' in capsys.readouterr().err
+    assert rc == 2 and "cannot resume" in capsys.readouterr().err
 
 
 def test_cli_bad_input_writes_nothing(tmp_path, capsys):
@@ -237,12 +237,12 @@ def test_cli_bad_input_writes_nothing(tmp_path, capsys):
     np.savez(tmp_path / 'u.npz', features=np.ones((5, 3), np.float32))
     out = tmp_path / 'out'
     base = ['--labelled', str(tmp_path / 'l.npz'), '--unlabelled', str(tmp_path / 'u.npz'), '--output', str(out)]
-    assert adapt_main(base) == 1
+    assert adapt_main(base) == 2
     err = capsys.readouterr().err
     assert 'feature dimensions differ' in err and 'Traceback' not in err
-    assert adapt_main(base + ['--lambda1', '-1']) == 1
+    assert adapt_main(base + ['--lambda1', '-1']) == 2
     assert 'lambda1: -1.0 is below the minimum' in capsys.readouterr().err
-    assert adapt_main(base[:4]) == 1
+    assert adapt_main(base[:4]) == 2
     assert 'missing required option(s): --output' in capsys.readouterr().err
     assert not out.exists()
 

@@ -131,7 +131,7 @@ def test_node_rejects_invalid_parameters(tmp_path, ros_env):
     node = subprocess.run([str(NODE)] + _params(tmp_path, steps=10, lambda1=1, gp_weight=-2.0, method='dann',
                                                 output=None), env=ros_env, capture_output=True, text=True,
                           timeout=60)
-    assert node.returncode == 1, node.stderr
+    assert node.returncode == 2, node.stderr
     for msg in ("invalid parameter 'lambda1': expects a double (write e.g. 1.0, not 1)",
                 "invalid parameter 'gp_weight': out of range [0.0, 1000000.0]",
                 "invalid parameter 'method': method: 'dann' is not one of pwan, source_only, wgan", "parameter 'output' is required"):
@@ -139,15 +139,15 @@ def test_node_rejects_invalid_parameters(tmp_path, ros_env):
     assert 'Traceback' not in node.stderr
     node = subprocess.run([str(NODE)] + _params(tmp_path, steps=10, lambda1=-2.0), env=ros_env,
                           capture_output=True, text=True, timeout=60)
-    assert node.returncode == 1 and "'lambda1'" in node.stderr and 'Traceback' not in node.stderr
+    assert node.returncode == 2 and "'lambda1'" in node.stderr and 'Traceback' not in node.stderr
     assert not (tmp_path / 'out').exists()
     node = subprocess.run([str(NODE), '--ros-args', '-p', 'output:='], env=ros_env, capture_output=True,
                           text=True, timeout=60)
-    assert node.returncode == 1 and 'invalid ROS arguments' in node.stderr and 'Traceback' not in node.stderr
+    assert node.returncode == 2 and 'invalid ROS arguments' in node.stderr and 'Traceback' not in node.stderr
     # Unreadable input: clear error, nothing written.
     bad = _params(tmp_path, steps=10, unlabelled=str(tmp_path / 'nope.npz'))
     node = subprocess.run([str(NODE)] + bad, env=ros_env, capture_output=True, text=True, timeout=60)
-    assert node.returncode == 1 and 'does not exist' in node.stderr
+    assert node.returncode == 2 and 'does not exist' in node.stderr
     assert not (tmp_path / 'out').exists()
 
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .data import save_npz
-from .errors import AdaptInputError
+from .errors import AdaptInputError, AdaptOutputError
+from .io import OutputError, check_output
 
 
 def _get(msg: Any, path: str, topic: str) -> Any:
@@ -34,12 +35,30 @@ def _get(msg: Any, path: str, topic: str) -> Any:
     return obj
 
 
-def _read(reader, topic: str) -> List[Any]:
+def _read(reader, topic: str) -> Tuple[str, List[Any]]:
+    """(message type, deserialised messages) of ``topic``."""
     conns = [c for c in reader.connections if c.topic == topic]
     if not conns:
         have = ', '.join(sorted({c.topic for c in reader.connections})) or 'no topics'
         raise AdaptInputError(f'topic {topic} is not in the bag (it has: {have})')
-    return [reader.deserialize(raw, conn.msgtype) for conn, _, raw in reader.messages(connections=conns)]
+    msgtype = conns[0].msgtype
+    return msgtype, [reader.deserialize(raw, conn.msgtype) for conn, _, raw in reader.messages(connections=conns)]
+
+
+def _feature_row(msg: Any, field: str, topic: str, msgtype: str) -> np.ndarray:
+    """The feature vector in ``msg.<field>`` as float64 (D,); errors name the message type."""
+    value = _get(msg, field, topic)
+    expect = 'expected one feature vector per message, e.g. std_msgs/msg/Float32MultiArray'
+    raw = np.asarray(value)
+    if raw.dtype == np.uint8 and not msgtype.endswith('MultiArray'):
+        raise AdaptInputError(f"topic {topic} ({msgtype}): field '{field}' holds raw bytes, not a feature "
+                              f'vector; {expect}')
+    try:
+        row = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise AdaptInputError(f"topic {topic} ({msgtype}): field '{field}' is not a numeric array; "
+                              f'{expect}') from None
+    return row.ravel()
 
 
 def import_bag(bag, features_topic: str, output, features_field: str = 'data',
@@ -52,19 +71,26 @@ def import_bag(bag, features_topic: str, output, features_field: str = 'data',
     if not os.path.exists(bag):
         raise AdaptInputError(f'bag {bag} does not exist')
     try:
+        check_output(output)  # before reading the bag
+    except OutputError as exc:
+        raise AdaptOutputError(str(exc)) from None
+    try:
         with AnyReader([Path(bag)], default_typestore=get_typestore(Stores.ROS2_JAZZY)) as reader:
-            feats = _read(reader, features_topic)
-            label_msgs = _read(reader, label_topic) if label_topic else None
+            msgtype, feats = _read(reader, features_topic)
+            label_msgs = _read(reader, label_topic)[1] if label_topic else None
     except AdaptInputError:
         raise
     except Exception as exc:  # rosbags raises several unrelated types for unreadable bags
         raise AdaptInputError(f'cannot read bag {bag}: {exc}') from exc
     if not feats:
         raise AdaptInputError(f'topic {features_topic} has no messages')
-    rows = [np.asarray(_get(m, features_field, features_topic), dtype=np.float64).ravel() for m in feats]
+    rows = [_feature_row(m, features_field, features_topic, msgtype) for m in feats]
     dims = {r.size for r in rows}
     if len(dims) != 1:
-        raise AdaptInputError(f'topic {features_topic}: feature vectors have different lengths {sorted(dims)}')
+        shown = sorted(dims)[:5]
+        raise AdaptInputError(f"topic {features_topic} ({msgtype}): field '{features_field}' has different "
+                              f'lengths across messages ({", ".join(map(str, shown))}{"..." if len(dims) > 5 else ""})'
+                              '; expected one fixed-length feature vector per message')
     if 0 in dims:
         raise AdaptInputError(f'topic {features_topic}: feature vectors are empty')
     features = np.stack(rows).astype(np.float32)
@@ -97,6 +123,9 @@ def import_bag(bag, features_topic: str, output, features_field: str = 'data',
             labels = arr.astype(np.int64)
             if names is not None and labels.max() >= len(names):
                 raise AdaptInputError(f'label {int(labels.max())} out of range for {len(names)} class_names')
-    save_npz(output, features, labels, names)
+    try:
+        save_npz(output, features, labels, names)
+    except OSError as exc:
+        raise AdaptOutputError(f'{output}: {exc.strerror or exc}') from None
     return {'output': os.path.abspath(output), 'rows': int(features.shape[0]), 'dim': int(features.shape[1]),
             'labelled': labels is not None, 'class_names': names}

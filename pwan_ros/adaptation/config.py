@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Mapping, Optional, Tuple
 
@@ -157,9 +158,15 @@ def split_yaml(path) -> Tuple[Dict[str, Any], Dict[str, Any]]:
         with open(path, 'r', encoding='utf-8') as fh:
             data = yaml.safe_load(fh)
     except OSError as exc:
-        raise AdaptConfigError(f'cannot read config file {path}: {exc}') from exc
+        reason = 'is a directory' if os.path.isdir(path) else (exc.strerror or str(exc))
+        raise AdaptConfigError(f'cannot read config file {path}: {reason}') from None
+    except UnicodeDecodeError:
+        raise AdaptConfigError(f'config file {path} is not a text file') from None
     except yaml.YAMLError as exc:
-        raise AdaptConfigError(f'config file {path} is not valid YAML: {exc}') from exc
+        mark = getattr(exc, 'problem_mark', None)
+        at = f' (line {mark.line + 1}, column {mark.column + 1})' if mark is not None else ''
+        problem = getattr(exc, 'problem', None) or str(exc).splitlines()[0]
+        raise AdaptConfigError(f'config file {path} is not valid YAML{at}: {problem}') from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

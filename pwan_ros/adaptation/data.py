@@ -167,6 +167,8 @@ def load_npz(path, role: str = 'labelled', require_labels: bool = False,
              max_memory_mb: float = 1024.0) -> FeatureSet:
     """Read and validate one ``.npz`` file (see module docstring). ``role`` names it in errors."""
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise AdaptInputError(f'{role} file {path} is a directory, expected a .npz file')
     if not os.path.isfile(path):
         raise AdaptInputError(f'{role} file {path} does not exist')
     if os.path.getsize(path) == 0:

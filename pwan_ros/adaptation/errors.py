@@ -11,3 +11,7 @@ class AdaptConfigError(AdaptError, ValueError):
 
 class AdaptInputError(AdaptError, ValueError):
     """Invalid input data (shapes, NaNs, labels, empty files, unreadable files)."""
+
+
+class AdaptOutputError(AdaptError):
+    """An output that cannot be written (not a directory, read-only, full disk): ``path: reason``."""

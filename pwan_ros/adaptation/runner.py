@@ -13,6 +13,7 @@ Output directory layout (every file written atomically)::
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import io as _io
@@ -25,8 +26,8 @@ import torch
 
 from .config import AdaptConfig
 from .data import FeatureSet, load_npz
-from .errors import AdaptInputError
-from .io import atomic_path, write_json, write_npy, write_text
+from .errors import AdaptInputError, AdaptOutputError
+from .io import OutputError, check_output, write_bytes, write_json, write_npy, write_text
 from .trainer import AdaptTrainer, EvalResult, StepMetrics
 
 
@@ -78,8 +79,11 @@ def load_inputs(labelled_path, unlabelled_path, max_memory_mb: float = 1024.0):
 
 
 def _ckpt_save(trainer: AdaptTrainer, path: str) -> None:
-    with atomic_path(path) as tmp:
-        torch.save(trainer.state_dict(), tmp)
+    # Serialised in memory, then written atomically: torch's own file writer reports a full disk
+    # as a RuntimeError from C++ ("enforce fail"), this way it is a plain OSError naming the file.
+    buf = _io.BytesIO()
+    torch.save(trainer.state_dict(), buf)
+    write_bytes(path, buf.getvalue())
 
 
 def _csv(rows: List[Dict]) -> str:
@@ -112,8 +116,9 @@ def export_torchscript(trainer: AdaptTrainer, path: str) -> None:
         # and older PyTorch consumer loads; the warning is not actionable for the user here.
         warnings.simplefilter('ignore', DeprecationWarning)
         scripted = torch.jit.script(model)
-        with atomic_path(path) as tmp:
-            torch.jit.save(scripted, tmp)
+        buf = _io.BytesIO()
+        torch.jit.save(scripted, buf)
+    write_bytes(path, buf.getvalue())
 
 
 def run_adaptation(config: AdaptConfig, labelled, unlabelled, output_dir: str, resume: bool = False,
@@ -124,14 +129,26 @@ def run_adaptation(config: AdaptConfig, labelled, unlabelled, output_dir: str, r
     """Train on ``labelled`` / ``unlabelled`` (paths or :class:`FeatureSet`) and write the outputs.
 
     With ``resume`` the run continues from ``output_dir/checkpoints/latest.pt`` (an error when it
-    does not exist). Inputs are fully validated before anything is written. When
+    does not exist). Inputs and the output directory are validated before anything is written;
+    an output that cannot be written (read-only, full disk) raises :class:`AdaptOutputError`. When
     ``should_stop`` returns True the run stops, writes ``latest.pt`` and the metrics, and returns
     with ``completed=False``.
     """
+    try:
+        check_output(output_dir, directory=True)
+    except OutputError as exc:
+        raise AdaptOutputError(str(exc)) from None
+    created = [d for d in (output_dir, os.path.join(output_dir, 'checkpoints')) if not os.path.exists(d)]
     opened = not isinstance(labelled, FeatureSet)
     lab, unl = load_inputs(labelled, unlabelled, config.memory_limit_mb) if opened else (labelled, unlabelled)
     try:
         return _run(config, lab, unl, os.path.abspath(output_dir), resume, on_step, on_eval, should_stop, log)
+    except OSError as exc:  # writing an output failed part-way (full disk, permissions changed)
+        for d in reversed(created):  # directories this run made and left empty
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
+        reason = exc.strerror or str(exc)
+        raise AdaptOutputError(f'{exc.filename}: {reason}' if exc.filename else reason) from None
     finally:
         if opened:
             lab.close()
@@ -139,8 +156,6 @@ def run_adaptation(config: AdaptConfig, labelled, unlabelled, output_dir: str, r
 
 
 def _run(config, lab, unl, out, resume, on_step, on_eval, should_stop, log) -> AdaptResult:
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise AdaptInputError(f'output {out} exists and is not a directory')
     ckdir = os.path.join(out, 'checkpoints')
     latest, best = os.path.join(ckdir, 'latest.pt'), os.path.join(ckdir, 'best.pt')
     torch_threads = torch.get_num_threads()

@@ -1,0 +1,148 @@
+"""Fault injection on the adaptation side: pwan-adapt, pwan-adapt-import and adapt_node in
+subprocesses with hostile inputs, unwritable outputs and a full disk (RLIMIT_FSIZE: writes fail
+with EFBIG, exactly as on a full disk). Contract: one line, exit 2, nothing half-written, files
+follow the umask."""
+import json
+import os
+import pathlib
+import resource
+import stat
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import assert_one_line_failure
+from pwan_ros.adaptation import save_npz
+from pwan_ros.lidar_sim import SimConfig, write_sim_bag
+from test_adapt_core import gaussian_domains
+from test_adapt_node import NODE, _listen, _params
+
+BIN = pathlib.Path(sys.executable).parent
+FAST = ['--steps', '6', '--quiet', '--device', 'cpu', '--threads', '1', '--plots', 'false',
+        '--warmup-steps', '2', '--eval-interval', '3', '--weight-interval', '3']
+
+
+@pytest.fixture
+def inputs(tmp_path):
+    xl, yl, xu, yu = gaussian_domains(0)
+    save_npz(tmp_path / 'lab.npz', xl, yl)
+    save_npz(tmp_path / 'unl.npz', xu, yu)
+    return tmp_path / 'lab.npz', tmp_path / 'unl.npz'
+
+
+def adapt(*args, fsize=None, umask=None, timeout=180):
+    def limits():
+        if fsize is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+        if umask is not None:
+            os.umask(umask)
+    return subprocess.run([str(BIN / 'pwan-adapt'), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, preexec_fn=limits)
+
+
+def leftovers(root):
+    """Temporaries of atomic writes left anywhere under ``root``."""
+    return [p for p in pathlib.Path(root).rglob('*') if p.name.endswith('.tmp')]
+
+
+def test_bad_inputs_one_line_exit_2(tmp_path, inputs):
+    lab, unl = inputs
+    (tmp_path / 'empty.npz').write_bytes(b'')
+    (tmp_path / 'adir').mkdir()
+    (tmp_path / 'bad.yaml').write_text('steps: [1, 2\n')
+    (tmp_path / 'afile').write_text('x')
+    out = tmp_path / 'out'
+    cases = [
+        (['--labelled', tmp_path / 'empty.npz', '--unlabelled', unl], ['empty.npz', 'is empty']),
+        (['--labelled', tmp_path / 'adir', '--unlabelled', unl], ['adir', 'is a directory']),
+        (['--labelled', lab, '--unlabelled', tmp_path / 'nope.npz'], ['nope.npz', 'does not exist']),
+        (['--labelled', lab, '--unlabelled', unl, '--config', tmp_path / 'bad.yaml'],
+         ['bad.yaml', 'not valid YAML', 'line 2']),
+        (['--labelled', lab, '--unlabelled', unl, '--config', tmp_path / 'adir'], ['adir', 'is a directory']),
+    ]
+    for args, words in cases:
+        proc = adapt(*args, '--output', out, *FAST)
+        assert_one_line_failure(proc, 2, words)
+        assert not out.exists()
+    proc = adapt('--labelled', lab, '--unlabelled', unl, '--output', tmp_path / 'afile', *FAST)
+    assert_one_line_failure(proc, 2, ['afile', 'not a directory'])
+
+
+def test_unwritable_output_fails_before_training(inputs, unwritable_dir):
+    lab, unl = inputs
+    t0 = time.monotonic()
+    proc = adapt('--labelled', lab, '--unlabelled', unl, '--output', unwritable_dir / 'out', *FAST)
+    assert_one_line_failure(proc, 2, [str(unwritable_dir), 'not writable'])
+    assert not (unwritable_dir / 'out').exists()
+    assert time.monotonic() - t0 < 60
+
+
+def test_full_disk_one_line_and_nothing_half_written(tmp_path, inputs):
+    lab, unl = inputs
+    out = tmp_path / 'out'
+    proc = adapt('--labelled', lab, '--unlabelled', unl, '--output', out, *FAST, fsize=20_000)
+    assert_one_line_failure(proc, 2, ['checkpoints', '.pt: File too large'])
+    assert not out.exists() or not any(out.rglob('*.pt')), 'a checkpoint was left behind'
+    assert not leftovers(tmp_path)
+
+
+def test_outputs_follow_the_umask(tmp_path, inputs):
+    lab, unl = inputs
+    out = tmp_path / 'out'
+    proc = adapt('--labelled', lab, '--unlabelled', unl, '--output', out, *FAST, umask=0o027)
+    assert proc.returncode == 0, proc.stderr
+    files = ['summary.json', 'model.ts', 'predictions.npy', 'metrics.csv', 'checkpoints/latest.pt']
+    for name in files:
+        assert stat.S_IMODE((out / name).stat().st_mode) == 0o640, name
+    assert stat.S_IMODE(out.stat().st_mode) == 0o750
+
+
+@pytest.fixture(scope='module')
+def points_bag(tmp_path_factory):
+    """A real rosbag2 with sensor_msgs/PointCloud2 on /points (not features)."""
+    bag = tmp_path_factory.mktemp('pc') / 'bag'
+    write_sim_bag(bag, SimConfig(scans=2, beams=4, azimuth_steps=90, moving_objects=0))
+    return bag
+
+
+def test_import_wrong_message_type_names_it(tmp_path, points_bag):
+    out = tmp_path / 'f.npz'
+    for topic, words in [('/points', ['/points', 'sensor_msgs/msg/PointCloud2', 'raw bytes']),
+                         ('/ground_truth', ['/ground_truth', "no field 'data'"])]:
+        proc = subprocess.run([str(BIN / 'pwan-adapt-import'), str(points_bag), '--features-topic', topic,
+                               '--output', str(out)], capture_output=True, text=True, timeout=120)
+        assert_one_line_failure(proc, 2, words)
+        assert not out.exists()
+
+
+def test_import_checks_the_output_before_reading(tmp_path, points_bag, unwritable_dir):
+    (tmp_path / 'adir').mkdir()
+    for out, words in [(unwritable_dir / 'f.npz', ['not writable']), (tmp_path / 'adir', ['is a directory'])]:
+        proc = subprocess.run([str(BIN / 'pwan-adapt-import'), str(points_bag), '--features-topic', '/points',
+                               '--output', str(out)], capture_output=True, text=True, timeout=120)
+        assert_one_line_failure(proc, 2, [str(out), *words])  # the output, not the wrong topic
+
+
+@pytest.mark.ros
+def test_node_on_an_unwritable_or_full_disk_publishes_error(tmp_path, ros_env, unwritable_dir):
+    """adapt_node: the output problem is logged, published as state ``error`` on /diagnostics
+    (received by a separate process over DDS), and the node exits 2."""
+    for case, out, fsize in [('unwritable', unwritable_dir / 'out', None), ('full', tmp_path / 'out', 20_000)]:
+        work = tmp_path / case
+        work.mkdir()
+        listener, status = _listen(work, ros_env, 90)
+        time.sleep(1.0)  # discovery
+        limit = None if fsize is None else (lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize)))
+        node = subprocess.run([str(NODE)] + _params(work, steps=50, output=str(out)), env=ros_env,
+                              capture_output=True, text=True, timeout=120, preexec_fn=limit)
+        assert node.returncode == 2, (case, node.stderr[-2000:])
+        assert 'Traceback' not in node.stderr
+        listener.wait(timeout=30)
+        got = json.loads(status.read_text())
+        assert got and got[-1]['state'] == 'error', (case, got[-3:])
+        expect = 'not writable' if case == 'unwritable' else 'File too large'
+        assert expect in got[-1]['message'] and expect in node.stderr, (case, got[-1])
+        assert not leftovers(work) and not (out / 'checkpoints' / 'latest.pt').exists()

@@ -1,0 +1,135 @@
+"""Fault injection on the bag and evaluation tools (pwan-sim, pwan-pcd2bag, pwan-evaluate,
+pwan-replay, pwan-demo) in subprocesses: broken run records, unwritable outputs checked before
+any work, a full disk (RLIMIT_FSIZE) and Ctrl-C while a bag is being written. Contract: one
+line and exit 2 (130 when interrupted), no bag or temporary left behind, umask permissions."""
+import json
+import os
+import pathlib
+import resource
+import signal
+import stat
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import assert_one_line_failure
+from pwan_ros.offline import run_offline
+from pwan_ros.run_record import RunRecord
+from simbag import small_bag  # noqa: F401  (fixture)
+from test_bag_pcd import points, write_pcd
+
+BIN = pathlib.Path(sys.executable).parent
+
+
+def tool(name, *args, fsize=None, umask=None, timeout=180):
+    def limits():
+        if fsize is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+        if umask is not None:
+            os.umask(umask)
+    return subprocess.run([str(BIN / name), *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=limits)
+
+
+def entries(directory):
+    """Everything in ``directory`` (hidden temporaries included), as names."""
+    return sorted(p.name for p in pathlib.Path(directory).iterdir())
+
+
+def test_evaluate_broken_run_records_name_the_file(tmp_path, small_bag):
+    good = RunRecord.load(run_offline(small_bag, lambda xyz, stamp: np.eye(4), max_scans=2).save(tmp_path / 'good'))
+    assert good.scans == 2
+    record = json.loads((tmp_path / 'good' / 'run.json').read_text())
+    (tmp_path / 'adir').mkdir()
+    cases = {
+        'missing.json': (None, 'no such file'),
+        'empty.json': ('{}', 'missing trajectory_tum, scans_published'),
+        'broken.json': ('{"scans_published": 3,', 'not valid JSON (line 1'),
+        'list.json': ('[1, 2]', 'expected a JSON object'),
+        'extra.json': (json.dumps({**record, 'speed': 1}), 'unknown keys speed'),
+        'typed.json': (json.dumps({**record, 'scans_published': 'six'}), 'scans_published must be an integer'),
+        'orphan.json': (json.dumps({**record, 'trajectory_tum': 'gone.tum'}), 'gone.tum is missing'),
+        'adir': (None, 'is a directory'),
+    }
+    for name, (text, words) in cases.items():
+        path = tmp_path / 'good' / name if name == 'orphan.json' else tmp_path / name
+        if text is not None:
+            path.write_text(text)
+        proc = tool('pwan-evaluate', '--run', path, '--bag', small_bag, '--output', tmp_path / 'out')
+        assert_one_line_failure(proc, 2, [str(path), words])
+        assert not (tmp_path / 'out').exists()
+
+
+def test_outputs_are_checked_before_any_work(tmp_path, small_bag, unwritable_dir):
+    (tmp_path / 'afile').write_text('x')
+    cases = [
+        ('pwan-evaluate', ['--offline', '--bag', small_bag, '--max-scans', '2', '--output'], 'not a directory'),
+        ('pwan-sim', ['--scans', '2', '--output'], 'already exists'),
+        ('pwan-replay', ['--bag', small_bag, '--startup-timeout', '60', '--output'], 'not a directory'),
+        ('pwan-demo', ['--output'], 'not a directory'),
+    ]
+    for name, args, words in cases:
+        t0 = time.monotonic()
+        proc = tool(name, *args, tmp_path / 'afile')
+        assert_one_line_failure(proc, 2, ['afile', words])
+        assert time.monotonic() - t0 < 30, f'{name} worked (or waited) before checking --output'
+        proc = tool(name, *args, unwritable_dir / 'out')
+        assert_one_line_failure(proc, 2, [str(unwritable_dir), 'not writable'])
+    assert (tmp_path / 'afile').read_text() == 'x'
+
+
+def test_sim_on_a_full_disk_leaves_no_bag(tmp_path):
+    proc = tool('pwan-sim', '--scans', '20', '--beams', '8', '--azimuth-steps', '360', '--output',
+                tmp_path / 'bag', fsize=100_000)
+    assert_one_line_failure(proc, 2, [str(tmp_path / 'bag'), 'File too large'])
+    assert entries(tmp_path) == []
+
+
+def _interrupt(cmd, tmp_path, sig):
+    """Start ``cmd``; once its temporary bag directory exists, send ``sig``."""
+    proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not any(n.startswith('.bag.') for n in entries(tmp_path)) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.02)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, err
+
+
+@pytest.mark.parametrize('sig', [signal.SIGINT, signal.SIGTERM])
+def test_sim_interrupted_exits_130_and_leaves_no_bag(tmp_path, sig):
+    rc, err = _interrupt([BIN / 'pwan-sim', '--scans', '2000', '--output', tmp_path / 'bag'], tmp_path, sig)
+    assert rc == 130 and err.strip() == 'pwan-sim: interrupted', err
+    assert entries(tmp_path) == []
+
+
+def test_pcd2bag_corrupt_scan_midway_leaves_no_bag(tmp_path):
+    scans = tmp_path / 'scans'
+    scans.mkdir()
+    for k in range(4):
+        write_pcd(scans / f'scan{k}.pcd', points(k, n=50), 'binary')
+    (scans / 'scan2.pcd').write_bytes((scans / 'scan2.pcd').read_bytes()[:-37])  # truncated copy
+    np.savetxt(tmp_path / 'poses.tum', np.column_stack([np.arange(4.0), np.zeros((4, 6)), np.ones(4)]))
+    out = tmp_path / 'out'
+    out.mkdir()
+    proc = tool('pwan-pcd2bag', '--scans', scans, '--poses', tmp_path / 'poses.tum', '--output', out / 'bag')
+    assert_one_line_failure(proc, 2, ['scan2.pcd'])
+    assert entries(out) == []
+
+
+def test_evaluation_outputs_follow_the_umask(tmp_path, small_bag):
+    out = tmp_path / 'eval'
+    proc = tool('pwan-evaluate', '--offline', '--bag', small_bag, '--max-scans', '3', '--output', out, umask=0o027)
+    assert proc.returncode == 0, proc.stderr
+    for name in ('summary.json', 'run.json', 'trajectory_est.tum', 'trajectory.png'):
+        assert stat.S_IMODE((out / name).stat().st_mode) == 0o640, name
+    assert not [n for n in entries(out) if n.startswith('.')]
+    bag = tmp_path / 'bag'
+    proc = tool('pwan-sim', '--scans', '2', '--beams', '4', '--azimuth-steps', '90', '--output', bag, umask=0o027)
+    assert proc.returncode == 0, proc.stderr
+    assert stat.S_IMODE(bag.stat().st_mode) == 0o750
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o640 for p in bag.iterdir())
