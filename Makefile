@@ -15,11 +15,12 @@ PYTEST_ARGS ?=
 # ROS already sets AMENT_PREFIX_PATH.
 export AMENT_PREFIX_PATH ?= $(abspath $(VENV))
 
-.PHONY: setup setup-bench test test-slow test-all demo bench clean-venv help
+.PHONY: setup setup-bench test test-unit test-slow test-all demo bench clean-venv help
 
 help:
 	@echo "make demo       run the main job on data the package makes itself"
 	@echo "make test       set up .venv and run the fast test suite"
+	@echo "make test-unit  the fast loop: no DDS processes, no colcon, no slow tests"
 	@echo "make test-slow  run the slow tests (real data in $(DATA), large inputs)"
 	@echo "make bench      run the benchmarks on $(DATA), results in $(RESULTS)/"
 
@@ -32,10 +33,14 @@ setup-bench:
 # The main job on data the package makes itself: simulate a LiDAR bag (once, cached), replay it
 # into register_node over DDS, evaluate the trajectory against ground truth.
 demo: setup
-	$(PY) -m pwan_ros.demo --output $(RESULTS)/demo
+	$(PY) -m pwan_ros.cli.demo --output $(RESULTS)/demo
 
 test: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# The edit-test loop: no DDS processes, no colcon build, no slow tests.
+test-unit: setup
+	$(PY) -m pytest -m "not slow and not ros and not build" $(PYTEST_ARGS)
 
 test-slow: setup
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)

@@ -23,11 +23,11 @@ import time
 
 import numpy as np
 
-from pwan_ros import pointcloud2 as pc2
-from pwan_ros.odometry_config import OdometryConfig
-from pwan_ros.pcd import read_pcd
-from pwan_ros.scan_pipeline import ScanPipeline
-from pwan_ros.se3 import invert, rotation_angle
+from pwan_ros.io import pointcloud2 as pc2
+from pwan_ros.odometry.config import OdometryConfig
+from pwan_ros.io.pcd import read_pcd
+from pwan_ros.odometry.pipeline import ScanPipeline
+from pwan_ros.geometry.se3 import invert, rotation_angle
 
 SCANS = list(range(26, 36))
 
@@ -156,7 +156,7 @@ def latency_scaling(scans, sizes, pwan_sizes):
         est = pipe.process(scans[1], 0.5)
         rows.append({'path': 'track', 'points': est.num_points,
                      'ms': (time.perf_counter() - t0) * 1e3, 'timings_ms': est.timings_ms})
-    from pwan_ros.pwan_path import PwanAligner
+    from pwan_ros.odometry.pwan_recovery import PwanAligner
     for n in pwan_sizes:
         al = PwanAligner(OdometryConfig(pwan_max_points=n, voxel_size=0.25))
         t0 = time.perf_counter()

@@ -15,7 +15,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), '..')))
 
-from pwan_ros.cloud_io import read_points  # noqa: E402
+from pwan_ros.io.point_files import read_points  # noqa: E402
 
 BUNNY_PAIRS = [('bun000', 'bun045'), ('bun045', 'bun090'), ('bun090', 'bun180'), ('bun180', 'bun270'),
                ('bun270', 'bun315'), ('bun315', 'bun000'), ('chin', 'bun000'), ('bun180', 'bun315')]

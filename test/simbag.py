@@ -1,7 +1,7 @@
 """Small simulated bags shared by the bag/replay/evaluation tests (generated per test module)."""
 import pytest
 
-from pwan_ros.lidar_sim import SimConfig, write_sim_bag
+from pwan_ros.evaluation.lidar_sim import SimConfig, write_sim_bag
 
 SMALL = dict(beams=8, azimuth_steps=360, moving_objects=2)
 

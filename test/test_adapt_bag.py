@@ -10,7 +10,7 @@ from rosbags.rosbag2 import StoragePlugin, Writer
 from rosbags.typesys import Stores, get_typestore
 
 from pwan_ros.adaptation import AdaptInputError, load_npz
-from pwan_ros.adapt_cli import import_main
+from pwan_ros.cli.adapt import import_main
 from pwan_ros.adaptation.bag_import import import_bag
 
 TS = get_typestore(Stores.ROS2_JAZZY)

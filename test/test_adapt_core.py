@@ -15,7 +15,7 @@ import yaml
 
 from pwan_ros.adaptation import (AdaptConfig, AdaptConfigError, AdaptInputError, AdaptTrainer, FeatureSet,
                                  load_npz, run_adaptation, save_npz)
-from pwan_ros.adapt_cli import main as adapt_main
+from pwan_ros.cli.adapt import main as adapt_main
 from pwan_ros.adaptation.config import split_yaml
 from pwan_ros.adaptation.data import check_pair
 

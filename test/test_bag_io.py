@@ -3,10 +3,10 @@ import numpy as np
 import pytest
 from rosbags.rosbag2 import StoragePlugin, Writer
 
-from pwan_ros import bag_io
-from pwan_ros.bag_io import BagError, BagWriter, read_trajectory
-from pwan_ros.replay import ReplayError, message_class
-from pwan_ros.trajectory import pose_from_tq
+from pwan_ros.io import bags as bag_io
+from pwan_ros.io.bags import BagError, BagWriter, read_trajectory
+from pwan_ros.evaluation.replay import ReplayError, message_class
+from pwan_ros.io.trajectory import pose_from_tq
 from simbag import small_bag  # noqa: F401  (fixture)
 
 T = bag_io.typestore().types
@@ -19,7 +19,7 @@ def poses(n=4):
 
 def transform(stamp_ns, pose, parent, child):
     t = pose[:3, 3]
-    from pwan_ros.trajectory import tq_from_pose
+    from pwan_ros.io.trajectory import tq_from_pose
     _, q = tq_from_pose(pose)
     return T['geometry_msgs/msg/TransformStamped'](
         header=bag_io.header(stamp_ns, parent), child_frame_id=child,

@@ -9,11 +9,13 @@ import pytest
 from rclpy.serialization import deserialize_message
 from sensor_msgs.msg import PointCloud2
 
-from pwan_ros import bag_io, evaluation, pcd_to_bag
-from pwan_ros.pcd import PcdError, read_pcd
-from pwan_ros.pcd_to_bag import ConvertConfig, convert
-from pwan_ros.pointcloud2 import read_cloud
-from pwan_ros.trajectory import Trajectory, pose_from_tq, write_kitti, write_tum
+from pwan_ros.io import bags as bag_io
+from pwan_ros.cli import evaluate as evaluate_cli
+from pwan_ros.cli import pcd2bag as pcd2bag_cli
+from pwan_ros.io.pcd import PcdError, read_pcd
+from pwan_ros.evaluation.pcd_to_bag import ConvertConfig, convert
+from pwan_ros.io.pointcloud2 import read_cloud
+from pwan_ros.io.trajectory import Trajectory, pose_from_tq, write_kitti, write_tum
 
 BALM = pathlib.Path(__file__).resolve().parents[1] / '..' / 'shared' / 'data' / 'lidar' / 'balm_seq_a'
 HEADER = ('# .PCD v0.7 - Point Cloud Data file format\nVERSION 0.7\nFIELDS x y z intensity _ ring normal\n'
@@ -71,17 +73,17 @@ def test_convert_folder_with_tum_and_kitti_poses(tmp_path, capsys):
     np.testing.assert_allclose(gt.poses, traj.poses[1:4])
     # KITTI poses have no stamps: --rate-hz makes them; --match order pairs sorted files with poses 0..2
     write_kitti(tmp_path / 'poses.kitti', traj)
-    rc = pcd_to_bag.main(['--scans', str(scans), '--poses', str(tmp_path / 'poses.kitti'), '--output',
+    rc = pcd2bag_cli.main(['--scans', str(scans), '--poses', str(tmp_path / 'poses.kitti'), '--output',
                           str(tmp_path / 'bag2'), '--match', 'order', '--rate-hz', '4'])
     assert rc == 0 and 'wrote' in capsys.readouterr().out
     gt2 = bag_io.read_trajectory(tmp_path / 'bag2', '/ground_truth')
     np.testing.assert_allclose(gt2.stamps, [0.0, 0.25, 0.5])
     np.testing.assert_allclose(gt2.poses, traj.poses[:3], atol=1e-9)
-    rc = pcd_to_bag.main(['--scans', str(tmp_path / 'none'), '--poses', str(tmp_path / 'poses.tum'),
+    rc = pcd2bag_cli.main(['--scans', str(tmp_path / 'none'), '--poses', str(tmp_path / 'poses.tum'),
                           '--output', str(tmp_path / 'bag3')])
     assert rc == 2 and 'does not exist' in capsys.readouterr().err
     write_pcd(scans / 'scan9.pcd', points(9), 'binary')
-    rc = pcd_to_bag.main(['--scans', str(scans), '--poses', str(tmp_path / 'poses.tum'), '--output', str(tmp_path / 'b4')])
+    rc = pcd2bag_cli.main(['--scans', str(scans), '--poses', str(tmp_path / 'poses.tum'), '--output', str(tmp_path / 'b4')])
     assert rc == 2 and 'scan9.pcd: pose index beyond the 5 poses' in capsys.readouterr().err
 
 
@@ -89,14 +91,14 @@ def test_convert_folder_with_tum_and_kitti_poses(tmp_path, capsys):
 def test_balm_sequence_to_bag_and_offline_evaluation(tmp_path, capsys):
     """The real BALM scans (../shared/data) through the converter and the offline ICP baseline."""
     bag = tmp_path / 'balm_bag'
-    assert pcd_to_bag.main(['--scans', str(BALM), '--poses', str(BALM / 'alidarPose.csv'),
+    assert pcd2bag_cli.main(['--scans', str(BALM), '--poses', str(BALM / 'alidarPose.csv'),
                             '--output', str(bag), '--frame-id', 'lidar']) == 0
     topics = bag_io.bag_topics(bag)
     assert topics['/points'].count == 10 and topics['/ground_truth'].count == 10
     first = next(m for _, m in bag_io.iter_decoded(bag, '/points'))
     assert 76000 < first.width < 91000 and [f.name for f in first.fields][:4] == ['x', 'y', 'z', 'intensity']
     out = tmp_path / 'eval'
-    assert evaluation.main(['--offline', '--bag', str(bag), '--output', str(out), '--frame', 'lidar']) == 0
+    assert evaluate_cli.main(['--offline', '--bag', str(bag), '--output', str(out), '--frame', 'lidar']) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == f'summary: {out / "summary.json"}'
     summary = json.loads((out / 'summary.json').read_text())
     assert summary['scans'] == 10 and summary['scans_dropped'] == 0

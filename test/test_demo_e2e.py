@@ -11,7 +11,7 @@ import pytest
 def test_demo_with_real_node(tmp_path, ros_env):
     out = tmp_path / 'demo'
     # A slowed replay (0.3x) so a loaded CI machine answers every scan.
-    proc = subprocess.run([sys.executable, '-m', 'pwan_ros.demo', '--output', str(out),
+    proc = subprocess.run([sys.executable, '-m', 'pwan_ros.cli.demo', '--output', str(out),
                            '--scans', '20', '--rate', '0.3'],
                           env=ros_env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

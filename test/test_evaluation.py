@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 from scipy.spatial.transform import Rotation
 
-from pwan_ros import evaluation
+from pwan_ros.cli import evaluate as evaluate_cli
 from simbag import small_bag  # noqa: F401  (fixture)
-from pwan_ros.evaluation import EvalConfig, EvaluationError, evaluate
-from pwan_ros.offline import run_offline
-from pwan_ros.run_record import RunRecord
-from pwan_ros.trajectory import (Trajectory, TrajectoryError, read_blocks, read_kitti, read_pose_file, read_tum,
+from pwan_ros.evaluation.metrics import SUMMARY_KEYS, EvalConfig, EvaluationError, evaluate
+from pwan_ros.evaluation.offline import run_offline
+from pwan_ros.evaluation.run_record import RunRecord
+from pwan_ros.io.trajectory import (Trajectory, TrajectoryError, read_blocks, read_kitti, read_pose_file, read_tum,
                                  write_kitti, write_tum)
 
 N = 21  # poses 1 m apart along x, 1 s apart
@@ -109,30 +109,30 @@ def test_cli_pose_files_writes_summary_plot_and_table(tmp_path, capsys):
     write_tum(tmp_path / 'gt.tum', gt)
     write_tum(tmp_path / 'est.tum', Trajectory(gt.stamps, est))
     out = tmp_path / 'eval'
-    rc = evaluation.main(['--est', str(tmp_path / 'est.tum'), '--gt-file', str(tmp_path / 'gt.tum'),
+    rc = evaluate_cli.main(['--est', str(tmp_path / 'est.tum'), '--gt-file', str(tmp_path / 'gt.tum'),
                           '--output', str(out)])
     lines = capsys.readouterr().out.strip().splitlines()
     assert rc == 0 and lines[-1] == f'summary: {out / "summary.json"}'
     assert any(line.startswith('RPE drift') and '2.00 %' in line for line in lines)
     summary = json.loads((out / 'summary.json').read_text())
-    assert set(evaluation.SUMMARY_KEYS) <= set(summary)
+    assert set(SUMMARY_KEYS) <= set(summary)
     assert summary['rpe_trans_pct'] == pytest.approx(2.0) and summary['scans'] == N
     assert summary['scans_dropped'] is None and summary['median_latency_ms'] is None
     assert (out / 'trajectory.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
     assert read_tum(out / 'trajectory_est.tum').poses.shape == (N, 4, 4)
     # --json prints the same summary as JSON
-    rc = evaluation.main(['--est', str(tmp_path / 'est.tum'), '--gt-file', str(tmp_path / 'gt.tum'),
+    rc = evaluate_cli.main(['--est', str(tmp_path / 'est.tum'), '--gt-file', str(tmp_path / 'gt.tum'),
                           '--output', str(out), '--json'])
     text = capsys.readouterr().out
     assert rc == 0 and json.loads(text[:text.rindex('}') + 1])['ate_rmse_m'] == summary['ate_rmse_m']
     # errors are one clear line and exit code 2
-    rc = evaluation.main(['--est', str(tmp_path / 'missing.tum'), '--gt-file', str(tmp_path / 'gt.tum')])
+    rc = evaluate_cli.main(['--est', str(tmp_path / 'missing.tum'), '--gt-file', str(tmp_path / 'gt.tum')])
     assert rc == 2 and 'cannot read pose file' in capsys.readouterr().err
 
 
 def test_offline_run_and_run_record(tmp_path, small_bag):
     """Offline mode on a generated bag: an estimator with a known 5 % scale error."""
-    from pwan_ros.bag_io import read_trajectory
+    from pwan_ros.io.bags import read_trajectory
     gt = read_trajectory(small_bag, '/ground_truth')
     lookup = {round(s, 6): p for s, p in zip(gt.stamps, gt.poses)}
     calls = []
@@ -158,14 +158,14 @@ def test_offline_run_and_run_record(tmp_path, small_bag):
 
 def test_cli_estimate_from_recorded_bag(tmp_path, small_bag, capsys):
     """--est may be a bag with /odometry (e.g. from ros2 bag record); scans are counted from --bag."""
-    from pwan_ros import bag_io
+    from pwan_ros.io import bags as bag_io
     gt = bag_io.read_trajectory(small_bag, '/ground_truth')
     with bag_io.BagWriter(tmp_path / 'est_bag') as w:
         for s, p in list(zip(gt.stamps, gt.poses))[1:]:
             ns = int(round(s * 1e9))
             w.write('/odometry', ns, bag_io.odometry(ns, np.linalg.inv(gt.poses[0]) @ p, 'odom', 'base_link'))
     out = tmp_path / 'eval'
-    rc = evaluation.main(['--est', str(tmp_path / 'est_bag'), '--bag', str(small_bag), '--output', str(out)])
+    rc = evaluate_cli.main(['--est', str(tmp_path / 'est_bag'), '--bag', str(small_bag), '--output', str(out)])
     assert rc == 0, capsys.readouterr().err
     summary = json.loads((out / 'summary.json').read_text())
     assert (summary['scans'], summary['scans_dropped'], summary['matched']) == (5, 1, 5)

@@ -11,12 +11,11 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 
 from conftest import assert_one_line_failure
 from pwan_ros.adaptation import save_npz
-from pwan_ros.lidar_sim import SimConfig, write_sim_bag
+from pwan_ros.evaluation.lidar_sim import SimConfig, write_sim_bag
 from test_adapt_core import gaussian_domains
 from test_adapt_node import NODE, _listen, _params
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from conftest import assert_one_line_failure
-from pwan_ros.offline import run_offline
-from pwan_ros.run_record import RunRecord
+from pwan_ros.evaluation.offline import run_offline
+from pwan_ros.evaluation.run_record import RunRecord
 from simbag import small_bag  # noqa: F401  (fixture)
 from test_bag_pcd import points, write_pcd
 

@@ -7,9 +7,10 @@ from rosgraph_msgs.msg import Clock
 from scipy.spatial import cKDTree
 from sensor_msgs.msg import PointCloud2
 
-from pwan_ros import bag_io, lidar_sim
-from pwan_ros.lidar_sim import SimConfig, ground_truth_pose, simulate
-from pwan_ros.pointcloud2 import read_cloud
+from pwan_ros.io import bags as bag_io
+from pwan_ros.cli import sim as sim_cli
+from pwan_ros.evaluation.lidar_sim import SimConfig, _static_meshes, ground_truth_pose, simulate
+from pwan_ros.io.pointcloud2 import read_cloud
 from simbag import SMALL, small_bag  # noqa: F401  (fixture)
 
 
@@ -49,7 +50,7 @@ def test_ground_truth_puts_every_return_on_the_scene_surfaces():
     cfg = SimConfig(scans=3, beams=16, azimuth_steps=720, moving_objects=0, outliers=0.0, range_noise=0.0,
                     dropout=0.0)
     scene = o3d.t.geometry.RaycastingScene()
-    for mesh, _ in lidar_sim._static_meshes(o3d, cfg, np.random.default_rng(cfg.seed)):
+    for mesh, _ in _static_meshes(o3d, cfg, np.random.default_rng(cfg.seed)):
         scene.add_triangles(o3d.t.geometry.TriangleMesh.from_legacy(mesh))
     for scan in simulate(cfg):
         world = (scan.xyz @ scan.pose[:3, :3].T + scan.pose[:3, 3]).astype(np.float32)
@@ -76,11 +77,11 @@ def test_noise_outliers_and_determinism():
 
 def test_cli_and_validation(tmp_path, capsys):
     out = tmp_path / 'bag'
-    assert lidar_sim.main(['--output', str(out), '--scans', '2', '--beams', '4', '--azimuth-steps', '90']) == 0
+    assert sim_cli.main(['--output', str(out), '--scans', '2', '--beams', '4', '--azimuth-steps', '90']) == 0
     assert 'wrote' in capsys.readouterr().out and bag_io.bag_topics(out)['/points'].count == 2
-    assert lidar_sim.main(['--output', str(out), '--scans', '2']) == 2
+    assert sim_cli.main(['--output', str(out), '--scans', '2']) == 2
     assert 'already exists' in capsys.readouterr().err
-    assert lidar_sim.main(['--output', str(tmp_path / 'b2'), '--dropout', '1.5']) == 2
+    assert sim_cli.main(['--output', str(tmp_path / 'b2'), '--dropout', '1.5']) == 2
     assert '--dropout must be in [0, 1)' in capsys.readouterr().err
     with pytest.raises(ValueError, match='--scans must be > 0'):
         SimConfig(scans=0)

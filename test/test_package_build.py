@@ -27,6 +27,7 @@ def colcon_install(tmp_path_factory):
     return work / 'install'
 
 
+@pytest.mark.build
 def test_colcon_build_installs_executables(colcon_install):
     lib = colcon_install / 'pwan_ros' / 'lib' / 'pwan_ros'
     assert (lib / 'pwan-register').is_file()
@@ -34,6 +35,7 @@ def test_colcon_build_installs_executables(colcon_install):
     assert (share / 'package.xml').is_file()
 
 
+@pytest.mark.build
 def test_ament_index_finds_package(colcon_install):
     code = ('from ament_index_python.packages import get_package_share_directory, '
             'get_packages_with_prefixes; '

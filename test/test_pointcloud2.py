@@ -8,8 +8,8 @@ from rosbags.typesys import Stores, get_typestore
 from sensor_msgs.msg import PointCloud2, PointField
 from std_msgs.msg import Header
 
-from pwan_ros import pointcloud2 as pc2
-from pwan_ros.pointcloud2 import PointCloud2Error
+from pwan_ros.io import pointcloud2 as pc2
+from pwan_ros.io.pointcloud2 import PointCloud2Error
 
 TS = get_typestore(Stores.ROS2_JAZZY)
 RB_CLOUD = TS.types['sensor_msgs/msg/PointCloud2']

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from _core_shapes import blob, rot3
-from pwan_ros.cloud_io import read_points, write_points
-from pwan_ros.register_cli import main
+from pwan_ros.io.point_files import read_points, write_points
+from pwan_ros.cli.register import main
 
 R = rot3(10, -8, 12)
 T = np.array([0.1, 0.05, -0.2])
@@ -89,6 +89,6 @@ def test_cloud_io_round_trip(tmp_path):
 @pytest.mark.parametrize('args,starts,start_steps', [([], 1, 0), (['--starts', '24'], 24, 60),
                                                      (['--starts', '8', '--start-steps', '0'], 8, 0)])
 def test_multistart_flags_pick_the_tournament(args, starts, start_steps):
-    from pwan_ros.register_cli import _config, _parser
+    from pwan_ros.cli.register import _config, _parser
     cfg = _config(_parser().parse_args(['a.npy', 'b.npy'] + args))
     assert (cfg.starts, cfg.start_steps) == (starts, start_steps)

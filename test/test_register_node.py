@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from pwan_ros.se3 import from_quaternion, invert, rotation_angle
+from pwan_ros.geometry.se3 import from_quaternion, invert, rotation_angle
 
 PEERS = pathlib.Path(__file__).parent / 'peers'
 NODE = pathlib.Path(sys.executable).with_name('register_node')
@@ -122,6 +122,7 @@ def test_node_survives_bad_input(tmp_path, ros_env):
     assert int(values['resets']) == 2
 
 
+@pytest.mark.ros
 @pytest.mark.parametrize('param, words', [
     ('mode:=fastest', ["'mode'", 'adaptive | pwan']),
     ('mass_ratio:=1.5', ['mass_ratio']),
@@ -143,7 +144,7 @@ def test_register_yaml_matches_node_defaults():
     """config/register.yaml documents exactly the node's parameters, with their defaults."""
     import dataclasses
     import yaml
-    from pwan_ros.odometry_config import OdometryConfig
+    from pwan_ros.odometry.config import OdometryConfig
     root = pathlib.Path(__file__).resolve().parents[1]
     doc = yaml.safe_load((root / 'config' / 'register.yaml').read_text())
     params = doc['pwan_register']['ros__parameters']
@@ -204,7 +205,7 @@ def test_launch_file_names_real_executable_and_config():
     assert ast.literal_eval(node_kw['executable']) == 'register_node'
     assert ast.literal_eval(node_kw['package']) == 'pwan_ros'
     setup = (root / 'setup.py').read_text()
-    assert re.search(r"'register_node = pwan_ros\.register_node:main'", setup)
+    assert re.search(r"'register_node = pwan_ros\.ros\.register_node:main'", setup)
     declared = {ast.literal_eval(c.args[0]) for c in ast.walk(tree)
                 if isinstance(c, ast.Call) and getattr(c.func, 'id', '') == 'DeclareLaunchArgument'}
     assert declared == {'config', 'points', 'use_sim_time', 'device'}

@@ -7,10 +7,11 @@ import time
 
 import pytest
 
-from pwan_ros import bag_io, demo
-from pwan_ros.evaluation import SUMMARY_KEYS, evaluate, load_ground_truth
-from pwan_ros.replay import ReplayConfig, _play, _Recorder
-from pwan_ros.run_record import RunRecord
+from pwan_ros.io import bags as bag_io
+from pwan_ros.cli import demo
+from pwan_ros.evaluation.metrics import SUMMARY_KEYS, evaluate, load_ground_truth
+from pwan_ros.evaluation.replay import ReplayConfig, _play, _Recorder
+from pwan_ros.evaluation.run_record import RunRecord
 from simbag import small_bag  # noqa: F401  (fixture)
 
 ECHO = pathlib.Path(__file__).parent / 'peers' / 'echo_odom.py'
@@ -32,7 +33,7 @@ def test_replay_into_node_and_evaluate(tmp_path, ros_env, small_bag):
     echo = start_echo(ros_env, '--drop-every', '4', '--drift', '0.02')
     try:
         out = tmp_path / 'run'
-        proc = subprocess.run([sys.executable, '-m', 'pwan_ros.replay', '--bag', str(small_bag), '--output', str(out),
+        proc = subprocess.run([sys.executable, '-m', 'pwan_ros.cli.replay', '--bag', str(small_bag), '--output', str(out),
                                '--drain-timeout', '3'], env=ros_env, capture_output=True, text=True, timeout=90)
     finally:
         stop(echo)
@@ -55,12 +56,12 @@ def test_replay_into_node_and_evaluate(tmp_path, ros_env, small_bag):
 
 @pytest.mark.ros
 def test_replay_without_subscriber_fails_clearly(tmp_path, ros_env, small_bag):
-    proc = subprocess.run([sys.executable, '-m', 'pwan_ros.replay', '--bag', str(small_bag), '--output',
+    proc = subprocess.run([sys.executable, '-m', 'pwan_ros.cli.replay', '--bag', str(small_bag), '--output',
                            str(tmp_path / 'run'), '--startup-timeout', '2'],
                           env=ros_env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "no subscriber on '/points' after 2 s" in proc.stderr
-    proc = subprocess.run([sys.executable, '-m', 'pwan_ros.replay', '--bag', str(small_bag), '--output',
+    proc = subprocess.run([sys.executable, '-m', 'pwan_ros.cli.replay', '--bag', str(small_bag), '--output',
                            str(tmp_path / 'run'), '--points-topic', '/velodyne_points'],
                           env=ros_env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "has no topic '/velodyne_points'" in proc.stderr
@@ -107,7 +108,7 @@ def test_demo_bag_is_cached(tmp_path):
 @pytest.mark.ros
 def test_demo_end_to_end_with_stand_in_node(tmp_path, ros_env):
     node_cmd = f'{sys.executable} {ECHO} --ros-args -p use_sim_time:=true'
-    proc = subprocess.run([sys.executable, '-m', 'pwan_ros.demo', '--output', str(tmp_path / 'demo'), '--scans', '8',
+    proc = subprocess.run([sys.executable, '-m', 'pwan_ros.cli.demo', '--output', str(tmp_path / 'demo'), '--scans', '8',
                            '--node-cmd', node_cmd, '--drain-timeout', '3'],
                           env=ros_env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -123,7 +124,7 @@ def test_demo_end_to_end_with_stand_in_node(tmp_path, ros_env):
 
 @pytest.mark.ros
 def test_demo_reports_a_node_that_dies(tmp_path, ros_env):
-    proc = subprocess.run([sys.executable, '-m', 'pwan_ros.demo', '--output', str(tmp_path / 'demo'), '--scans', '3',
+    proc = subprocess.run([sys.executable, '-m', 'pwan_ros.cli.demo', '--output', str(tmp_path / 'demo'), '--scans', '3',
                            '--node-cmd', f'{sys.executable} -c "import sys; print(\'boom\'); sys.exit(3)"'],
                           env=ros_env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2

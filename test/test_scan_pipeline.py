@@ -3,13 +3,13 @@ import numpy as np
 import pytest
 from scipy.spatial.transform import Rotation
 
-from pwan_ros.gicp_tracker import PreparedCloud, track
-from pwan_ros.lidar_sim import SimConfig, simulate
-from pwan_ros.motion_model import ConstantVelocityModel
-from pwan_ros.odometry_config import ConfigError, OdometryConfig
-from pwan_ros.scan_filter import automatic_voxel_size, filter_scan, isolated_voxels, voxel_grid
-from pwan_ros.scan_pipeline import ScanError, ScanPipeline
-from pwan_ros.se3 import invert, make_transform, rotation_angle
+from pwan_ros.odometry.keyframe_tracker import PreparedCloud, track
+from pwan_ros.evaluation.lidar_sim import SimConfig, simulate
+from pwan_ros.odometry.motion_model import ConstantVelocityModel
+from pwan_ros.odometry.config import ConfigError, OdometryConfig
+from pwan_ros.odometry.scan_filter import automatic_voxel_size, filter_scan, isolated_voxels, voxel_grid
+from pwan_ros.odometry.pipeline import ScanError, ScanPipeline
+from pwan_ros.geometry.se3 import invert, make_transform, rotation_angle
 
 SIM = dict(beams=16, azimuth_steps=720, moving_objects=2)
 

@@ -1,4 +1,4 @@
-"""Atomic file writes for the adaptation outputs (see :mod:`pwan_ros.atomic_io`)."""
-from ..atomic_io import OutputError, atomic_path, check_output, write_bytes, write_json, write_npy, write_text
+"""Atomic file writes for the adaptation outputs (see :mod:`pwan_ros.io.atomic`)."""
+from pwan_ros.io.atomic import OutputError, atomic_path, check_output, write_bytes, write_json, write_npy, write_text
 
 __all__ = ['OutputError', 'atomic_path', 'check_output', 'write_bytes', 'write_json', 'write_npy', 'write_text']

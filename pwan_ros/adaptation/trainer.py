@@ -214,14 +214,6 @@ class AdaptTrainer:
 
     # ------------------------------------------------------------------ inference
     @torch.no_grad()
-    def predict_logits(self, features: FeatureSet) -> np.ndarray:
-        """Logits (n, K) float32 for all rows, streamed in ``eval_batch`` blocks."""
-        self.model.eval()
-        out = [self.model(torch.from_numpy(b).to(self.device)).cpu().numpy()
-               for b in features.batches(self.config.eval_batch)]
-        return np.concatenate(out).astype(np.float32)
-
-    @torch.no_grad()
     def embed(self, features: FeatureSet, index: np.ndarray) -> np.ndarray:
         """Bottleneck features (k, B) of rows ``index``."""
         self.model.eval()

@@ -22,9 +22,9 @@ from rclpy.node import Node
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import PointCloud2
 
-from pwan_ros.bag_io import pose_from_msg, stamp_to_ns
-from pwan_ros.pointcloud2 import read_xyz
-from pwan_ros.trajectory import tq_from_pose
+from pwan_ros.io.bags import pose_from_msg, stamp_to_ns
+from pwan_ros.io.pointcloud2 import read_xyz
+from pwan_ros.io.trajectory import tq_from_pose
 
 QOS = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
 

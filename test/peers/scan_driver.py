@@ -25,8 +25,8 @@ from geometry_msgs.msg import TransformStamped
 from rclpy.qos import DurabilityPolicy
 from tf2_msgs.msg import TFMessage
 
-from pwan_ros import pointcloud2 as pc2
-from pwan_ros.lidar_sim import SimConfig, simulate
+from pwan_ros.io import pointcloud2 as pc2
+from pwan_ros.evaluation.lidar_sim import SimConfig, simulate
 
 SIM = dict(beams=16, azimuth_steps=720, moving_objects=2, seed=3)
 

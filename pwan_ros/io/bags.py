@@ -21,7 +21,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from .trajectory import Trajectory, pose_from_tq, tq_from_pose
+from pwan_ros.io.trajectory import Trajectory, pose_from_tq, tq_from_pose
 
 __all__ = ['BagError', 'TopicInfo', 'typestore', 'BagWriter', 'bag_topics', 'require_topic',
            'iter_raw', 'iter_decoded', 'read_trajectory', 'stamp_to_ns', 'ns_to_stamp',
@@ -97,7 +97,7 @@ class BagWriter:
 
     def __init__(self, path, storage: str = 'mcap'):
         from rosbags.rosbag2 import StoragePlugin
-        from .atomic_io import OutputError, check_output
+        from pwan_ros.io.atomic import OutputError, check_output
         self.path = pathlib.Path(path)
         if self.path.exists():
             raise BagError(f'{self.path} already exists; rosbag2 writers need a new directory')
@@ -116,7 +116,7 @@ class BagWriter:
 
     def __enter__(self) -> 'BagWriter':
         from rosbags.rosbag2 import Writer
-        from .atomic_io import atomic_dir
+        from pwan_ros.io.atomic import atomic_dir
         self._atomic = atomic_dir(self.path)
         tmp = self._atomic.__enter__()
         try:

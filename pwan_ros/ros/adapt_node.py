@@ -25,7 +25,7 @@ from rclpy.node import Node
 
 from pwan_ros.adaptation.config import AdaptConfig
 from pwan_ros.adaptation.errors import AdaptError
-from pwan_ros.ros_args import params_file_problem
+from pwan_ros.ros.args import params_file_problem
 
 STATUS_NAME = 'adapt_node: training'
 IO_PARAMS = {
@@ -162,10 +162,17 @@ class AdaptNode(Node):
         self._flush()
         return 0
 
-    def _flush(self, seconds: float = 1.0, repeats: int = 3) -> None:
+    def _flush(self, seconds: float = 1.0, repeats: int = 3, discovery_s: float = 5.0) -> None:
         """Give DDS time to deliver the last (final) status before the process exits, publishing it
         ``repeats`` times over ``seconds``: a single sample sent just before the writer goes away
-        was occasionally lost on a loaded machine (seen once in CI)."""
+        was occasionally lost on a loaded machine (seen once in CI). A node that fails at once
+        (unwritable output) may not have matched its subscribers yet: wait up to
+        ``discovery_s`` for a first one, then publish the status again."""
+        wait_until = time.monotonic() + discovery_s
+        while self.pub.get_subscription_count() == 0 and time.monotonic() < wait_until:
+            rclpy.spin_once(self, timeout_sec=0.05)
+        if self._last_status is not None:
+            self.publish_status(*self._last_status)
         end = time.monotonic() + seconds
         next_pub, sent = time.monotonic() + seconds / repeats, 1
         while time.monotonic() < end:

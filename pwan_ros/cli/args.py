@@ -65,7 +65,7 @@ def run_cli(prog: str, body: Callable[[], int], errors: Tuple[Type[BaseException
 
     ``errors`` (the command's own bad-input types) and any ``OSError`` (a missing input, a full or
     read-only disk) print one line ``prog: error: ...`` and return 2; Ctrl-C or SIGTERM print
-    ``prog: interrupted`` and return 130. Outputs are written atomically (:mod:`pwan_ros.atomic_io`),
+    ``prog: interrupted`` and return 130. Outputs are written atomically (:mod:`pwan_ros.io.atomic`),
     so either way nothing half-written is left behind."""
     try:
         with _sigterm_as_interrupt():

@@ -91,12 +91,6 @@ class Trajectory:
         keep[1:] = np.diff(stamps) > 0
         return cls(stamps[keep], poses[keep])
 
-    def relative_to_first(self) -> 'Trajectory':
-        """Poses expressed in the frame of the first pose (the first becomes identity)."""
-        if not len(self):
-            return self
-        return Trajectory(self.stamps, np.linalg.inv(self.poses[0]) @ self.poses)
-
 
 _SPLIT = re.compile(r'[,\s]+')
 
@@ -135,7 +129,7 @@ def read_tum(path) -> Trajectory:
 
 def write_tum(path, traj: Trajectory) -> pathlib.Path:
     """Write a TUM file (stamps with 9 decimals, i.e. nanoseconds)."""
-    from .atomic_io import write_text
+    from pwan_ros.io.atomic import write_text
     path = pathlib.Path(path)
     t, q = tq_from_pose(traj.poses)
     write_text(path, ''.join(f'{s:.9f} ' + ' '.join(f'{v:.9g}' for v in (*ti, *qi)) + '\n'

@@ -12,8 +12,8 @@ from typing import Optional
 
 import numpy as np
 
-from .core import RegistrationConfig, RegistrationResult, register
-from .odometry_config import OdometryConfig
+from pwan_ros.core import RegistrationConfig, RegistrationResult, register
+from pwan_ros.odometry.config import OdometryConfig
 
 
 def core_config(cfg: OdometryConfig, h: Optional[float] = None) -> RegistrationConfig:

@@ -5,7 +5,7 @@ from typing import Optional
 
 import numpy as np
 
-from .se3 import invert, project_rigid, scale_motion
+from pwan_ros.geometry.se3 import invert, project_rigid, scale_motion
 
 
 class ConstantVelocityModel:

@@ -7,7 +7,7 @@ bag into it with ``pwan-replay`` (its own DDS domain, LARGE_DATA transports), re
 ``/odometry`` and ``/diagnostics``, (4) evaluate against the bag's ``/ground_truth``, print a
 table; the last line is ``summary: OUTPUT/summary.json``.
 
-    python -m pwan_ros.demo --output results/demo [--scans 80] [--rate 1.0] [--node-cmd "..."]
+    python -m pwan_ros.cli.demo --output results/demo [--scans 80] [--rate 1.0] [--node-cmd "..."]
 """
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from .atomic_io import check_output, write_text
-from .cli_args import add_config_arguments, config_from_args, run_cli
+from pwan_ros.io.atomic import check_output, write_text
+from pwan_ros.cli.args import add_config_arguments, config_from_args, run_cli
 
 __all__ = ['DemoConfig', 'DemoError', 'run_demo', 'default_node_command', 'main']
 
@@ -77,7 +77,7 @@ def default_node_command() -> list[str]:
             break
     if exe is None:
         found = shutil.which('register_node')
-        exe = [found] if found else [sys.executable, '-m', 'pwan_ros.register_node']
+        exe = [found] if found else [sys.executable, '-m', 'pwan_ros.ros.register_node']
     cmd = exe + ['--ros-args']
     params = _params_file()
     if params is not None:
@@ -86,7 +86,7 @@ def default_node_command() -> list[str]:
 
 
 def _ensure_bag(cfg: DemoConfig, out: pathlib.Path, log) -> pathlib.Path:
-    from .lidar_sim import SimConfig, write_sim_bag
+    from pwan_ros.evaluation.lidar_sim import SimConfig, write_sim_bag
     sim = SimConfig(scans=cfg.scans, seed=cfg.seed)
     bag, stamp = out / 'demo_bag', out / 'demo_bag.config.json'
     wanted = json.dumps(dataclasses.asdict(sim), sort_keys=True)
@@ -122,9 +122,9 @@ def _tail(path: pathlib.Path, n: int = 15) -> str:
 
 def run_demo(cfg: DemoConfig, log=print) -> pathlib.Path:
     """Run all steps; returns the summary.json path."""
-    from .evaluation import evaluate, format_table, load_ground_truth, write_outputs
-    from .ros_env import isolated_ros_env
-    from .run_record import RunRecord
+    from pwan_ros.evaluation.metrics import evaluate, format_table, load_ground_truth, write_outputs
+    from pwan_ros.ros.env import isolated_ros_env
+    from pwan_ros.evaluation.run_record import RunRecord
 
     out = pathlib.Path(check_output(cfg.output, directory=True)).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -139,7 +139,7 @@ def run_demo(cfg: DemoConfig, log=print) -> pathlib.Path:
     with open(out / 'node.log', 'w') as node_log:
         node = subprocess.Popen(node_cmd, env=env, stdout=node_log, stderr=subprocess.STDOUT)
         try:
-            replay_cmd = [sys.executable, '-m', 'pwan_ros.replay', '--bag', str(bag), '--output', str(run_dir),
+            replay_cmd = [sys.executable, '-m', 'pwan_ros.cli.replay', '--bag', str(bag), '--output', str(run_dir),
                           '--odom-topic', cfg.odom_topic, '--rate', str(cfg.rate),
                           '--startup-timeout', str(cfg.startup_timeout), '--drain-timeout', str(cfg.drain_timeout)]
             with open(out / 'replay.log', 'w') as replay_log:

@@ -23,24 +23,19 @@ On a ROS machine ``ros2 bag play BAG --clock`` plus any recorder does the same j
 """
 from __future__ import annotations
 
-import argparse
 import importlib
-import pathlib
 import struct
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import bag_io
-from .atomic_io import check_output
-from .cli_args import add_config_arguments, config_from_args, run_cli
-from .run_record import RunRecord
-from .trajectory import Trajectory
+from pwan_ros.io import bags as bag_io
+from pwan_ros.evaluation.run_record import RunRecord
+from pwan_ros.io.trajectory import Trajectory
 
-__all__ = ['ReplayConfig', 'ReplayError', 'replay', 'main']
+__all__ = ['ReplayConfig', 'ReplayError', 'replay']
 
 
 class ReplayError(RuntimeError):
@@ -267,27 +262,3 @@ def _play(cfg: ReplayConfig, pubs, clock_pub, rec: _Recorder, generate_clock: bo
     if not counts:
         raise ReplayError(f'bag {cfg.bag} has no messages on {played}')
     return counts
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog='pwan-replay', description=__doc__.split('\n\n')[0])
-    parser.add_argument('--output', required=True, help='directory for run.json and trajectory_est.tum')
-    add_config_arguments(parser, ReplayConfig, skip=('bag',))
-    parser.add_argument('--bag', required=True, help='rosbag2 directory (mcap or sqlite3)')
-    args = parser.parse_args(argv)
-
-    def body() -> int:
-        cfg = config_from_args(ReplayConfig, args)
-        check_output(args.output, directory=True)  # before the replay, not after it
-        run = replay(cfg)
-        path = run.save(pathlib.Path(args.output))
-        med = run.median_latency_ms()
-        print(f'replay: {run.scans_published} scans published, {run.scans} answered, '
-              f'median latency {"n/a" if med is None else f"{med:.1f} ms"}, {run.wall_s:.1f} s')
-        print(f'run: {path}')
-        return 0
-    return run_cli('pwan-replay', body, (ValueError, bag_io.BagError, ReplayError))
-
-
-if __name__ == '__main__':
-    sys.exit(main())

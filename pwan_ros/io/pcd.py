@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .pointcloud2 import DATATYPE_TO_DTYPE, EncodedCloud, FieldSpec, PointCloud2Error, encode_cloud
+from pwan_ros.io.pointcloud2 import DATATYPE_TO_DTYPE, EncodedCloud, FieldSpec, PointCloud2Error, encode_cloud
 
 __all__ = ['PcdError', 'PcdHeader', 'read_pcd']
 

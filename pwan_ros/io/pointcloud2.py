@@ -37,7 +37,7 @@ __all__ = [
     'PointCloud2Error', 'FieldSpec', 'DecodedCloud', 'EncodedCloud',
     'INT8', 'UINT8', 'INT16', 'UINT16', 'INT32', 'UINT32', 'FLOAT32', 'FLOAT64',
     'DATATYPE_TO_DTYPE', 'field_specs', 'point_dtype', 'structured_view', 'read_points',
-    'read_xyz', 'read_cloud', 'encode_cloud', 'create_cloud', 'cloud_nbytes',
+    'read_xyz', 'read_cloud', 'encode_cloud', 'create_cloud',
 ]
 
 # sensor_msgs/msg/PointField datatype constants.
@@ -297,11 +297,6 @@ def read_cloud(cloud: Any, skip_nans: bool = False, dtype: Any = None) -> Decode
         if not keep.all():
             xyz, extras, index = xyz[keep], extras[keep], index[keep]
     return DecodedCloud(xyz=xyz, extras=extras, index=index, height=view.shape[0], width=view.shape[1])
-
-
-def cloud_nbytes(cloud: Any) -> int:
-    """Number of bytes in ``cloud.data`` (any supported container)."""
-    return int(_as_bytes(cloud.data).size)
 
 
 # ----------------------------------------------------------------------------- writing

@@ -14,8 +14,8 @@ import tempfile
 
 import numpy as np
 
-from .atomic_io import OutputError, atomic_path, check_output
-from .core.errors import PwanInputError
+from pwan_ros.io.atomic import OutputError, atomic_path, check_output
+from pwan_ros.core.errors import PwanInputError
 
 READ_EXTENSIONS = ('.npy', '.ply', '.pcd', '.xyz', '.txt', '.csv')
 WRITE_EXTENSIONS = ('.npy', '.ply', '.pcd', '.xyz', '.txt', '.csv')

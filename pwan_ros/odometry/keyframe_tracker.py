@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import small_gicp
 
-from .se3 import project_rigid, transform_points
+from pwan_ros.geometry.se3 import project_rigid, transform_points
 
 
 @dataclass

@@ -14,8 +14,8 @@ from typing import List, Optional
 
 import numpy as np
 
-from .cloud_io import check_output_path, read_points, write_points
-from .core.errors import PwanInputError
+from pwan_ros.io.point_files import check_output_path, read_points, write_points
+from pwan_ros.core.errors import PwanInputError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _config(args):
-    from .core.config import RegistrationConfig
+    from pwan_ros.core.config import RegistrationConfig
     values = {'transform': args.transform, 'divergence': args.divergence, 'device': args.device,
               'seed': args.seed, 'verbose': not args.quiet}
     for key in ('mass', 'mass_ratio', 'distance_threshold', 'voxel_size', 'max_points', 'steps', 'threads',
@@ -120,7 +120,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     check_output_path(args.output)      # before any work
                 src = read_points(args.source)
                 ref = read_points(args.reference)
-                from .core import register
+                from pwan_ros.core import register
                 if not args.quiet:
                     print(f'[pwan] registering {args.source} ({src.shape[0]} pts) onto {args.reference} '
                           f'({ref.shape[0]} pts)', file=sys.stderr)

@@ -17,20 +17,17 @@ CLI: ``pwan-sim --output BAG_DIR [--scans 80 --rate-hz 10 ...]`` (flags = SimCon
 """
 from __future__ import annotations
 
-import argparse
 import pathlib
-import sys
 import time
 from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
 
-from . import bag_io
-from .cli_args import add_config_arguments, config_from_args, run_cli
-from .pointcloud2 import create_cloud
+from pwan_ros.io import bags as bag_io
+from pwan_ros.io.pointcloud2 import create_cloud
 
-__all__ = ['SimConfig', 'SimScan', 'SimResult', 'ground_truth_pose', 'simulate', 'write_sim_bag', 'main']
+__all__ = ['SimConfig', 'SimScan', 'SimResult', 'ground_truth_pose', 'simulate', 'write_sim_bag']
 
 EXTRAS_DTYPE = np.dtype([('intensity', np.float32), ('ring', np.uint16)])
 
@@ -269,22 +266,3 @@ def write_sim_bag(path, cfg: SimConfig = SimConfig(), storage: str = 'mcap') -> 
     length = float(np.linalg.norm(np.diff(np.array(positions), axis=0), axis=1).sum()) if len(positions) > 1 else 0.0
     return SimResult(bag=pathlib.Path(path), scans=len(n_points), mean_points=float(np.mean(n_points)),
                      path_length_m=length, seconds=time.perf_counter() - t0)
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog='pwan-sim', description=__doc__.split('\n\n')[0])
-    parser.add_argument('--output', required=True, help='rosbag2 directory to create')
-    parser.add_argument('--storage', choices=('mcap', 'sqlite3'), default='mcap')
-    add_config_arguments(parser, SimConfig)
-    args = parser.parse_args(argv)
-
-    def body() -> int:
-        res = write_sim_bag(args.output, config_from_args(SimConfig, args), storage=args.storage)
-        print(f'wrote {res.bag}: {res.scans} scans, {res.mean_points:.0f} points/scan on average, '
-              f'path {res.path_length_m:.1f} m, {res.seconds:.1f} s')
-        return 0
-    return run_cli('pwan-sim', body, (ValueError, bag_io.BagError))
-
-
-if __name__ == '__main__':
-    sys.exit(main())

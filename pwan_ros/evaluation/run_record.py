@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
-from .atomic_io import read_json, write_json
-from .trajectory import Trajectory, read_tum, write_tum
+from pwan_ros.io.atomic import read_json, write_json
+from pwan_ros.io.trajectory import Trajectory, read_tum, write_tum
 
 __all__ = ['RunRecord']
 

@@ -13,19 +13,17 @@ file name as the 0-based pose index (``full26.pcd.gz`` -> pose 26, the BALM conv
 """
 from __future__ import annotations
 
-import argparse
 import pathlib
 import re
-import sys
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import bag_io
-from .pcd import PcdError, read_pcd
-from .trajectory import Trajectory, TrajectoryError, detect_pose_format, read_kitti, read_pose_file
+from pwan_ros.io import bags as bag_io
+from pwan_ros.io.pcd import read_pcd
+from pwan_ros.io.trajectory import Trajectory, detect_pose_format, read_kitti, read_pose_file
 
-__all__ = ['ConvertConfig', 'ConvertResult', 'convert', 'main']
+__all__ = ['ConvertConfig', 'ConvertResult', 'convert']
 
 
 @dataclass(frozen=True)
@@ -122,23 +120,3 @@ def convert(cfg: ConvertConfig, log=print) -> ConvertResult:
     duration = (traj.stamps[pairs[-1][1]] - traj.stamps[pairs[0][1]])
     return ConvertResult(bag=pathlib.Path(cfg.output), scans=len(pairs), mean_points=float(np.mean(n_points)),
                          duration_s=float(duration))
-
-
-def main(argv=None) -> int:
-    from .cli_args import add_config_arguments, config_from_args, run_cli
-    parser = argparse.ArgumentParser(prog='pwan-pcd2bag', description=__doc__.split('\n\n')[0])
-    add_config_arguments(parser, ConvertConfig, skip=('scans', 'poses', 'output'))
-    parser.add_argument('--scans', required=True, help='folder of .pcd / .pcd.gz scans')
-    parser.add_argument('--poses', required=True, help='pose file (TUM, KITTI or 4x4 blocks)')
-    parser.add_argument('--output', required=True, help='rosbag2 directory to create')
-    args = parser.parse_args(argv)
-
-    def body() -> int:
-        res = convert(config_from_args(ConvertConfig, args), log=lambda *a: None)
-        print(f'wrote {res.bag}: {res.scans} scans, {res.mean_points:.0f} points/scan, {res.duration_s:.1f} s')
-        return 0
-    return run_cli('pwan-pcd2bag', body, (ValueError, PcdError, TrajectoryError, bag_io.BagError))
-
-
-if __name__ == '__main__':
-    sys.exit(main())

@@ -24,23 +24,20 @@ CLI (writes ``summary.json``, ``trajectory_est.tum``, ``trajectory.png`` into ``
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import pathlib
-import sys
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from . import bag_io
-from .atomic_io import atomic_path, check_output, write_text
-from .cli_args import add_config_arguments, config_from_args, run_cli
-from .run_record import RunRecord
-from .trajectory import Trajectory, TrajectoryError, read_pose_file, write_tum
+from pwan_ros.io import bags as bag_io
+from pwan_ros.io.atomic import atomic_path, write_text
+from pwan_ros.evaluation.run_record import RunRecord
+from pwan_ros.io.trajectory import Trajectory, TrajectoryError, read_pose_file, write_tum
 
 __all__ = ['EvalConfig', 'EvalResult', 'EvaluationError', 'evaluate', 'load_ground_truth',
-           'make_summary', 'write_outputs', 'format_table', 'main', 'SUMMARY_KEYS']
+           'make_summary', 'write_outputs', 'format_table', 'SUMMARY_KEYS']
 
 #: Keys every summary.json has (values may be null when not measurable, e.g. latency of a pose file).
 SUMMARY_KEYS = ('scans', 'scans_dropped', 'median_latency_ms', 'ate_rmse_m', 'rpe_trans_pct', 'rpe_rot_deg_per_m')
@@ -293,81 +290,3 @@ def format_table(summary: dict) -> str:
     ]
     width = max(len(k) for k, _ in rows)
     return '\n'.join(f'{k:<{width}}  {v}' for k, v in rows)
-
-
-def _evaluate_one(args, cfg: EvalConfig, bag, output: pathlib.Path, run: RunRecord | None,
-                  est: Trajectory | None) -> tuple[dict, pathlib.Path]:
-    gt, source = load_ground_truth(bag, args.gt_topic, args.gt_file, args.frame, args.parent_frame)
-    if est is None:
-        est = run.estimate
-    if run is None and bag is not None and args.topic in bag_io.bag_topics(bag):
-        # a pose file evaluated against a bag: count the bag's scans to report dropped ones
-        run = RunRecord(estimate=est, scans_published=bag_io.require_topic(bag, args.topic).count,
-                        mode='file', bag=str(bag), topic=args.topic)
-    result = evaluate(est, gt, cfg)
-    return write_outputs(output, result, est, run, title=str(bag or args.est or ''), gt_source=source)
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog='pwan-evaluate', description=__doc__.split('\n\n')[0])
-    src = parser.add_mutually_exclusive_group(required=True)
-    src.add_argument('--run', help='run.json written by pwan-replay')
-    src.add_argument('--est', help='estimated trajectory: pose file (TUM, KITTI, 4x4 blocks) or a recorded bag')
-    src.add_argument('--offline', action='store_true', help='run --estimator in-process on each --bag')
-    parser.add_argument('--bag', nargs='+', help='rosbag2 directory (several with --offline)')
-    parser.add_argument('--topic', default='/points', help='PointCloud2 scan topic')
-    parser.add_argument('--gt-topic', default='/ground_truth', help='ground-truth topic in the bag')
-    parser.add_argument('--est-topic', default='/odometry', help='odometry topic when --est is a bag')
-    parser.add_argument('--gt-file', help='ground-truth pose file instead of --gt-topic')
-    parser.add_argument('--frame', help='child frame of the ground-truth poses (required for /tf topics)')
-    parser.add_argument('--parent-frame', help='parent frame filter for TF ground truth')
-    parser.add_argument('--estimator', default='icp', help="offline estimator: 'icp' or module:factory")
-    parser.add_argument('--max-scans', type=int, default=0, help='offline: stop after this many scans (0 = all)')
-    parser.add_argument('--output', default='evaluation', help='output directory')
-    parser.add_argument('--json', action='store_true', help='print the summary JSON instead of the table')
-    add_config_arguments(parser, EvalConfig)
-    args = parser.parse_args(argv)
-    return run_cli('pwan-evaluate', lambda: _main(args), (ValueError, bag_io.BagError, EvaluationError,
-                                                          TrajectoryError))
-
-
-def _main(args) -> int:
-    cfg = config_from_args(EvalConfig, args)
-    check_output(args.output, directory=True)  # before any work
-    bags = args.bag or [None]
-    output = pathlib.Path(args.output)
-    results = []
-    if args.offline:
-        from .offline import load_estimator, run_offline
-        if args.bag is None:
-            raise EvaluationError('--offline needs --bag')
-        for bag in bags:
-            out = output / pathlib.Path(bag).name if len(bags) > 1 else output
-            run = run_offline(bag, load_estimator(args.estimator), topic=args.topic,
-                              max_scans=args.max_scans or None)
-            run.save(out)
-            results.append(_evaluate_one(args, cfg, bag, out, run, None))
-    elif args.run:
-        run = RunRecord.load(args.run)
-        results.append(_evaluate_one(args, cfg, bags[0] or run.bag or None, output, run, None))
-    else:
-        if len(bags) > 1:
-            raise EvaluationError('several --bag values need --offline')
-        est_path = pathlib.Path(args.est)
-        if (est_path / 'metadata.yaml').exists():  # a recorded bag, e.g. from ros2 bag record
-            est = bag_io.read_trajectory(est_path, args.est_topic)
-        else:
-            est = read_pose_file(est_path)
-        results.append(_evaluate_one(args, cfg, bags[0], output, None, est))
-    for summary, path in results:
-        if args.json:
-            print(json.dumps(summary, indent=2))
-        else:
-            print(format_table(summary))
-            print(f"trajectory: {summary['trajectory_tum']}\nplot: {summary['plot_png']}")
-        print(f'summary: {path}')
-    return 0
-
-
-if __name__ == '__main__':
-    sys.exit(main())

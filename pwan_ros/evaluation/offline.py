@@ -17,10 +17,10 @@ from typing import Callable
 
 import numpy as np
 
-from . import bag_io
-from .pointcloud2 import read_xyz
-from .run_record import RunRecord
-from .trajectory import Trajectory
+from pwan_ros.io import bags as bag_io
+from pwan_ros.io.pointcloud2 import read_xyz
+from pwan_ros.evaluation.run_record import RunRecord
+from pwan_ros.io.trajectory import Trajectory
 
 __all__ = ['Estimator', 'IcpOdometry', 'load_estimator', 'run_offline']
 

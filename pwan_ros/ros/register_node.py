@@ -1,14 +1,14 @@
 """ROS 2 node ``pwan_register``: robust scan registration with PWAN.
 
-A thin adapter over :class:`pwan_ros.scan_pipeline.ScanPipeline`:
-PointCloud2 -> numpy (pwan_ros.pointcloud2) -> pipeline -> Odometry, TF, aligned cloud,
+A thin adapter over :class:`pwan_ros.odometry.pipeline.ScanPipeline`:
+PointCloud2 -> numpy (pwan_ros.io.pointcloud2) -> pipeline -> Odometry, TF, aligned cloud,
 diagnostics. The subscription callback only stores the newest scan (counting the one it
 replaces as dropped); a worker thread registers scans, so callbacks never block.
 
 Topics (relative names, remap them): subscribes ``points`` (sensor_msgs/PointCloud2) and
 ``/tf_static`` (when base_frame differs from the cloud frame); publishes ``odometry``
 (nav_msgs/Odometry), ``/tf`` (odom_frame -> base_frame), ``aligned_points`` (the scan in
-odom_frame) and ``/diagnostics``. Parameters: see :mod:`pwan_ros.odometry_config`.
+odom_frame) and ``/diagnostics``. Parameters: see :mod:`pwan_ros.odometry.config`.
 """
 from __future__ import annotations
 
@@ -34,11 +34,11 @@ from rclpy.qos import (DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityP
 from sensor_msgs.msg import PointCloud2
 from tf2_msgs.msg import TFMessage
 
-from . import pointcloud2 as pc2
-from .ros_args import params_file_problem
-from .odometry_config import DESCRIPTIONS, ConfigError, OdometryConfig
-from .scan_pipeline import ScanError, ScanEstimate, ScanPipeline
-from .se3 import from_quaternion, invert, project_rigid, to_quaternion
+from pwan_ros.io import pointcloud2 as pc2
+from pwan_ros.ros.args import params_file_problem
+from pwan_ros.odometry.config import DESCRIPTIONS, ConfigError, OdometryConfig
+from pwan_ros.odometry.pipeline import ScanError, ScanEstimate, ScanPipeline
+from pwan_ros.geometry.se3 import from_quaternion, invert, project_rigid, to_quaternion
 
 # Closed ranges for numeric parameters (descriptor ranges are shown by `ros2 param describe`).
 _FLOAT_RANGES = {
@@ -136,8 +136,8 @@ class RegisterNode(Node):
             values[f.name] = self.get_parameter(f.name).value
         self.config = OdometryConfig.from_dict(values)   # raises ConfigError
         cfg = self.config
-        from .core.device import resolve_device
-        from .core.errors import PwanInputError
+        from pwan_ros.core.device import resolve_device
+        from pwan_ros.core.errors import PwanInputError
         try:
             resolve_device(cfg.device)      # 'cuda' without CUDA fails here, not on every scan
         except PwanInputError as exc:
@@ -145,7 +145,7 @@ class RegisterNode(Node):
 
         reference = None
         if cfg.reference_cloud:
-            from .cloud_io import read_points
+            from pwan_ros.io.point_files import read_points
             try:
                 reference = read_points(cfg.reference_cloud)
             except Exception as exc:  # unreadable / corrupt file: a configuration error

@@ -3,9 +3,9 @@
 ``ScanPipeline.process(points, stamp)`` turns one scan (sensor frame, metres) into a pose of
 the sensor in the odometry frame. Two paths produce poses:
 
-* ``track``: the fast partial refinement (:mod:`pwan_ros.gicp_tracker`) from a
+* ``track``: the fast partial refinement (:mod:`pwan_ros.odometry.keyframe_tracker`) from a
   constant-velocity prediction, against a keyframe that is kept for many scans.
-* ``pwan``: full PWAN (:mod:`pwan_ros.pwan_path`), used in ``mode='adaptive'`` at start-up
+* ``pwan``: full PWAN (:mod:`pwan_ros.odometry.pwan_recovery`), used in ``mode='adaptive'`` at start-up
   against a reference cloud and whenever tracking is lost or untrustworthy (matched ratio
   below ``min_matched_ratio``, or collapsing below ``ratio_drop`` x its recent median, or the
   residual jumping), and in ``mode='pwan'`` for every scan. Its result re-initialises tracking.
@@ -26,14 +26,14 @@ from typing import Deque, Dict, Optional
 
 import numpy as np
 
-from .gicp_tracker import MatchQuality, PreparedCloud, track
-from .motion_model import ConstantVelocityModel
-from .odometry_config import OdometryConfig
-from .pwan_path import PwanAligner
-from .scan_filter import automatic_voxel_size, filter_scan
+from pwan_ros.odometry.keyframe_tracker import MatchQuality, PreparedCloud, track
+from pwan_ros.odometry.motion_model import ConstantVelocityModel
+from pwan_ros.odometry.config import OdometryConfig
+from pwan_ros.odometry.pwan_recovery import PwanAligner
+from pwan_ros.odometry.scan_filter import automatic_voxel_size, filter_scan
 from scipy.spatial.transform import Rotation
 
-from .se3 import invert, make_transform, project_rigid, rotation_angle, translation_norm
+from pwan_ros.geometry.se3 import invert, make_transform, project_rigid, rotation_angle, translation_norm
 
 MIN_POINTS = 30
 #: a scan keeping fewer usable points than this fraction of the recent accepted scans' median is

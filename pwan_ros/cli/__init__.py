@@ -1,0 +1,1 @@
+"""Console scripts: one module per command, argument parsing and the failure contract only."""

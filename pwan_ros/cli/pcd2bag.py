@@ -1,0 +1,32 @@
+"""``pwan-pcd2bag``: a folder of PCD scans + a pose file into a rosbag2 (see
+:mod:`pwan_ros.evaluation.pcd_to_bag`)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pwan_ros.cli.args import add_config_arguments, config_from_args, run_cli
+from pwan_ros.evaluation import pcd_to_bag as _convert
+from pwan_ros.evaluation.pcd_to_bag import ConvertConfig, convert
+from pwan_ros.io import bags as bag_io
+from pwan_ros.io.pcd import PcdError
+from pwan_ros.io.trajectory import TrajectoryError
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog='pwan-pcd2bag', description=_convert.__doc__.split('\n\n')[0])
+    add_config_arguments(parser, ConvertConfig, skip=('scans', 'poses', 'output'))
+    parser.add_argument('--scans', required=True, help='folder of .pcd / .pcd.gz scans')
+    parser.add_argument('--poses', required=True, help='pose file (TUM, KITTI or 4x4 blocks)')
+    parser.add_argument('--output', required=True, help='rosbag2 directory to create')
+    args = parser.parse_args(argv)
+
+    def body() -> int:
+        res = convert(config_from_args(ConvertConfig, args), log=lambda *a: None)
+        print(f'wrote {res.bag}: {res.scans} scans, {res.mean_points:.0f} points/scan, {res.duration_s:.1f} s')
+        return 0
+    return run_cli('pwan-pcd2bag', body, (ValueError, PcdError, TrajectoryError, bag_io.BagError))
+
+
+if __name__ == '__main__':
+    sys.exit(main())

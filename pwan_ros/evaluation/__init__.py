@@ -1,0 +1,1 @@
+"""Evaluation on bags: metrics, plots, replay over DDS, offline runs, LiDAR simulator, PCD to bag."""

@@ -1,0 +1,118 @@
+"""The package layout holds: folders by job, imports flow one way (no cycles, no upward arrows),
+and only the ROS adapters import rclpy or ROS message packages. Reads the source (AST), imports
+nothing."""
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1] / 'pwan_ros'
+
+#: what each folder may import from the package (besides itself); cli may import anything
+ALLOWED = {
+    'core': set(),
+    'geometry': set(),
+    'io': {'core', 'geometry'},
+    'odometry': {'core', 'geometry', 'io'},
+    'adaptation': {'io'},
+    'evaluation': {'core', 'geometry', 'io', 'odometry'},
+    'ros': {'core', 'geometry', 'io', 'odometry', 'adaptation'},
+    'cli': {'core', 'geometry', 'io', 'odometry', 'adaptation', 'evaluation', 'ros'},
+}
+#: modules allowed to import rclpy
+ROS_MODULES = {'pwan_ros.ros.register_node', 'pwan_ros.ros.adapt_node', 'pwan_ros.evaluation.replay'}
+ROS_PACKAGES = {'rclpy', 'sensor_msgs', 'nav_msgs', 'geometry_msgs', 'tf2_msgs', 'diagnostic_msgs', 'std_msgs',
+                'rosgraph_msgs', 'builtin_interfaces', 'rcl_interfaces', 'tf2_ros', 'launch', 'launch_ros'}
+
+
+def modules():
+    """{dotted module name: path} of every module of the package."""
+    out = {}
+    for path in ROOT.rglob('*.py'):
+        parts = path.relative_to(ROOT.parent).with_suffix('').parts
+        name = '.'.join(parts[:-1] if parts[-1] == '__init__' else parts)
+        out[name] = path
+    return out
+
+
+def imports(name, path):
+    """Absolute names imported by a module (relative imports resolved), at any depth."""
+    package = name if path.name == '__init__.py' else name.rsplit('.', 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ''
+            if node.level:
+                anchor = package.split('.')
+                anchor = anchor[:len(anchor) - node.level + 1]
+                base = '.'.join(anchor + ([base] if base else []))
+            found.add(base)
+            found |= {f'{base}.{a.name}' for a in node.names}
+    return found
+
+
+def graph():
+    mods = modules()
+    return {name: {i for i in imports(name, path) if i in mods and i != name} for name, path in mods.items()}
+
+
+def folder(name):
+    parts = name.split('.')
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in ALLOWED) else None
+
+
+def test_every_module_lives_in_a_folder_by_job():
+    top = sorted(n for n in modules() if n.count('.') == 1 and folder(n) is None)
+    assert top == [], f'modules at the top level of pwan_ros: {top}'
+    for pkg in ALLOWED:
+        init = ROOT / pkg / '__init__.py'
+        assert init.exists() and ast.get_docstring(ast.parse(init.read_text())), f'{pkg}/__init__.py needs a docstring'
+
+
+def test_imports_flow_one_way():
+    upward = []
+    for name, deps in graph().items():
+        src = folder(name)
+        for dep in deps:
+            dst = folder(dep)
+            if src and dst and dst != src and dst not in ALLOWED[src]:
+                upward.append(f'{name} -> {dep}')
+    assert upward == [], 'imports against the layering:\n' + '\n'.join(sorted(upward))
+
+
+def test_no_import_cycles():
+    g = graph()
+    state, stack, cycles = {}, [], []
+
+    def visit(n):
+        state[n] = 'open'
+        stack.append(n)
+        for d in sorted(g[n]):
+            if state.get(d) == 'open':
+                cycles.append(stack[stack.index(d):] + [d])
+            elif d not in state:
+                visit(d)
+        stack.pop()
+        state[n] = 'done'
+
+    for n in sorted(g):
+        if n not in state:
+            visit(n)
+    # a package __init__ re-exporting its own modules is not a cycle of the design
+    cycles = [c for c in cycles if not any(m == c[0].rsplit('.', 1)[0] for m in c)]
+    assert cycles == [], 'import cycles: ' + '; '.join(' -> '.join(c) for c in cycles)
+
+
+#: folders that import nothing from ROS (the PointCloud2 codec in io/ may build rclpy messages)
+ROS_FREE = {'core', 'geometry', 'odometry', 'adaptation'}
+
+
+def test_only_the_ros_adapters_import_rclpy():
+    offenders = []
+    for name, path in modules().items():
+        found = imports(name, path)
+        rclpy = sorted(i for i in found if i.split('.')[0] == 'rclpy')
+        ros = sorted(i for i in found if i.split('.')[0] in ROS_PACKAGES)
+        if (rclpy and name not in ROS_MODULES) or (ros and folder(name) in ROS_FREE):
+            offenders.append(f'{name}: {", ".join(ros)}')
+    assert offenders == [], 'ROS imports outside ros/ and the replay tool:\n' + '\n'.join(offenders)
