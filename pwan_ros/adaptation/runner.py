@@ -27,7 +27,7 @@ import torch
 from .config import AdaptConfig
 from .data import FeatureSet, load_npz
 from .errors import AdaptInputError, AdaptOutputError
-from .io import OutputError, check_output, write_bytes, write_json, write_npy, write_text
+from .io import OutputError, check_output, os_error_text, write_bytes, write_json, write_npy, write_text
 from .trainer import AdaptTrainer, EvalResult, StepMetrics
 
 
@@ -147,8 +147,7 @@ def run_adaptation(config: AdaptConfig, labelled, unlabelled, output_dir: str, r
         for d in reversed(created):  # directories this run made and left empty
             with contextlib.suppress(OSError):
                 os.rmdir(d)
-        reason = exc.strerror or str(exc)
-        raise AdaptOutputError(f'{exc.filename}: {reason}' if exc.filename else reason) from None
+        raise AdaptOutputError(os_error_text(exc)) from None
     finally:
         if opened:
             lab.close()

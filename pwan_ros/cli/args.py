@@ -8,6 +8,8 @@ import signal
 import sys
 from typing import Callable, Tuple, Type
 
+from pwan_ros.io.atomic import os_error_text
+
 __all__ = ['add_config_arguments', 'config_from_args', 'run_cli', 'os_error_text']
 
 _TYPES = {'int': int, 'float': float, 'str': str}
@@ -37,12 +39,6 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls, skip=()) -> None:
 def config_from_args(cls, args: argparse.Namespace, skip=()):
     """Build dataclass ``cls`` from parsed arguments (its own __post_init__ validates)."""
     return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if f.name not in skip})
-
-
-def os_error_text(exc: OSError) -> str:
-    """``path: reason`` for an OSError (e.g. ``/data/out: File too large``), one line."""
-    reason = exc.strerror or str(exc)
-    return f'{exc.filename}: {reason}' if exc.filename else reason
 
 
 @contextlib.contextmanager

@@ -39,6 +39,12 @@ def _chmod_default(path: str, directory: bool = False) -> None:
     os.chmod(path, (0o777 if directory else 0o666) & ~_umask())
 
 
+def os_error_text(exc: OSError) -> str:
+    """``path: reason`` for an OSError (e.g. ``/data/out: File too large``), one line."""
+    reason = exc.strerror or str(exc)
+    return f'{exc.filename}: {reason}' if exc.filename else reason
+
+
 def check_output(path, directory: bool = False, must_not_exist: bool = False) -> str:
     """Validate an output path before the work starts; returns it as ``str``.
 
