@@ -31,7 +31,7 @@ setup-bench:
 	@EXTRAS=test,bench bash tools/setup_env.sh
 
 # The main job on data the package makes itself: simulate a LiDAR bag (once, cached), replay it
-# into register_node over DDS, evaluate the trajectory against ground truth.
+# into pwan_odometry_node over DDS, evaluate the trajectory against ground truth.
 demo: setup
 	$(PY) -m pwan_ros.cli.demo --output $(RESULTS)/demo
 

@@ -26,7 +26,7 @@ import numpy as np
 from pwan_ros.io import pointcloud2 as pc2
 from pwan_ros.odometry.config import OdometryConfig
 from pwan_ros.io.pcd import read_pcd
-from pwan_ros.odometry.pipeline import ScanPipeline
+from pwan_ros.odometry.pipeline import OdometryPipeline
 from pwan_ros.geometry.se3 import invert, rotation_angle
 
 SCANS = list(range(26, 36))
@@ -50,7 +50,7 @@ def pair_errors(est_rel, gt_rel):
 
 
 def run_pipeline(scans, stamps, **cfg):
-    pipe = ScanPipeline(OdometryConfig(**cfg))
+    pipe = OdometryPipeline(OdometryConfig(**cfg))
     poses, times, paths = [], [], []
     for pts, t in zip(scans, stamps):
         t0 = time.perf_counter()
@@ -149,8 +149,8 @@ def latency_scaling(scans, sizes, pwan_sizes):
     """Per-scan time of the tracking path and of one full-PWAN registration vs points."""
     rows = []
     for n in sizes:
-        cfg = dict(voxel_size=0.05, max_points=n)
-        pipe = ScanPipeline(OdometryConfig(**cfg))
+        cfg = dict(scan_voxel_size=0.05, scan_max_points=n)
+        pipe = OdometryPipeline(OdometryConfig(**cfg))
         pipe.process(scans[0], 0.0)
         t0 = time.perf_counter()
         est = pipe.process(scans[1], 0.5)
@@ -158,7 +158,7 @@ def latency_scaling(scans, sizes, pwan_sizes):
                      'ms': (time.perf_counter() - t0) * 1e3, 'timings_ms': est.timings_ms})
     from pwan_ros.odometry.pwan_recovery import PwanAligner
     for n in pwan_sizes:
-        al = PwanAligner(OdometryConfig(pwan_max_points=n, voxel_size=0.25))
+        al = PwanAligner(OdometryConfig(pwan_max_points=n, scan_voxel_size=0.25))
         t0 = time.perf_counter()
         al.align(scans[1], scans[0], np.eye(4), 0.5)
         rows.append({'path': 'pwan', 'points': n, 'ms': (time.perf_counter() - t0) * 1e3})
@@ -188,13 +188,13 @@ def main(argv=None) -> int:
         gt_rel = [invert(poses[a]) @ poses[b] for a, b in zip(seq_idx[:-1], seq_idx[1:])]
         rows = []
         print(f'[{label}] pwan_ros adaptive ...', file=sys.stderr)
-        rel, times, paths = run_pipeline(s, st, voxel_size=0.25)
+        rel, times, paths = run_pipeline(s, st, scan_voxel_size=0.25)
         rows.append(summarise('pwan_ros adaptive (voxel 0.25)', rel, times, gt_rel, paths))
         rel, times, paths = run_pipeline(s, st)
         rows.append(summarise('pwan_ros adaptive (auto voxel)', rel, times, gt_rel, paths))
         if not args.quick:
             print(f'[{label}] pwan_ros pwan mode ...', file=sys.stderr)
-            rel, times, paths = run_pipeline(s, st, voxel_size=0.25, mode='pwan')
+            rel, times, paths = run_pipeline(s, st, scan_voxel_size=0.25, mode='pwan')
             rows.append(summarise('pwan_ros pwan mode (CPU)', rel, times, gt_rel, paths))
         print(f'[{label}] anchors ...', file=sys.stderr)
         rows.append(summarise('small_gicp GICP (pairwise)', *run_small_gicp(s)[:2], gt_rel))

@@ -25,7 +25,7 @@ def generate_launch_description():
         DeclareLaunchArgument('resume', default_value='false', description='continue from the latest checkpoint'),
     ]
     node = Node(
-        package='pwan_ros', executable='adapt_node', name='adapt_node', output='screen', emulate_tty=True,
+        package='pwan_ros', executable='pwan_adapt_node', name='adapt_node', output='screen', emulate_tty=True,
         parameters=[LaunchConfiguration('params_file'),
                     {'labelled': LaunchConfiguration('labelled'),
                      'unlabelled': LaunchConfiguration('unlabelled'),

@@ -18,7 +18,7 @@ F32 = TS.types['std_msgs/msg/Float32MultiArray']
 DIM = TS.types['std_msgs/msg/MultiArrayDimension']
 LAYOUT = TS.types['std_msgs/msg/MultiArrayLayout']
 I32 = TS.types['std_msgs/msg/Int32']
-IMPORT = pathlib.Path(sys.executable).parent / 'pwan-adapt-import'
+IMPORT = pathlib.Path(sys.executable).parent / 'pwan_adapt_import'
 
 
 def write_bag(path, feats, labels=None, names=None, storage=StoragePlugin.SQLITE3, label_count=None):

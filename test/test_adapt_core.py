@@ -1,5 +1,5 @@
 """Adaptation core: config validation, input checks, the PWAN objective on synthetic Gaussian
-classes, exact resume, TorchScript export and the pwan-adapt CLI end to end."""
+classes, exact resume, TorchScript export and the pwan_adapt CLI end to end."""
 import dataclasses
 import json
 import os
@@ -20,7 +20,7 @@ from pwan_ros.adaptation.config import split_yaml
 from pwan_ros.adaptation.data import check_pair
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-CLI = pathlib.Path(sys.executable).parent / 'pwan-adapt'
+CLI = pathlib.Path(sys.executable).parent / 'pwan_adapt'
 
 
 def gaussian_domains(seed=0, k=6, d=32, n_per=60, shift=0.9, sigma=0.8):

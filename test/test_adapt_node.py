@@ -15,7 +15,7 @@ import yaml
 from pwan_ros.adaptation import save_npz
 from test_adapt_core import gaussian_domains
 
-NODE = pathlib.Path(sys.executable).parent / 'adapt_node'
+NODE = pathlib.Path(sys.executable).parent / 'pwan_adapt_node'
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 LISTENER = textwrap.dedent('''
@@ -155,7 +155,7 @@ def test_launch_file_and_params_file_agree_with_node():
     """The launch file names the installed executable and the shipped parameter file, whose keys
     are exactly the node's parameters (launch_ros is not installable here: checked statically)."""
     src = (ROOT / 'launch' / 'adapt.launch.py').read_text()
-    assert "executable='adapt_node'" in src and "'adapt.yaml'" in src
+    assert "executable='pwan_adapt_node'" in src and "'adapt.yaml'" in src
     params = yaml.safe_load((ROOT / 'config' / 'adapt.yaml').read_text())['adapt_node']['ros__parameters']
     from pwan_ros.adaptation import AdaptConfig
     assert set(params) == set(AdaptConfig.specs()) | {'labelled', 'unlabelled', 'output', 'resume',

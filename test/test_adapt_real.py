@@ -14,7 +14,7 @@ from pwan_ros.adaptation import AdaptConfig, AdaptTrainer, FeatureSet, load_npz,
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PDA = ROOT.parent / 'shared' / 'data' / 'pda' / 'office_caltech10_googlenet'
-CLI = pathlib.Path(sys.executable).parent / 'pwan-adapt'
+CLI = pathlib.Path(sys.executable).parent / 'pwan_adapt'
 NAMES = ['back_pack', 'bike', 'calculator', 'headphones', 'keyboard', 'laptop', 'monitor', 'mouse', 'mug',
          'projector']
 
@@ -117,7 +117,7 @@ def test_colcon_install_has_adapt_node_launch_and_config(tmp_path):
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     prefix = tmp_path / 'install' / 'pwan_ros'
-    for exe in ('adapt_node', 'pwan-adapt', 'pwan-adapt-import'):
+    for exe in ('pwan_adapt_node', 'adapt_node', 'pwan_adapt', 'pwan_adapt_import'):
         assert (prefix / 'lib' / 'pwan_ros' / exe).is_file(), exe
     assert (prefix / 'share' / 'pwan_ros' / 'launch' / 'adapt.launch.py').is_file()
     assert (prefix / 'share' / 'pwan_ros' / 'config' / 'adapt.yaml').is_file()

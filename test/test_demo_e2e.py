@@ -1,5 +1,5 @@
 """The README's main job end to end with the real node: simulated bag -> replay over DDS ->
-register_node -> evaluation against the bag's ground truth."""
+pwan_odometry_node -> evaluation against the bag's ground truth."""
 import json
 import subprocess
 import sys

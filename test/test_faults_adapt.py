@@ -1,4 +1,4 @@
-"""Fault injection on the adaptation side: pwan-adapt, pwan-adapt-import and adapt_node in
+"""Fault injection on the adaptation side: pwan_adapt, pwan_adapt_import and adapt_node in
 subprocesses with hostile inputs, unwritable outputs and a full disk (RLIMIT_FSIZE: writes fail
 with EFBIG, exactly as on a full disk). Contract: one line, exit 2, nothing half-written, files
 follow the umask."""
@@ -38,7 +38,7 @@ def adapt(*args, fsize=None, umask=None, timeout=180):
             resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
         if umask is not None:
             os.umask(umask)
-    return subprocess.run([str(BIN / 'pwan-adapt'), *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([str(BIN / 'pwan_adapt'), *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, preexec_fn=limits)
 
 
@@ -111,7 +111,7 @@ def test_import_wrong_message_type_names_it(tmp_path, points_bag):
     out = tmp_path / 'f.npz'
     for topic, words in [('/points', ['/points', 'sensor_msgs/msg/PointCloud2', 'raw bytes']),
                          ('/ground_truth', ['/ground_truth', "no field 'data'"])]:
-        proc = subprocess.run([str(BIN / 'pwan-adapt-import'), str(points_bag), '--features-topic', topic,
+        proc = subprocess.run([str(BIN / 'pwan_adapt_import'), str(points_bag), '--features-topic', topic,
                                '--output', str(out)], capture_output=True, text=True, timeout=120)
         assert_one_line_failure(proc, 2, words)
         assert not out.exists()
@@ -120,7 +120,7 @@ def test_import_wrong_message_type_names_it(tmp_path, points_bag):
 def test_import_checks_the_output_before_reading(tmp_path, points_bag, unwritable_dir):
     (tmp_path / 'adir').mkdir()
     for out, words in [(unwritable_dir / 'f.npz', ['not writable']), (tmp_path / 'adir', ['is a directory'])]:
-        proc = subprocess.run([str(BIN / 'pwan-adapt-import'), str(points_bag), '--features-topic', '/points',
+        proc = subprocess.run([str(BIN / 'pwan_adapt_import'), str(points_bag), '--features-topic', '/points',
                                '--output', str(out)], capture_output=True, text=True, timeout=120)
         assert_one_line_failure(proc, 2, [str(out), *words])  # the output, not the wrong topic
 

@@ -1,5 +1,5 @@
-"""Fault injection on the bag and evaluation tools (pwan-sim, pwan-pcd2bag, pwan-evaluate,
-pwan-replay, pwan-demo) in subprocesses: broken run records, unwritable outputs checked before
+"""Fault injection on the bag and evaluation tools (pwan_sim, pwan_pcd2bag, pwan_evaluate,
+pwan_replay, pwan_demo) in subprocesses: broken run records, unwritable outputs checked before
 any work, a full disk (RLIMIT_FSIZE) and Ctrl-C while a bag is being written. Contract: one
 line and exit 2 (130 when interrupted), no bag or temporary left behind, umask permissions."""
 import json
@@ -58,7 +58,7 @@ def test_evaluate_broken_run_records_name_the_file(tmp_path, small_bag):
         path = tmp_path / 'good' / name if name == 'orphan.json' else tmp_path / name
         if text is not None:
             path.write_text(text)
-        proc = tool('pwan-evaluate', '--run', path, '--bag', small_bag, '--output', tmp_path / 'out')
+        proc = tool('pwan_evaluate', '--run', path, '--bag', small_bag, '--output', tmp_path / 'out')
         assert_one_line_failure(proc, 2, [str(path), words])
         assert not (tmp_path / 'out').exists()
 
@@ -66,10 +66,10 @@ def test_evaluate_broken_run_records_name_the_file(tmp_path, small_bag):
 def test_outputs_are_checked_before_any_work(tmp_path, small_bag, unwritable_dir):
     (tmp_path / 'afile').write_text('x')
     cases = [
-        ('pwan-evaluate', ['--offline', '--bag', small_bag, '--max-scans', '2', '--output'], 'not a directory'),
-        ('pwan-sim', ['--scans', '2', '--output'], 'already exists'),
-        ('pwan-replay', ['--bag', small_bag, '--startup-timeout', '60', '--output'], 'not a directory'),
-        ('pwan-demo', ['--output'], 'not a directory'),
+        ('pwan_evaluate', ['--offline', '--bag', small_bag, '--max-scans', '2', '--output'], 'not a directory'),
+        ('pwan_sim', ['--scans', '2', '--output'], 'already exists'),
+        ('pwan_replay', ['--bag', small_bag, '--startup-timeout', '60', '--output'], 'not a directory'),
+        ('pwan_demo', ['--output'], 'not a directory'),
     ]
     for name, args, words in cases:
         t0 = time.monotonic()
@@ -82,7 +82,7 @@ def test_outputs_are_checked_before_any_work(tmp_path, small_bag, unwritable_dir
 
 
 def test_sim_on_a_full_disk_leaves_no_bag(tmp_path):
-    proc = tool('pwan-sim', '--scans', '20', '--beams', '8', '--azimuth-steps', '360', '--output',
+    proc = tool('pwan_sim', '--scans', '20', '--beams', '8', '--azimuth-steps', '360', '--output',
                 tmp_path / 'bag', fsize=100_000)
     assert_one_line_failure(proc, 2, [str(tmp_path / 'bag'), 'File too large'])
     assert entries(tmp_path) == []
@@ -102,8 +102,8 @@ def _interrupt(cmd, tmp_path, sig):
 
 @pytest.mark.parametrize('sig', [signal.SIGINT, signal.SIGTERM])
 def test_sim_interrupted_exits_130_and_leaves_no_bag(tmp_path, sig):
-    rc, err = _interrupt([BIN / 'pwan-sim', '--scans', '2000', '--output', tmp_path / 'bag'], tmp_path, sig)
-    assert rc == 130 and err.strip() == 'pwan-sim: interrupted', err
+    rc, err = _interrupt([BIN / 'pwan_sim', '--scans', '2000', '--output', tmp_path / 'bag'], tmp_path, sig)
+    assert rc == 130 and err.strip() == 'pwan_sim: interrupted', err
     assert entries(tmp_path) == []
 
 
@@ -116,20 +116,20 @@ def test_pcd2bag_corrupt_scan_midway_leaves_no_bag(tmp_path):
     np.savetxt(tmp_path / 'poses.tum', np.column_stack([np.arange(4.0), np.zeros((4, 6)), np.ones(4)]))
     out = tmp_path / 'out'
     out.mkdir()
-    proc = tool('pwan-pcd2bag', '--scans', scans, '--poses', tmp_path / 'poses.tum', '--output', out / 'bag')
+    proc = tool('pwan_pcd2bag', '--scans', scans, '--poses', tmp_path / 'poses.tum', '--output', out / 'bag')
     assert_one_line_failure(proc, 2, ['scan2.pcd'])
     assert entries(out) == []
 
 
 def test_evaluation_outputs_follow_the_umask(tmp_path, small_bag):
     out = tmp_path / 'eval'
-    proc = tool('pwan-evaluate', '--offline', '--bag', small_bag, '--max-scans', '3', '--output', out, umask=0o027)
+    proc = tool('pwan_evaluate', '--offline', '--bag', small_bag, '--max-scans', '3', '--output', out, umask=0o027)
     assert proc.returncode == 0, proc.stderr
     for name in ('summary.json', 'run.json', 'trajectory_est.tum', 'trajectory.png'):
         assert stat.S_IMODE((out / name).stat().st_mode) == 0o640, name
     assert not [n for n in entries(out) if n.startswith('.')]
     bag = tmp_path / 'bag'
-    proc = tool('pwan-sim', '--scans', '2', '--beams', '4', '--azimuth-steps', '90', '--output', bag, umask=0o027)
+    proc = tool('pwan_sim', '--scans', '2', '--beams', '4', '--azimuth-steps', '90', '--output', bag, umask=0o027)
     assert proc.returncode == 0, proc.stderr
     assert stat.S_IMODE(bag.stat().st_mode) == 0o750
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o640 for p in bag.iterdir())

@@ -1,6 +1,6 @@
 """Fault injection on the registration side: hostile inputs in real units (metres, large
-translations, far outliers), the pwan-register CLI in subprocesses (bad input, Ctrl-C), the scan
-pipeline (driver glitches), and register_node over DDS (lidar-driver QoS, bad start-up
+translations, far outliers), the pwan_register CLI in subprocesses (bad input, Ctrl-C), the scan
+pipeline (driver glitches), and pwan_odometry_node over DDS (lidar-driver QoS, bad start-up
 parameters, thread safety)."""
 import json
 import os
@@ -23,7 +23,7 @@ from pwan_ros.core.errors import PwanInputError
 from pwan_ros.evaluation.lidar_sim import SimConfig, simulate
 from pwan_ros.odometry.config import OdometryConfig
 from pwan_ros.odometry.scan_filter import filter_scan, voxel_grid
-from pwan_ros.odometry.pipeline import ScanPipeline
+from pwan_ros.odometry.pipeline import OdometryPipeline
 from pwan_ros.geometry.se3 import invert, make_transform, rotation_angle
 
 BIN = pathlib.Path(sys.executable).parent
@@ -198,9 +198,9 @@ def test_degenerate_sets_are_refused(points, transform, match):
         register(points, good, RegistrationConfig(transform=transform, verbose=False))
 
 
-# ---------------------------------------------------------------- pwan-register CLI
+# ---------------------------------------------------------------- pwan_register CLI
 def cli(*args, timeout=300):
-    return subprocess.run([str(BIN / 'pwan-register'), *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([str(BIN / 'pwan_register'), *map(str, args)], capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -237,9 +237,9 @@ def test_cli_bad_input_one_line_exit_2(tmp_path):
         (['good.npy', 'good.npy', '--output', 'a_dir.npy/'], 'unsupported output extension'),
     ]
     for args, msg in cases:
-        p = subprocess.run([str(BIN / 'pwan-register'), *args], capture_output=True, text=True, cwd=tmp_path,
+        p = subprocess.run([str(BIN / 'pwan_register'), *args], capture_output=True, text=True, cwd=tmp_path,
                            timeout=120)
-        errors_ = [ln for ln in p.stderr.strip().splitlines() if ln.startswith('pwan-register:')]
+        errors_ = [ln for ln in p.stderr.strip().splitlines() if ln.startswith('pwan_register:')]
         assert p.returncode == 2 and len(errors_) == 1 and msg in errors_[0], (args, p.returncode, p.stderr)
         assert p.stderr.strip().splitlines()[-1] == errors_[0]
         assert 'Traceback' not in p.stderr
@@ -247,8 +247,8 @@ def test_cli_bad_input_one_line_exit_2(tmp_path):
 
 
 def _interrupt(tmp_path, src, ref, out, wait_for):
-    """Start pwan-register, send SIGINT once ``wait_for`` appears on stderr; (returncode, stderr)."""
-    proc = subprocess.Popen([str(BIN / 'pwan-register'), src, ref, '--output', out, '--max-points', '300',
+    """Start pwan_register, send SIGINT once ``wait_for`` appears on stderr; (returncode, stderr)."""
+    proc = subprocess.Popen([str(BIN / 'pwan_register'), src, ref, '--output', out, '--max-points', '300',
                              '--steps', '30'], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     seen = ''
     for line in proc.stderr:
@@ -269,7 +269,7 @@ def test_cli_ctrl_c_exits_130_and_writes_nothing(tmp_path):
         out = tmp_path / 'out.txt'
         rc, err = _interrupt(tmp_path, tmp_path / 'src.npy', tmp_path / 'ref.npy', out, wait_for)
         assert rc == 130, (wait_for, rc, err[-2000:])
-        assert err.strip().splitlines()[-1] == 'pwan-register: interrupted' and 'Traceback' not in err
+        assert err.strip().splitlines()[-1] == 'pwan_register: interrupted' and 'Traceback' not in err
         assert sorted(f.name for f in tmp_path.iterdir()) == ['ref.npy', 'src.npy'], wait_for
 
 
@@ -286,7 +286,7 @@ def test_pipeline_survives_driver_glitches(sim_scans):
     """A scan with 10 returns at 1e19-3e38 m and a scan cut to an eighth of its returns: the first
     is tracked (the far returns dropped and counted), the second rejected (not accepted silently),
     and the odometry stays on track."""
-    pipe = ScanPipeline(OdometryConfig())
+    pipe = OdometryPipeline(OdometryConfig())
     gt0 = sim_scans[0].pose
     rng = np.random.default_rng(0)
     for k, s in enumerate(sim_scans):
@@ -309,7 +309,7 @@ def test_pipeline_reanchors_after_repeated_rejections(sim_scans):
     """A keyframe that no longer matches (here: a scan from another street) must not make the
     odometry reject forever: after reanchor_after rejections the next scan becomes a keyframe at
     the held pose, and tracking resumes."""
-    pipe = ScanPipeline(OdometryConfig(reanchor_after=3, recovery_yaw_starts=1, pwan_max_points=300, steps=40))
+    pipe = OdometryPipeline(OdometryConfig(reanchor_after=3, recovery_yaw_starts=1, pwan_max_points=300, pwan_steps=40))
     pipe.process(room() - [5.0, 3.0, 1.5], 0.0)     # the keyframe: a different place (a room)
     paths = [pipe.process(s.xyz, s.stamp_ns * 1e-9).path for s in sim_scans[:8]]
     assert paths[:3] == ['rejected'] * 3 and paths[3] == 'reanchor', paths
@@ -339,24 +339,19 @@ def test_property_pointcloud2_decoding_raises_only_its_error(fields, point_step,
     assert cloud.xyz.shape == (max(width, 0) * max(height, 0), 3)
 
 
-# ---------------------------------------------------------------- register_node
-NODE = BIN / 'register_node'
+# ---------------------------------------------------------------- pwan_odometry_node
+NODE = BIN / 'pwan_odometry_node'
 
 
 def test_static_frames_thread_safe():
     """/tf_static callbacks add edges while the worker looks frames up."""
-    from geometry_msgs.msg import TransformStamped
-    from tf2_msgs.msg import TFMessage
-    from pwan_ros.ros.register_node import StaticFrames
-    frames = StaticFrames()
+    from pwan_ros.geometry.frame_graph import FrameGraph
+    frames = FrameGraph()
     failures = []
 
     def writer():
         for i in range(3000):
-            t = TransformStamped()
-            t.header.frame_id, t.child_frame_id = f'f{i}', f'f{i + 1}'
-            t.transform.rotation.w = 1.0
-            frames.add(TFMessage(transforms=[t]))
+            frames.add(f'f{i}', f'f{i + 1}', np.eye(4))
 
     def reader():
         try:
@@ -386,7 +381,7 @@ def test_node_bad_start_up_one_line_exit_2(tmp_path, ros_env, args, msg):
     import torch
     if args[1] == 'device:=cuda' and torch.cuda.is_available():
         args = ['-p', 'device:=cuda:99']
-    (tmp_path / 'broken.yaml').write_text('pwan_register: {ros__parameters: [\n')
+    (tmp_path / 'broken.yaml').write_text('pwan_odometry: {ros__parameters: [\n')
     (tmp_path / 'list.yaml').write_text('- a\n- b\n')
     p = subprocess.run([str(NODE), '--ros-args', *args], env=ros_env, cwd=tmp_path, capture_output=True,
                        text=True, timeout=60)
@@ -398,7 +393,7 @@ def test_node_bad_start_up_one_line_exit_2(tmp_path, ros_env, args, msg):
 def test_node_hears_a_best_effort_driver_and_survives_glitches(tmp_path, ros_env):
     """A publisher with the sensor-data QoS profile (best effort, as lidar drivers publish), scans
     with far glitch returns and a collapsed scan: every scan answered, poses on track."""
-    from test_register_node import drive, odom_pose, start_node, stop_node
+    from test_odometry_node import drive, odom_pose, start_node, stop_node
     node = start_node(ros_env)
     try:
         res = drive(ros_env, tmp_path, 'glitch', '--scans', '9', '--sensor-qos')

@@ -30,9 +30,13 @@ def colcon_install(tmp_path_factory):
 @pytest.mark.build
 def test_colcon_build_installs_executables(colcon_install):
     lib = colcon_install / 'pwan_ros' / 'lib' / 'pwan_ros'
-    assert (lib / 'pwan-register').is_file()
+    for exe in ('pwan_odometry_node', 'pwan_adapt_node', 'pwan_register', 'pwan_demo',
+                'register_node', 'pwan-register'):       # the last two: 0.1 names, aliases for one release
+        assert (lib / exe).is_file(), exe
     share = colcon_install / 'pwan_ros' / 'share' / 'pwan_ros'
     assert (share / 'package.xml').is_file()
+    for f in ('launch/odometry.launch.py', 'launch/register.launch.py', 'config/odometry.yaml'):
+        assert (share / f).is_file(), f
 
 
 @pytest.mark.build

@@ -1,4 +1,4 @@
-"""The pwan-register console script (called in-process through main(argv))."""
+"""The pwan_register console script (called in-process through main(argv))."""
 import gzip
 import json
 
@@ -89,6 +89,11 @@ def test_cloud_io_round_trip(tmp_path):
 @pytest.mark.parametrize('args,starts,start_steps', [([], 1, 0), (['--starts', '24'], 24, 60),
                                                      (['--starts', '8', '--start-steps', '0'], 8, 0)])
 def test_multistart_flags_pick_the_tournament(args, starts, start_steps):
+    """The CLI and the library resolve the same defaults: --starts 24 and register(starts=24) both
+    run the 60-step tournament."""
     from pwan_ros.cli.register import _config, _parser
-    cfg = _config(_parser().parse_args(['a.npy', 'b.npy'] + args))
+    from pwan_ros.core import RegistrationConfig
+    cfg = _config(_parser().parse_args(['a.npy', 'b.npy'] + args)).resolved()
     assert (cfg.starts, cfg.start_steps) == (starts, start_steps)
+    library = RegistrationConfig(**{a.lstrip('-').replace('-', '_'): int(v) for a, v in zip(args[::2], args[1::2])})
+    assert library.resolved() == cfg.replace(verbose=False)

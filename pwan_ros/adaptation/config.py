@@ -8,29 +8,17 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 import yaml
+
+from pwan_ros.params import FieldSpec, param, specs
 
 from .errors import AdaptConfigError
 
 METHODS = ('pwan', 'source_only', 'wgan')
 INPUT_NORMS = ('zscore', 'l2', 'l2_zscore', 'none')
-
-
-@dataclass(frozen=True)
-class FieldSpec:
-    """Metadata of one config field: description and inclusive numeric range (if any)."""
-
-    description: str
-    low: Optional[float] = None
-    high: Optional[float] = None
-    choices: Tuple[str, ...] = ()
-
-
-def _f(default, description, low=None, high=None, choices=()):
-    return field(default=default, metadata={'spec': FieldSpec(description, low, high, tuple(choices))})
 
 
 @dataclass(frozen=True)
@@ -41,43 +29,43 @@ class AdaptConfig:
     m_alpha >= 1); the *unlabelled* domain is the paper's source domain (a subset of classes).
     """
 
-    method: str = _f('pwan', 'pwan (partial alignment), source_only (lambda1=lambda2=0) or '
+    method: str = param('pwan', 'pwan (partial alignment), source_only (lambda1=lambda2=0) or '
                      'wgan (complete alignment: m_alpha=1, unconstrained potential)', choices=METHODS)
-    steps: int = _f(1000, 'number of training steps T', 1, 10_000_000)
-    batch_size: int = _f(64, 'mini-batch size on each domain (labelled side stratified by class)', 2, 65536)
-    bottleneck_dim: int = _f(256, 'width of the bottleneck T_theta (features -> bottleneck_dim)', 2, 65536)
-    potential_hidden: int = _f(256, 'hidden width of the potential network f_w (2 hidden layers)', 2, 65536)
-    dropout: float = _f(0.0, 'dropout on the bottleneck output during training', 0.0, 0.95)
-    input_norm: str = _f('zscore', 'input feature normalisation: zscore (labelled-domain mean/std), l2 '
+    steps: int = param(1000, 'number of training steps T', 1, 10_000_000)
+    batch_size: int = param(64, 'mini-batch size on each domain (labelled side stratified by class)', 2, 65536)
+    bottleneck_dim: int = param(256, 'width of the bottleneck T_theta (features -> bottleneck_dim)', 2, 65536)
+    potential_hidden: int = param(256, 'hidden width of the potential network f_w (2 hidden layers)', 2, 65536)
+    dropout: float = param(0.0, 'dropout on the bottleneck output during training', 0.0, 0.95)
+    input_norm: str = param('zscore', 'input feature normalisation: zscore (labelled-domain mean/std), l2 '
                          '(per row), l2_zscore (both, in that order) or none', choices=INPUT_NORMS)
-    lr: float = _f(1e-3, 'base learning rate of Adam for theta, nu; schedule lr*(1+10p)^-0.75, p=step/steps',
+    lr: float = param(1e-3, 'base learning rate of Adam for theta, nu; schedule lr*(1+10p)^-0.75, p=step/steps',
                    1e-8, 10.0)
-    potential_lr: float = _f(1e-3, 'learning rate of RMSprop for the potential network w', 1e-8, 10.0)
-    weight_decay: float = _f(5e-4, 'L2 weight decay of Adam for theta, nu', 0.0, 1.0)
-    lambda1: float = _f(1.0, 'weight of the partial W1 alignment term', 0.0, 1e6)
-    lambda2: float = _f(0.1, 'weight of the entropy of unlabelled predictions', 0.0, 1e6)
-    gp_weight: float = _f(10.0, 'weight of the one-sided gradient penalty on f_w', 0.0, 1e6)
-    potential_updates: int = _f(5, 'potential-network updates u per training step', 1, 1000)
-    m0: float = _f(0.0, 'initial m_alpha (>= 1); 0 = estimate |classes| / |estimated present classes|',
+    potential_lr: float = param(1e-3, 'learning rate of RMSprop for the potential network w', 1e-8, 10.0)
+    weight_decay: float = param(5e-4, 'L2 weight decay of Adam for theta, nu', 0.0, 1.0)
+    lambda1: float = param(1.0, 'weight of the partial W1 alignment term', 0.0, 1e6)
+    lambda2: float = param(0.1, 'weight of the entropy of unlabelled predictions', 0.0, 1e6)
+    gp_weight: float = param(10.0, 'weight of the one-sided gradient penalty on f_w', 0.0, 1e6)
+    potential_updates: int = param(5, 'potential-network updates u per training step', 1, 1000)
+    m0: float = param(0.0, 'initial m_alpha (>= 1); 0 = estimate |classes| / |estimated present classes|',
                    0.0, 1e6)
-    anneal: float = _f(0.0, 'annealing factor s >= 1 (per step) of m_alpha = m0 * s^step; 0 = 10^(1/steps), '
+    anneal: float = param(0.0, 'annealing factor s >= 1 (per step) of m_alpha = m0 * s^step; 0 = 10^(1/steps), '
                        'i.e. m_alpha reaches 10 m0 at the last step', 0.0, 2.0)
-    max_m_alpha: float = _f(1e4, 'upper bound of m_alpha', 1.0, 1e12)
-    warmup_steps: int = _f(200, 'source-only warm-up steps before alignment, mu and m0 estimation', 0, 10_000_000)
-    weight_interval: int = _f(500, 'steps between re-estimations of the class weights mu', 1, 10_000_000)
-    reweight: bool = _f(True, 'reweight labelled cross-entropy by mu (pwan only)')
-    soft_weights: bool = _f(True, 'estimate mu from mean softmax probabilities (true) or hard predictions')
-    eval_interval: int = _f(250, 'steps between full passes over the unlabelled set (metrics, best checkpoint)',
+    max_m_alpha: float = param(1e4, 'upper bound of m_alpha', 1.0, 1e12)
+    warmup_steps: int = param(200, 'source-only warm-up steps before alignment, mu and m0 estimation', 0, 10_000_000)
+    weight_interval: int = param(500, 'steps between re-estimations of the class weights mu', 1, 10_000_000)
+    reweight: bool = param(True, 'reweight labelled cross-entropy by mu (pwan only)')
+    soft_weights: bool = param(True, 'estimate mu from mean softmax probabilities (true) or hard predictions')
+    eval_interval: int = param(250, 'steps between full passes over the unlabelled set (metrics, best checkpoint)',
                             1, 10_000_000)
-    checkpoint_interval: int = _f(500, 'steps between latest-checkpoint writes', 1, 10_000_000)
-    memory_limit_mb: float = _f(1024.0, 'feature arrays larger than this are memory-mapped and streamed, '
+    checkpoint_interval: int = param(500, 'steps between latest-checkpoint writes', 1, 10_000_000)
+    memory_limit_mb: float = param(1024.0, 'feature arrays larger than this are memory-mapped and streamed, '
                                 'not loaded', 1.0, 1e9)
-    eval_batch: int = _f(4096, 'rows per batch when streaming a whole domain through the network',
+    eval_batch: int = param(4096, 'rows per batch when streaming a whole domain through the network',
                          1, 10_000_000)
-    seed: int = _f(0, 'random seed (initialisation, sampling, dropout)', 0, 2**31 - 1)
-    device: str = _f('auto', 'compute device: auto, cpu, cuda or cuda:N')
-    threads: int = _f(0, 'CPU threads for torch during the run (0 = leave torch\'s default)', 0, 1024)
-    plots: bool = _f(True, 'write PNG plots (losses, m_alpha, class weights, 2-D projection)')
+    seed: int = param(0, 'random seed (initialisation, sampling, dropout)', 0, 2**31 - 1)
+    device: str = param('auto', 'compute device: auto, cpu, cuda or cuda:N')
+    threads: int = param(0, 'CPU threads for torch during the run (0 = leave torch\'s default)', 0, 1024)
+    plots: bool = param(True, 'write PNG plots (losses, m_alpha, class weights, 2-D projection)')
 
     # ------------------------------------------------------------------ validation
     def __post_init__(self):
@@ -132,7 +120,7 @@ class AdaptConfig:
     @classmethod
     def specs(cls) -> Dict[str, Tuple[Any, FieldSpec]]:
         """``name -> (default, FieldSpec)`` for every field (for CLI flags and ROS descriptors)."""
-        return {f.name: (f.default, f.metadata['spec']) for f in fields(cls)}
+        return specs(cls)
 
     def resolved_method(self) -> 'AdaptConfig':
         """The config with the method's fixed settings applied (baselines share the trainer).

@@ -1,6 +1,6 @@
-"""``pwan-adapt``: partial domain adaptation of a classifier on recorded features (PWAN).
+"""``pwan_adapt``: partial domain adaptation of a classifier on recorded features (PWAN).
 
-  pwan-adapt --labelled L.npz --unlabelled U.npz [--config adapt.yaml] [--steps N]
+  pwan_adapt --labelled L.npz --unlabelled U.npz [--config adapt.yaml] [--steps N]
              [--method pwan|source_only|wgan] [--seed S] [--device D] --output DIR [--json]
 
 Every field of :class:`pwan_ros.adaptation.AdaptConfig` is also a flag (``--batch-size`` or
@@ -8,7 +8,7 @@ Every field of :class:`pwan_ros.adaptation.AdaptConfig` is also a flag (``--batc
 from ``DIR/checkpoints/latest.pt``. Exit status: 0 done, 2 bad input/config or an output that
 cannot be written (one line on stderr), 130 interrupted (checkpoint written).
 
-``pwan-adapt-import``: convert features recorded in a rosbag2 into the ``.npz`` input format.
+``pwan_adapt_import``: convert features recorded in a rosbag2 into the ``.npz`` input format.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def _bool(text: str) -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog='pwan-adapt', description='Partial domain adaptation with PWAN '
+    p = argparse.ArgumentParser(prog='pwan_adapt', description='Partial domain adaptation with PWAN '
                                 '(labelled domain: all classes; unlabelled domain: a subset).')
     p.add_argument('--labelled', help='.npz with features (N, D), labels (N,), optional class_names')
     p.add_argument('--unlabelled', help='.npz with features (M, D), optional evaluation labels (M,)')
@@ -79,7 +79,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         return _main(args)
     except KeyboardInterrupt:  # before training started (loading inputs): nothing written
-        print('pwan-adapt: interrupted', file=sys.stderr)
+        print('pwan_adapt: interrupted', file=sys.stderr)
         return 130
 
 
@@ -110,7 +110,7 @@ def _main(args) -> int:
             for s, h in old.items():
                 signal.signal(s, h)
     except AdaptError as exc:
-        print(f'pwan-adapt: error: {exc}', file=sys.stderr)
+        print(f'pwan_adapt: error: {exc}', file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(result.to_dict()))
@@ -122,12 +122,12 @@ def _main(args) -> int:
 
 
 def import_main(argv: Optional[List[str]] = None) -> int:
-    """``pwan-adapt-import BAG --features-topic T [--label-topic L | --label-field F] --output X.npz``.
+    """``pwan_adapt_import BAG --features-topic T [--label-topic L | --label-field F] --output X.npz``.
 
     Exit status: 0 written, 2 bad input or unwritable output (one line), 130 interrupted (nothing
     written)."""
-    p = argparse.ArgumentParser(prog='pwan-adapt-import', description='Convert image features recorded in a '
-                                'rosbag2 (one message per image) into the pwan-adapt .npz format.')
+    p = argparse.ArgumentParser(prog='pwan_adapt_import', description='Convert image features recorded in a '
+                                'rosbag2 (one message per image) into the pwan_adapt .npz format.')
     p.add_argument('bag', help='rosbag2 directory (sqlite3 or mcap)')
     p.add_argument('--features-topic', required=True, help='topic with one feature vector per message')
     p.add_argument('--features-field', default='data', help='numeric array field of that message (dotted path)')
@@ -143,10 +143,10 @@ def import_main(argv: Optional[List[str]] = None) -> int:
                           label_topic=args.label_topic, label_field=args.label_field,
                           class_names=args.class_names)
     except AdaptError as exc:
-        print(f'pwan-adapt-import: error: {exc}', file=sys.stderr)
+        print(f'pwan_adapt_import: error: {exc}', file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print('pwan-adapt-import: interrupted', file=sys.stderr)
+        print('pwan_adapt_import: interrupted', file=sys.stderr)
         return 130
     print(json.dumps(info))
     return 0

@@ -26,14 +26,17 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls, skip=()) -> None:
         flag = '--' + f.name.replace('_', '-')
         type_name = f.type if isinstance(f.type, str) else getattr(f.type, '__name__', str(f.type))
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        spec = f.metadata.get('spec')          # a pwan_ros.params field: its description leads the help
+        lead = f'{spec.description}; ' if spec is not None else ''
         if type_name == 'bool':
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
+                                help=(lead + f'default {default}').replace('%', '%%'))
         elif type_name.startswith('tuple'):
-            parser.add_argument(flag, type=lambda s: tuple(v for v in s.split(',') if v),
-                                default=default, help=f'comma-separated, default {",".join(map(str, default))}')
+            parser.add_argument(flag, type=lambda s: tuple(v for v in s.split(',') if v), default=default,
+                                help=(lead + f'comma-separated, default {",".join(map(str, default))}').replace('%', '%%'))
         else:
             kind = _TYPES.get(type_name.replace(' | None', ''), str)
-            parser.add_argument(flag, type=kind, default=default, help=f'default {default}')
+            parser.add_argument(flag, type=kind, default=default, help=(lead + f'default {default}').replace('%', '%%'))
 
 
 def config_from_args(cls, args: argparse.Namespace, skip=()):

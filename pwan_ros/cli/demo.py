@@ -1,9 +1,9 @@
-"""The package's main demo: simulated LiDAR bag -> registration node (over DDS) -> evaluation.
+"""The package's main demo: simulated LiDAR bag -> PWAN odometry node (over DDS) -> evaluation.
 
 Steps: (1) generate the demo bag once (cached in ``OUTPUT/demo_bag``, regenerated when the
 simulation settings change), (2) start the node (``--node-cmd``; default the installed
-``register_node`` with ``config/register.yaml`` and ``use_sim_time:=true``), (3) replay the
-bag into it with ``pwan-replay`` (its own DDS domain, LARGE_DATA transports), recording
+``pwan_odometry_node`` with ``config/odometry.yaml`` and ``use_sim_time:=true``), (3) replay the
+bag into it with ``pwan_replay`` (its own DDS domain, LARGE_DATA transports), recording
 ``/odometry`` and ``/diagnostics``, (4) evaluate against the bag's ``/ground_truth``, print a
 table; the last line is ``summary: OUTPUT/summary.json``.
 
@@ -56,13 +56,13 @@ class DemoConfig:
 
 
 def _params_file() -> pathlib.Path | None:
-    """config/register.yaml from the source tree or the installed share directory."""
-    here = pathlib.Path(__file__).resolve().parents[1] / 'config' / 'register.yaml'
+    """config/odometry.yaml from the source tree or the installed share directory."""
+    here = pathlib.Path(__file__).resolve().parents[1] / 'config' / 'odometry.yaml'
     if here.exists():
         return here
     try:
         from ament_index_python.packages import get_package_share_directory
-        share = pathlib.Path(get_package_share_directory('pwan_ros')) / 'config' / 'register.yaml'
+        share = pathlib.Path(get_package_share_directory('pwan_ros')) / 'config' / 'odometry.yaml'
         return share if share.exists() else None
     except Exception:  # package not in the ament index (plain pip install)
         return None
@@ -72,12 +72,12 @@ def default_node_command() -> list[str]:
     """The registration node executable (installed script, else ``python -m``) with its params file."""
     exe = None
     for d in (pathlib.Path(sys.executable).parent, pathlib.Path(sys.prefix) / 'lib' / 'pwan_ros'):
-        if (d / 'register_node').exists():
-            exe = [str(d / 'register_node')]
+        if (d / 'pwan_odometry_node').exists():
+            exe = [str(d / 'pwan_odometry_node')]
             break
     if exe is None:
-        found = shutil.which('register_node')
-        exe = [found] if found else [sys.executable, '-m', 'pwan_ros.ros.register_node']
+        found = shutil.which('pwan_odometry_node')
+        exe = [found] if found else [sys.executable, '-m', 'pwan_ros.ros.odometry_node']
     cmd = exe + ['--ros-args']
     params = _params_file()
     if params is not None:
@@ -174,14 +174,14 @@ def run_demo(cfg: DemoConfig, log=print) -> pathlib.Path:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog='pwan-demo', description=__doc__.split('\n\n')[0])
+    parser = argparse.ArgumentParser(prog='pwan_demo', description=__doc__.split('\n\n')[0])
     add_config_arguments(parser, DemoConfig)
     args = parser.parse_args(argv)
 
     def body() -> int:
         run_demo(config_from_args(DemoConfig, args))
         return 0
-    return run_cli('pwan-demo', body, (ValueError, DemoError, RuntimeError))
+    return run_cli('pwan_demo', body, (ValueError, DemoError, RuntimeError))
 
 
 if __name__ == '__main__':

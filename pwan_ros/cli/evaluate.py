@@ -1,4 +1,4 @@
-"""``pwan-evaluate``: ATE / RPE of an odometry run against ground truth (see
+"""``pwan_evaluate``: ATE / RPE of an odometry run against ground truth (see
 :mod:`pwan_ros.evaluation.metrics`)."""
 from __future__ import annotations
 
@@ -31,9 +31,9 @@ def _evaluate_one(args, cfg: EvalConfig, bag, output: pathlib.Path, run: RunReco
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog='pwan-evaluate', description=_metrics.__doc__.split('\n\n')[0])
+    parser = argparse.ArgumentParser(prog='pwan_evaluate', description=_metrics.__doc__.split('\n\n')[0])
     src = parser.add_mutually_exclusive_group(required=True)
-    src.add_argument('--run', help='run.json written by pwan-replay')
+    src.add_argument('--run', help='run.json written by pwan_replay')
     src.add_argument('--est', help='estimated trajectory: pose file (TUM, KITTI, 4x4 blocks) or a recorded bag')
     src.add_argument('--offline', action='store_true', help='run --estimator in-process on each --bag')
     parser.add_argument('--bag', nargs='+', help='rosbag2 directory (several with --offline)')
@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     parser.add_argument('--json', action='store_true', help='print the summary JSON instead of the table')
     add_config_arguments(parser, EvalConfig)
     args = parser.parse_args(argv)
-    return run_cli('pwan-evaluate', lambda: _main(args), (ValueError, bag_io.BagError, EvaluationError,
+    return run_cli('pwan_evaluate', lambda: _main(args), (ValueError, bag_io.BagError, EvaluationError,
                                                           TrajectoryError))
 
 

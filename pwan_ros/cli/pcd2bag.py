@@ -1,4 +1,4 @@
-"""``pwan-pcd2bag``: a folder of PCD scans + a pose file into a rosbag2 (see
+"""``pwan_pcd2bag``: a folder of PCD scans + a pose file into a rosbag2 (see
 :mod:`pwan_ros.evaluation.pcd_to_bag`)."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pwan_ros.io.trajectory import TrajectoryError
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog='pwan-pcd2bag', description=_convert.__doc__.split('\n\n')[0])
+    parser = argparse.ArgumentParser(prog='pwan_pcd2bag', description=_convert.__doc__.split('\n\n')[0])
     add_config_arguments(parser, ConvertConfig, skip=('scans', 'poses', 'output'))
     parser.add_argument('--scans', required=True, help='folder of .pcd / .pcd.gz scans')
     parser.add_argument('--poses', required=True, help='pose file (TUM, KITTI or 4x4 blocks)')
@@ -25,7 +25,7 @@ def main(argv=None) -> int:
         res = convert(config_from_args(ConvertConfig, args), log=lambda *a: None)
         print(f'wrote {res.bag}: {res.scans} scans, {res.mean_points:.0f} points/scan, {res.duration_s:.1f} s')
         return 0
-    return run_cli('pwan-pcd2bag', body, (ValueError, PcdError, TrajectoryError, bag_io.BagError))
+    return run_cli('pwan_pcd2bag', body, (ValueError, PcdError, TrajectoryError, bag_io.BagError))
 
 
 if __name__ == '__main__':

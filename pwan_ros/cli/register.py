@@ -1,4 +1,4 @@
-"""``pwan-register SRC REF``: register two point files with PWAN and print the transform.
+"""``pwan_register SRC REF``: register two point files with PWAN and print the transform.
 
 Exit status 0 on success, 2 on bad input (message on stderr, no traceback), 1 on unexpected errors.
 """
@@ -18,34 +18,36 @@ from pwan_ros.io.point_files import check_output_path, read_points, write_points
 from pwan_ros.core.errors import PwanInputError
 
 
+#: core fields without a flag: verbose is --quiet's opposite
+_NO_FLAG = ('verbose',)
+#: short spellings of 0.1, kept as aliases
+_ALIASES = {'distance_threshold': ['--distance'], 'voxel_size': ['--voxel']}
+
+
 def _parser() -> argparse.ArgumentParser:
+    from pwan_ros.core.config import RegistrationConfig
+    from pwan_ros.params import specs, value_type
     p = argparse.ArgumentParser(
-        prog='pwan-register',
+        prog='pwan_register',
         description='Register SRC onto REF with a Partial Wasserstein Adversarial Network (PWAN). '
                     'Files: .ply .pcd .xyz .txt .csv .npy (N x 3 or N x 2; text/ply/pcd may be .gz). '
-                    'Lengths are in the files\' units.')
+                    "Lengths are in the files' units. Every option is a field of "
+                    'pwan_ros.core.RegistrationConfig (same name, same default).')
     p.add_argument('source', metavar='SRC', help='source point file (moved)')
     p.add_argument('reference', metavar='REF', help='reference point file (fixed)')
-    p.add_argument('--transform', choices=('rigid', 'affine', 'nonrigid'), default='rigid')
-    p.add_argument('--divergence', choices=('mass', 'distance'), default='mass',
-                   help='mass: match a given mass (m-PWAN); distance: match pairs closer than --distance (d-PWAN)')
-    g = p.add_mutually_exclusive_group()
-    g.add_argument('--mass', type=float, help='matched mass in points (<= the smaller set)')
-    g.add_argument('--mass-ratio', type=float, help='matched mass as a fraction of the smaller set (default 0.8)')
-    p.add_argument('--distance', type=float, dest='distance_threshold',
-                   help='distance threshold h for --divergence distance (default: 2x median point spacing)')
-    p.add_argument('--voxel', type=float, dest='voxel_size', help='voxel size for the adversarial stage')
-    p.add_argument('--max-points', type=int, help='cap on points per set in the adversarial stage')
-    p.add_argument('--steps', type=int, help='maximum transform updates T (default: 200 rigid / affine, 600 with '
-                                              '--starts > 1, 1000 non-rigid)')
-    p.add_argument('--starts', type=int, help='multi-start: number of initial rotations (24 = the cube group; '
-                                               'for an unknown orientation)')
-    p.add_argument('--start-steps', type=int, help='multi-start tournament: Alg. 1 steps of every start before the '
-                                                    'best 4 continue (default 60 with --starts > 1; 0 = every start '
-                                                    'runs the full Alg. 1)')
-    p.add_argument('--device', default='auto', help='auto | cpu | cuda | cuda:N')
-    p.add_argument('--seed', type=int, default=0)
-    p.add_argument('--threads', type=int, help='CPU threads (default: auto)')
+    for name, (default, spec) in specs(RegistrationConfig).items():
+        if name in _NO_FLAG:
+            continue
+        kind, _ = value_type(RegistrationConfig, name)
+        rng = spec.range_text()
+        text = (spec.description + (f'; range {rng}' if rng and not spec.choices else '')
+                + f' (default {default})').replace('%', '%%')
+        flags = ['--' + name.replace('_', '-')] + _ALIASES.get(name, [])
+        if kind is bool:
+            p.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, default=None, help=text)
+        else:
+            p.add_argument(*flags, dest=name, type=kind, default=None, metavar=name.upper(), help=text,
+                           choices=spec.choices or None)
     p.add_argument('--output', '-o', help='write the transformed source (input order) to .npy/.ply/.pcd/.txt/.xyz/.csv')
     p.add_argument('--json', action='store_true', help='print one JSON object on stdout')
     p.add_argument('--quiet', '-q', action='store_true', help='no progress on stderr')
@@ -53,18 +55,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _config(args):
+    """The core config of the given flags (the others keep the library defaults)."""
     from pwan_ros.core.config import RegistrationConfig
-    values = {'transform': args.transform, 'divergence': args.divergence, 'device': args.device,
-              'seed': args.seed, 'verbose': not args.quiet}
-    for key in ('mass', 'mass_ratio', 'distance_threshold', 'voxel_size', 'max_points', 'steps', 'threads',
-                'starts'):
-        val = getattr(args, key, None)
-        if val is not None:
-            values[key] = val
-    if args.start_steps is not None:
-        values['start_steps'] = args.start_steps
-    elif (args.starts or 1) > 1:
-        values['start_steps'] = 60
+    from pwan_ros.params import specs
+    values = {k: getattr(args, k) for k in specs(RegistrationConfig) if getattr(args, k, None) is not None}
+    values['verbose'] = not args.quiet
     return RegistrationConfig.from_dict(values)
 
 
@@ -110,7 +105,7 @@ def _hard_exit(prog: str, code: int) -> None:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = _parser().parse_args(argv)
-    prog = 'pwan-register'
+    prog = 'pwan_register'
     with _Interrupt(prog) as interrupted:
         try:
             with warnings.catch_warnings(record=True) as caught:

@@ -1,4 +1,4 @@
-"""``pwan-replay``: play a bag into a running node over DDS and record its odometry (see
+"""``pwan_replay``: play a bag into a running node over DDS and record its odometry (see
 :mod:`pwan_ros.evaluation.replay`)."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pwan_ros.io.atomic import check_output
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog='pwan-replay', description=_replay.__doc__.split('\n\n')[0])
+    parser = argparse.ArgumentParser(prog='pwan_replay', description=_replay.__doc__.split('\n\n')[0])
     parser.add_argument('--output', required=True, help='directory for run.json and trajectory_est.tum')
     add_config_arguments(parser, ReplayConfig, skip=('bag',))
     parser.add_argument('--bag', required=True, help='rosbag2 directory (mcap or sqlite3)')
@@ -30,7 +30,7 @@ def main(argv=None) -> int:
               f'median latency {"n/a" if med is None else f"{med:.1f} ms"}, {run.wall_s:.1f} s')
         print(f'run: {path}')
         return 0
-    return run_cli('pwan-replay', body, (ValueError, bag_io.BagError, ReplayError))
+    return run_cli('pwan_replay', body, (ValueError, bag_io.BagError, ReplayError))
 
 
 if __name__ == '__main__':

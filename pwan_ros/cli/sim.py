@@ -1,4 +1,4 @@
-"""``pwan-sim``: a simulated LiDAR drive into a rosbag2 (see :mod:`pwan_ros.evaluation.lidar_sim`)."""
+"""``pwan_sim``: a simulated LiDAR drive into a rosbag2 (see :mod:`pwan_ros.evaluation.lidar_sim`)."""
 from __future__ import annotations
 
 import argparse
@@ -11,7 +11,7 @@ from pwan_ros.io import bags as bag_io
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog='pwan-sim', description=_sim.__doc__.split('\n\n')[0])
+    parser = argparse.ArgumentParser(prog='pwan_sim', description=_sim.__doc__.split('\n\n')[0])
     parser.add_argument('--output', required=True, help='rosbag2 directory to create')
     parser.add_argument('--storage', choices=('mcap', 'sqlite3'), default='mcap')
     add_config_arguments(parser, SimConfig)
@@ -22,7 +22,7 @@ def main(argv=None) -> int:
         print(f'wrote {res.bag}: {res.scans} scans, {res.mean_points:.0f} points/scan on average, '
               f'path {res.path_length_m:.1f} m, {res.seconds:.1f} s')
         return 0
-    return run_cli('pwan-sim', body, (ValueError, bag_io.BagError))
+    return run_cli('pwan_sim', body, (ValueError, bag_io.BagError))
 
 
 if __name__ == '__main__':

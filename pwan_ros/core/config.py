@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Tuple
 
+from pwan_ros.params import param
+
 from .errors import PwanInputError
 
 TRANSFORMS = ('rigid', 'affine', 'nonrigid')
@@ -32,6 +34,8 @@ TRANSFORM_DEFAULTS = {'rigid': (200, 3, 0.1), 'affine': (200, 3, 0.1), 'nonrigid
 #: pairs with 100 % outliers: 600 steps solved 5 of the 5 pairs <= 60 deg, 200 steps 4; a single
 #: start gains nothing from it and takes 2x longer, 3.5 s instead of 1.75 s at 2k + 2k points).
 MULTISTART_STEPS = 600
+#: default ``start_steps`` of a multi-start: the short stage of the coarse-to-fine tournament
+MULTISTART_START_STEPS = 60
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -160,62 +164,61 @@ class FineTuneConfig:
 class RegistrationConfig:
     """Configuration of :func:`pwan_ros.core.register` and :func:`pwan_ros.core.refine`.
 
-    transform: 'rigid' | 'affine' | 'nonrigid'. divergence: 'mass' (m-PWAN) | 'distance' (d-PWAN).
-    mass: matched mass in points (<= min(#source, #reference) valid input points) or
-    mass_ratio: mass as a fraction of min(#source, #reference) (default 0.8 when neither is set).
-    distance_threshold: h of d-PWAN in caller units (None: 2x the median nearest-neighbour spacing
-    of the preprocessed reference). voxel_size: voxel-grid downsampling in caller units before the
-    adversarial stage (None: off). max_points: random cap per set for the adversarial stage.
-    steps: maximum transform updates T. potential_updates: u. (None: per-transform defaults,
-    :data:`TRANSFORM_DEFAULTS`: 200 / 3 rigid and affine, 1000 / 10 non-rigid; rigid / affine
-    multi-start: 600 steps, :data:`MULTISTART_STEPS`.) warmup_updates:
-    potential updates before the first transform update. batch_size: mini-batch per set (0: whole sets).
-    lr_transform / lr_transform_final: Adam learning rate of the transform, decayed exponentially
-    over ``steps``. tolerance / window / min_steps: stop when the RMS motion of the source over the
-    last ``window`` steps is below ``tolerance`` x (median point spacing of the adversarial-stage
-    source set): below the sampling resolution the potential carries no more information and the
-    fine-tune stage takes over (None: 0.1 rigid/affine, 0.03 non-rigid). starts: rigid/affine
-    multi-start count (initial rotations: identity, then the cube group, then random).
-    start_score: how the starts are compared after their fine-tune: 'overlap' (distance-type
-    partial objective of the NN plan at h = 2x the dense reference spacing, i.e. how much of the
-    source lies on the reference) or 'nn' (fixed-mass partial NN objective on the voxel sets).
-    start_steps: 0 = every start runs the full Alg. 1; > 0 = coarse-to-fine tournament: every
-    start runs ``start_steps`` transform steps + a fine-tune on ``start_finetune_points`` source
-    points, the best ``start_keep`` continue with the full Alg. 1 + fine-tune (each finalist's
-    short-stage pose stays a candidate). prealign: non-rigid only, first run a rigid registration
-    (same settings, incl. ``starts``) and start the non-rigid one from it; prealign_keep: with
-    several starts, the number of best rigid finalists deformed and compared. device: 'auto' | 'cpu' |
-    'cuda[:N]'. seed: RNG seed (sampling and network init). threads: CPU threads (0: auto).
-    verbose: progress lines on stderr.
+    Each top-level field carries its description and range (``specs(RegistrationConfig)``, the
+    source of the ``pwan_register`` flags and the table in docs/core.md). Fields left None take
+    the per-transform defaults of :meth:`resolved`. Convergence (tolerance / window /
+    min_steps): below the sampling resolution the potential carries no more information and the
+    fine-tune stage takes over. The multi-start tournament: every start runs ``start_steps``
+    transform steps and a fine-tune on ``start_finetune_points`` source points, the best
+    ``start_keep`` continue with the full Alg. 1 + fine-tune (each finalist's short-stage pose
+    stays a candidate); ``start_score`` 'overlap' is the distance-type partial objective of the NN
+    plan at h = 2x the dense reference spacing (how much of the source lies on the reference).
     """
 
-    transform: str = 'rigid'
-    divergence: str = 'mass'
-    mass_ratio: Optional[float] = None
-    mass: Optional[float] = None
-    distance_threshold: Optional[float] = None
-    voxel_size: Optional[float] = None
-    max_points: int = 2000
-    steps: Optional[int] = None
-    potential_updates: Optional[int] = None
-    warmup_updates: int = 100
-    batch_size: int = 512
-    lr_transform: float = 1e-2
-    lr_transform_final: float = 1e-4
-    tolerance: Optional[float] = None
-    window: int = 10
-    min_steps: int = 30
-    starts: int = 1
-    start_score: str = 'overlap'
-    start_steps: int = 0
-    start_keep: int = 4
-    prealign_keep: int = 2
-    start_finetune_points: int = 2000
-    prealign: bool = True
-    device: str = 'auto'
-    seed: int = 0
-    threads: int = 0
-    verbose: bool = False
+    transform: str = param('rigid', 'transform of the source: rigid (rotation + translation), affine, or nonrigid '
+                           '(coherent displacement field, eq. nonrigid)', choices=TRANSFORMS)
+    divergence: str = param('mass', 'mass: m-PWAN, match a given mass (mass / mass_ratio); distance: d-PWAN, match '
+                            'pairs closer than distance_threshold', choices=DIVERGENCES)
+    mass_ratio: Optional[float] = param(None, 'matched mass as a fraction of the smaller valid set; None = 0.8 '
+                                        'unless mass is given', 0.0, 1.0, low_open=True)
+    mass: Optional[float] = param(None, 'matched mass in points (<= the smaller valid set); exclusive with '
+                                  'mass_ratio', 0.0, low_open=True)
+    distance_threshold: Optional[float] = param(None, 'd-PWAN threshold h in caller units; None = 2 x the median '
+                                                'nearest-neighbour spacing of the preprocessed reference',
+                                                0.0, low_open=True)
+    voxel_size: Optional[float] = param(None, 'voxel-grid downsampling before the adversarial stage, caller '
+                                        'units; None = off', 0.0, low_open=True)
+    max_points: int = param(2000, 'random cap on points per set in the adversarial stage', 3)
+    steps: Optional[int] = param(None, 'maximum transform updates T; None = 200 rigid / affine (600 with '
+                                 'starts > 1), 1000 nonrigid', 0)
+    potential_updates: Optional[int] = param(None, 'potential-network updates u per transform update; '
+                                             'None = 3 rigid / affine, 10 nonrigid', 1)
+    warmup_updates: int = param(100, 'potential updates before the first transform update', 0)
+    batch_size: int = param(512, 'mini-batch per set (0 = whole sets)', 0)
+    lr_transform: float = param(1e-2, 'Adam learning rate of the transform at the first step', 0.0, low_open=True)
+    lr_transform_final: float = param(1e-4, 'learning rate at the last step (exponential decay over steps)',
+                                      0.0, low_open=True)
+    tolerance: Optional[float] = param(None, 'stop when the RMS source motion over window steps is below this x '
+                                       'the source point spacing; None = 0.1 rigid / affine, 0.03 nonrigid',
+                                       0.0, low_open=True)
+    window: int = param(10, 'steps over which the convergence motion is measured', 1)
+    min_steps: int = param(30, 'transform updates before convergence is tested', 0)
+    starts: int = param(1, 'rigid / affine multi-start: initial rotations (identity, the cube group, then '
+                        'random; 24 = the cube group, for an unknown orientation)', 1)
+    start_score: str = param('overlap', 'how starts are compared after their fine-tune: overlap (fraction of the '
+                             'source on the reference) or nn (fixed-mass partial NN objective)', choices=START_SCORES)
+    start_steps: Optional[int] = param(None, 'multi-start tournament: steps every start runs before the best '
+                                       'start_keep continue (0 = every start runs the full Alg. 1); None = '
+                                       f'{MULTISTART_START_STEPS} with starts > 1', 0)
+    start_keep: int = param(4, 'multi-start tournament: starts that continue after start_steps', 1)
+    prealign_keep: int = param(2, 'nonrigid with starts > 1: best rigid finalists deformed and compared', 1)
+    start_finetune_points: int = param(2000, 'source points of the fine-tune that scores each start (0 = all)', 0)
+    prealign: bool = param(True, 'nonrigid: first register rigidly (same settings, incl. starts) and deform '
+                           'from there')
+    device: str = param('auto', 'compute device: auto (CUDA when available) | cpu | cuda | cuda:N')
+    seed: int = param(0, 'random seed (sampling, network initialisation)', 0)
+    threads: int = param(0, 'CPU threads for torch (0 = automatic)', 0)
+    verbose: bool = param(False, 'progress lines on stderr')
     potential: PotentialConfig = field(default_factory=PotentialConfig)
     coherence: CoherenceConfig = field(default_factory=CoherenceConfig)
     finetune: FineTuneConfig = field(default_factory=FineTuneConfig)
@@ -246,7 +249,8 @@ class RegistrationConfig:
         _int('starts', self.starts, 1)
         _check(self.start_score in START_SCORES,
                f'start_score must be one of {START_SCORES}, got {self.start_score!r}')
-        _int('start_steps', self.start_steps, 0)
+        if self.start_steps is not None:
+            _int('start_steps', self.start_steps, 0)
         _int('start_keep', self.start_keep, 1)
         _int('prealign_keep', self.prealign_keep, 1)
         _int('start_finetune_points', self.start_finetune_points, 0)
@@ -272,7 +276,9 @@ class RegistrationConfig:
         steps, updates, tol = TRANSFORM_DEFAULTS[self.transform]
         if self.starts > 1 and self.transform != 'nonrigid':
             steps = MULTISTART_STEPS
+        start_steps = MULTISTART_START_STEPS if self.starts > 1 else 0
         return dataclasses.replace(self, steps=steps if self.steps is None else self.steps,
+                                   start_steps=start_steps if self.start_steps is None else self.start_steps,
                                    potential_updates=updates if self.potential_updates is None
                                    else self.potential_updates,
                                    tolerance=tol if self.tolerance is None else self.tolerance)

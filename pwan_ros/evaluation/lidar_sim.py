@@ -13,7 +13,7 @@ the LiDAR sits at the base_link origin, so clouds are in ``base_link`` (metres).
 - ``/ground_truth``  nav_msgs/Odometry (pose + body-frame twist)
 - ``/clock``         rosgraph_msgs/Clock at ``clock_hz``
 
-CLI: ``pwan-sim --output BAG_DIR [--scans 80 --rate-hz 10 ...]`` (flags = SimConfig fields).
+CLI: ``pwan_sim --output BAG_DIR [--scans 80 --rate-hz 10 ...]`` (flags = SimConfig fields).
 """
 from __future__ import annotations
 

@@ -16,10 +16,10 @@ Metrics (estimate and ground truth associated by stamp within ``max_dt`` seconds
 
 CLI (writes ``summary.json``, ``trajectory_est.tum``, ``trajectory.png`` into ``--output``)::
 
-    pwan-evaluate --run OUT/run.json --bag BAG                  # after pwan-replay
-    pwan-evaluate --est est.tum --gt-file gt.txt                # two pose files
-    pwan-evaluate --est recorded_bag --bag BAG                  # /odometry recorded with ros2 bag record
-    pwan-evaluate --offline --bag BAG [BAG ...] [--estimator icp|module:factory]
+    pwan_evaluate --run OUT/run.json --bag BAG                  # after pwan_replay
+    pwan_evaluate --est est.tum --gt-file gt.txt                # two pose files
+    pwan_evaluate --est recorded_bag --bag BAG                  # /odometry recorded with ros2 bag record
+    pwan_evaluate --offline --bag BAG [BAG ...] [--estimator icp|module:factory]
     options: --topic /points --gt-topic /ground_truth --frame base_link --align se3 --json
 """
 from __future__ import annotations

@@ -9,7 +9,7 @@ Scan <-> pose matching (``--match``): ``name-index`` (default) uses the last int
 file name as the 0-based pose index (``full26.pcd.gz`` -> pose 26, the BALM convention);
 ``order`` pairs the sorted files with the poses in order.
 
-    pwan-pcd2bag --scans DIR --poses POSES --output BAG [--pose-format auto|tum|kitti|blocks]
+    pwan_pcd2bag --scans DIR --poses POSES --output BAG [--pose-format auto|tum|kitti|blocks]
 """
 from __future__ import annotations
 

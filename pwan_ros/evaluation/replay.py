@@ -15,9 +15,9 @@ end-to-end latency; ``latency_ms`` / ``scans_dropped`` key values on /diagnostic
 
 CLI::
 
-    pwan-replay --bag BAG --output DIR [--rate 1.0] [--topics /points,/clock] \
+    pwan_replay --bag BAG --output DIR [--rate 1.0] [--topics /points,/clock] \
                 [--odom-topic /odometry] [--remap /velodyne_points:=/points]
-    # writes DIR/run.json + DIR/trajectory_est.tum; then: pwan-evaluate --run DIR/run.json --bag BAG
+    # writes DIR/run.json + DIR/trajectory_est.tum; then: pwan_evaluate --run DIR/run.json --bag BAG
 
 On a ROS machine ``ros2 bag play BAG --clock`` plus any recorder does the same job.
 """

@@ -1,7 +1,8 @@
 """Read and write point files: .npy .ply .pcd .xyz .txt .csv (text/ply/pcd also gzip-compressed).
 
-Returns / accepts (N, 2) or (N, 3) float64 arrays in the file's units. PLY/PCD go through Open3D
-(imported lazily); text formats through numpy. Problems raise
+Returns / accepts (N, 2) or (N, 3) float64 arrays in the file's units. PCD is read by the
+package's one PCD reader (:mod:`pwan_ros.io.pcd`: every DATA kind, also for bags), PLY and
+writing PLY/PCD go through Open3D (imported lazily), text formats through numpy. Problems raise
 :class:`pwan_ros.core.errors.PwanInputError` with a readable message.
 """
 from __future__ import annotations
@@ -79,6 +80,19 @@ def _read_o3d(path: str, ext: str, gz: bool) -> np.ndarray:
     return pts
 
 
+def _read_pcd_xyz(path: str) -> np.ndarray:
+    """x, y, z of a PCD file through the package's one PCD reader (:func:`pwan_ros.io.pcd.read_pcd`)."""
+    from pwan_ros.io.pcd import PcdError, read_pcd
+    from pwan_ros.io.pointcloud2 import PointCloud2Error, read_xyz
+    try:
+        pts = read_xyz(read_pcd(path), dtype=np.float64)
+    except (PcdError, PointCloud2Error) as exc:
+        raise PwanInputError(str(exc) if str(exc).startswith(path) else f'{path}: {exc}') from None
+    if pts.size == 0:
+        raise PwanInputError(f'{path}: no points read (empty PCD file)')
+    return pts
+
+
 def read_points(path: str) -> np.ndarray:
     """Read an (N, 2|3) point array from ``path`` (format from the extension, optional .gz)."""
     path = os.fspath(path)
@@ -102,7 +116,9 @@ def read_points(path: str) -> np.ndarray:
         if arr.dtype.kind not in 'fiu':
             raise PwanInputError(f'{path}: not a numeric array')
         return arr.astype(np.float64)
-    if ext in ('.ply', '.pcd'):
+    if ext == '.pcd':
+        return _read_pcd_xyz(path)
+    if ext == '.ply':
         return _read_o3d(path, ext, gz)
     try:
         if gz:

@@ -1,1 +1,2 @@
-"""Scan-to-keyframe odometry pipeline (no ROS): filter, tracking, PWAN recovery, trust policy, keyframes, motion model."""
+"""PWAN odometry (no ROS): preprocess, keyframe tracking, PWAN recovery, trust policy, keyframes,
+motion model, and the REP-105 odometer the node publishes."""

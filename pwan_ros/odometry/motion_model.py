@@ -30,10 +30,6 @@ class ConstantVelocityModel:
     def pose(self) -> Optional[np.ndarray]:
         return self._pose
 
-    @property
-    def stamp(self) -> Optional[float]:
-        return self._stamp
-
     def predict(self, stamp: float) -> np.ndarray:
         """Predicted (4, 4) pose at ``stamp`` (seconds). Identity before the first update."""
         if self._pose is None:

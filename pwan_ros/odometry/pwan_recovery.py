@@ -1,4 +1,5 @@
-"""The full-PWAN path of the scan pipeline: an adapter from OdometryConfig to the core.
+"""The full-PWAN path of the odometry: an adapter from OdometryConfig to the core, and the
+multi-start recovery.
 
 Builds the core's RegistrationConfig once from the node parameters (same names), caps the
 point sets at ``pwan_max_points``, warm-starts from the motion prediction and — in
@@ -8,12 +9,16 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
+from scipy.spatial.transform import Rotation
 
 from pwan_ros.core import RegistrationConfig, RegistrationResult, register
+from pwan_ros.geometry.se3 import make_transform
 from pwan_ros.odometry.config import OdometryConfig
+from pwan_ros.odometry.keyframe_tracker import MatchQuality, PreparedCloud, track
 
 
 def core_config(cfg: OdometryConfig, h: Optional[float] = None) -> RegistrationConfig:
@@ -21,7 +26,7 @@ def core_config(cfg: OdometryConfig, h: Optional[float] = None) -> RegistrationC
     (d-PWAN and the fine-tune stage), None = the core's automatic choice."""
     return RegistrationConfig(
         transform=cfg.transform, divergence=cfg.divergence, mass_ratio=cfg.mass_ratio,
-        distance_threshold=h, max_points=cfg.pwan_max_points, steps=cfg.steps,
+        distance_threshold=h, max_points=cfg.pwan_max_points, steps=cfg.pwan_steps,
         potential_updates=cfg.potential_updates, device=cfg.device, seed=cfg.seed)
 
 
@@ -55,3 +60,43 @@ class PwanAligner:
     def cancel(self) -> None:
         """Make the running and all later registrations stop at their next step (shutdown)."""
         self._cancel.set()
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """transform: (4, 4) T_keyframe_scan of the best start (polished by the tracker); quality:
+    its match quality; iterations: PWAN + tracker iterations of all starts; starts: starts run;
+    pwan_ms / polish_ms: time spent in each."""
+
+    transform: np.ndarray
+    quality: MatchQuality
+    iterations: int
+    starts: int
+    pwan_ms: float
+    polish_ms: float
+
+
+def recover(aligner: PwanAligner, keyframe: PreparedCloud, scan: PreparedCloud, init: np.ndarray, h: float,
+            yaw_starts: int, good: float, deadline: float, num_threads: int = 2) -> Recovery:
+    """Full PWAN of ``scan`` onto ``keyframe`` from ``init`` (T_keyframe_scan), then from rotations
+    of it by k x 360/yaw_starts degrees about the sensor's z axis (REP-103: z up), nearest first,
+    each polished by the partial tracker. Stops at the first start matching ``good`` or at
+    ``deadline`` (time.perf_counter() seconds); returns the best start by matched ratio."""
+    yaws = [0.0] + [2.0 * np.pi * k / yaw_starts for k in range(1, yaw_starts)]
+    yaws = sorted(yaws, key=lambda a: min(a, 2.0 * np.pi - a))
+    best = None
+    iterations, pwan_ms, polish_ms = 0, 0.0, 0.0
+    for k, yaw in enumerate(yaws):
+        start = init @ make_transform(Rotation.from_rotvec([0.0, 0.0, yaw]).as_matrix(), np.zeros(3))
+        t0 = time.perf_counter()
+        result = aligner.align(scan.points, keyframe.points, start, h, deadline)
+        t1 = time.perf_counter()
+        tr = track(keyframe, scan, result.transform, h, num_threads=num_threads)
+        pwan_ms += (t1 - t0) * 1e3
+        polish_ms += (time.perf_counter() - t1) * 1e3
+        iterations += result.iterations + tr.iterations
+        if best is None or tr.quality.matched_ratio > best.quality.matched_ratio:
+            best = tr
+        if best.quality.matched_ratio >= good or time.perf_counter() > deadline:
+            break
+    return Recovery(best.transform, best.quality, iterations, k + 1, pwan_ms, polish_ms)

@@ -20,38 +20,26 @@ from typing import Any, Dict, List, Optional
 
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
-from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, ParameterType
+from rcl_interfaces.msg import ParameterDescriptor, ParameterType
 from rclpy.node import Node
 
 from pwan_ros.adaptation.config import AdaptConfig
 from pwan_ros.adaptation.errors import AdaptError
+from pwan_ros.params import FieldSpec
 from pwan_ros.ros.args import params_file_problem
+from pwan_ros.ros.params import descriptor
 
 STATUS_NAME = 'adapt_node: training'
+#: the node's parameters besides the AdaptConfig fields: name -> (default, spec)
 IO_PARAMS = {
-    'labelled': ('', '.npz with features (N, D), labels (N,), optional class_names (required)'),
-    'unlabelled': ('', '.npz with features (M, D), optional evaluation labels (required)'),
-    'output': ('', 'output directory (required)'),
+    'labelled': ('', FieldSpec('.npz with features (N, D), labels (N,), optional class_names (required)')),
+    'unlabelled': ('', FieldSpec('.npz with features (M, D), optional evaluation labels (required)')),
+    'output': ('', FieldSpec('output directory (required)')),
 }
-
-
-def _descriptor(name: str, default: Any, description: str, low=None, high=None,
-                choices=()) -> ParameterDescriptor:
-    d = ParameterDescriptor(name=name, description=description + (f" (one of: {', '.join(choices)})"
-                                                                   if choices else ''))
-    if isinstance(default, bool):
-        d.type = ParameterType.PARAMETER_BOOL
-    elif isinstance(default, int):
-        d.type = ParameterType.PARAMETER_INTEGER
-        if low is not None:
-            d.integer_range = [IntegerRange(from_value=int(low), to_value=int(high), step=1)]
-    elif isinstance(default, float):
-        d.type = ParameterType.PARAMETER_DOUBLE
-        if low is not None:
-            d.floating_point_range = [FloatingPointRange(from_value=float(low), to_value=float(high), step=0.0)]
-    else:
-        d.type = ParameterType.PARAMETER_STRING
-    return d
+NODE_PARAMS = {
+    'resume': (False, FieldSpec('continue from output/checkpoints/latest.pt')),
+    'progress_interval': (20, FieldSpec('training steps between status messages on /diagnostics', 1, 1_000_000)),
+}
 
 
 class AdaptNode(Node):
@@ -64,13 +52,11 @@ class AdaptNode(Node):
         specs = AdaptConfig.specs()
         values: Dict[str, Any] = {}
         for name, (default, spec) in specs.items():
-            values[name] = self._declare(name, default, _descriptor(name, default, spec.description, spec.low,
-                                                                    spec.high, spec.choices))
-        io = {name: self._declare(name, d, _descriptor(name, d, desc)) for name, (d, desc) in IO_PARAMS.items()}
-        resume = self._declare('resume', False, _descriptor('resume', False, 'continue from '
-                                                            'output/checkpoints/latest.pt'))
-        interval = self._declare('progress_interval', 20, _descriptor(
-            'progress_interval', 20, 'training steps between status messages on /diagnostics', 1, 1_000_000))
+            values[name] = self._declare(name, default, descriptor(name, default, spec))
+        io = {name: self._declare(name, d, descriptor(name, d, spec)) for name, (d, spec) in IO_PARAMS.items()}
+        resume = self._declare('resume', False, descriptor('resume', *NODE_PARAMS['resume']))
+        interval = self._declare('progress_interval', 20, descriptor('progress_interval',
+                                                                     *NODE_PARAMS['progress_interval']))
         for name, value in io.items():
             if not value:
                 self.errors.append(f"parameter '{name}' is required (a path), e.g. -p {name}:=/path")
@@ -89,19 +75,19 @@ class AdaptNode(Node):
         self.pub = self.create_publisher(DiagnosticArray, '/diagnostics', 10)
         self.stop_requested = False
 
-    def _declare(self, name: str, default: Any, descriptor: ParameterDescriptor) -> Any:
+    def _declare(self, name: str, default: Any, desc: ParameterDescriptor) -> Any:
         """Declare one parameter; a wrong type or an out-of-range override becomes an error line
         and the default is used so that the remaining parameters are still checked."""
         try:
-            return self.declare_parameter(name, default, descriptor).value
+            return self.declare_parameter(name, default, desc).value
         except Exception as exc:  # rclpy's exception classes differ between distros
             if 'Type' in type(exc).__name__:
                 kind = {ParameterType.PARAMETER_DOUBLE: 'a double (write e.g. 1.0, not 1)',
                         ParameterType.PARAMETER_INTEGER: 'an integer', ParameterType.PARAMETER_BOOL: 'a bool',
-                        ParameterType.PARAMETER_STRING: 'a string'}[descriptor.type]
+                        ParameterType.PARAMETER_STRING: 'a string'}[desc.type]
                 self.errors.append(f"invalid parameter '{name}': expects {kind}")
             else:
-                self.errors.append(f"invalid parameter '{name}': out of range{self._range_text(descriptor)} "
+                self.errors.append(f"invalid parameter '{name}': out of range{self._range_text(desc)} "
                                    f'({exc})')
             return default
 

@@ -31,7 +31,7 @@ QOS = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
 
 class Echo(Node):
     def __init__(self, drop_every, drift):
-        super().__init__('pwan_register')
+        super().__init__('pwan_odometry')
         self.drop_every, self.drift = drop_every, drift
         self.gt, self.scans, self.first = {}, {}, None
         self.seen = self.dropped = 0
@@ -76,7 +76,7 @@ class Echo(Node):
                   'points': n_points, 'sim_lag_s': lag}
         diag = DiagnosticArray()
         diag.header.stamp = stamp
-        diag.status = [DiagnosticStatus(level=DiagnosticStatus.OK, name='pwan_register: registration',
+        diag.status = [DiagnosticStatus(level=DiagnosticStatus.OK, name='pwan_odometry: registration',
                                         message='ok', hardware_id='echo',
                                         values=[KeyValue(key=k, value=str(v)) for k, v in values.items()])]
         self.diag_pub.publish(diag)

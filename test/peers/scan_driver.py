@@ -1,4 +1,4 @@
-"""Drives a running ``register_node`` over DDS in lock-step and records what it answers.
+"""Drives a running ``pwan_odometry_node`` over DDS in lock-step and records what it answers.
 
 For each scan of a scenario it publishes a PointCloud2 on ``points``, then waits until the
 node answers that scan (an Odometry or a DiagnosticArray carrying the scan's stamp) before
@@ -182,7 +182,7 @@ def main():
                or node.count_publishers('odometry') == 0) and time.monotonic() < deadline:
             rclpy.spin_once(node, timeout_sec=0.1)
         if node.pub.get_subscription_count() == 0:
-            print('register_node did not subscribe to points', file=sys.stderr)
+            print('pwan_odometry_node did not subscribe to points', file=sys.stderr)
             sys.exit(3)
         time.sleep(0.5)
         msgs = {'sim': lambda: sim_messages(args.scans), 'bad': bad_messages,

@@ -1,4 +1,4 @@
-"""The real ``register_node`` executable in a subprocess, driven over DDS."""
+"""The real ``pwan_odometry_node`` executable in a subprocess, driven over DDS."""
 import json
 import os
 import pathlib
@@ -11,7 +11,7 @@ import pytest
 from pwan_ros.geometry.se3 import from_quaternion, invert, rotation_angle
 
 PEERS = pathlib.Path(__file__).parent / 'peers'
-NODE = pathlib.Path(sys.executable).with_name('register_node')
+NODE = pathlib.Path(sys.executable).with_name('pwan_odometry_node')
 
 
 def start_node(env, *params, params_file=None):
@@ -30,7 +30,7 @@ def stop_node(proc):
     except subprocess.TimeoutExpired:
         proc.kill()
         out, _ = proc.communicate()
-        raise AssertionError('register_node did not stop on SIGINT:\n' + out[-3000:])
+        raise AssertionError('pwan_odometry_node did not stop on SIGINT:\n' + out[-3000:])
     return proc.returncode, out
 
 
@@ -88,10 +88,10 @@ def test_node_tracks_simulated_scans(tmp_path, ros_env):
 
 @pytest.mark.ros
 def test_node_survives_bad_input(tmp_path, ros_env):
-    node = start_node(ros_env, 'max_points:=4000')
+    node = start_node(ros_env, 'scan_max_points:=4000')
     try:
         res = drive(ros_env, tmp_path, 'bad')
-        assert node.poll() is None, 'register_node died'
+        assert node.poll() is None, 'pwan_odometry_node died'
     finally:
         rc, log = stop_node(node)
     assert rc == 0, log[-3000:]
@@ -126,7 +126,7 @@ def test_node_survives_bad_input(tmp_path, ros_env):
 @pytest.mark.parametrize('param, words', [
     ('mode:=fastest', ["'mode'", 'adaptive | pwan']),
     ('mass_ratio:=1.5', ['mass_ratio']),
-    ('voxel_size:=fine', ['voxel_size']),
+    ('scan_voxel_size:=fine', ['scan_voxel_size']),
     ('transform:=nonrigid', ["'transform'", 'reference_cloud']),
     ('reference_cloud:=/nonexistent/map.ply', ['reference_cloud', '/nonexistent/map.ply']),
 ])
@@ -140,35 +140,25 @@ def test_node_rejects_invalid_parameters(ros_env, param, words):
         assert w in text, text
 
 
-def test_register_yaml_matches_node_defaults():
-    """config/register.yaml documents exactly the node's parameters, with their defaults."""
-    import dataclasses
-    import yaml
-    from pwan_ros.odometry.config import OdometryConfig
-    root = pathlib.Path(__file__).resolve().parents[1]
-    doc = yaml.safe_load((root / 'config' / 'register.yaml').read_text())
-    params = doc['pwan_register']['ros__parameters']
-    assert OdometryConfig.from_dict(params) == OdometryConfig()
-    assert set(params) == {f.name for f in dataclasses.fields(OdometryConfig)}
-
-
 @pytest.mark.ros
 def test_params_file_and_overrides_reach_the_node(tmp_path, ros_env):
     """The YAML file loads into the running node's parameters; -p overrides it."""
     import rclpy
     from rcl_interfaces.srv import GetParameters
     root = pathlib.Path(__file__).resolve().parents[1]
+    # voxel_size is the old name of scan_voxel_size: still honoured for one release, with a warning
     node = start_node(ros_env, 'voxel_size:=0.3', 'mode:=pwan',
-                      params_file=root / 'config' / 'register.yaml')
+                      params_file=root / 'config' / 'odometry.yaml')
     env_backup = dict(os.environ)
     os.environ['ROS_DOMAIN_ID'] = ros_env['ROS_DOMAIN_ID']
     os.environ['ROS_AUTOMATIC_DISCOVERY_RANGE'] = 'LOCALHOST'
     rclpy.init()
     try:
         client_node = rclpy.create_node('param_probe')
-        cli = client_node.create_client(GetParameters, '/pwan_register/get_parameters')
+        cli = client_node.create_client(GetParameters, '/pwan_odometry/get_parameters')
         assert cli.wait_for_service(timeout_sec=30), 'node parameter service not found'
-        request = GetParameters.Request(names=['voxel_size', 'mode', 'max_points', 'odom_frame', 'reliability'])
+        request = GetParameters.Request(names=['scan_voxel_size', 'mode', 'scan_max_points', 'odom_frame',
+                                               'reliability'])
         for _ in range(6):  # a reply can be lost while the service's reply writer is still matching
             fut = cli.call_async(request)
             rclpy.spin_until_future_complete(client_node, fut, timeout_sec=10)
@@ -189,6 +179,7 @@ def test_params_file_and_overrides_reach_the_node(tmp_path, ros_env):
         os.environ.update(env_backup)
         rc, log = stop_node(node)
     assert rc == 0, log[-2000:]
+    assert "parameter 'voxel_size' was renamed 'scan_voxel_size'" in log, log[-2000:]
 
 
 def test_launch_file_names_real_executable_and_config():
@@ -196,20 +187,28 @@ def test_launch_file_names_real_executable_and_config():
     import ast
     import re
     root = pathlib.Path(__file__).resolve().parents[1]
-    src = (root / 'launch' / 'register.launch.py').read_text()
+    src = (root / 'launch' / 'odometry.launch.py').read_text()
     tree = ast.parse(src)
     funcs = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
     assert 'generate_launch_description' in funcs
     calls = {n.func.id: n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
     node_kw = {k.arg: k.value for k in calls['Node'].keywords}
-    assert ast.literal_eval(node_kw['executable']) == 'register_node'
+    assert ast.literal_eval(node_kw['executable']) == 'pwan_odometry_node'
     assert ast.literal_eval(node_kw['package']) == 'pwan_ros'
     setup = (root / 'setup.py').read_text()
-    assert re.search(r"'register_node = pwan_ros\.ros\.register_node:main'", setup)
+    assert re.search(r"'pwan_odometry_node = pwan_ros\.ros\.odometry_node:main'", setup)
+    assert re.search(r"'register_node': 'pwan_ros\.ros\.odometry_node:main'", setup)   # 0.1 alias
+    assert ast.literal_eval(node_kw['name']) == 'pwan_odometry'
     declared = {ast.literal_eval(c.args[0]) for c in ast.walk(tree)
                 if isinstance(c, ast.Call) and getattr(c.func, 'id', '') == 'DeclareLaunchArgument'}
-    assert declared == {'config', 'points', 'use_sim_time', 'device'}
-    assert "'config', 'register.yaml'" in src
+    assert declared == {'params_file', 'points', 'use_sim_time', 'device'}
+    assert "'config', 'odometry.yaml'" in src
+    # device overrides the file only when given: the file's device holds under launch otherwise
+    assert "if device:" in src and "DeclareLaunchArgument('device', default_value=''" in src
+    # the 0.1 launch file name includes this one
+    old = (root / 'launch' / 'register.launch.py').read_text()
+    compile(old, 'register.launch.py', 'exec')
+    assert "'odometry.launch.py'" in old and 'IncludeLaunchDescription' in old
 
 
 @pytest.mark.ros
@@ -217,7 +216,7 @@ def test_node_stops_promptly_during_pwan(tmp_path, ros_env):
     """Ctrl-C while full PWAN is running: the registration is cancelled at its next step and
     the node exits cleanly (no abort from a thread still inside torch)."""
     import time
-    node = start_node(ros_env, 'mode:=pwan', 'steps:=100000', 'pwan_time_budget_ms:=600000.0')
+    node = start_node(ros_env, 'mode:=pwan', 'pwan_steps:=100000', 'pwan_time_budget_ms:=600000.0')
     try:
         # two scans: the second starts a (deliberately endless) PWAN registration
         drive(ros_env, tmp_path, 'sim', '--scans', '2', '--timeout', '4')

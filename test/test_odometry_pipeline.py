@@ -1,4 +1,4 @@
-"""The registration pipeline behind register_node, in-process (no ROS)."""
+"""The registration pipeline behind pwan_odometry_node, in-process (no ROS)."""
 import numpy as np
 import pytest
 from scipy.spatial.transform import Rotation
@@ -8,7 +8,7 @@ from pwan_ros.evaluation.lidar_sim import SimConfig, simulate
 from pwan_ros.odometry.motion_model import ConstantVelocityModel
 from pwan_ros.odometry.config import ConfigError, OdometryConfig
 from pwan_ros.odometry.scan_filter import automatic_voxel_size, filter_scan, isolated_voxels, voxel_grid
-from pwan_ros.odometry.pipeline import ScanError, ScanPipeline
+from pwan_ros.odometry.pipeline import ScanError, OdometryPipeline
 from pwan_ros.geometry.se3 import invert, make_transform, rotation_angle
 
 SIM = dict(beams=16, azimuth_steps=720, moving_objects=2)
@@ -100,7 +100,7 @@ def test_config_validation_names_parameter():
 
 
 def test_pipeline_tracks_simulated_drive(sim_scans):
-    pipe = ScanPipeline(OdometryConfig())
+    pipe = OdometryPipeline(OdometryConfig())
     gt0 = sim_scans[0].pose
     errors = []
     for s in sim_scans:
@@ -112,7 +112,7 @@ def test_pipeline_tracks_simulated_drive(sim_scans):
 
 
 def test_pipeline_rejects_bad_scans(sim_scans):
-    pipe = ScanPipeline(OdometryConfig())
+    pipe = OdometryPipeline(OdometryConfig())
     s = sim_scans[0]
     with pytest.raises(ScanError, match='valid points'):
         pipe.process(np.full((100, 3), np.nan), 1.0)
@@ -130,7 +130,7 @@ def test_pwan_recovers_where_tracking_fails(sim_scans):
     jump = yaw(60.0)
     rng = np.random.default_rng(0)
     # no time budget: the test is about what recovery can do, not how fast this machine is
-    pipe = ScanPipeline(OdometryConfig(pwan_time_budget_ms=600000.0))
+    pipe = OdometryPipeline(OdometryConfig(pwan_time_budget_ms=600000.0))
     gt0 = sim_scans[0].pose
     engaged, after = [], []
     for k, s in enumerate(sim_scans):
@@ -163,7 +163,7 @@ def test_reference_cloud_start_up_and_tracking(sim_scans):
     ref = np.vstack([s.xyz.astype(float) @ s.pose[:3, :3].T + s.pose[:3, 3] for s in sim_scans[:3]])
     offset = yaw(90.0)
     ref = ref @ offset[:3, :3].T                # map frame turned by 90 deg about z
-    pipe = ScanPipeline(OdometryConfig(reference_cloud='map.ply', pwan_time_budget_ms=600000.0),
+    pipe = OdometryPipeline(OdometryConfig(reference_cloud='map.ply', pwan_time_budget_ms=600000.0),
                         reference_points=ref)
     for k in (3, 4, 5):
         s = sim_scans[k]

@@ -1,0 +1,113 @@
+"""What the odometry publishes (REP-105), from the pipeline's sensor poses; no ROS.
+
+:class:`Odometer` wraps :class:`~pwan_ros.odometry.pipeline.OdometryPipeline` with the policy a
+robot sees: ``odom`` is the base pose at the start; a change of the cloud's frame restarts the
+pipeline from the last pose (odom stays continuous), time going backwards (a bag restarted)
+resets odom to the current pose; the base pose is the sensor pose composed with the static
+``T_base_sensor``; the twist is the base-frame velocity between accepted scans; the pose
+covariance comes from the match quality.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+import numpy as np
+from scipy.spatial.transform import Rotation
+
+from pwan_ros.geometry.se3 import invert, project_rigid
+from pwan_ros.odometry.pipeline import OdometryPipeline, ScanEstimate
+
+
+@dataclass(frozen=True)
+class OdometryUpdate:
+    """One registered scan, ready to publish.
+
+    T_odom_base / T_odom_sensor: (4, 4) poses in odom_frame (for a rejected scan: the held pose).
+    twist: (linear (3,) m/s, angular (3,) rad/s) in the base frame, or None (unknown: first scan
+    after a start or reset, or a rejected scan). pose_covariance: 36 floats, row-major 6x6 over
+    (x, y, z, roll, pitch, yaw). deformed_points: affine / non-rigid modes, (M, 3) deformed scan in
+    odom_frame (else None). estimate: the pipeline's result. notices: [(key, text)] of restarts
+    and resets this scan caused, for the log.
+    """
+
+    T_odom_base: np.ndarray
+    T_odom_sensor: np.ndarray
+    twist: Optional[Tuple[np.ndarray, np.ndarray]]
+    pose_covariance: List[float]
+    deformed_points: Optional[np.ndarray]
+    estimate: ScanEstimate
+    notices: List[Tuple[str, str]]
+
+
+class Odometer:
+    """Odometry of one sensor: ``update(points, stamp, frame, T_base_sensor)`` per scan."""
+
+    def __init__(self, pipeline: OdometryPipeline):
+        self.pipeline = pipeline
+        self.resets = 0                     # restarts and resets so far
+        self._origin = np.eye(4)            # T_odom_sensor at the start of the current pipeline run
+        self._last_pose = np.eye(4)         # last accepted T_odom_base
+        self._frame: Optional[str] = None
+        self._last_stamp: Optional[float] = None
+        self._pose_stamp: Optional[float] = None
+
+    def update(self, points: np.ndarray, stamp: float, frame: str, t_base_sensor: np.ndarray) -> OdometryUpdate:
+        """Register one scan. points: (N, 3) in ``frame`` (metres); stamp: seconds; t_base_sensor:
+        (4, 4) ``T_base_frame``. Raises :class:`~pwan_ros.odometry.pipeline.ScanError` for a scan
+        that cannot be registered (state unchanged except for a restart it triggered)."""
+        notices = []
+        if self._frame is not None and frame != self._frame:
+            notices.append(('frame_change', f"cloud frame changed from '{self._frame}' to '{frame}': "
+                                            'restarting registration from the last pose'))
+            self._restart(keep_pose=True)
+        if self._last_stamp is not None and stamp < self._last_stamp:
+            notices.append(('time', f'time went backwards ({stamp:.3f} < {self._last_stamp:.3f} s): '
+                                    'resetting odometry'))
+            self._restart(keep_pose=False)
+        self._frame = frame
+        est = self.pipeline.process(points, stamp)
+        self._last_stamp = stamp
+
+        t_odom_base = t_base_sensor @ project_rigid(self._origin @ est.pose) @ invert(t_base_sensor)
+        twist = None
+        if est.accepted:
+            if self._pose_stamp is not None and stamp > self._pose_stamp:
+                delta = invert(self._last_pose) @ t_odom_base
+                dt = stamp - self._pose_stamp
+                twist = (delta[:3, 3] / dt, Rotation.from_matrix(delta[:3, :3]).as_rotvec() / dt)
+            self._last_pose, self._pose_stamp = t_odom_base, stamp
+        deformed = None
+        if est.aligned_points is not None:
+            deformed = est.aligned_points @ self._origin[:3, :3].T + self._origin[:3, 3]
+        return OdometryUpdate(t_odom_base, t_odom_base @ t_base_sensor, twist,
+                              pose_covariance(est, self.pipeline.h), deformed, est, notices)
+
+    def _restart(self, keep_pose: bool) -> None:
+        """keep_pose: the new pipeline run starts at the last sensor pose (odom continuous);
+        otherwise odom restarts at the current pose."""
+        self.resets += 1
+        last = self.pipeline.motion.pose
+        self._origin = self._origin @ last if keep_pose and last is not None else np.eye(4)
+        self.pipeline.reset()
+        self._last_stamp = self._pose_stamp = None
+        if not keep_pose:
+            self._last_pose = np.eye(4)
+
+
+def pose_covariance(est: ScanEstimate, h: float) -> List[float]:
+    """Row-major 6x6 pose covariance from the match quality (a heuristic, see docs/odometry.md):
+    position sigma = 10 x median residual / sqrt(matched points) (m), rotation sigma a fifth of it
+    (rad); inflated 1e3 x for a held pose (rejected scan)."""
+    matched = max(est.matched_ratio * est.num_points, 1.0)
+    res = est.median_residual if math.isfinite(est.median_residual) else h
+    sigma_t = max(res, 1e-3) / math.sqrt(matched) * 10.0
+    sigma_r = sigma_t / 5.0
+    if not est.accepted:
+        sigma_t, sigma_r = sigma_t * 1e3, sigma_r * 1e3
+    cov = [0.0] * 36
+    for i in range(3):
+        cov[7 * i] = sigma_t ** 2
+        cov[7 * (i + 3)] = sigma_r ** 2
+    return cov

@@ -1,0 +1,98 @@
+"""The trust policy of the odometry: when a registration is distrusted (full PWAN runs), accepted
+or rejected, judged against the recent accepted scans."""
+from __future__ import annotations
+
+import collections
+from typing import Deque
+
+import numpy as np
+
+from pwan_ros.odometry.config import OdometryConfig
+from pwan_ros.odometry.keyframe_tracker import MatchQuality
+
+#: a scan keeping fewer usable points than this fraction of the recent accepted scans' median is
+#: rejected (its content collapsed; registering it would match the few survivors "well")
+POINT_COLLAPSE_RATIO = 0.3
+#: recent accepted scans remembered
+HISTORY = 10
+#: consecutive rejections after which the history is forgotten (the scene may have changed)
+FORGET_AFTER = 3
+
+
+class TrustPolicy:
+    """History of the matched ratio, residual and size of recent accepted scans, and the count
+    of consecutive rejections."""
+
+    def __init__(self, config: OdometryConfig):
+        self.config = config
+        self.reset()
+
+    def reset(self) -> None:
+        self._ratios: Deque[float] = collections.deque(maxlen=HISTORY)
+        self._residuals: Deque[float] = collections.deque(maxlen=HISTORY)
+        self._sizes: Deque[int] = collections.deque(maxlen=HISTORY)
+        self.rejections = 0
+
+    def forget(self) -> None:
+        """Stop comparing with the old scans (keep the rejection count)."""
+        self._ratios.clear()
+        self._residuals.clear()
+        self._sizes.clear()
+
+    def collapsed(self, size: int) -> str:
+        """Why a scan of ``size`` usable points collapsed against the recent scans ('' if not)."""
+        if len(self._sizes) >= 3:
+            ref = float(np.median(self._sizes))
+            if size < POINT_COLLAPSE_RATIO * ref:
+                return f'usable points collapsed ({size} vs recent {ref:.0f})'
+        return ''
+
+    def distrust(self, q: MatchQuality, h: float) -> str:
+        """Why a tracking result is not trusted ('' if it is); h: matching distance (m)."""
+        cfg = self.config
+        if q.matched_ratio < cfg.min_matched_ratio:
+            return f'tracking lost (matched ratio {q.matched_ratio:.2f})'
+        if len(self._ratios) >= 3:
+            ref = float(np.median(self._ratios))
+            if q.matched_ratio < cfg.ratio_drop * ref:
+                return f'matched ratio collapsed ({q.matched_ratio:.2f} vs recent {ref:.2f})'
+            res = float(np.median(self._residuals))
+            if q.median_residual > 2.0 * res + 0.25 * h:
+                return f'residual jump ({q.median_residual:.3f} m vs recent {res:.3f} m)'
+        return ''
+
+    def acceptance_floor(self) -> float:
+        """Smallest matched ratio accepted: min_matched_ratio, raised to ratio_drop x the recent
+        median once there is a history (a result far below recent quality is not trusted,
+        whichever path produced it)."""
+        floor = self.config.min_matched_ratio
+        if len(self._ratios) >= 3:
+            floor = max(floor, self.config.ratio_drop * float(np.median(self._ratios)))
+        return floor
+
+    def good_match(self) -> float:
+        """Matched ratio that ends a multi-start recovery early: about the recent quality; without
+        a history (start-up) infinity, so every start is tried."""
+        if not self._ratios:
+            return float('inf')
+        return max(self.acceptance_floor(), 0.9 * float(np.median(self._ratios)))
+
+    def should_reanchor(self) -> bool:
+        n = self.config.reanchor_after
+        return bool(n) and self.rejections >= n
+
+    def accepted(self, q: MatchQuality, size: int) -> None:
+        self.rejections = 0
+        self._ratios.append(q.matched_ratio)
+        self._residuals.append(q.median_residual)
+        self._sizes.append(size)
+
+    def rejected(self) -> None:
+        self.rejections += 1
+        if self.rejections >= FORGET_AFTER:
+            self.forget()
+
+    def reanchored(self, size: int) -> None:
+        self.rejections = 0
+        self.forget()
+        self._sizes.append(size)

@@ -1,0 +1,84 @@
+"""The REP-105 policy of the odometry without ROS: frame composition, origin across restarts and
+resets, twist, covariance (the node only converts these to messages)."""
+import numpy as np
+import pytest
+from scipy.spatial.transform import Rotation
+
+from pwan_ros.evaluation.lidar_sim import SimConfig, simulate
+from pwan_ros.geometry.frame_graph import FrameGraph
+from pwan_ros.geometry.se3 import invert, make_transform
+from pwan_ros.odometry.config import OdometryConfig
+from pwan_ros.odometry.odometer import Odometer, pose_covariance
+from pwan_ros.odometry.pipeline import OdometryPipeline, ScanEstimate
+
+#: base_link -> lidar mount: 0.3 m forward, 1.2 m up, turned 90 degrees about z
+T_BASE_LIDAR = make_transform(Rotation.from_euler('z', 90, degrees=True).as_matrix(), np.array([0.3, 0.0, 1.2]))
+
+
+@pytest.fixture(scope='module')
+def scans():
+    return list(simulate(SimConfig(scans=6, seed=4, beams=16, azimuth_steps=720, moving_objects=0)))
+
+
+def test_frame_graph_composes_chains_both_ways():
+    g = FrameGraph()
+    mount = make_transform(np.eye(3), np.array([0.0, 0.0, 0.5]))
+    g.add('/base_link', 'mount', mount)
+    g.add('mount', 'lidar', T_BASE_LIDAR)
+    np.testing.assert_allclose(g.lookup('base_link', 'lidar'), mount @ T_BASE_LIDAR, atol=1e-12)
+    np.testing.assert_allclose(g.lookup('lidar', 'base_link'), invert(mount @ T_BASE_LIDAR), atol=1e-12)
+    np.testing.assert_allclose(g.lookup('lidar', 'lidar'), np.eye(4))
+    assert g.lookup('base_link', 'camera') is None
+
+
+def test_base_pose_twist_and_covariance(scans):
+    """T_odom_base = T_base_lidar T_odom_lidar T_lidar_base; odom is the base at the first scan;
+    the twist is the base's velocity between scans (m/s, rad/s)."""
+    odo = Odometer(OdometryPipeline(OdometryConfig()))
+    gt0 = scans[0].pose
+    ups = [odo.update(s.xyz, s.stamp_ns * 1e-9, 'lidar', T_BASE_LIDAR) for s in scans]
+    assert ups[0].twist is None and np.allclose(ups[0].T_odom_base, np.eye(4))
+    for s, up in zip(scans, ups):
+        truth_lidar = invert(gt0) @ s.pose
+        np.testing.assert_allclose(up.T_odom_sensor, up.T_odom_base @ T_BASE_LIDAR, atol=1e-9)
+        np.testing.assert_allclose(up.T_odom_base, T_BASE_LIDAR @ truth_lidar @ invert(T_BASE_LIDAR), atol=0.15)
+        assert len(up.pose_covariance) == 36 and up.pose_covariance[0] > 0
+    dt = (scans[3].stamp_ns - scans[2].stamp_ns) * 1e-9
+    delta = invert(ups[2].T_odom_base) @ ups[3].T_odom_base
+    lin, ang = ups[3].twist
+    np.testing.assert_allclose(lin, delta[:3, 3] / dt, rtol=1e-5)     # stamps are epoch seconds
+    np.testing.assert_allclose(ang, Rotation.from_matrix(delta[:3, :3]).as_rotvec() / dt, rtol=1e-5, atol=1e-9)
+    assert np.linalg.norm(lin) > 0.5        # the simulated vehicle drives at several m/s
+
+
+def test_frame_change_restarts_from_the_last_pose_and_time_reset_returns_to_identity(scans):
+    odo = Odometer(OdometryPipeline(OdometryConfig()))
+    for s in scans[:3]:
+        last = odo.update(s.xyz, s.stamp_ns * 1e-9, 'lidar', np.eye(4))
+    moved = np.linalg.norm(last.T_odom_base[:3, 3])
+    assert moved > 0.5
+    up = odo.update(scans[3].xyz, scans[3].stamp_ns * 1e-9, 'lidar_renamed', np.eye(4))
+    assert [k for k, _ in up.notices] == ['frame_change'] and odo.resets == 1
+    # the new run starts at the last pose: odom stays continuous (no jump back to the origin)
+    assert np.linalg.norm(up.T_odom_base[:3, 3] - last.T_odom_base[:3, 3]) < 0.3
+    assert up.twist is None                  # a restart forgets the velocity
+    up = odo.update(scans[0].xyz, scans[0].stamp_ns * 1e-9, 'lidar_renamed', np.eye(4))
+    assert [k for k, _ in up.notices] == ['time'] and odo.resets == 2
+    np.testing.assert_allclose(up.T_odom_base, np.eye(4))
+
+
+def _estimate(**kw):
+    base = dict(stamp=0.0, pose=np.eye(4), path='track', accepted=True, pwan_engaged=False, reason='',
+                matched_ratio=0.8, median_residual=0.05, iterations=3, num_points=1000, num_input=2000,
+                keyframe=1, new_keyframe=False, latency_ms=1.0)
+    return ScanEstimate(**{**base, **kw})
+
+
+def test_pose_covariance_grows_with_residual_and_for_a_held_pose():
+    good = pose_covariance(_estimate(), h=0.4)
+    worse = pose_covariance(_estimate(median_residual=0.2), h=0.4)
+    held = pose_covariance(_estimate(accepted=False), h=0.4)
+    assert good[0] == good[7] == good[14] and good[21] == pytest.approx(good[0] / 25)
+    assert worse[0] > good[0] and held[0] == pytest.approx(good[0] * 1e6)
+    assert all(v == 0.0 for i, v in enumerate(good) if i % 7)
+    assert np.isfinite(pose_covariance(_estimate(median_residual=float('inf')), h=0.4)).all()

@@ -1,0 +1,160 @@
+"""One source per parameter: every config field carries a description and range, and the ROS
+parameters, CLI flags, YAML files and docs tables come from it (or fail here)."""
+import argparse
+import dataclasses
+import importlib.util
+import math
+import pathlib
+
+import pytest
+import yaml
+
+from pwan_ros.adaptation.config import AdaptConfig, AdaptConfigError
+from pwan_ros.core import PwanInputError, RegistrationConfig
+from pwan_ros.odometry.config import RENAMED, ConfigError, OdometryConfig
+from pwan_ros.params import FieldSpec, specs, value_type
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CONFIGS = [(OdometryConfig, ConfigError), (RegistrationConfig, PwanInputError), (AdaptConfig, AdaptConfigError)]
+
+
+def _gen_params():
+    spec = importlib.util.spec_from_file_location('gen_params', ROOT / 'tools' / 'gen_params.py')
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize('cls', [c for c, _ in CONFIGS], ids=lambda c: c.__name__)
+def test_every_field_has_a_description_and_a_range(cls):
+    nested = {'potential', 'coherence', 'finetune'}
+    for f in dataclasses.fields(cls):
+        if f.name in nested:
+            continue
+        assert isinstance(f.metadata.get('spec'), FieldSpec), f'{cls.__name__}.{f.name} has no spec'
+        spec = f.metadata['spec']
+        assert len(spec.description) > 10, f'{cls.__name__}.{f.name}: description too short'
+        kind, _ = value_type(cls, f.name)
+        if kind in (int, float):
+            assert spec.low is not None, f'{cls.__name__}.{f.name}: numeric field without a lower bound'
+
+
+@pytest.mark.parametrize('cls,error', CONFIGS, ids=lambda c: getattr(c, '__name__', ''))
+def test_validation_agrees_with_the_spec_range(cls, error):
+    """The bounds in the descriptions (and ROS descriptors) are the bounds the config enforces."""
+    for name, (default, spec) in specs(cls).items():
+        kind, _ = value_type(cls, name)
+        if kind not in (int, float) or spec.low is None:
+            continue
+        step = 1 if kind is int else max(abs(spec.low) * 1e-6, 1e-9)
+        with pytest.raises(error):
+            cls(**{name: kind(spec.low - step) if not spec.low_open else kind(spec.low)})
+        ok = spec.low + (step if spec.low_open else 0)
+        if cls is AdaptConfig and name in ('anneal', 'm0') and ok > 0:   # 0 (auto) or >= 1
+            ok = 1.0
+        cls(**{name: kind(ok)})
+        if spec.high is not None:
+            over = spec.high + (1 if kind is int else max(abs(spec.high) * 1e-6, 1e-9))
+            with pytest.raises(error):
+                cls(**{name: kind(over)})
+            cls(**{name: kind(spec.high)})
+
+
+def test_generated_yaml_and_docs_are_current():
+    stale = [rel for rel, text in _gen_params().expected().items() if (ROOT / rel).read_text() != text]
+    assert stale == [], f'stale generated files (run .venv/bin/python tools/gen_params.py): {stale}'
+
+
+def test_odometry_yaml_holds_exactly_the_node_parameters_at_their_defaults():
+    params = yaml.safe_load((ROOT / 'config' / 'odometry.yaml').read_text())['pwan_odometry']['ros__parameters']
+    assert list(params) == list(specs(OdometryConfig))
+    assert OdometryConfig.from_dict(params) == OdometryConfig()
+
+
+def test_adapt_yaml_keys_all_come_from_a_spec():
+    from pwan_ros.ros.adapt_node import IO_PARAMS, NODE_PARAMS
+    params = yaml.safe_load((ROOT / 'config' / 'adapt.yaml').read_text())['adapt_node']['ros__parameters']
+    assert set(params) == set(specs(AdaptConfig)) | set(IO_PARAMS) | set(NODE_PARAMS)
+    for name, value in params.items():
+        default = specs(AdaptConfig)[name][0] if name in specs(AdaptConfig) else {**IO_PARAMS, **NODE_PARAMS}[name][0]
+        assert type(value) is type(default), name
+
+
+def _flags(parser: argparse.ArgumentParser):
+    return {a.dest: a for a in parser._actions if a.option_strings and a.dest != 'help'}
+
+
+def test_pwan_register_flags_are_the_core_fields_with_library_defaults():
+    from pwan_ros.cli.register import _NO_FLAG, _config, _parser
+    parser = _parser()
+    flags = _flags(parser)
+    table = specs(RegistrationConfig)
+    for dest, action in flags.items():
+        if dest in ('output', 'json', 'quiet'):
+            continue
+        assert dest in table, f'--{dest} is not a RegistrationConfig field'
+        assert table[dest][1].description.replace('%', '%%') in action.help
+        assert '--' + dest.replace('_', '-') in action.option_strings
+        assert action.default is None             # unset flags keep the library default
+    assert set(table) - set(flags) == set(_NO_FLAG)
+    assert _config(parser.parse_args(['a', 'b', '-q'])) == RegistrationConfig()
+
+
+def test_pwan_adapt_flags_are_the_adapt_fields():
+    from pwan_ros.cli.adapt import build_parser
+    flags = _flags(build_parser())
+    for name, (default, spec) in specs(AdaptConfig).items():
+        assert name in flags, f'AdaptConfig.{name} has no pwan_adapt flag'
+        assert spec.description.replace('%', '%%') in (flags[name].help or ''), name
+
+
+def test_renamed_odometry_parameters_still_read_with_a_warning():
+    with pytest.warns(FutureWarning, match="'voxel_size' was renamed 'scan_voxel_size'"):
+        cfg = OdometryConfig.from_dict({'voxel_size': 0.3, 'steps': 50})
+    assert cfg.scan_voxel_size == 0.3 and cfg.pwan_steps == 50
+    with pytest.raises(ConfigError, match='give only'):
+        OdometryConfig.from_dict({'max_points': 500, 'scan_max_points': 600})
+    assert set(RENAMED.values()) <= set(specs(OdometryConfig))
+
+
+def test_shared_names_mean_the_same_in_odometry_and_core():
+    """A name in both OdometryConfig and RegistrationConfig is passed through unchanged to the core
+    (no name with two meanings: the node's own preprocessing is scan_*, the core's under pwan_*)."""
+    from pwan_ros.odometry.pwan_recovery import core_config
+    shared = set(specs(OdometryConfig)) & set(specs(RegistrationConfig))
+    assert shared == {'transform', 'divergence', 'mass_ratio', 'distance_threshold', 'potential_updates',
+                      'device', 'seed'}
+    odo = OdometryConfig(divergence='distance', mass_ratio=0.6, potential_updates=7, device='cpu', seed=3,
+                         pwan_steps=123, pwan_max_points=321)
+    core = core_config(odo, h=0.4)
+    for name in shared - {'distance_threshold'}:
+        assert getattr(core, name) == getattr(odo, name), name
+    assert (core.steps, core.max_points, core.distance_threshold) == (123, 321, 0.4)
+
+
+@pytest.mark.ros
+def test_ros_parameters_carry_the_spec_descriptions_and_ranges(ros_env, monkeypatch):
+    """The running nodes' parameter descriptors are the specs (no parameter without one)."""
+    import rclpy
+    from pwan_ros.ros.adapt_node import IO_PARAMS, NODE_PARAMS, AdaptNode
+    from pwan_ros.ros.odometry_node import OdometryNode
+    for key in ('ROS_DOMAIN_ID', 'ROS_AUTOMATIC_DISCOVERY_RANGE'):
+        monkeypatch.setenv(key, ros_env[key])
+    rclpy.init()
+    try:
+        for node, table in ((OdometryNode(), specs(OdometryConfig)),
+                            (AdaptNode(), {**specs(AdaptConfig), **IO_PARAMS, **NODE_PARAMS})):
+            declared = set(node._parameters) - {'use_sim_time', 'start_type_description_service'}
+            renamed = set(RENAMED) if isinstance(node, OdometryNode) else set()
+            assert declared == set(table) | renamed
+            for name in declared:
+                default, spec = table[RENAMED[name]] if name in renamed else table[name]
+                d = node.describe_parameter(name)
+                assert spec.description in d.description, name
+                rng = list(d.integer_range) + list(d.floating_point_range)
+                if spec.low is not None and spec.high is not None:
+                    assert len(rng) == 1 and math.isclose(rng[0].from_value, spec.low) \
+                        and math.isclose(rng[0].to_value, spec.high), name
+            node.destroy_node()
+    finally:
+        rclpy.try_shutdown()
