@@ -14,7 +14,7 @@ ALLOWED = {
     'io': {'core', 'geometry'},
     'odometry': {'params', 'core', 'geometry', 'io'},
     'adaptation': {'params', 'io'},
-    'evaluation': {'core', 'geometry', 'io', 'odometry'},
+    'evaluation': {'params', 'core', 'geometry', 'io', 'odometry'},
     'ros': {'params', 'core', 'geometry', 'io', 'odometry', 'adaptation'},
     'cli': {'params', 'core', 'geometry', 'io', 'odometry', 'adaptation', 'evaluation', 'ros'},
 }

@@ -82,6 +82,6 @@ def test_cli_and_validation(tmp_path, capsys):
     assert sim_cli.main(['--output', str(out), '--scans', '2']) == 2
     assert 'already exists' in capsys.readouterr().err
     assert sim_cli.main(['--output', str(tmp_path / 'b2'), '--dropout', '1.5']) == 2
-    assert '--dropout must be in [0, 1)' in capsys.readouterr().err
-    with pytest.raises(ValueError, match='--scans must be > 0'):
+    assert '--dropout 1.5: expected a number in [0, 1)' in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r'--scans 0: expected an integer in \[1, '):
         SimConfig(scans=0)

@@ -2,6 +2,7 @@
 parameters, CLI flags, YAML files and docs tables come from it (or fail here)."""
 import argparse
 import dataclasses
+import importlib
 import importlib.util
 import math
 import pathlib
@@ -10,12 +11,31 @@ import pytest
 import yaml
 
 from pwan_ros.adaptation.config import AdaptConfig, AdaptConfigError
+from pwan_ros.cli.demo import DemoConfig
 from pwan_ros.core import PwanInputError, RegistrationConfig
+from pwan_ros.evaluation.lidar_sim import SimConfig
+from pwan_ros.evaluation.metrics import EvalConfig
+from pwan_ros.evaluation.pcd_to_bag import ConvertConfig
+from pwan_ros.evaluation.replay import ReplayConfig
 from pwan_ros.odometry.config import RENAMED, ConfigError, OdometryConfig
-from pwan_ros.params import FieldSpec, specs, value_type
+from pwan_ros.params import REQUIRED, FieldSpec, specs, value_type
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-CONFIGS = [(OdometryConfig, ConfigError), (RegistrationConfig, PwanInputError), (AdaptConfig, AdaptConfigError)]
+CONFIGS = [(OdometryConfig, ConfigError), (RegistrationConfig, PwanInputError), (AdaptConfig, AdaptConfigError),
+           (SimConfig, ValueError), (ReplayConfig, ValueError), (ConvertConfig, ValueError),
+           (EvalConfig, ValueError), (DemoConfig, ValueError)]
+#: the command-line tools whose flags are generated from a config (module, config)
+CLI_CONFIGS = [('sim', SimConfig), ('replay', ReplayConfig), ('pcd2bag', ConvertConfig),
+               ('evaluate', EvalConfig), ('demo', DemoConfig)]
+
+
+def _make(cls, **values):
+    """``cls(**values)`` with its required fields filled in and its paired bounds kept apart."""
+    base = {name: 'x' for name, (default, _) in specs(cls).items() if default is REQUIRED}
+    if cls is SimConfig:   # fov_down_deg < fov_up_deg
+        base.update({'fov_down_deg': -90.0} if 'fov_up_deg' in values else
+                    {'fov_up_deg': 90.0} if 'fov_down_deg' in values else {})
+    return cls(**{**base, **values})
 
 
 def _gen_params():
@@ -48,16 +68,24 @@ def test_validation_agrees_with_the_spec_range(cls, error):
             continue
         step = 1 if kind is int else max(abs(spec.low) * 1e-6, 1e-9)
         with pytest.raises(error):
-            cls(**{name: kind(spec.low - step) if not spec.low_open else kind(spec.low)})
+            _make(cls, **{name: kind(spec.low - step) if not spec.low_open else kind(spec.low)})
         ok = spec.low + (step if spec.low_open else 0)
         if cls is AdaptConfig and name in ('anneal', 'm0') and ok > 0:   # 0 (auto) or >= 1
             ok = 1.0
-        cls(**{name: kind(ok)})
+        _make(cls, **{name: kind(ok)})
         if spec.high is not None:
             over = spec.high + (1 if kind is int else max(abs(spec.high) * 1e-6, 1e-9))
             with pytest.raises(error):
-                cls(**{name: kind(over)})
-            cls(**{name: kind(spec.high)})
+                _make(cls, **{name: kind(over)})
+            if spec.high_open:
+                with pytest.raises(error):
+                    _make(cls, **{name: kind(spec.high)})
+            else:
+                _make(cls, **{name: kind(spec.high)})
+    for name, (default, spec) in specs(cls).items():
+        if spec.choices:
+            with pytest.raises(error):
+                _make(cls, **{name: 'no-such-' + name})
 
 
 def test_generated_yaml_and_docs_are_current():
@@ -106,6 +134,22 @@ def test_pwan_adapt_flags_are_the_adapt_fields():
     for name, (default, spec) in specs(AdaptConfig).items():
         assert name in flags, f'AdaptConfig.{name} has no pwan_adapt flag'
         assert spec.description.replace('%', '%%') in (flags[name].help or ''), name
+
+
+@pytest.mark.parametrize('module,cls', CLI_CONFIGS, ids=[m for m, _ in CLI_CONFIGS])
+def test_tool_flags_are_the_config_fields_with_their_descriptions(module, cls):
+    """pwan_sim / pwan_replay / pwan_pcd2bag / pwan_evaluate / pwan_demo: one flag per field,
+    its help led by the field's description, its default the config's default."""
+    parser = importlib.import_module(f'pwan_ros.cli.{module}').build_parser()
+    flags = _flags(parser)
+    for name, (default, spec) in specs(cls).items():
+        assert name in flags, f'{cls.__name__}.{name} has no --{name.replace("_", "-")} flag'
+        action = flags[name]
+        assert (action.help or '').startswith(spec.description.replace('%', '%%')), name
+        if default is REQUIRED:
+            assert action.required, name
+        else:
+            assert action.default == default, name
 
 
 def test_renamed_odometry_parameters_still_read_with_a_warning():

@@ -27,10 +27,20 @@ def _tables():
     from pwan_ros.adaptation.config import AdaptConfig
     from pwan_ros.core.config import RegistrationConfig
     from pwan_ros.odometry.config import OdometryConfig
+    from pwan_ros.cli.demo import DemoConfig
+    from pwan_ros.evaluation.lidar_sim import SimConfig
+    from pwan_ros.evaluation.metrics import EvalConfig
+    from pwan_ros.evaluation.pcd_to_bag import ConvertConfig
+    from pwan_ros.evaluation.replay import ReplayConfig
     from pwan_ros.params import markdown_table
     return {('docs/odometry.md', 'odometry'): markdown_table(OdometryConfig),
             ('docs/adaptation.md', 'adaptation'): markdown_table(AdaptConfig),
-            ('docs/core.md', 'core'): markdown_table(RegistrationConfig)}
+            ('docs/core.md', 'core'): markdown_table(RegistrationConfig),
+            ('docs/evaluation.md', 'sim'): markdown_table(SimConfig),
+            ('docs/evaluation.md', 'pcd2bag'): markdown_table(ConvertConfig),
+            ('docs/evaluation.md', 'replay'): markdown_table(ReplayConfig),
+            ('docs/evaluation.md', 'evaluate'): markdown_table(EvalConfig),
+            ('docs/evaluation.md', 'demo'): markdown_table(DemoConfig)}
 
 
 def expected() -> dict:

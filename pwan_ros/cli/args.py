@@ -18,16 +18,20 @@ _TYPES = {'int': int, 'float': float, 'str': str}
 def add_config_arguments(parser: argparse.ArgumentParser, cls, skip=()) -> None:
     """Add ``--field-name`` for each field of dataclass ``cls`` (defaults and types from the field).
 
-    bool fields become ``--flag/--no-flag``; tuple fields take comma-separated values.
+    bool fields become ``--flag/--no-flag``; tuple fields take comma-separated values; fields
+    without a default are required flags.
     """
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
         flag = '--' + f.name.replace('_', '-')
         type_name = f.type if isinstance(f.type, str) else getattr(f.type, '__name__', str(f.type))
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         spec = f.metadata.get('spec')          # a pwan_ros.params field: its description leads the help
         lead = f'{spec.description}; ' if spec is not None else ''
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            parser.add_argument(flag, required=True, help=(lead + 'required').replace('%', '%%'))
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         if type_name == 'bool':
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
                                 help=(lead + f'default {default}').replace('%', '%%'))

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from pwan_ros.io.atomic import check_output, write_text
 from pwan_ros.cli.args import add_config_arguments, config_from_args, run_cli
+from pwan_ros.params import check, param
 
 __all__ = ['DemoConfig', 'DemoError', 'run_demo', 'default_node_command', 'main']
 
@@ -38,21 +39,19 @@ class DemoError(RuntimeError):
 class DemoConfig:
     """Demo options (CLI flags: same names with dashes)."""
 
-    output: str = 'results/demo'
-    scans: int = 80                # scans in the generated bag (10 Hz)
-    seed: int = 0                  # simulation seed
-    node_cmd: str = ''             # node command line; '' = default_node_command()
-    odom_topic: str = '/odometry'
-    rate: float = 1.0              # replay speed factor
-    startup_timeout: float = 120.0
-    drain_timeout: float = 15.0
-    regenerate: bool = False       # rebuild the cached bag
+    output: str = param('results/demo', 'folder of the demo outputs (bag cache, trajectories, report)')
+    scans: int = param(80, 'scans in the generated bag (10 Hz)', 2, 100_000)
+    seed: int = param(0, 'simulation seed', 0, 2**32 - 1)
+    node_cmd: str = param('', "node command line; '' = the installed pwan_odometry_node with config/odometry.yaml")
+    odom_topic: str = param('/odometry', 'odometry topic of the node')
+    rate: float = param(1.0, 'replay speed factor', 0.0, 1000.0, low_open=True)
+    startup_timeout: float = param(120.0, 'wait for the node to come up (s)', 0.0, low_open=True)
+    drain_timeout: float = param(15.0, 'stop this long without new odometry after the bag ends (s)', 0.0,
+                                 low_open=True)
+    regenerate: bool = param(False, 'rebuild the cached bag')
 
     def __post_init__(self):
-        if self.scans < 2:
-            raise ValueError('--scans must be >= 2')
-        if not self.rate > 0:
-            raise ValueError('--rate must be > 0')
+        check(self)
 
 
 def _params_file() -> pathlib.Path | None:
@@ -173,10 +172,14 @@ def run_demo(cfg: DemoConfig, log=print) -> pathlib.Path:
     return path
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog='pwan_demo', description=__doc__.split('\n\n')[0])
     add_config_arguments(parser, DemoConfig)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
 
     def body() -> int:
         run_demo(config_from_args(DemoConfig, args))

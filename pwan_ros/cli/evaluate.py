@@ -30,7 +30,7 @@ def _evaluate_one(args, cfg: EvalConfig, bag, output: pathlib.Path, run: RunReco
     return write_outputs(output, result, est, run, title=str(bag or args.est or ''), gt_source=source)
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog='pwan_evaluate', description=_metrics.__doc__.split('\n\n')[0])
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument('--run', help='run.json written by pwan_replay')
@@ -48,7 +48,11 @@ def main(argv=None) -> int:
     parser.add_argument('--output', default='evaluation', help='output directory')
     parser.add_argument('--json', action='store_true', help='print the summary JSON instead of the table')
     add_config_arguments(parser, EvalConfig)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     return run_cli('pwan_evaluate', lambda: _main(args), (ValueError, bag_io.BagError, EvaluationError,
                                                           TrajectoryError))
 

@@ -13,13 +13,14 @@ from pwan_ros.io.pcd import PcdError
 from pwan_ros.io.trajectory import TrajectoryError
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog='pwan_pcd2bag', description=_convert.__doc__.split('\n\n')[0])
-    add_config_arguments(parser, ConvertConfig, skip=('scans', 'poses', 'output'))
-    parser.add_argument('--scans', required=True, help='folder of .pcd / .pcd.gz scans')
-    parser.add_argument('--poses', required=True, help='pose file (TUM, KITTI or 4x4 blocks)')
-    parser.add_argument('--output', required=True, help='rosbag2 directory to create')
-    args = parser.parse_args(argv)
+    add_config_arguments(parser, ConvertConfig)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
 
     def body() -> int:
         res = convert(config_from_args(ConvertConfig, args), log=lambda *a: None)

@@ -13,12 +13,15 @@ from pwan_ros.io import bags as bag_io
 from pwan_ros.io.atomic import check_output
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog='pwan_replay', description=_replay.__doc__.split('\n\n')[0])
     parser.add_argument('--output', required=True, help='directory for run.json and trajectory_est.tum')
-    add_config_arguments(parser, ReplayConfig, skip=('bag',))
-    parser.add_argument('--bag', required=True, help='rosbag2 directory (mcap or sqlite3)')
-    args = parser.parse_args(argv)
+    add_config_arguments(parser, ReplayConfig)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
 
     def body() -> int:
         cfg = config_from_args(ReplayConfig, args)

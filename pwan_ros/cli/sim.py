@@ -10,12 +10,16 @@ from pwan_ros.evaluation.lidar_sim import SimConfig, write_sim_bag
 from pwan_ros.io import bags as bag_io
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog='pwan_sim', description=_sim.__doc__.split('\n\n')[0])
     parser.add_argument('--output', required=True, help='rosbag2 directory to create')
     parser.add_argument('--storage', choices=('mcap', 'sqlite3'), default='mcap')
     add_config_arguments(parser, SimConfig)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
 
     def body() -> int:
         res = write_sim_bag(args.output, config_from_args(SimConfig, args), storage=args.storage)

@@ -26,6 +26,7 @@ import numpy as np
 
 from pwan_ros.io import bags as bag_io
 from pwan_ros.io.pointcloud2 import create_cloud
+from pwan_ros.params import check, param
 
 __all__ = ['SimConfig', 'SimScan', 'SimResult', 'ground_truth_pose', 'simulate', 'write_sim_bag']
 
@@ -34,38 +35,32 @@ EXTRAS_DTYPE = np.dtype([('intensity', np.float32), ('ring', np.uint16)])
 
 @dataclass(frozen=True)
 class SimConfig:
-    """Simulation parameters (CLI flags have the same names with dashes)."""
+    """Simulation parameters (CLI flags: same names with dashes); lengths in metres."""
 
-    scans: int = 80                 # number of scans
-    rate_hz: float = 10.0           # scan rate
-    beams: int = 24                 # vertical channels
-    azimuth_steps: int = 720        # rays per channel and revolution
-    fov_up_deg: float = 12.0
-    fov_down_deg: float = -22.0
-    max_range: float = 60.0         # m; returns beyond are dropped
-    range_noise: float = 0.02       # m, std of Gaussian range noise
-    dropout: float = 0.05           # fraction of returns dropped at random
-    outliers: float = 0.01          # spurious points as a fraction of returns
-    moving_objects: int = 4         # pedestrians/cars moving through the scene
-    speed: float = 3.0              # m/s along the path
-    seed: int = 0
-    start_time: float = 1.7e9       # s, stamp of the first scan
-    clock_hz: float = 100.0         # /clock messages per second in the bag
-    frame_id: str = 'base_link'
-    world_frame: str = 'world'
-    points_topic: str = '/points'
-    gt_topic: str = '/ground_truth'
+    scans: int = param(80, 'number of scans in the bag', 1, 1_000_000)
+    rate_hz: float = param(10.0, 'scan rate (Hz)', 0.0, 1000.0, low_open=True)
+    beams: int = param(24, 'vertical channels of the simulated LiDAR', 1, 1024)
+    azimuth_steps: int = param(720, 'rays per channel and revolution', 1, 100_000)
+    fov_up_deg: float = param(12.0, 'upper edge of the vertical field of view (degrees)', -90.0, 90.0,
+                              low_open=True)
+    fov_down_deg: float = param(-22.0, 'lower edge of the vertical field of view (degrees; below fov_up_deg)',
+                                -90.0, 90.0, high_open=True)
+    max_range: float = param(60.0, 'maximum range (m); returns beyond are dropped', 0.0, 10_000.0, low_open=True)
+    range_noise: float = param(0.02, 'standard deviation of Gaussian range noise (m)', 0.0, 100.0)
+    dropout: float = param(0.05, 'fraction of returns dropped at random', 0.0, 1.0, high_open=True)
+    outliers: float = param(0.01, 'spurious points as a fraction of returns', 0.0, 1.0, high_open=True)
+    moving_objects: int = param(4, 'pedestrians and cars moving through the scene', 0, 1000)
+    speed: float = param(3.0, 'sensor speed along the path (m/s)', 0.0, 1000.0, low_open=True)
+    seed: int = param(0, 'random seed of scene, noise and objects', 0, 2**32 - 1)
+    start_time: float = param(1.7e9, 'stamp of the first scan (s since the epoch)', 0.0)
+    clock_hz: float = param(100.0, '/clock messages per second of bag time', 0.0, 100_000.0, low_open=True)
+    frame_id: str = param('base_link', 'frame of the clouds (the sensor, REP-105 base_link)')
+    world_frame: str = param('world', 'parent frame of the ground truth poses')
+    points_topic: str = param('/points', 'topic of the clouds (sensor_msgs/PointCloud2)')
+    gt_topic: str = param('/ground_truth', 'topic of the ground truth (nav_msgs/Odometry)')
 
     def __post_init__(self):
-        positive = ('scans', 'rate_hz', 'beams', 'azimuth_steps', 'max_range', 'speed', 'clock_hz')
-        for name in positive:
-            if not getattr(self, name) > 0:
-                raise ValueError(f'--{name.replace("_", "-")} must be > 0, got {getattr(self, name)}')
-        for name in ('dropout', 'outliers'):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f'--{name} must be in [0, 1), got {getattr(self, name)}')
-        if self.range_noise < 0 or self.moving_objects < 0:
-            raise ValueError('--range-noise and --moving-objects must be >= 0')
+        check(self)
         if not self.fov_down_deg < self.fov_up_deg:
             raise ValueError('--fov-down-deg must be below --fov-up-deg')
 

@@ -35,6 +35,7 @@ from pwan_ros.io import bags as bag_io
 from pwan_ros.io.atomic import atomic_path, write_text
 from pwan_ros.evaluation.run_record import RunRecord
 from pwan_ros.io.trajectory import Trajectory, TrajectoryError, read_pose_file, write_tum
+from pwan_ros.params import check, param
 
 __all__ = ['EvalConfig', 'EvalResult', 'EvaluationError', 'evaluate', 'load_ground_truth',
            'make_summary', 'write_outputs', 'format_table', 'SUMMARY_KEYS']
@@ -52,15 +53,13 @@ class EvaluationError(RuntimeError):
 class EvalConfig:
     """Evaluation options (CLI flags: same names with dashes)."""
 
-    align: str = 'se3'            # se3 | origin | none
-    max_dt: float = 0.01          # s, stamp association tolerance
-    rpe_lengths: tuple = ()       # m; empty = automatic (see module doc)
+    align: str = param('se3', 'alignment of the estimate to the ground truth before ATE: se3 (Umeyama), origin '
+                       '(first poses), none', choices=ALIGN_MODES)
+    max_dt: float = param(0.01, 'stamp association tolerance (s)', 0.0, 10.0, low_open=True)
+    rpe_lengths: tuple = param((), 'RPE segment lengths (m); empty = automatic (see module doc)')
 
     def __post_init__(self):
-        if self.align not in ALIGN_MODES:
-            raise ValueError(f'--align must be one of {ALIGN_MODES}, got {self.align!r}')
-        if not self.max_dt > 0:
-            raise ValueError(f'--max-dt must be > 0, got {self.max_dt}')
+        check(self)
         lengths = tuple(float(v) for v in self.rpe_lengths)
         if any(not v > 0 for v in lengths):
             raise ValueError('--rpe-lengths must be positive distances in metres')

@@ -22,6 +22,7 @@ import numpy as np
 from pwan_ros.io import bags as bag_io
 from pwan_ros.io.pcd import read_pcd
 from pwan_ros.io.trajectory import Trajectory, detect_pose_format, read_kitti, read_pose_file
+from pwan_ros.params import REQUIRED, check, param
 
 __all__ = ['ConvertConfig', 'ConvertResult', 'convert']
 
@@ -30,28 +31,25 @@ __all__ = ['ConvertConfig', 'ConvertResult', 'convert']
 class ConvertConfig:
     """Converter options (CLI flags: same names with dashes)."""
 
-    scans: str                      # folder of .pcd / .pcd.gz files
-    poses: str                      # pose file
-    output: str                     # rosbag2 directory to create
-    pose_format: str = 'auto'       # auto | tum | kitti | blocks
-    match: str = 'name-index'       # name-index | order
-    pattern: str = '*.pcd*'         # glob inside the scans folder
-    rate_hz: float = 10.0           # stamps when the pose file has none (KITTI)
-    start_time: float = 0.0         # s, first stamp when --rate-hz is used
-    frame_id: str = 'base_link'     # frame of the clouds (the sensor)
-    world_frame: str = 'world'
-    topic: str = '/points'
-    gt_topic: str = '/ground_truth'
-    clock_hz: float = 100.0
-    storage: str = 'mcap'
+    scans: str = param(REQUIRED, 'folder of .pcd / .pcd.gz files, one scan each')
+    poses: str = param(REQUIRED, 'pose file (TUM, KITTI or blocks), T_world_sensor per scan')
+    output: str = param(REQUIRED, 'rosbag2 directory to create (must not exist)')
+    pose_format: str = param('auto', 'format of the pose file; auto = detect', choices=('auto', 'tum', 'kitti', 'blocks'))
+    match: str = param('name-index', 'scan-to-pose pairing: the last number in the file name indexes the poses, '
+                       'or sorted order', choices=('name-index', 'order'))
+    pattern: str = param('*.pcd*', 'glob of scan files inside the scans folder')
+    rate_hz: float = param(10.0, 'scan rate for stamps when the pose file has none (KITTI; Hz)', 0.0, 1000.0,
+                           low_open=True)
+    start_time: float = param(0.0, 'first stamp when rate_hz is used (s)', 0.0)
+    frame_id: str = param('base_link', 'frame of the clouds (the sensor)')
+    world_frame: str = param('world', 'parent frame of the ground truth poses')
+    topic: str = param('/points', 'topic of the clouds (sensor_msgs/PointCloud2)')
+    gt_topic: str = param('/ground_truth', 'topic of the ground truth (nav_msgs/Odometry)')
+    clock_hz: float = param(100.0, '/clock messages per second of bag time', 0.0, 100_000.0, low_open=True)
+    storage: str = param('mcap', 'rosbag2 storage plugin', choices=('mcap', 'sqlite3'))
 
     def __post_init__(self):
-        if self.pose_format not in ('auto', 'tum', 'kitti', 'blocks'):
-            raise ValueError(f'--pose-format must be auto, tum, kitti or blocks, got {self.pose_format!r}')
-        if self.match not in ('name-index', 'order'):
-            raise ValueError(f'--match must be name-index or order, got {self.match!r}')
-        if not (self.rate_hz > 0 and self.clock_hz > 0):
-            raise ValueError('--rate-hz and --clock-hz must be > 0')
+        check(self)
 
 
 @dataclass(frozen=True)

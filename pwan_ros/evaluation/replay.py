@@ -34,6 +34,7 @@ import numpy as np
 from pwan_ros.io import bags as bag_io
 from pwan_ros.evaluation.run_record import RunRecord
 from pwan_ros.io.trajectory import Trajectory
+from pwan_ros.params import REQUIRED, check, param
 
 __all__ = ['ReplayConfig', 'ReplayError', 'replay']
 
@@ -44,31 +45,26 @@ class ReplayError(RuntimeError):
 
 @dataclass(frozen=True)
 class ReplayConfig:
-    """Replay parameters (CLI flags: same names with dashes)."""
+    """Replay parameters (CLI flags: same names with dashes); times in seconds."""
 
-    bag: str
-    topics: tuple = ()               # bag topics to play; empty = all
-    points_topic: str = '/points'    # the scan topic (scans counted, latency measured)
-    odom_topic: str = '/odometry'    # odometry to record; '' = record nothing
-    diagnostics_topic: str = '/diagnostics'  # '' = ignore diagnostics
-    rate: float = 1.0                # playback speed factor
-    clock_hz: float = 100.0          # generated /clock rate (bag time), if the bag has none
-    reliability: str = 'reliable'    # QoS of played topics: reliable | best_effort
-    depth: int = 10                  # QoS history depth of played topics
-    remap: tuple = ()                # 'FROM:=TO' topic renames for playing
-    startup_timeout: float = 60.0    # s to wait for the node's subscription/publisher
-    drain_timeout: float = 10.0      # s without new odometry after the end before stopping
-    settle: float = 0.5              # s to wait after discovery before the first message
+    bag: str = param(REQUIRED, 'rosbag2 directory to play')
+    topics: tuple = param((), 'bag topics to play; empty = all')
+    points_topic: str = param('/points', 'the scan topic (scans counted, latency measured)')
+    odom_topic: str = param('/odometry', "odometry topic to record; '' = record nothing")
+    diagnostics_topic: str = param('/diagnostics', "diagnostics topic to record; '' = ignore diagnostics")
+    rate: float = param(1.0, 'playback speed factor', 0.0, 1000.0, low_open=True)
+    clock_hz: float = param(100.0, 'rate of the generated /clock (bag time), if the bag has none', 0.0, 100_000.0,
+                            low_open=True)
+    reliability: str = param('reliable', 'QoS reliability of the played topics (a LiDAR driver: best_effort)',
+                             choices=('reliable', 'best_effort'))
+    depth: int = param(10, 'QoS history depth of the played topics', 1, 100_000)
+    remap: tuple = param((), "'FROM:=TO' topic renames for playing")
+    startup_timeout: float = param(60.0, "wait for the node's subscription and publisher (s)", 0.0, low_open=True)
+    drain_timeout: float = param(10.0, 'stop this long without new odometry after the end (s)', 0.0, low_open=True)
+    settle: float = param(0.5, 'wait after discovery before the first message (s)', 0.0)
 
     def __post_init__(self):
-        if not self.rate > 0:
-            raise ValueError(f'--rate must be > 0, got {self.rate}')
-        if not self.clock_hz > 0:
-            raise ValueError(f'--clock-hz must be > 0, got {self.clock_hz}')
-        if self.reliability not in ('reliable', 'best_effort'):
-            raise ValueError(f"--reliability must be 'reliable' or 'best_effort', got {self.reliability!r}")
-        if self.depth < 1:
-            raise ValueError('--depth must be >= 1')
+        check(self)
         for r in self.remap:
             if ':=' not in r:
                 raise ValueError(f"--remap entries look like FROM:=TO, got {r!r}")

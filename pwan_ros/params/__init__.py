@@ -3,12 +3,17 @@ validation, ROS parameter descriptors, CLI flags, YAML files and the docs tables
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import typing
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-__all__ = ['FieldSpec', 'param', 'specs', 'value_type', 'problem', 'markdown_table', 'ros_params_yaml']
+__all__ = ['FieldSpec', 'REQUIRED', 'param', 'specs', 'value_type', 'problem', 'check', 'markdown_table',
+           'ros_params_yaml']
+
+#: ``param(REQUIRED, ...)``: a field without a default (a positional input such as a path)
+REQUIRED = dataclasses.MISSING
 
 
 @dataclass(frozen=True)
@@ -16,7 +21,8 @@ class FieldSpec:
     """Metadata of one config field.
 
     description: one line, with units (REP-103: metres, radians). low / high: inclusive numeric
-    bounds (None: unbounded); low_open: ``low`` itself is excluded. choices: allowed strings.
+    bounds (None: unbounded); low_open / high_open: that bound itself is excluded. choices:
+    allowed strings.
     """
 
     description: str
@@ -24,6 +30,7 @@ class FieldSpec:
     high: Optional[float] = None
     choices: Tuple[str, ...] = ()
     low_open: bool = False
+    high_open: bool = False
 
     def range_text(self) -> str:
         """The allowed values in words: ``'a | b'``, ``'[0, 1]'``, ``'(0, 1]'``, ``'>= 1'`` or ``''``."""
@@ -34,17 +41,22 @@ class FieldSpec:
         if self.high is None:
             return f"{'>' if self.low_open else '>='} {_num(self.low)}"
         if self.low is None:
-            return f'<= {_num(self.high)}'
-        return f"{'(' if self.low_open else '['}{_num(self.low)}, {_num(self.high)}]"
+            return f"{'<' if self.high_open else '<='} {_num(self.high)}"
+        return (f"{'(' if self.low_open else '['}{_num(self.low)}, {_num(self.high)}"
+                f"{')' if self.high_open else ']'}")
 
 
 def _num(v: float) -> str:
     return str(int(v)) if float(v).is_integer() and abs(v) < 1e10 else f'{v:.6g}'
 
 
-def param(default, description: str, low=None, high=None, choices=(), low_open: bool = False):
-    """A dataclass field carrying its :class:`FieldSpec` (``metadata['spec']``)."""
-    spec = FieldSpec(description, low, high, tuple(choices), low_open)
+def param(default, description: str, low=None, high=None, choices=(), low_open: bool = False,
+          high_open: bool = False):
+    """A dataclass field carrying its :class:`FieldSpec` (``metadata['spec']``); ``default``
+    :data:`REQUIRED` makes a field without a default."""
+    spec = FieldSpec(description, low, high, tuple(choices), low_open, high_open)
+    if default is REQUIRED:
+        return dataclasses.field(metadata={'spec': spec})
     if isinstance(default, (list, dict, set)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata={'spec': spec})
     return dataclasses.field(default=default, metadata={'spec': spec})
@@ -52,19 +64,25 @@ def param(default, description: str, low=None, high=None, choices=(), low_open: 
 
 def specs(cls) -> Dict[str, Tuple[Any, FieldSpec]]:
     """``name -> (default, FieldSpec)`` for every field of config dataclass ``cls`` that carries a
-    spec (nested sub-configs do not)."""
+    spec (nested sub-configs do not); a required field's default is :data:`REQUIRED`."""
     out = {}
     for f in dataclasses.fields(cls):
         if 'spec' in f.metadata:
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            default = (f.default if f.default is not dataclasses.MISSING else
+                       f.default_factory() if f.default_factory is not dataclasses.MISSING else REQUIRED)
             out[f.name] = (default, f.metadata['spec'])
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def _hints(cls) -> Dict[str, Any]:
+    return typing.get_type_hints(cls)
 
 
 def value_type(cls, name: str) -> Tuple[type, bool]:
     """``(type, optional)`` of field ``name``: int, float, str, bool or tuple; optional when the
     annotation allows None."""
-    hint = typing.get_type_hints(cls)[name]
+    hint = _hints(cls)[name]
     args = typing.get_args(hint)
     optional = type(None) in args
     if optional:
@@ -79,7 +97,7 @@ def problem(cls, name: str, value: Any) -> Optional[str]:
     Checks the type (an int is a valid float; a bool is not a number), finiteness and the spec's
     range and choices."""
     kind, optional = value_type(cls, name)
-    spec = dataclasses.fields(cls)[[f.name for f in dataclasses.fields(cls)].index(name)].metadata['spec']
+    spec = cls.__dataclass_fields__[name].metadata['spec']
     rng = spec.range_text()
     if value is None and optional:
         return None
@@ -98,16 +116,35 @@ def problem(cls, name: str, value: Any) -> Optional[str]:
             return want
         if spec.low is not None and (value < spec.low or (spec.low_open and value == spec.low)):
             return want
-        if spec.high is not None and value > spec.high:
+        if spec.high is not None and (value > spec.high or (spec.high_open and value == spec.high)):
             return want
     return None
+
+
+def check(config, error=ValueError, flags: bool = True) -> None:
+    """Validate every spec'd field of dataclass instance ``config`` (call from ``__post_init__``).
+
+    Raises ``error('--name-with-dashes: expected ...')`` (``flags``; CLI-facing configs) or
+    ``error("invalid value ... for parameter 'name': expected ...")``; converts ints given for
+    float fields to float (YAML / ROS may give 1 for 1.0)."""
+    cls = type(config)
+    for name in specs(cls):
+        value = getattr(config, name)
+        why = problem(cls, name, value)
+        if why:
+            if flags:
+                raise error(f"--{name.replace('_', '-')} {value!r}: {why}")
+            raise error(f"invalid value {value!r} for parameter '{name}': {why}")
+        if value_type(cls, name)[0] is float and isinstance(value, int) and not isinstance(value, bool):
+            object.__setattr__(config, name, float(value))
 
 
 def markdown_table(cls) -> str:
     """A Markdown table ``| name | default | range | description |`` of the fields of ``cls``."""
     rows = ['| name | default | range | description |', '|---|---|---|---|']
     for name, (default, spec) in specs(cls).items():
-        shown = "''" if default == '' else str(default).lower() if isinstance(default, bool) else default
+        shown = ('required' if default is REQUIRED else "''" if default == '' else
+                 str(default).lower() if isinstance(default, bool) else default)
         cells = (f'`{name}`', f'`{shown}`', spec.range_text(), spec.description)
         rows.append('| ' + ' | '.join(c.replace('|', '\\|') for c in cells) + ' |')
     return '\n'.join(rows) + '\n'
