@@ -9,20 +9,29 @@ Reports per-scan latency (median / max) and relative pose error per consecutive 
 (rotation deg, translation mm) against the sequence's poses, on
   clean:  the 10 scans as recorded (consecutive scans 8-29 deg apart, ~2 Hz);
   robust: 50 % uniform outliers added to every scan and scans 30-32 dropped (a ~60 deg jump);
-and the latency of the tracking and PWAN paths against the number of points.
+and the latency of the tracking and PWAN paths against the number of points. With
+``--baseline DIR`` (another checkout, e.g. of a9638ec) pwan mode runs a second time with that
+checkout's core doing the registrations (same pipeline, same process: the engine's effect alone).
 
   python bench/bench_lidar.py [--data ../shared/data] [--results results/lidar] [--quick]
+  python bench/bench_lidar.py --pwan-only --baseline /tmp/pwan_a9638ec
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import pathlib
 import sys
 import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_engine import load_core  # noqa: E402
+
+import pwan_ros.odometry.pwan_recovery as pwan_recovery  # noqa: E402
 from pwan_ros.io import pointcloud2 as pc2
 from pwan_ros.odometry.config import OdometryConfig
 from pwan_ros.io.pcd import read_pcd
@@ -60,6 +69,17 @@ def run_pipeline(scans, stamps, **cfg):
         paths.append(est.path)
     rel = [invert(a) @ b for a, b in zip(poses[:-1], poses[1:])]
     return rel, times[1:], paths[1:]
+
+
+@contextlib.contextmanager
+def core_of(module):
+    """The odometry pipeline's PWAN registrations done by ``module`` (a core package) meanwhile."""
+    saved = pwan_recovery.register, pwan_recovery.RegistrationConfig
+    pwan_recovery.register, pwan_recovery.RegistrationConfig = module.register, module.RegistrationConfig
+    try:
+        yield
+    finally:
+        pwan_recovery.register, pwan_recovery.RegistrationConfig = saved
 
 
 def run_small_gicp(scans, voxel=0.25):
@@ -170,7 +190,10 @@ def main(argv=None) -> int:
     ap.add_argument('--data', default='../shared/data', type=pathlib.Path)
     ap.add_argument('--results', default='results/lidar', type=pathlib.Path)
     ap.add_argument('--quick', action='store_true', help='skip pwan mode and the scaling runs')
+    ap.add_argument('--pwan-only', action='store_true', help='pwan mode only (with --baseline: both cores)')
+    ap.add_argument('--baseline', help='checkout whose pwan_ros/core also runs pwan mode (side by side)')
     args = ap.parse_args(argv)
+    baseline = load_core(args.baseline) if args.baseline else None
     if not (args.data / 'lidar' / 'balm_seq_a').is_dir():
         print(f'error: {args.data}/lidar/balm_seq_a not found (--data)', file=sys.stderr)
         return 2
@@ -187,24 +210,31 @@ def main(argv=None) -> int:
         st = [stamps[i] for i in seq_idx]
         gt_rel = [invert(poses[a]) @ poses[b] for a, b in zip(seq_idx[:-1], seq_idx[1:])]
         rows = []
-        print(f'[{label}] pwan_ros adaptive ...', file=sys.stderr)
-        rel, times, paths = run_pipeline(s, st, scan_voxel_size=0.25)
-        rows.append(summarise('pwan_ros adaptive (voxel 0.25)', rel, times, gt_rel, paths))
-        rel, times, paths = run_pipeline(s, st)
-        rows.append(summarise('pwan_ros adaptive (auto voxel)', rel, times, gt_rel, paths))
+        if not args.pwan_only:
+            print(f'[{label}] pwan_ros adaptive ...', file=sys.stderr)
+            rel, times, paths = run_pipeline(s, st, scan_voxel_size=0.25)
+            rows.append(summarise('pwan_ros adaptive (voxel 0.25)', rel, times, gt_rel, paths))
+            rel, times, paths = run_pipeline(s, st)
+            rows.append(summarise('pwan_ros adaptive (auto voxel)', rel, times, gt_rel, paths))
         if not args.quick:
             print(f'[{label}] pwan_ros pwan mode ...', file=sys.stderr)
             rel, times, paths = run_pipeline(s, st, scan_voxel_size=0.25, mode='pwan')
             rows.append(summarise('pwan_ros pwan mode (CPU)', rel, times, gt_rel, paths))
-        print(f'[{label}] anchors ...', file=sys.stderr)
-        rows.append(summarise('small_gicp GICP (pairwise)', *run_small_gicp(s)[:2], gt_rel))
-        rows.append(summarise('Open3D ICP p2p (pairwise)', *run_open3d(s)[:2], gt_rel))
-        rows.append(summarise('KISS-ICP (sequential)', *run_kiss(s)[:2], gt_rel))
+            if baseline is not None:
+                print(f'[{label}] pwan_ros pwan mode, baseline core ...', file=sys.stderr)
+                with core_of(baseline):
+                    rel, times, paths = run_pipeline(s, st, scan_voxel_size=0.25, mode='pwan')
+                rows.append(summarise(f'pwan mode, core of {args.baseline}', rel, times, gt_rel, paths))
+        if not args.pwan_only:
+            print(f'[{label}] anchors ...', file=sys.stderr)
+            rows.append(summarise('small_gicp GICP (pairwise)', *run_small_gicp(s)[:2], gt_rel))
+            rows.append(summarise('Open3D ICP p2p (pairwise)', *run_open3d(s)[:2], gt_rel))
+            rows.append(summarise('KISS-ICP (sequential)', *run_kiss(s)[:2], gt_rel))
         print_table(f'{label}: BALM seq a, scans {[SCANS[i] for i in seq_idx]}'
                     + (f', {int(ratio * 100)} % outliers' if ratio else ''), rows)
         report[label] = rows
 
-    if not args.quick:
+    if not args.quick and not args.pwan_only:
         scaling = latency_scaling(scans, [1000, 5000, 10000, 30000, 60000],
                                   [500, 1000, 2000, 5000])
         print('\n== latency vs points (one scan)')

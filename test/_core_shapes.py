@@ -11,6 +11,16 @@ def blob(n, seed=0):
     return u * r[:, None] * np.array([1.0, 0.75, 0.55])
 
 
+def knobbed_blob(n, seed=0):
+    """:func:`blob` with a knob (a small sphere, a fifth of the points) on one side: no pose
+    but the true one fits it (the ellipsoid-like blob alone is nearly symmetric under half turns,
+    which sparse samples and outliers can make a tie)."""
+    rng = np.random.default_rng(seed + 1000)
+    u = rng.normal(size=(n // 5, 3))
+    u /= np.linalg.norm(u, axis=1, keepdims=True)
+    return np.vstack((blob(n - n // 5, seed), u * 0.25 + np.array([0.85, 0.45, 0.2])))
+
+
 def curve2d(n, seed=0):
     """An asymmetric closed 2-D curve sample (n, 2)."""
     rng = np.random.default_rng(seed)

@@ -61,13 +61,13 @@ def test_nearest_widens_a_too_small_radius():
 
 
 def test_selection_sample_keeps_each_reference_normal_with_its_point():
-    from pwan_ros.core.solver import _SAMPLE_REF_FACTOR, _FineTuneData
+    from pwan_ros.core.finetune_stage import SAMPLE_REF_FACTOR, FineTuneData
     src, ref = _partial_pair(2)
     tree = cKDTree(ref)
-    data = _FineTuneData(src, ref, tree, estimate_normals(ref, tree))
+    data = FineTuneData(src, ref, tree, estimate_normals(ref, tree))
     cap = 100
     small = data.subset(cap, seed=0)
-    assert small.ys.shape[0] == cap and small.xr.shape[0] == _SAMPLE_REF_FACTOR * cap
+    assert small.ys.shape[0] == cap and small.xr.shape[0] == SAMPLE_REF_FACTOR * cap
     row = {tuple(p): i for i, p in enumerate(ref)}
     idx = np.array([row[tuple(p)] for p in small.xr])
     np.testing.assert_array_equal(small.normals, data.normals[idx])

@@ -167,9 +167,9 @@ def test_shared_names_mean_the_same_in_odometry_and_core():
     from pwan_ros.odometry.pwan_recovery import core_config
     shared = set(specs(OdometryConfig)) & set(specs(RegistrationConfig))
     assert shared == {'transform', 'divergence', 'mass_ratio', 'distance_threshold', 'potential_updates',
-                      'device', 'seed'}
+                      'device', 'seed', 'compile'}
     odo = OdometryConfig(divergence='distance', mass_ratio=0.6, potential_updates=7, device='cpu', seed=3,
-                         pwan_steps=123, pwan_max_points=321)
+                         pwan_steps=123, pwan_max_points=321, compile='on')
     core = core_config(odo, h=0.4)
     for name in shared - {'distance_threshold'}:
         assert getattr(core, name) == getattr(odo, name), name

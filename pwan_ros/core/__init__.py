@@ -12,7 +12,7 @@ from .discrepancy import DiscrepancyEstimate, estimate_discrepancy
 from .errors import PwanInputError
 from .exact import ExactDiscrepancy, exact_distance_discrepancy, exact_mass_discrepancy, exact_w1
 from .result import RegistrationResult
-from .solver import refine, register
+from .api import refine, register
 
 __all__ = [
     'CoherenceConfig', 'DiscrepancyEstimate', 'ExactDiscrepancy', 'FineTuneConfig', 'PotentialConfig',

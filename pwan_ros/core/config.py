@@ -20,6 +20,7 @@ TRANSFORMS = ('rigid', 'affine', 'nonrigid')
 DIVERGENCES = ('mass', 'distance')
 H_MODES = ('learn', 'closed_form')
 START_SCORES = ('overlap', 'nn')
+COMPILE_MODES = ('auto', 'on', 'off')
 
 #: defaults of the fields left None, per transform: (steps, potential_updates, tolerance). The
 #: non-rigid transform has r x d more parameters, moves more slowly per step and needs a more
@@ -72,7 +73,7 @@ class PotentialConfig:
     collapses to ~0 and the transform stops receiving gradient (see docs/core.md).
     """
 
-    hidden: Tuple[int, int] = (32, 32)
+    hidden: Tuple[int, int] = (16, 16)
     lr: float = 5e-3
     gp_weight: float = 10.0
     gp_points: int = 256
@@ -193,7 +194,7 @@ class RegistrationConfig:
                                  'starts > 1), 1000 nonrigid', 0)
     potential_updates: Optional[int] = param(None, 'potential-network updates u per transform update; '
                                              'None = 3 rigid / affine, 10 nonrigid', 1)
-    warmup_updates: int = param(100, 'potential updates before the first transform update', 0)
+    warmup_updates: int = param(30, 'potential updates before the first transform update', 0)
     batch_size: int = param(512, 'mini-batch per set (0 = whole sets)', 0)
     lr_transform: float = param(1e-2, 'Adam learning rate of the transform at the first step', 0.0, low_open=True)
     lr_transform_final: float = param(1e-4, 'learning rate at the last step (exponential decay over steps)',
@@ -213,9 +214,13 @@ class RegistrationConfig:
     start_keep: int = param(4, 'multi-start tournament: starts that continue after start_steps', 1)
     prealign_keep: int = param(2, 'nonrigid with starts > 1: best rigid finalists deformed and compared', 1)
     start_finetune_points: int = param(2000, 'source points of the fine-tune that scores each start (0 = all)', 0)
+    start_finetune_iterations: int = param(60, 'iteration cap of the fine-tune that scores each start (the '
+                                           "winner's final fine-tune has finetune.max_iterations)", 1)
     prealign: bool = param(True, 'nonrigid: first register rigidly (same settings, incl. starts) and deform '
                            'from there')
     device: str = param('auto', 'compute device: auto (CUDA when available) | cpu | cuda | cuda:N')
+    compile: str = param('auto', 'torch.compile the two objectives of Alg. 1 (fullgraph): auto = on for CUDA '
+                         '(CUDA graphs), off on CPU', choices=COMPILE_MODES)
     seed: int = param(0, 'random seed (sampling, network initialisation)', 0)
     threads: int = param(0, 'CPU threads for torch (0 = automatic)', 0)
     verbose: bool = param(False, 'progress lines on stderr')
@@ -251,7 +256,9 @@ class RegistrationConfig:
                f'start_score must be one of {START_SCORES}, got {self.start_score!r}')
         if self.start_steps is not None:
             _int('start_steps', self.start_steps, 0)
+        _check(self.compile in COMPILE_MODES, f'compile must be one of {COMPILE_MODES}, got {self.compile!r}')
         _int('start_keep', self.start_keep, 1)
+        _int('start_finetune_iterations', self.start_finetune_iterations, 1)
         _int('prealign_keep', self.prealign_keep, 1)
         _int('start_finetune_points', self.start_finetune_points, 0)
         _check(isinstance(self.prealign, bool), 'prealign must be a bool')

@@ -5,10 +5,15 @@ g_w is a point-wise MLP with a skip connection (Appx. B.5 structure, widths conf
     b = act(L4(act(L3 a)))            # h2 -> 2*h2 -> h2
     g = L5([a, b])                     # skip concatenation, 2*h2 -> 1
 act = LeakyReLU. Inputs are points in the internal normalised frame, shape (n, d).
+
+:class:`PotentialNet` is one network (the discrepancy estimator's); :class:`BatchedPotential` holds
+S of them for Alg. 1, with :func:`forward` / :func:`backward` written out by hand (below).
 """
 from __future__ import annotations
 
-from typing import Dict, Optional
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
 
 import torch
 from torch import nn
@@ -78,3 +83,188 @@ def gradient_penalty(net: PotentialNet, x: torch.Tensor) -> torch.Tensor:
     g = net.raw(xg)
     (grad,) = torch.autograd.grad(g.sum(), xg, create_graph=True)
     return torch.relu((grad * grad).sum(dim=1) - 1.0).mean()
+
+
+# --------------------------------------------------------------------------- the network, by hand
+
+# The potential g_w (Appx. B.5, :class:`potential.PotentialNet`): a = act(L2 act(L1 x/l)),
+# c = act(L4 act(L3 a)), g = l (L5 [a, c]), act = LeakyReLU. It is piecewise linear, so its input
+# gradient is the product of its weight matrices masked by the activation pattern: the same chain
+# of linear maps run on d tangent rows per point, without biases, each masked by its point's
+# activation slopes. :func:`forward` runs the value rows and the tangent rows, :func:`backward` is
+# the reverse pass of both written out: about 60 tensor operations for an update with the penalty,
+# instead of an autograd graph with a double backward (equal to autograd's gradient:
+# test/test_core_alg1.py).
+
+_lrelu_backward = torch.ops.aten.leaky_relu_backward     # grad * (1 if z > 0 else slope)
+
+
+@dataclass
+class Tape:
+    """What :func:`backward` needs of a :func:`forward` pass: value-row layer inputs ``acts``
+    (x/l, A1, A2, A3), pre-activations ``pre`` (Z1..Z4) and the skip concatenation ``skip`` =
+    [A2, A4]; for the tangent rows (None without): ``t_acts``, ``t_pre`` (their points' Z1..Z4)
+    and ``t_skip``."""
+
+    acts: List[torch.Tensor]
+    pre: List[torch.Tensor]
+    skip: torch.Tensor
+    t_acts: Optional[List[torch.Tensor]] = None
+    t_pre: Optional[List[torch.Tensor]] = None
+    t_skip: Optional[torch.Tensor] = None
+
+
+def forward(ws: Sequence[torch.Tensor], bs: Sequence[torch.Tensor], length: torch.Tensor, slope: float,
+            x: torch.Tensor, tangents: Optional[torch.Tensor] = None, grad_index: Optional[torch.Tensor] = None):
+    """g_w(x) for every start and, with ``grad_index`` (k,), its input gradient at those points.
+
+    ws / bs: the 5 weights (S, in, out) and biases (S, 1, out); x (S, n, d) normalised points;
+    tangents: (k*d, d), :func:`tangent_rows`. Returns (g (S, n), grad (S, k, d) or None,
+    :class:`Tape`)."""
+    s, n, d = x.shape
+    a = x / length
+    acts, pre = [a], []
+    t_acts = t_pre = t = rep = None
+    if grad_index is not None:
+        rep = grad_index.repeat_interleave(d)
+        t = tangents.expand(s, -1, -1)
+        t_acts, t_pre = [t], []
+    for i in range(4):
+        z = torch.baddbmm(bs[i], a, ws[i])
+        a = nn.functional.leaky_relu(z, slope)
+        pre.append(z)
+        acts.append(a)
+        if rep is not None:
+            zr = z.index_select(1, rep)
+            t = _lrelu_backward(torch.bmm(t, ws[i]), zr, slope, False)
+            t_pre.append(zr)
+            t_acts.append(t)
+    skip = torch.cat((acts[2], acts[4]), 2)
+    g = torch.baddbmm(bs[4], skip, ws[4])[:, :, 0] * length
+    grad = t_skip = None
+    if rep is not None:
+        t_skip = torch.cat((t_acts[2], t_acts[4]), 2)
+        grad = torch.bmm(t_skip, ws[4]).view(s, -1, d)
+        t_acts = t_acts[:4]
+    return g, grad, Tape(acts[:4], pre, skip, t_acts, t_pre, t_skip)
+
+
+def backward(ws: Sequence[torch.Tensor], length: torch.Tensor, tape: Tape, dg: torch.Tensor, slope: float,
+             dgrad: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None):
+    """Reverse pass of :func:`forward` for the upstream gradients dg (S, n) of g and dgrad (S, k, d)
+    of the input gradient. With ``out`` (the flat gradient buffer, :func:`split` layout): writes
+    the parameter gradients there and returns it; without: returns the gradient with respect to
+    the points x (S, n, d) (value rows only)."""
+    s = dg.shape[0]
+    tangents = dgrad is not None
+    h2 = ws[1].shape[2]
+    dout = (dg * length)[:, :, None]
+    dskip = torch.bmm(dout, ws[4].transpose(1, 2))
+    if tangents:
+        t_dout = dgrad.reshape(s, -1, 1)
+        t_dskip = torch.bmm(t_dout, ws[4].transpose(1, 2))
+    if out is not None:
+        gw, gb = split(out, [w.shape for w in ws])
+        torch.bmm(tape.skip.transpose(1, 2), dout, out=gw[4])
+        if tangents:
+            gw[4].baddbmm_(tape.t_skip.transpose(1, 2), t_dout)
+        torch.sum(dout, 1, keepdim=True, out=gb[4])
+    da = dskip[:, :, h2:]
+    t_da = t_dskip[:, :, h2:] if tangents else None
+    for i in (3, 2, 1, 0):
+        dz = _lrelu_backward(da, tape.pre[i], slope, False)
+        if tangents:
+            t_dz = _lrelu_backward(t_da, tape.t_pre[i], slope, False)
+        if out is not None:
+            torch.bmm(tape.acts[i].transpose(1, 2), dz, out=gw[i])
+            if tangents:
+                gw[i].baddbmm_(tape.t_acts[i].transpose(1, 2), t_dz)
+            torch.sum(dz, 1, keepdim=True, out=gb[i])
+        if i == 0:
+            break
+        da = torch.bmm(dz, ws[i].transpose(1, 2))
+        if tangents:
+            t_da = torch.bmm(t_dz, ws[i].transpose(1, 2))
+        if i == 2:
+            da = da + dskip[:, :, :h2]
+            if tangents:
+                t_da = t_da + t_dskip[:, :, :h2]
+    if out is not None:
+        return out
+    return torch.bmm(dz, ws[0].transpose(1, 2)) / length
+
+
+def split(flat: torch.Tensor, shapes: Sequence[Sequence[int]]):
+    """(weights, biases): views of a flat buffer laid out W1, b1, ..., W5, b5 for weight shapes
+    ``shapes`` [(S, in, out)] (biases (S, 1, out)), as :class:`BatchedPotential` lays out its
+    parameters."""
+    gw, gb, off = [], [], 0
+    for s, fan_in, fan_out in shapes:
+        gw.append(flat[off:off + s * fan_in * fan_out].view(s, fan_in, fan_out))
+        off += s * fan_in * fan_out
+        gb.append(flat[off:off + s * fan_out].view(s, 1, fan_out))
+        off += s * fan_out
+    return gw, gb
+
+
+def tangent_rows(k: int, dim: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The (k*d, d) tangent inputs of :func:`forward`: the identity tiled k times."""
+    return torch.eye(dim, dtype=dtype, device=device).repeat(k, 1)
+
+
+class BatchedPotential(nn.Module):
+    """S copies of :class:`potential.PotentialNet` (same structure and init law).
+
+    All parameters live in one flat tensor ``theta`` (blocks W1 (S, d, h1), b1 (S, 1, h1), ...,
+    W5, b5, then the S clip levels h, each contiguous; :meth:`views` and :attr:`h` give them), so
+    one fused Adam step updates them all. ``forward(x)``: (S, n, d) -> g (S, n). ``state(i)`` /
+    ``load_state(i)`` exchange start i's weights in ``PotentialNet.state_dict()`` layout."""
+
+    def __init__(self, count: int, dim: int, config: PotentialConfig, generator: torch.Generator):
+        super().__init__()
+        h1, h2 = config.hidden
+        self.shapes = [(dim, h1), (h1, h2), (h2, 2 * h2), (2 * h2, h2), (2 * h2, 1)]
+        blocks = []
+        for fan_in, fan_out in self.shapes:
+            bound = 1.0 / math.sqrt(fan_in)   # nn.Linear's default init law
+            blocks.append(((torch.rand(count, fan_in, fan_out, generator=generator) * 2 - 1) * bound).reshape(-1))
+            blocks.append(((torch.rand(count, 1, fan_out, generator=generator) * 2 - 1) * bound).reshape(-1))
+        blocks.append(torch.full((count,), float(config.h_init)))
+        self.theta = nn.Parameter(torch.cat(blocks), requires_grad=False)
+        self.count = count
+        self.slope = float(config.leaky_slope)
+        self.register_buffer('length', torch.tensor(float(config.length_scale)))
+
+    def views(self):
+        """(ws, bs): the weight and bias views of ``theta``."""
+        return split(self.theta, [(self.count, i, o) for i, o in self.shapes])
+
+    @property
+    def h(self) -> torch.Tensor:
+        """(S,) clip levels (normalised units), a view of ``theta``."""
+        return self.theta[-self.count:]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ws, bs = self.views()
+        return forward(ws, bs, self.length, self.slope, x)[0]
+
+    def load_state(self, i: int, state: Dict[str, torch.Tensor]) -> None:
+        """Set start i from a ``PotentialNet`` state dict."""
+        ws, bs = self.views()
+        with torch.no_grad():
+            for k in range(len(self.shapes)):
+                ws[k][i].copy_(state[f'l{k + 1}.weight'].T.to(ws[k]))
+                bs[k][i, 0].copy_(state[f'l{k + 1}.bias'].to(bs[k]))
+            self.h[i] = float(state['h'])
+            self.length.fill_(float(state['length']))
+
+    def state(self, i: int) -> Dict[str, torch.Tensor]:
+        """Start i's weights in ``PotentialNet.state_dict()`` layout (CPU copies)."""
+        ws, bs = self.views()
+        out = {}
+        for k in range(len(self.shapes)):
+            out[f'l{k + 1}.weight'] = ws[k][i].detach().T.contiguous().cpu().clone()
+            out[f'l{k + 1}.bias'] = bs[k][i, 0].detach().cpu().clone()
+        out['h'] = self.h[i].detach().cpu().clone()
+        out['length'] = self.length.detach().cpu().clone()
+        return out

@@ -1,28 +1,51 @@
 """Parametric transforms T_theta(y) = y A + t + V (eq. our_transformation), row-vector convention.
 
-Points are (n, d) tensors in the internal normalised frame, d in {2, 3}.
-rigid: A = R^T with R from a unit quaternion (3-D, stored unnormalised, normalised on use) or an
-angle (2-D). affine: A free. nonrigid: A, t and per-point offsets V (r, d) of the source set.
+Points are (S, n, d) tensors in the internal normalised frame, d in {2, 3}, for S starts
+(:class:`BatchedTransform`). rigid: A = R^T with R from a quaternion (3-D, stored unnormalised,
+normalised on use) or an angle (2-D). affine: A free. nonrigid: A, t and per-point offsets V
+(r, d) of the source set.
 """
 from __future__ import annotations
 
-import abc
+import functools
+from typing import Optional, Sequence
 
-from typing import Optional, Tuple
-
+import numpy as np
 import torch
 from torch import nn
 
 
+def _quadratic_form() -> torch.Tensor:
+    """(16, 9): R.ravel() = (q q^T).ravel() @ C / |q|^2 for a quaternion q = (w, x, y, z) (any norm)."""
+    c = torch.zeros(4, 4, 3, 3, dtype=torch.float64)
+    w, x, y, z = range(4)
+    for k, sign in ((w, 1), (x, 1), (y, -1), (z, -1)):
+        c[k, k, 0, 0] = sign
+    for k, sign in ((w, 1), (x, -1), (y, 1), (z, -1)):
+        c[k, k, 1, 1] = sign
+    for k, sign in ((w, 1), (x, -1), (y, -1), (z, 1)):
+        c[k, k, 2, 2] = sign
+    # off-diagonal terms 2 (a b +- w e): each product appears twice in the symmetric q q^T
+    for (i, j), (a, b), (e, sign) in (((0, 1), (x, y), (z, -1)), ((1, 0), (x, y), (z, 1)),
+                                      ((0, 2), (x, z), (y, 1)), ((2, 0), (x, z), (y, -1)),
+                                      ((1, 2), (y, z), (x, -1)), ((2, 1), (y, z), (x, 1))):
+        c[a, b, i, j] = c[b, a, i, j] = 1.0
+        c[w, e, i, j] = c[e, w, i, j] = float(sign)
+    return c.reshape(16, 9)
+
+
+@functools.lru_cache(maxsize=None)
+def _form(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return _quadratic_form().to(dtype=dtype, device=device)
+
+
 def quaternion_to_matrix(q: torch.Tensor) -> torch.Tensor:
     """Rotation matrices (..., 3, 3), column convention, of quaternions (..., 4) = (w, x, y, z)
-    (normalised here)."""
-    w, x, y, z = (q / q.norm(dim=-1, keepdim=True)).unbind(-1)
-    return torch.stack((
-        torch.stack((1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)), -1),
-        torch.stack((2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)), -1),
-        torch.stack((2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)), -1),
-    ), -2)
+    (any non-zero norm): R = C(q q^T) / |q|^2 with the constant linear map C of the homogeneous
+    quadratic form, a handful of tensor operations (and as many in backward)."""
+    outer = q[..., :, None] * q[..., None, :]
+    flat = outer.reshape(*q.shape[:-1], 16) / (q * q).sum(-1, keepdim=True)
+    return (flat @ _form(q.dtype, q.device)).reshape(*q.shape[:-1], 3, 3)
 
 
 def matrix_to_quaternion(r: torch.Tensor) -> torch.Tensor:
@@ -47,95 +70,42 @@ def matrix_to_quaternion(r: torch.Tensor) -> torch.Tensor:
     return q / q.norm()
 
 
-class Transform(nn.Module, abc.ABC):
-    """T(y) = y A + t (+ V). ``forward(y, idx)``: y (n, d); idx (n,) rows of V for the points
-    (nonrigid only; None = all r source points in order)."""
+class BatchedTransform(nn.Module):
+    """S transforms y (S, n, d) -> y A_s + t_s (+ V_s[idx] for nonrigid): rigid (unit quaternion /
+    2-D angle), affine, or nonrigid (affine + per-source-point offsets V (S, r, d))."""
 
-    kind = 'affine'
-
-    def __init__(self, dim: int, num_points: int = 0):
+    def __init__(self, kind: str, rotations: Sequence[np.ndarray], dtype: torch.dtype, num_points: int = 0):
         super().__init__()
+        self.kind = kind
+        count, dim = len(rotations), rotations[0].shape[0]
         self.dim = dim
-        self.t = nn.Parameter(torch.zeros(dim))
-
-    @abc.abstractmethod
-    def linear(self) -> torch.Tensor:
-        """The (d, d) linear part A (row-vector convention, y A)."""
-
-    def forward(self, y: torch.Tensor, idx: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return y @ self.linear() + self.t
-
-    @abc.abstractmethod
-    def set_linear(self, a: torch.Tensor) -> None:
-        """Set the linear part to ``a`` (d, d) (the nearest valid one for constrained kinds)."""
-
-    def affine_part(self) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(A (d, d), t (d,)) detached."""
-        return self.linear().detach(), self.t.detach()
-
-
-class RigidTransform(Transform):
-    """Rotation (unit quaternion in 3-D, angle in 2-D) + translation."""
-
-    kind = 'rigid'
-
-    def __init__(self, dim: int, num_points: int = 0):
-        super().__init__(dim)
-        if dim == 3:
-            self.q = nn.Parameter(torch.tensor([1.0, 0.0, 0.0, 0.0]))
+        rots = torch.as_tensor(np.stack(rotations), dtype=torch.float64)   # (S, d, d), column convention
+        if kind in ('affine', 'nonrigid'):
+            self.a = nn.Parameter(rots.transpose(1, 2).to(dtype).contiguous())
+        elif dim == 3:
+            self.q = nn.Parameter(torch.stack([matrix_to_quaternion(r) for r in rots]).to(dtype))
         else:
-            self.q = nn.Parameter(torch.zeros(1))
+            self.q = nn.Parameter(torch.atan2(rots[:, 1, 0], rots[:, 0, 0])[:, None].to(dtype))
+        self.t = nn.Parameter(torch.zeros(count, dim, dtype=dtype))
+        if kind == 'nonrigid':
+            self.v = nn.Parameter(torch.zeros(count, num_points, dim, dtype=dtype))
 
-    def rotation(self) -> torch.Tensor:
-        """R (d, d), column convention x = R y."""
+    def linear(self) -> torch.Tensor:
+        """A_s (S, d, d), row-vector convention (y A), computed in closed form."""
+        if self.kind != 'rigid':
+            return self.a
         if self.dim == 3:
-            return quaternion_to_matrix(self.q)
-        c, s = torch.cos(self.q[0]), torch.sin(self.q[0])
-        return torch.stack((torch.stack((c, -s)), torch.stack((s, c))))
+            return quaternion_to_matrix(self.q).transpose(1, 2)
+        c, s = torch.cos(self.q[:, 0]), torch.sin(self.q[:, 0])
+        return torch.stack((torch.stack((c, s), 1), torch.stack((-s, c), 1)), 1)
 
-    def linear(self) -> torch.Tensor:
-        return self.rotation().T
-
-    def set_linear(self, a: torch.Tensor) -> None:
-        r = a.T
-        with torch.no_grad():
-            if self.dim == 3:
-                self.q.copy_(matrix_to_quaternion(r).to(self.q))
-            else:
-                self.q.fill_(float(torch.atan2(r[1, 0], r[0, 0])))
-
-
-class AffineTransform(Transform):
-    """Free linear map A + translation."""
-
-    kind = 'affine'
-
-    def __init__(self, dim: int, num_points: int = 0):
-        super().__init__(dim)
-        self.a = nn.Parameter(torch.eye(dim))
-
-    def linear(self) -> torch.Tensor:
-        return self.a
-
-    def set_linear(self, a: torch.Tensor) -> None:
-        with torch.no_grad():
-            self.a.copy_(a.to(self.a))
-
-
-class NonrigidTransform(AffineTransform):
-    """y A + t + V_j with V (r, d) offsets of the r source points."""
-
-    kind = 'nonrigid'
-
-    def __init__(self, dim: int, num_points: int):
-        super().__init__(dim)
-        self.v = nn.Parameter(torch.zeros(num_points, dim))
+    def apply(self, y: torch.Tensor, a: torch.Tensor, idx: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """y (S, n, d) moved by linear part ``a`` (from :meth:`linear`) and t (+ V rows ``idx``;
+        None = all r source points in order)."""
+        z = torch.baddbmm(self.t[:, None, :], y, a)
+        if self.kind == 'nonrigid':
+            z = z + (self.v if idx is None else self.v[:, idx])
+        return z
 
     def forward(self, y: torch.Tensor, idx: Optional[torch.Tensor] = None) -> torch.Tensor:
-        v = self.v if idx is None else self.v[idx]
-        return y @ self.a + self.t + v
-
-
-def make_transform(kind: str, dim: int, num_points: int) -> Transform:
-    """Factory for 'rigid' | 'affine' | 'nonrigid'."""
-    return {'rigid': RigidTransform, 'affine': AffineTransform, 'nonrigid': NonrigidTransform}[kind](dim, num_points)
+        return self.apply(y, self.linear(), idx)

@@ -18,7 +18,11 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping
 
+from pwan_ros.core.config import RegistrationConfig
 from pwan_ros.params import param, problem, specs, value_type
+
+#: the core's ``compile`` field, passed through unchanged (one description)
+_CORE_COMPILE = specs(RegistrationConfig)['compile'][1]
 
 MODES = ('adaptive', 'pwan')
 TRANSFORMS = ('rigid', 'affine', 'nonrigid')
@@ -63,6 +67,7 @@ class OdometryConfig:
     potential_updates: int = param(5, 'potential-network updates per transform update (u of Alg. 1)', 1, 10_000)
     device: str = param('auto', 'compute device of PWAN: auto (CUDA when available) | cpu | cuda | cuda:N')
     seed: int = param(0, 'random seed of PWAN and of the point subsets', 0, 2**31 - 1)
+    compile: str = param('auto', _CORE_COMPILE.description, choices=_CORE_COMPILE.choices)
     min_range: float = param(0.0, 'drop points closer than this to the sensor (m); 0 = off', 0.0, 1e4)
     max_range: float = param(0.0, 'drop points farther than this from the sensor (m); 0 = off', 0.0, 1e4)
     recovery_yaw_starts: int = param(4, 'full PWAN starts from the prediction and, if that does not match well, '

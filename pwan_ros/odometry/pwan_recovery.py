@@ -27,7 +27,7 @@ def core_config(cfg: OdometryConfig, h: Optional[float] = None) -> RegistrationC
     return RegistrationConfig(
         transform=cfg.transform, divergence=cfg.divergence, mass_ratio=cfg.mass_ratio,
         distance_threshold=h, max_points=cfg.pwan_max_points, steps=cfg.pwan_steps,
-        potential_updates=cfg.potential_updates, device=cfg.device, seed=cfg.seed)
+        potential_updates=cfg.potential_updates, device=cfg.device, seed=cfg.seed, compile=cfg.compile)
 
 
 class PwanAligner:

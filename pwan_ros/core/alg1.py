@@ -1,0 +1,338 @@
+"""Alg. 1 of the paper (adversarial stage), the one implementation: S starts in lock-step.
+
+A single registration is S = 1; the multi-start tournament runs S starts (rigid / affine) as one
+batched network and transform (batched matrix products over a leading start axis). The S problems
+stay exactly independent: the objective is the sum of the S per-start objectives, every parameter
+belongs to one start and Adam is element-wise, so each start takes the steps it would take alone
+(only the random stream is shared: all starts see the same mini-batch indices).
+
+One step (:meth:`Alg1.step`): the transform's linear part is computed once (closed form), the
+source mini-batch is moved, u potential updates ascend the KR objective, one Adam step descends
+it in the transform. The potential's gradients (incl. the gradient penalty) are written out
+(:func:`forward` / :func:`backward`: the network is piecewise linear, so its input gradient is a
+masked product of its weights, and no double backward is needed). Everything inside a step stays
+on the device: random indices come from a device generator, learning rates are tensors, Adam is
+fused, and the host reads the state only every ``window`` steps (the convergence test). The two
+gradient functions are pure functions of tensors that ``torch.compile(fullgraph=True)`` captures
+whole (``compile`` setting; on CUDA with ``mode='reduce-overhead'``, i.e. CUDA graphs).
+
+Shapes: points (S, n, d) in the normalised frame; row-vector convention T(y) = y A_s + t_s (+ V).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from .coherence import Coherence
+from .config import RegistrationConfig
+from .errors import PwanInputError
+from .potential import BatchedPotential, backward, forward, tangent_rows
+from .preprocess import median_spacing
+from .transforms import BatchedTransform
+
+__all__ = ['FusedAdam', 'StartResult', 'Alg1Result', 'Alg1', 'run_alg1', 'potential_grads', 'transform_input_grad',
+           'compiled']
+
+
+def potential_grads(ws: Sequence[torch.Tensor], bs: Sequence[torch.Tensor], h: torch.Tensor, length: torch.Tensor,
+                    xb: torch.Tensor, zb: torch.Tensor, coef: torch.Tensor, tangents: Optional[torch.Tensor],
+                    gp_index: Optional[torch.Tensor], slope: float, gp_weight: float, closed_form: bool,
+                    learn_h: bool) -> torch.Tensor:
+    """Gradient of one potential update's loss -(L / m_beta) + gp_weight GP, summed over starts,
+    with L / m_beta = c_a mean f(x) - mean f(y) + c_h h (eq. loss_m_app / loss_d_app).
+
+    xb (S, bx, d) reference batch, zb (S, bz, d) moved source batch; h (S,) clip levels; coef (2,)
+    = (c_a, c_h) = (m_alpha / m_beta, (m - m_beta) / m_beta) for the mass type, (., -1) for the
+    distance type. f = -|g|, the source side clipped at -h (the reference side is not clipped in
+    training, docs/core.md). gp_index (k,): points of cat(xb, zb) where the one-sided penalty
+    mean relu(|grad g|^2 - 1) is taken (None: no penalty); tangents: :func:`tangent_rows` (k).
+    closed_form: h = max |g| over the batch (eq. app_final_m_eq2). learn_h: h is a parameter
+    (else its gradient is 0). Returns the gradient in :class:`BatchedPotential`'s flat layout
+    (W1, b1, ..., W5, b5, h)."""
+    pts = torch.cat((xb, zb), 1)
+    g, grad, tape = forward(ws, bs, length, slope, pts, tangents, gp_index)
+    bx, bz = xb.shape[1], zb.shape[1]
+    sign = torch.sign(g)
+    if closed_form:
+        h = g.abs().amax(1)
+    inside = (g[:, bx:].abs() <= h[:, None]).to(g.dtype)
+    dg = torch.cat((sign[:, :bx] * (coef[0] / bx), sign[:, bx:] * inside * (-1.0 / bz)), 1)
+    dgrad = None
+    if grad is not None:
+        sq = grad.pow(2).sum(2, keepdim=True)
+        dgrad = grad * ((sq > 1.0).to(g.dtype) * (2.0 * gp_weight / grad.shape[1]))
+    flat = torch.empty(sum(w.numel() + b.numel() for w, b in zip(ws, bs)) + h.shape[0], dtype=g.dtype,
+                       device=g.device)
+    backward(ws, length, tape, dg, slope, dgrad, out=flat)
+    dh = flat[-h.shape[0]:]
+    if learn_h:
+        torch.sub((inside.sum(1) - bz) / bz, coef[1], out=dh)
+    else:
+        dh.zero_()
+    return flat
+
+
+def transform_input_grad(ws: Sequence[torch.Tensor], bs: Sequence[torch.Tensor], h: torch.Tensor,
+                         length: torch.Tensor, z: torch.Tensor, slope: float) -> torch.Tensor:
+    """d/dz of sum_s mean_j min(|g_s(z_sj)|, h_s) (= -(1/r) sum_j f_s(T_s y_j)); z (S, n, d)."""
+    g, _, tape = forward(ws, bs, length, slope, z)
+    dg = torch.sign(g) * (g.abs() < h[:, None]).to(g.dtype) * (1.0 / g.shape[1])
+    return backward(ws, length, tape, dg, slope)
+
+
+@functools.lru_cache(maxsize=None)
+def compiled(fn_name: str, mode: Optional[str]):
+    """``torch.compile(fn, fullgraph=True, mode=mode)`` of :func:`potential_grads` or
+    :func:`transform_input_grad`, made once per process, so later registrations of the same
+    shapes reuse its graphs."""
+    fn = {'potential_grads': potential_grads, 'transform_input_grad': transform_input_grad}[fn_name]
+    return torch.compile(fn, fullgraph=True, mode=mode, dynamic=False)
+
+
+class FusedAdam:
+    """Adam (no weight decay) over a few tensors with one call of the fused kernel per step: the
+    kernel ``torch.optim.Adam(fused=True)`` runs (``torch._fused_adam_``), without that class's
+    per-step Python bookkeeping, which costs 30x the kernel on these small tensors. The learning
+    rate is a tensor (``lr``, change it in place): nothing in a step reads the host."""
+
+    def __init__(self, params: Sequence[torch.Tensor], lr: float, betas=(0.9, 0.999), eps: float = 1e-8):
+        self.params = list(params)
+        dev = self.params[0].device
+        self.lr = torch.tensor(float(lr), dtype=torch.float32, device=dev)
+        self.betas, self.eps = (float(betas[0]), float(betas[1])), float(eps)
+        self.exp_avg = [torch.zeros_like(p) for p in self.params]
+        self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
+        self.steps = [torch.zeros((), dtype=torch.float32, device=dev) for _ in self.params]
+
+    def step(self, grads: Sequence[torch.Tensor]) -> None:
+        """One descent step with ``grads`` (one per parameter, same shapes)."""
+        torch._foreach_add_(self.steps, 1.0)
+        torch._fused_adam_(self.params, list(grads), self.exp_avg, self.exp_avg_sq, [], self.steps, lr=self.lr,
+                           beta1=self.betas[0], beta2=self.betas[1], weight_decay=0.0, eps=self.eps,
+                           amsgrad=False, maximize=False)
+
+
+# --------------------------------------------------------------------------- the algorithm
+
+@dataclass
+class StartResult:
+    """One start after :func:`run_alg1`: ``a`` (d, d) row convention, ``t`` (d,), ``v`` (r, d)
+    non-rigid offsets of the source points (None otherwise), normalised frame; ``state``: its
+    potential as a ``PotentialNet`` state dict; ``converged``: its motion fell below the
+    tolerance; ``h``: its clip level (normalised units)."""
+
+    a: np.ndarray
+    t: np.ndarray
+    v: Optional[np.ndarray]
+    state: Dict[str, torch.Tensor]
+    converged: bool
+    h: float
+
+
+@dataclass
+class Alg1Result:
+    """starts: one :class:`StartResult` per start (input order); steps: transform updates done;
+    updates: potential updates per start."""
+
+    starts: List[StartResult]
+    steps: int
+    updates: int
+
+
+class Alg1:
+    """The state of one lock-step run (network, transform, optimisers, device generator) and its
+    step. Built by :func:`run_alg1`; see there for the arguments."""
+
+    def __init__(self, config: RegistrationConfig, device: torch.device, ys_np: np.ndarray, xs_np: np.ndarray,
+                 mass_n: Optional[float], h_n: Optional[float], rotations: List[np.ndarray], seed: int,
+                 states=None, translations=None, h_floor: float = 0.0, coherence: Optional[Coherence] = None):
+        pc = config.potential
+        self.config, self.device = config, device
+        self.kind = config.transform
+        dtype = torch.float32
+        self.count = count = len(rotations)
+        if self.kind == 'nonrigid' and count != 1:
+            raise PwanInputError('the non-rigid transform runs one start at a time')
+        init_gen = torch.Generator().manual_seed(seed)        # network init: the same law on every device
+        self.gen = torch.Generator(device=device).manual_seed(seed)
+        self.y = torch.as_tensor(ys_np, dtype=dtype, device=device)
+        self.x = torch.as_tensor(xs_np, dtype=dtype, device=device)
+        r, q = self.y.shape[0], self.x.shape[0]
+        self.net = BatchedPotential(count, ys_np.shape[1], pc, init_gen).to(device)
+        for i, st in enumerate(states or []):
+            if st is None:
+                continue
+            try:
+                self.net.load_state(i, st)
+            except (KeyError, RuntimeError, TypeError) as exc:
+                raise PwanInputError(f'potential_state does not fit this network: {exc}') from None
+        self.closed_form = config.divergence == 'mass' and pc.h_mode == 'closed_form'
+        self.learn_h = config.divergence == 'mass' and not self.closed_form
+        self.h_min = max(float(h_floor), 1e-6)
+        if config.divergence == 'distance':
+            with torch.no_grad():
+                self.net.h.fill_(float(h_n))
+        c_h = (mass_n - r) / r if config.divergence == 'mass' else -1.0
+        self.coef = torch.tensor([q / r, c_h], dtype=dtype, device=device)
+        self.opt_f = FusedAdam([self.net.theta], pc.lr, pc.betas)
+        self.weights, self.biases = self.net.views()   # views of theta, valid across its in-place updates
+        self.transform = BatchedTransform(self.kind, rotations, dtype, r).to(device)
+        if translations is not None:
+            with torch.no_grad():
+                self.transform.t.copy_(torch.as_tensor(np.stack(translations), dtype=dtype))
+        self.t_params = list(self.transform.parameters())
+        self.opt_t = FusedAdam(self.t_params, config.lr_transform)
+        self.coh = coherence
+        self.batch_size = bs = config.batch_size
+        self.n_gp = min(pc.gp_points, q + r) if not bs else min(pc.gp_points, min(bs, q) + min(bs, r))
+        self.gp_weight = float(pc.gp_weight)
+        self.tangents = tangent_rows(self.n_gp, ys_np.shape[1], dtype, device) if self.gp_weight > 0 else None
+        mode = 'reduce-overhead' if device.type == 'cuda' else None
+        use = _compile_wanted(config, device)
+        self._potential_grads = compiled('potential_grads', mode) if use else potential_grads
+        self._transform_grad = compiled('transform_input_grad', mode) if use else transform_input_grad
+
+    # -- pieces of a step
+    def _batch(self):
+        """Reference mini-batch (1, b, d) and source indices (b,) (None: all), drawn on the device."""
+        q, r, bs = self.x.shape[0], self.y.shape[0], self.batch_size
+        xb = self.x[torch.randint(q, (bs,), generator=self.gen, device=self.device)] if bs and bs < q else self.x
+        yi = torch.randint(r, (bs,), generator=self.gen, device=self.device) if bs and bs < r else None
+        return xb.expand(self.count, -1, -1), yi
+
+    def potential_update(self, xb: torch.Tensor, zb: torch.Tensor, with_gp: bool) -> None:
+        """One Adam ascent step of every start's (L - gp_weight GP) / m_beta (gradients by hand)."""
+        net = self.net
+        gp_index = None
+        if with_gp and self.tangents is not None:
+            gp_index = torch.randint(xb.shape[1] + zb.shape[1], (self.n_gp,), generator=self.gen, device=self.device)
+        with torch.no_grad():
+            grad = self._potential_grads(self.weights, self.biases, net.h, net.length, xb, zb, self.coef, self.tangents,
+                                         gp_index, net.slope, self.gp_weight, self.closed_form, self.learn_h)
+            self.opt_f.step([grad])
+            if self.learn_h:
+                net.h.clamp_(min=self.h_min)
+
+    def h_now(self, xb: torch.Tensor, zb: torch.Tensor) -> torch.Tensor:
+        """(S,) clip levels: learned / fixed, or the closed form over the batch."""
+        if not self.closed_form:
+            return self.net.h.detach()
+        with torch.no_grad():
+            return self.net(torch.cat((xb, zb), 1)).abs().amax(1)
+
+    def warmup(self, updates: int) -> None:
+        """Potential updates against the initial transform (before the first transform step)."""
+        with torch.no_grad():
+            z_all = self.transform(self.y.expand(self.count, -1, -1))
+        for k in range(updates):
+            xb, yi = self._batch()
+            self.potential_update(xb, z_all if yi is None else z_all[:, yi],
+                                  with_gp=(k % self.config.potential_updates == 0))
+
+    def step(self, lr: float) -> None:
+        """One step of Alg. 1: u potential updates, then one transform update at learning rate lr."""
+        self.opt_t.lr.fill_(lr)
+        xb, yi = self._batch()
+        ysrc = self.y.expand(self.count, -1, -1) if yi is None else self.y[yi].expand(self.count, -1, -1)
+        a = self.transform.linear()                          # once per step, with graph
+        z = self.transform.apply(ysrc, a, yi)
+        zb = z.detach()
+        for k in range(self.config.potential_updates):
+            self.potential_update(xb, zb, with_gp=(k == 0))
+        net = self.net
+        with torch.no_grad():
+            dz = self._transform_grad(self.weights, self.biases, self.h_now(xb, zb), net.length, zb, net.slope)
+        loss = (z * dz).sum()             # its gradient in the transform parameters is the chain rule's
+        if self.coh is not None:
+            loss = loss + self.coh.value(self.transform.v[0]) / self.y.shape[0]
+        grads = list(torch.autograd.grad(loss, self.t_params, allow_unused=True))
+        grads = [torch.zeros_like(p) if g is None else g for p, g in zip(self.t_params, grads)]
+        if self.coh is not None:
+            # natural-gradient step in the metric (sigma I + G): smooth, coherent offsets
+            grads[-1] = self.coh.apply_kernel(grads[-1][0])[None] * self.y.shape[0]
+        with torch.no_grad():
+            self.opt_t.step(grads)
+
+    def moved(self, eval_idx: torch.Tensor) -> torch.Tensor:
+        """The evaluation points moved by the current transforms (S, k, d), no graph."""
+        with torch.no_grad():
+            return self.transform(self.y[eval_idx].expand(self.count, -1, -1),
+                                  eval_idx if self.kind == 'nonrigid' else None)
+
+
+def _compile_wanted(config: RegistrationConfig, device: torch.device) -> bool:
+    """``config.compile``: 'on', 'off', or 'auto' = on for CUDA (CUDA graphs), off on CPU (the
+    compile cost is not paid back there, docs/core.md)."""
+    mode = getattr(config, 'compile', 'auto')
+    if mode == 'auto':
+        return device.type == 'cuda'
+    return mode == 'on'
+
+
+def run_alg1(config: RegistrationConfig, device: torch.device, ys_np: np.ndarray, xs_np: np.ndarray,
+             mass_n: Optional[float], h_n: Optional[float], rotations: List[np.ndarray], steps: int,
+             seed: int, should_stop: Optional[Callable[[], bool]] = None,
+             states: Optional[Sequence[Optional[Dict[str, torch.Tensor]]]] = None,
+             translations: Optional[Sequence[np.ndarray]] = None, step_offset: int = 0,
+             converge: bool = True, warmup: bool = True, h_floor: float = 0.0,
+             coherence: Optional[Coherence] = None) -> Alg1Result:
+    """Alg. 1 (u = ``config.potential_updates``) for every start at once: ``config.warmup_updates``
+    potential updates (if ``warmup``), then up to ``steps`` transform steps.
+
+    ys_np (r, d) source, xs_np (q, d) reference, normalised frame. mass_n: matched mass (mass type,
+    points); h_n: threshold (distance type, normalised units). rotations: initial rotations
+    (d, d), column convention, about the origin; translations: initial t (d,) (default 0);
+    states: per-start ``PotentialNet`` state dicts to begin from (None entries: fresh init). The
+    learning-rate schedule is that of a full ``config.steps`` run, entered at ``step_offset``.
+    converge: stop once every start's RMS motion over ``config.window`` steps is below
+    ``config.tolerance`` x the source spacing (after ``config.min_steps``; tested every
+    ``window`` steps, the only host read of the loop). h_floor: lower bound of a learned h
+    (normalised units). coherence: the non-rigid regulariser (nonrigid only, one start).
+    should_stop: polled before every step; True ends the run (not converged).
+    """
+    run = Alg1(config, device, ys_np, xs_np, mass_n, h_n, rotations, seed, states, translations, h_floor, coherence)
+    warm = config.warmup_updates if warmup else 0
+    run.warmup(warm)
+    decay = (config.lr_transform_final / config.lr_transform) ** (1.0 / max(config.steps - 1, 1))
+    r = run.y.shape[0]
+    eval_idx = torch.randperm(r, generator=torch.Generator().manual_seed(seed))[:min(r, 512)].to(device)
+    tol = config.tolerance * max(median_spacing(ys_np), 1e-9)
+    window = config.window
+    moving = torch.ones(run.count, dtype=torch.bool)
+    checked = False
+    last = run.moved(eval_idx) if converge else None
+    done = 0
+    for step in range(steps):
+        if should_stop is not None and should_stop():
+            moving[:] = True
+            checked = True
+            break
+        run.step(config.lr_transform * decay ** (step + step_offset))
+        done = step + 1
+        if converge and done % window == 0:
+            now = run.moved(eval_idx)
+            motion = (now - last).pow(2).sum(2).mean(1).sqrt().cpu()     # the loop's one host read
+            last = now
+            moving = motion >= tol
+            checked = True
+            if not bool(moving.any()) and done >= config.min_steps:
+                break
+    net, tr = run.net, run.transform
+    with torch.no_grad():
+        a_all = tr.linear().double().cpu().numpy()
+        t_all = tr.t.double().cpu().numpy()
+        v_all = tr.v.double().cpu().numpy() if run.kind == 'nonrigid' else None
+        if run.closed_form:
+            y_all = run.y.expand(run.count, -1, -1)
+            net.h.copy_(run.h_now(run.x.expand(run.count, -1, -1), tr(y_all)))
+    if converge:
+        conv = (~moving).tolist() if checked else [steps == 0] * run.count
+    else:
+        conv = [steps == 0] * run.count
+    starts = [StartResult(a_all[i], t_all[i], None if v_all is None else v_all[i], net.state(i), bool(conv[i]),
+                          float(net.h[i].detach())) for i in range(run.count)]
+    return Alg1Result(starts, done, warm + done * config.potential_updates)

@@ -1,0 +1,263 @@
+"""PWAN registration, the public entry points: :func:`register` (Alg. 1 + fine-tune, optionally
+multi-start) and :func:`refine` (the fine-tune alone).
+
+Frames/units: inputs and outputs are in the caller's units (metres for ROS). Internally both sets
+are centred and divided by a common scale (see :func:`preprocess.make_normaliser`); every
+threshold is converted on the way in and reported in caller units. The stages live in their own
+modules: input preparation (:mod:`problem`), Alg. 1 (:mod:`alg1`), the multi-start
+(:mod:`multistart`) and the fine-tune stage (:mod:`finetune_stage`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Dict, Optional
+
+import numpy as np
+import torch
+from scipy.spatial import cKDTree
+
+from .alg1 import run_alg1
+from .coherence import Coherence
+from .config import RegistrationConfig
+from .device import resolve_device, thread_scope
+from .errors import PwanInputError
+from .finetune import query_workers, select_pairs
+from .finetune_stage import finetune_data, finetune_stage
+from .multistart import OverlapScorer, distinct_poses, overlap_score, partial_objective, run_multistart, start_rotations
+from .preprocess import far_outliers, homogeneous, make_normaliser, median_spacing, random_subset, voxel_downsample
+from .problem import Problem, prepare, threshold
+from .result import RegistrationResult
+
+__all__ = ['register', 'refine']
+
+
+def _finish(prob: Problem, config: RegistrationConfig, kind: str, a: np.ndarray, t: np.ndarray,
+            v_fn, h_caller: Optional[float], t0: float, timings: Dict[str, float], iterations: int,
+            updates: int, ft_iters: int, converged: bool, h_pot: Optional[float], state, device: str,
+            start_index: int = 0) -> RegistrationResult:
+    """Assemble the result: caller-frame transform, transformed points, match weights."""
+    norm = prob.norm
+    m_lin, b = norm.to_caller(a, t)
+    total = homogeneous(m_lin, b) @ prob.init
+    ys = norm.source(prob.src_init)
+    zn = ys @ a + t
+    disp = None
+    if v_fn is not None:
+        vn = v_fn(ys)
+        zn = zn + vn
+        disp = vn * norm.scale
+    z = norm.denormalise_reference(zn)
+    tree = cKDTree(prob.ref_fit)
+    dist, _ = tree.query(z, k=1, workers=query_workers(z.shape[0]))
+    n_s = z.shape[0]
+    if config.divergence == 'mass':
+        frac = min(1.0, prob.mass / n_s)
+        sel = select_pairs(dist, 'mass', int(round(frac * n_s)), 0.0)
+    else:
+        sel = select_pairs(dist, 'distance', 0, h_caller)
+    weights = sel.astype(np.float64)
+    return RegistrationResult(
+        transform=total, transformed_source=z, match_weights=weights, source_valid=prob.src.valid,
+        matched_ratio=float(weights.mean()), converged=bool(converged), iterations=int(iterations),
+        potential_updates=int(updates), finetune_iterations=int(ft_iters), time_s=time.perf_counter() - t0,
+        timings=timings, num_source=int(n_s), num_reference=int(prob.ref.points.shape[0]),
+        num_dropped_source=prob.src.dropped, num_dropped_reference=prob.ref.dropped,
+        mass=prob.mass, distance_threshold=h_caller, h=h_pot, displacement=disp, potential_state=state,
+        device=device, start_index=start_index)
+
+
+
+def refine(source, reference, init=None, config: Optional[RegistrationConfig] = None) -> RegistrationResult:
+    """Cheap partial refinement: the fine-tune objective (eq. fine_tune) alone, warm-started.
+
+    source (N, d), reference (M, d) in caller units; init: (d+1, d+1) source -> reference
+    (identity when None). Uses config.transform, divergence, mass / mass_ratio /
+    distance_threshold and config.finetune. No network, no torch device: NN search + closed-form
+    steps only.
+    """
+    config = config or RegistrationConfig()
+    t0 = time.perf_counter()
+    prob = prepare(source, reference, config, init if init is not None else None)
+    # refine never re-centres: keep init semantics (identity init = trust the input frames)
+    prob.norm = make_normaliser(prob.src_fit, prob.ref_fit, align_centroids=False)
+    rng = np.random.default_rng(config.seed)
+    h_caller = threshold(config, prob.ref_fit) if config.divergence == 'distance' else None
+    t1 = time.perf_counter()
+    d = prob.dim
+    kind = config.transform
+    a, t, v_fn, iters, conv = finetune_stage(prob, config, kind, np.eye(d), np.zeros(d), None, h_caller, rng,
+                                           warn=True)
+    timings = {'preprocess': t1 - t0, 'finetune': time.perf_counter() - t1}
+    return _finish(prob, config, kind, a, t, v_fn, h_caller, t0, timings, 0, 0, iters, conv, None, None, 'cpu')
+
+
+
+def _single_start(config: RegistrationConfig, device: torch.device, ys_np: np.ndarray, xs_np: np.ndarray,
+                 mass_n: Optional[float], h_n: Optional[float], rot0: Optional[np.ndarray],
+                 potential_state: Optional[dict], seed: int, should_stop: Optional[Callable[[], bool]] = None,
+                 h_floor: float = 0.0):
+    """Alg. 1 (one start, :func:`alg1.run_alg1`) in the normalised frame from the rotation ``rot0``
+    (column convention, about the origin). Returns (a, t, v_fn, steps, updates, converged,
+    h_final_normalised, state)."""
+    kind = config.transform
+    d = ys_np.shape[1]
+    coh = None
+    if kind == 'nonrigid':
+        y = torch.as_tensor(ys_np, dtype=torch.float32, device=device)
+        coh = Coherence(y, config.coherence, torch.Generator().manual_seed(seed))
+    out = run_alg1(config, device, ys_np, xs_np, mass_n, h_n, [np.eye(d) if rot0 is None else rot0], config.steps,
+                   seed, should_stop, states=[potential_state], h_floor=h_floor, coherence=coh)
+    st = out.starts[0]
+    v_fn = None
+    if kind == 'nonrigid':
+        v_adv = torch.as_tensor(st.v, dtype=torch.float64)
+        coh_cpu = Coherence(torch.as_tensor(ys_np, dtype=torch.float64), config.coherence,
+                            torch.Generator().manual_seed(seed))
+
+        def _offsets(p, _v=v_adv, _c=coh_cpu):
+            return _c.interpolate(_v, torch.as_tensor(p, dtype=torch.float64)).numpy()
+        v_fn = _offsets
+    return st.a, st.t, v_fn, out.steps, out.updates, st.converged, st.h, st.state
+
+
+
+def register(source, reference, config: Optional[RegistrationConfig] = None, init=None,
+             potential_state: Optional[dict] = None,
+             should_stop: Optional[Callable[[], bool]] = None) -> RegistrationResult:
+    """Register ``source`` (N, d) onto ``reference`` (M, d), d in {2, 3}, with PWAN (Alg. 1).
+
+    Caller units in, caller units out. init: optional (d+1, d+1) warm-start transform source ->
+    reference. potential_state: optional network weights from a previous result
+    (``result.potential_state``) to warm-start the potential. config.starts > 1 (rigid/affine)
+    runs Alg. 1 + fine-tune from several initial rotations and keeps the one with the lowest
+    ``config.start_score`` (default: the distance-type partial NN objective at 2x the dense
+    reference spacing, see :class:`OverlapScorer`); with ``config.start_steps > 0`` as a
+    coarse-to-fine tournament (short runs from every start, the best ``start_keep`` continue); all
+    starts run in lock-step as one batched network (:mod:`alg1`). Non-rigid with ``prealign``:
+    rigid registration(s) first; with several starts the ``prealign_keep`` best rigid finalists are
+    each deformed and the best non-rigid result by the overlap score is returned. should_stop: optional callable
+    polled once per transform update (and between starts); when it returns True the adversarial
+    stage ends early (``converged`` is then False) — for time budgets and shutdown. Deterministic
+    for a fixed seed on a given device and thread count (without should_stop). Raises
+    :class:`PwanInputError` on bad input.
+    """
+    config = config or RegistrationConfig()
+    t0 = time.perf_counter()
+    if config.transform != 'nonrigid' or not config.prealign:
+        return _register_candidates(source, reference, config, init, potential_state, should_stop)[0][1]
+    # coarse-to-fine: rigid PWAN registration(s) (with config.starts) initialise the non-rigid one
+    # (large rotations are out of reach of a deformation started at identity); fields left None
+    # take the rigid defaults there. With several starts the ``prealign_keep`` best rigid finalists are
+    # deformed and compared after the non-rigid stage: a rigid fit of a deformed shape can rank
+    # a wrong, symmetric pose first.
+    cands = _register_candidates(source, reference, config.replace(transform='rigid', prealign=False), init,
+                                 None, should_stop)
+    ref_clean = np.asarray(reference, dtype=np.float64)
+    ref_clean = ref_clean[np.isfinite(ref_clean).all(axis=1)]   # validated by the rigid stage
+    ref_clean = ref_clean[~far_outliers(ref_clean)]
+    # distinct poses only: finalists that converged to the same pose (within the reference sampling)
+    # would be deformed twice
+    tol = median_spacing(random_subset(ref_clean, 5000, np.random.default_rng(config.seed)))
+    pres = [cands[i] for i in distinct_poses([c[1].transformed_source for c in cands], tol, config.prealign_keep)]
+    best = None
+    for _, pre in pres:
+        if best is not None and should_stop is not None and should_stop():
+            break
+        res = _register_candidates(source, reference, config.replace(prealign=False), pre.transform,
+                                   potential_state, should_stop)[0][1]
+        score = overlap_score(res.transformed_source, ref_clean, config.seed) if len(pres) > 1 else 0.0
+        res = dataclasses.replace(res, timings={**res.timings, 'prealign': pre.time_s},
+                                  iterations=res.iterations + pre.iterations,
+                                  potential_updates=res.potential_updates + pre.potential_updates,
+                                  start_index=pre.start_index)
+        if best is None or score < best[0]:
+            best = (score, res)
+    return dataclasses.replace(best[1], time_s=time.perf_counter() - t0)
+
+
+
+def _register_candidates(source, reference, config: RegistrationConfig, init, potential_state, should_stop) -> list:
+    """Alg. 1 + fine-tune (all starts / the tournament); returns the finalists as
+    [(start score, RegistrationResult)], best first (one entry without multi-start)."""
+    t0 = time.perf_counter()
+    config = config.resolved()
+    prob = prepare(source, reference, config, init)
+    device = resolve_device(config.device)
+    rng = np.random.default_rng(config.seed)
+    norm = prob.norm
+    # adversarial-stage point sets (caller units -> voxel -> cap -> normalised)
+    src_ds = voxel_downsample(prob.src_fit, config.voxel_size)
+    ref_ds = voxel_downsample(prob.ref_fit, config.voxel_size)
+    src_ds = random_subset(src_ds, config.max_points, rng)
+    ref_ds = random_subset(ref_ds, config.max_points, rng)
+    if src_ds.shape[0] < 3 or ref_ds.shape[0] < 3:
+        raise PwanInputError('voxel_size leaves fewer than 3 points in a set; use a smaller voxel_size')
+    h_caller = threshold(config, ref_ds) if config.divergence == 'distance' else None
+    ys_np = norm.source(src_ds)
+    xs_np = norm.reference(ref_ds)
+    r, q = ys_np.shape[0], xs_np.shape[0]
+    kind = config.transform
+    d = prob.dim
+    timings = {'preprocess': time.perf_counter() - t0, 'adversarial': 0.0, 'finetune': 0.0}
+    mass_n = prob.ratio_min * min(q, r) if config.divergence == 'mass' else None
+    h_n = h_caller / norm.scale if h_caller is not None else None
+    # resolution floor of the learned h (normalised): below the reference sampling the potential is flat
+    h_floor = config.potential.h_floor * median_spacing(xs_np) if config.divergence == 'mass' else 0.0
+    rots = start_rotations(d, config.starts) if config.starts > 1 and kind != 'nonrigid' else [None]
+    multi = len(rots) > 1
+    ft_data = finetune_data(prob, config, kind, rng) if (config.finetune.enabled or multi) else None
+    # the multi-start's fine-tunes before the final one run on a sample (their selection score's size)
+    small_data = ft_data.subset(config.start_finetune_points, config.seed) if multi else None
+    scorer = OverlapScorer(ft_data, config.seed) if multi and config.start_score == 'overlap' else None
+    count_n = int(round(min(1.0, mass_n / r) * r)) if config.divergence == 'mass' else 0
+    tot = {'steps': 0, 'updates': 0, 'ft': 0}
+
+    def score_of(a, t):
+        if scorer is not None:
+            return scorer(a, t)
+        z = ys_np @ a + t
+        dist, _ = cKDTree(xs_np).query(z, k=1)
+        sel = select_pairs(dist, config.divergence, count_n, h_n if h_n else 0.0)
+        return partial_objective(dist, sel, config.divergence, h_n if h_n else 0.0)
+
+    def finetune(a, t, v_fn=None, small: bool = False):
+        """Fine-tune (a, t[, v_fn]) (on start_finetune_points source points when ``small``, else
+        the final one). Returns (a, t, v_fn, converged)."""
+        tf = time.perf_counter()
+        data = small_data if small else ft_data
+        a, t, v_fn, ft_iters, ft_conv = finetune_stage(prob, config, kind, a, t, v_fn, h_caller, rng, data,
+                                                       final=not small, warn=not small,
+                                                       max_iterations=config.start_finetune_iterations if small else None)
+        timings['finetune'] += time.perf_counter() - tf
+        tot['ft'] += ft_iters
+        return a, t, v_fn, ft_conv
+
+    if multi:
+        cands = sorted(run_multistart(config, device, ys_np, xs_np, mass_n, h_n, h_floor, rots, should_stop,
+                                   potential_state, timings, tot, finetune, score_of), key=lambda c: c[0])
+        if config.finetune.enabled:
+            # the finalists were compared after the fine-tune on start_finetune_points source points
+            # (the score's own sample size); only the winner gets the dense fine-tune
+            score, (a, t, v_fn, conv, h_final, state, idx) = cands[0]
+            a, t, v_fn, ft_conv = finetune(a, t)
+            cands[0] = (score, (a, t, v_fn, conv and ft_conv, h_final, state, idx))
+    else:
+        ta = time.perf_counter()
+        with thread_scope(config.threads):
+            a, t, v_fn, steps, updates, conv, h_final, state = _single_start(
+                config, device, ys_np, xs_np, mass_n, h_n, rots[0], potential_state, config.seed, should_stop,
+                h_floor)
+        timings['adversarial'] += time.perf_counter() - ta
+        tot['steps'] += steps
+        tot['updates'] += updates
+        ft_conv = True
+        if config.finetune.enabled:
+            a, t, v_fn, ft_conv = finetune(a, t, v_fn)
+        cands = [(0.0, (a, t, v_fn, conv and ft_conv, h_final, state, 0))]
+    out = []
+    for score, (a, t, v_fn, converged, h_final, state, idx) in cands:
+        out.append((score, _finish(prob, config, kind, a, t, v_fn, h_caller, t0, dict(timings), tot['steps'],
+                                   tot['updates'], tot['ft'], converged, h_final * norm.scale, state, str(device),
+                                   start_index=idx)))
+    return out
