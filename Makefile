@@ -20,7 +20,7 @@ export AMENT_PREFIX_PATH ?= $(abspath $(VENV))
 help:
 	@echo "make demo       run the main job on data the package makes itself"
 	@echo "make test       set up .venv and run the fast test suite"
-	@echo "make test-unit  the fast loop: no DDS processes, no colcon, no slow tests"
+	@echo "make test-unit  the fast loop: no DDS processes, no colcon, no slow or heavy tests"
 	@echo "make test-slow  run the slow tests (real data in $(DATA), large inputs)"
 	@echo "make bench      run the benchmarks on $(DATA), results in $(RESULTS)/"
 
@@ -38,9 +38,9 @@ demo: setup
 test: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
-# The edit-test loop: no DDS processes, no colcon build, no slow tests.
+# The edit-test loop: no DDS processes, no colcon build, no slow or seconds-long (heavy) tests.
 test-unit: setup
-	$(PY) -m pytest -m "not slow and not ros and not build" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow and not ros and not build and not heavy" $(PYTEST_ARGS)
 
 test-slow: setup
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)

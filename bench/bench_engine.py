@@ -52,9 +52,9 @@ def network_flops(config, res, dim: int = 3) -> float:
     a potential update is forward + backward (3 passes) over the two batches, plus the penalty's
     tangent rows (gp_points x d) on the first update of each step and every u-th warm-up update;
     a transform step is a forward + input backward (2 passes) over the source batch."""
-    h1, h2 = config.potential.hidden
-    per_point = 2.0 * (dim * h1 + h1 * h2 + h2 * 2 * h2 + 2 * h2 * h2 + 2 * h2)
     cfg = config.resolved()
+    h1, h2 = cfg.potential.hidden
+    per_point = 2.0 * (dim * h1 + h1 * h2 + h2 * 2 * h2 + 2 * h2 * h2 + 2 * h2)
     u = cfg.potential_updates
     rows = 2 * cfg.batch_size
     steps = res.iterations
@@ -67,7 +67,7 @@ def network_flops(config, res, dim: int = 3) -> float:
 def matmul_gflops(config, device: str, repeats: int = 300) -> float:
     """GFLOP/s of the network's largest batched product (2*h2 -> h2 over 1024 rows) in a loop."""
     import torch
-    h1, h2 = config.potential.hidden
+    h1, h2 = config.resolved().potential.hidden
     a = torch.randn(1, 1024, 2 * h2, device=device)
     b = torch.randn(1, 2 * h2, h2, device=device)
     for _ in range(10):

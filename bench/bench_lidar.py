@@ -27,6 +27,7 @@ import sys
 import time
 
 import numpy as np
+import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_engine import load_core  # noqa: E402
@@ -74,8 +75,13 @@ def run_pipeline(scans, stamps, **cfg):
 @contextlib.contextmanager
 def core_of(module):
     """The odometry pipeline's PWAN registrations done by ``module`` (a core package) meanwhile."""
+    import dataclasses
+    known = {f.name for f in dataclasses.fields(module.RegistrationConfig)}
+
+    def config(**kw):               # fields the other core does not have keep its default
+        return module.RegistrationConfig(**{k: v for k, v in kw.items() if k in known})
     saved = pwan_recovery.register, pwan_recovery.RegistrationConfig
-    pwan_recovery.register, pwan_recovery.RegistrationConfig = module.register, module.RegistrationConfig
+    pwan_recovery.register, pwan_recovery.RegistrationConfig = module.register, config
     try:
         yield
     finally:
@@ -192,8 +198,12 @@ def main(argv=None) -> int:
     ap.add_argument('--quick', action='store_true', help='skip pwan mode and the scaling runs')
     ap.add_argument('--pwan-only', action='store_true', help='pwan mode only (with --baseline: both cores)')
     ap.add_argument('--baseline', help='checkout whose pwan_ros/core also runs pwan mode (side by side)')
+    ap.add_argument('--baseline-set', nargs='*', default=[], metavar='KEY=VALUE',
+                    help="odometry parameters of the baseline run (its checkout's defaults, e.g. "
+                         "potential_updates=5 for a9638ec)")
     args = ap.parse_args(argv)
     baseline = load_core(args.baseline) if args.baseline else None
+    baseline_cfg = {k: yaml.safe_load(v) for k, v in (kv.split('=', 1) for kv in args.baseline_set)}
     if not (args.data / 'lidar' / 'balm_seq_a').is_dir():
         print(f'error: {args.data}/lidar/balm_seq_a not found (--data)', file=sys.stderr)
         return 2
@@ -223,8 +233,9 @@ def main(argv=None) -> int:
             if baseline is not None:
                 print(f'[{label}] pwan_ros pwan mode, baseline core ...', file=sys.stderr)
                 with core_of(baseline):
-                    rel, times, paths = run_pipeline(s, st, scan_voxel_size=0.25, mode='pwan')
-                rows.append(summarise(f'pwan mode, core of {args.baseline}', rel, times, gt_rel, paths))
+                    rel, times, paths = run_pipeline(s, st, scan_voxel_size=0.25, mode='pwan', **baseline_cfg)
+                name = ' '.join([f'core of {args.baseline}'] + args.baseline_set)
+                rows.append(summarise(f'pwan mode, {name}', rel, times, gt_rel, paths))
         if not args.pwan_only:
             print(f'[{label}] anchors ...', file=sys.stderr)
             rows.append(summarise('small_gicp GICP (pairwise)', *run_small_gicp(s)[:2], gt_rel))

@@ -154,6 +154,7 @@ def _fit(method, seed, **kw):
     return tr, tr.evaluate()
 
 
+@pytest.mark.heavy
 def test_pwan_beats_source_only_and_complete_alignment():
     """Unlabelled domain: 3 of 6 classes, shifted. PWAN > source-only > complete alignment."""
     torch.set_num_threads(1)
@@ -196,6 +197,7 @@ def test_resume_reproduces_uninterrupted_run():
 
 
 # ---------------------------------------------------------------------------- runner + CLI
+@pytest.mark.heavy
 def test_cli_outputs_torchscript_and_resume(tmp_path, capsys):
     lp, up = write_pair(tmp_path)
     out = tmp_path / 'out'

@@ -28,6 +28,7 @@ def _agreement(est, exact):
 
 @pytest.mark.parametrize('kind,param', [('mass', 15.0), ('mass_network', 15.0), ('mass_network_closed_form', 15.0),
                                         ('distance', 2.5), ('w1', None)])
+@pytest.mark.heavy
 def test_kr_estimate_matches_lp_on_synthetic_sets(kind, param):
     x, y = _clusters()
     if kind == 'mass':

@@ -61,6 +61,7 @@ def test_rigid_2d_and_reproducible():
     np.testing.assert_array_equal(a.transform, b.transform)
 
 
+@pytest.mark.heavy
 def test_nonrigid_recovers_smooth_deformation():
     rng = np.random.default_rng(0)
     x = curve2d(200, 0)
@@ -74,6 +75,7 @@ def test_nonrigid_recovers_smooth_deformation():
     assert after < 0.3 * before
 
 
+@pytest.mark.heavy
 def test_nonrigid_multistart_compares_deformed_finalists():
     """A deformed curve rotated by 150 deg: out of reach from identity; the rigid tournament's
     finalists are deformed and the best non-rigid result is returned (paper's defaults otherwise)."""
@@ -186,6 +188,7 @@ def test_bad_init_and_device():
 
 
 @pytest.mark.parametrize('divergence', ['mass', 'distance'])
+@pytest.mark.heavy
 def test_multistart_tournament_selects_by_overlap(divergence):
     """A 120-degree rotation (out of reach from identity) is solved by the coarse-to-fine
     multi-start (lock-step ensemble); the winner is chosen by the overlap criterion, also with

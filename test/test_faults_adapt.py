@@ -47,6 +47,7 @@ def leftovers(root):
     return [p for p in pathlib.Path(root).rglob('*') if p.name.endswith('.tmp')]
 
 
+@pytest.mark.heavy
 def test_bad_inputs_one_line_exit_2(tmp_path, inputs):
     lab, unl = inputs
     (tmp_path / 'empty.npz').write_bytes(b'')
@@ -79,6 +80,7 @@ def test_unwritable_output_fails_before_training(inputs, unwritable_dir):
     assert time.monotonic() - t0 < 60
 
 
+@pytest.mark.heavy
 def test_full_disk_one_line_and_nothing_half_written(tmp_path, inputs):
     lab, unl = inputs
     out = tmp_path / 'out'
@@ -88,6 +90,7 @@ def test_full_disk_one_line_and_nothing_half_written(tmp_path, inputs):
     assert not leftovers(tmp_path)
 
 
+@pytest.mark.heavy
 def test_outputs_follow_the_umask(tmp_path, inputs):
     lab, unl = inputs
     out = tmp_path / 'out'
@@ -107,6 +110,7 @@ def points_bag(tmp_path_factory):
     return bag
 
 
+@pytest.mark.heavy
 def test_import_wrong_message_type_names_it(tmp_path, points_bag):
     out = tmp_path / 'f.npz'
     for topic, words in [('/points', ['/points', 'sensor_msgs/msg/PointCloud2', 'raw bytes']),
@@ -117,6 +121,7 @@ def test_import_wrong_message_type_names_it(tmp_path, points_bag):
         assert not out.exists()
 
 
+@pytest.mark.heavy
 def test_import_checks_the_output_before_reading(tmp_path, points_bag, unwritable_dir):
     (tmp_path / 'adir').mkdir()
     for out, words in [(unwritable_dir / 'f.npz', ['not writable']), (tmp_path / 'adir', ['is a directory'])]:

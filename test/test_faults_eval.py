@@ -39,6 +39,7 @@ def entries(directory):
     return sorted(p.name for p in pathlib.Path(directory).iterdir())
 
 
+@pytest.mark.heavy
 def test_evaluate_broken_run_records_name_the_file(tmp_path, small_bag):
     good = RunRecord.load(run_offline(small_bag, lambda xyz, stamp: np.eye(4), max_scans=2).save(tmp_path / 'good'))
     assert good.scans == 2
@@ -63,6 +64,7 @@ def test_evaluate_broken_run_records_name_the_file(tmp_path, small_bag):
         assert not (tmp_path / 'out').exists()
 
 
+@pytest.mark.heavy
 def test_outputs_are_checked_before_any_work(tmp_path, small_bag, unwritable_dir):
     (tmp_path / 'afile').write_text('x')
     cases = [
@@ -121,6 +123,7 @@ def test_pcd2bag_corrupt_scan_midway_leaves_no_bag(tmp_path):
     assert entries(out) == []
 
 
+@pytest.mark.heavy
 def test_evaluation_outputs_follow_the_umask(tmp_path, small_bag):
     out = tmp_path / 'eval'
     proc = tool('pwan_evaluate', '--offline', '--bag', small_bag, '--max-scans', '3', '--output', out, umask=0o027)

@@ -70,6 +70,7 @@ def test_every_option_recovers_a_large_translation(pair, options):
     assert rot < 0.2 and trans < 0.02, (options, rot, trans)
 
 
+@pytest.mark.heavy
 def test_init_and_multistart_in_metres(pair):
     src, ref, truth = pair
     near = truth @ make_transform(Rotation.from_euler('z', 3, degrees=True).as_matrix(), [0.4, -0.3, 0.0])
@@ -96,6 +97,7 @@ def room(n=6000, seed=0):
     return np.vstack(faces + [table])
 
 
+@pytest.mark.heavy
 def test_affine_and_nonrigid_recover_a_large_translation():
     ref = room()
     src = moved(ref, invert(OFFSET))
@@ -168,6 +170,7 @@ def test_small_set_with_far_outliers_keeps_its_translation():
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(exponent=st.integers(3, 38), fraction=st.floats(0.001, 0.01), in_reference=st.booleans(),
        seed=st.integers(0, 2 ** 16))
+@pytest.mark.heavy
 def test_property_replaced_points_at_any_scale(pair, exponent, fraction, in_reference, seed):
     """k <= 1 % of the points replaced by finite values at scale 10^e m (e = 3 ... 38): the
     registration stays within 2 degrees / 1 cm."""
@@ -204,6 +207,7 @@ def cli(*args, timeout=300):
                           timeout=timeout)
 
 
+@pytest.mark.heavy
 def test_cli_voxel_and_output_in_metres(tmp_path, pair):
     src, ref, truth = pair
     np.save(tmp_path / 'src.npy', src)
@@ -221,6 +225,7 @@ def test_cli_voxel_and_output_in_metres(tmp_path, pair):
     assert [f.name for f in tmp_path.iterdir() if f.name.startswith('.')] == []
 
 
+@pytest.mark.heavy
 def test_cli_bad_input_one_line_exit_2(tmp_path):
     good = np.random.default_rng(0).normal(size=(200, 3))
     np.save(tmp_path / 'good.npy', good)
@@ -260,6 +265,7 @@ def _interrupt(tmp_path, src, ref, out, wait_for):
     return proc.wait(timeout=120), seen + rest
 
 
+@pytest.mark.heavy
 def test_cli_ctrl_c_exits_130_and_writes_nothing(tmp_path):
     rng = np.random.default_rng(0)
     big = rng.normal(size=(2_000_000, 3)) * [10.0, 5.0, 2.0]
@@ -305,6 +311,7 @@ def test_pipeline_survives_driver_glitches(sim_scans):
         assert rot < 0.5 and trans < 0.05, (k, rot, trans)
 
 
+@pytest.mark.heavy
 def test_pipeline_reanchors_after_repeated_rejections(sim_scans):
     """A keyframe that no longer matches (here: a scan from another street) must not make the
     odometry reject forever: after reanchor_after rejections the next scan becomes a keyframe at

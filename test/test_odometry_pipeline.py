@@ -123,6 +123,7 @@ def test_pipeline_rejects_bad_scans(sim_scans):
         pipe.process(np.zeros((10, 2)), 3.0)
 
 
+@pytest.mark.heavy
 def test_pwan_recovers_where_tracking_fails(sim_scans):
     """Heavy spurious returns (100 % of the scan's points, uniform in its bounding box) in
     three scans and a sudden 60 degree turn: partial tracking alone converges to a wrong pose;
@@ -157,6 +158,7 @@ def test_pwan_recovers_where_tracking_fails(sim_scans):
     assert after[:, 0].max() < 0.5 and after[:, 1].max() < 0.1, after
 
 
+@pytest.mark.heavy
 def test_reference_cloud_start_up_and_tracking(sim_scans):
     """Scans aligned to a fixed reference (a prior map in odom coordinates), starting with an
     unknown 90 degree heading: start-up engages PWAN with turned starts, then tracking."""

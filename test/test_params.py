@@ -12,7 +12,7 @@ import yaml
 
 from pwan_ros.adaptation.config import AdaptConfig, AdaptConfigError
 from pwan_ros.cli.demo import DemoConfig
-from pwan_ros.core import PwanInputError, RegistrationConfig
+from pwan_ros.core import CoherenceConfig, FineTuneConfig, PotentialConfig, PwanInputError, RegistrationConfig
 from pwan_ros.evaluation.lidar_sim import SimConfig
 from pwan_ros.evaluation.metrics import EvalConfig
 from pwan_ros.evaluation.pcd_to_bag import ConvertConfig
@@ -22,6 +22,7 @@ from pwan_ros.params import REQUIRED, FieldSpec, specs, value_type
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = [(OdometryConfig, ConfigError), (RegistrationConfig, PwanInputError), (AdaptConfig, AdaptConfigError),
+           (PotentialConfig, PwanInputError), (CoherenceConfig, PwanInputError), (FineTuneConfig, PwanInputError),
            (SimConfig, ValueError), (ReplayConfig, ValueError), (ConvertConfig, ValueError),
            (EvalConfig, ValueError), (DemoConfig, ValueError)]
 #: the command-line tools whose flags are generated from a config (module, config)

@@ -25,7 +25,7 @@ steps -> pwan_steps."""
 def _tables():
     """{(doc file, marker): markdown table}."""
     from pwan_ros.adaptation.config import AdaptConfig
-    from pwan_ros.core.config import RegistrationConfig
+    from pwan_ros.core.config import CoherenceConfig, FineTuneConfig, PotentialConfig, RegistrationConfig
     from pwan_ros.odometry.config import OdometryConfig
     from pwan_ros.cli.demo import DemoConfig
     from pwan_ros.evaluation.lidar_sim import SimConfig
@@ -36,6 +36,9 @@ def _tables():
     return {('docs/odometry.md', 'odometry'): markdown_table(OdometryConfig),
             ('docs/adaptation.md', 'adaptation'): markdown_table(AdaptConfig),
             ('docs/core.md', 'core'): markdown_table(RegistrationConfig),
+            ('docs/core.md', 'core-potential'): markdown_table(PotentialConfig, 'potential.'),
+            ('docs/core.md', 'core-coherence'): markdown_table(CoherenceConfig, 'coherence.'),
+            ('docs/core.md', 'core-finetune'): markdown_table(FineTuneConfig, 'finetune.'),
             ('docs/evaluation.md', 'sim'): markdown_table(SimConfig),
             ('docs/evaluation.md', 'pcd2bag'): markdown_table(ConvertConfig),
             ('docs/evaluation.md', 'replay'): markdown_table(ReplayConfig),

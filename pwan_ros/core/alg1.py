@@ -9,8 +9,9 @@ belongs to one start and Adam is element-wise, so each start takes the steps it 
 One step (:meth:`Alg1.step`): the transform's linear part is computed once (closed form), the
 source mini-batch is moved, u potential updates ascend the KR objective, one Adam step descends
 it in the transform. The potential's gradients (incl. the gradient penalty) are written out
-(:func:`forward` / :func:`backward`: the network is piecewise linear, so its input gradient is a
-masked product of its weights, and no double backward is needed). Everything inside a step stays
+(:func:`potential.forward` / :func:`potential.backward`: the network is piecewise linear, so its
+input gradient is a masked product of its weights, and no double backward is needed).
+Everything inside a step stays
 on the device: random indices come from a device generator, learning rates are tensors, Adam is
 fused, and the host reads the state only every ``window`` steps (the convergence test). The two
 gradient functions are pure functions of tensors that ``torch.compile(fullgraph=True)`` captures

@@ -28,6 +28,12 @@ COMPILE_MODES = ('auto', 'on', 'off')
 #: MSE at 1.2-2.8x the similarity oracle, 1000 / u=10 / tolerance 0.03 at 0.2-1.1x).
 TRANSFORM_DEFAULTS = {'rigid': (200, 3, 0.1), 'affine': (200, 3, 0.1), 'nonrigid': (1000, 10, 0.03)}
 
+#: default potential widths per transform (``potential.hidden`` None), chosen by benchmark: (16, 16)
+#: solves the bunny tournament as (32, 32) did (6 of 8 pairs clean and with 100 % outliers, three
+#: draws) at 2-3x less compute, but on the non-rigid fish with 100 % outliers it picked a wrong
+#: start on 3 of 3 seeds (MSE 4.9 vs 0.03 with (32, 32)); the deformation needs the finer potential
+HIDDEN_DEFAULTS = {'rigid': (16, 16), 'affine': (16, 16), 'nonrigid': (32, 32)}
+
 #: default ``steps`` of a rigid / affine multi-start (``starts > 1``). The learning rate decays over
 #: ``steps``, so ``steps`` sets how far a run can travel: starts from the rotation group begin up to
 #: ~60 deg from the truth, further than a single run from a prior, and the tournament keeps every
@@ -59,36 +65,38 @@ def _int(name: str, value: int, minimum: int) -> None:
 
 @dataclass(frozen=True)
 class PotentialConfig:
-    """Potential network f_{w,h} and its optimiser.
+    """Potential network f_{w,h} and its optimiser (``potential.*`` keys). Every field carries its
+    description and range (``specs(PotentialConfig)``, the table in docs/core.md).
 
-    hidden: widths (a, b) of the point-wise MLP d->a->b, branch b->2b->b, skip concat [a-branch,
-    b-branch]->1 (see docs). lr: Adam learning rate. gp_weight: weight of the one-sided gradient
-    penalty mean(relu(|grad f|^2 - 1)); gp_points: points it is evaluated on (subsample of the
-    current source + reference batch), on the first of the u updates of each step only.
-    h_mode: 'learn' (h is a parameter, eq. loss_m_app) or 'closed_form' (h = -inf f over the
-    batch, eq. app_final_m_eq2); mass divergence only. h_init: initial h in normalised units.
-    h_floor: registration only, learned h: lower bound of h as a multiple of the median
-    nearest-neighbour spacing of the adversarial-stage reference set (0: none). Below the sampling
-    resolution the potential distinguishes nothing; with dense outliers the learned h otherwise
-    collapses to ~0 and the transform stops receiving gradient (see docs/core.md).
+    h_floor: below the sampling resolution the potential distinguishes nothing; with dense
+    outliers the learned h otherwise collapses to ~0 and the transform stops receiving gradient
+    (see docs/core.md). hidden (per transform, :data:`HIDDEN_DEFAULTS`) and the warm-up: chosen by
+    benchmark (docs/core.md, "PWAN engine"). :attr:`widths` is ``hidden`` with None resolved.
     """
 
-    hidden: Tuple[int, int] = (16, 16)
-    lr: float = 5e-3
-    gp_weight: float = 10.0
-    gp_points: int = 256
-    h_mode: str = 'learn'
-    h_init: float = 1.0
-    h_floor: float = 1.0
-    leaky_slope: float = 0.2
-    length_scale: float = 0.1
-    betas: Tuple[float, float] = (0.5, 0.99)
+    hidden: Optional[Tuple[int, int]] = param(None, 'widths (a, b) of the point-wise MLP d->a->b, branch b->2b->b, '
+                                              'skip concatenation [a, branch]->1 (Appx. B.5); None = (16, 16) rigid / '
+                                              'affine, (32, 32) nonrigid')
+    lr: float = param(5e-3, 'Adam learning rate of the potential network', 0.0, low_open=True)
+    gp_weight: float = param(10.0, 'weight of the one-sided gradient penalty mean(relu(|grad g|^2 - 1))', 0.0)
+    gp_points: int = param(256, 'points of the current source + reference batch the penalty is taken at (on the '
+                           'first of the u updates of each step)', 1)
+    h_mode: str = param('learn', 'mass type: learn (h is a parameter, eq. loss_m_app) or closed_form (h = max |g| '
+                        'over the batch, eq. app_final_m_eq2)', choices=H_MODES)
+    h_init: float = param(1.0, 'initial h (normalised units)', 0.0, low_open=True)
+    h_floor: float = param(1.0, 'lower bound of a learned h, x the median nearest-neighbour spacing of the '
+                           'adversarial reference (0 = none)', 0.0)
+    leaky_slope: float = param(0.2, 'negative slope of the LeakyReLU activations', 0.0)
+    length_scale: float = param(0.1, 'resolution l of the network: g(x) = l mlp(x / l) (normalised units)', 0.0,
+                                low_open=True)
+    betas: Tuple[float, float] = param((0.5, 0.99), 'Adam betas of the potential network (two numbers in [0, 1))')
 
     def __post_init__(self):
-        _check(isinstance(self.hidden, (tuple, list)) and len(self.hidden) == 2
-               and all(isinstance(v, int) and v > 0 for v in self.hidden),
+        _check(self.hidden is None or (isinstance(self.hidden, (tuple, list)) and len(self.hidden) == 2
+                                       and all(isinstance(v, int) and v > 0 for v in self.hidden)),
                f'potential.hidden must be two positive ints, got {self.hidden!r}')
-        object.__setattr__(self, 'hidden', tuple(self.hidden))
+        if self.hidden is not None:
+            object.__setattr__(self, 'hidden', tuple(self.hidden))
         _pos('potential.lr', self.lr)
         _pos('potential.gp_weight', self.gp_weight, allow_zero=True)
         _int('potential.gp_points', self.gp_points, 1)
@@ -102,19 +110,22 @@ class PotentialConfig:
                f'potential.betas must be two numbers in [0, 1), got {self.betas!r}')
         object.__setattr__(self, 'betas', tuple(float(b) for b in self.betas))
 
+    @property
+    def widths(self) -> Tuple[int, int]:
+        """``hidden``, or the rigid default when None (a network built outside a registration)."""
+        return self.hidden if self.hidden is not None else HIDDEN_DEFAULTS['rigid']
+
 
 @dataclass(frozen=True)
 class CoherenceConfig:
-    """Coherence regulariser lambda Tr(V^T (sigma I + G_rho)^-1 V) of the non-rigid transform.
+    """Coherence regulariser lambda Tr(V^T (sigma I + G_rho)^-1 V) of the non-rigid transform
+    (``coherence.*`` keys), G(i,j) = exp(-|y_i - y_j|^2 / rho) in normalised units (unit variance
+    sets), through k Nystrom landmarks."""
 
-    rho: Gaussian kernel width, G(i,j) = exp(-|y_i - y_j|^2 / rho) in normalised units (unit
-    variance sets). weight: lambda. sigma: ridge. rank: Nystrom landmarks k.
-    """
-
-    rho: float = 2.0
-    weight: float = 0.01
-    sigma: float = 0.1
-    rank: int = 100
+    rho: float = param(2.0, 'Gaussian kernel width rho (normalised units)', 0.0, low_open=True)
+    weight: float = param(0.01, 'regulariser weight lambda', 0.0)
+    sigma: float = param(0.1, 'ridge sigma', 0.0, low_open=True)
+    rank: int = param(100, 'Nystrom landmarks k', 1)
 
     def __post_init__(self):
         _pos('coherence.rho', self.rho)
@@ -125,30 +136,26 @@ class CoherenceConfig:
 
 @dataclass(frozen=True)
 class FineTuneConfig:
-    """Fine-tune stage (eq. fine_tune): trimmed / thresholded nearest-neighbour objective.
+    """Fine-tune stage (eq. fine_tune): trimmed / thresholded nearest-neighbour objective
+    (``finetune.*`` keys).
 
-    enabled: run it after the adversarial stage of :func:`register` (``refine`` always runs it).
-    max_iterations: alternations of NN search + closed-form step (a cap: the iteratively
-    re-weighted steps converge slowly along weakly constrained directions, e.g. along a corridor or
-    a street, where 60 left a lidar pair 0.5 m short; a run that hits the cap warns).
-    tolerance: stop when the RMS motion of the source between iterations falls below
-    ``tolerance`` x (set scale).
-    max_points: cap on the source points used (0 = all valid input points).
-    metric: 'point_to_plane' (rigid only: distance to the nearest reference point measured along
-    its PCA normal from ``normal_neighbors`` neighbours) or 'point_to_point' (eq. fine_tune as
-    written; always used for affine / non-rigid). overlap_refine: rigid mass-type
-    :func:`register` only: after the mass-type fine-tune, the distance-type one at h = 2x the
-    median spacing of the dense reference, so the matched mass follows the actual overlap rather
-    than the configured mass (a mass above the true overlap pulls the pose off).
+    max_iterations is a cap: the iteratively re-weighted steps converge slowly along weakly
+    constrained directions, e.g. along a corridor or a street, where 60 left a lidar pair 0.5 m
+    short; a run that hits the cap warns. overlap_refine: a mass above the true overlap pulls the
+    pose off; the distance-type pass matches what actually overlaps.
     """
 
-    enabled: bool = True
-    max_iterations: int = 300
-    tolerance: float = 1e-5
-    max_points: int = 20000
-    metric: str = 'point_to_plane'
-    normal_neighbors: int = 10
-    overlap_refine: bool = True
+    enabled: bool = param(True, 'run the fine-tune after the adversarial stage of register (refine always runs it)')
+    max_iterations: int = param(300, 'cap on the alternations of nearest-neighbour search and closed-form step', 1)
+    tolerance: float = param(1e-5, 'stop when the RMS motion of the source between iterations is below this x '
+                             'the set scale', 0.0, low_open=True)
+    max_points: int = param(20000, 'cap on the source points used (0 = all valid input points)', 0)
+    metric: str = param('point_to_plane', 'rigid: point_to_plane (distance along the nearest reference point\'s PCA '
+                        'normal) or point_to_point (eq. fine_tune as written; always for affine / nonrigid)',
+                        choices=('point_to_plane', 'point_to_point'))
+    normal_neighbors: int = param(10, 'neighbours of the PCA normals (point_to_plane)', 3)
+    overlap_refine: bool = param(True, 'rigid mass type: then the distance-type fine-tune at 2 x the median dense '
+                                 'reference spacing, so the matched mass follows the actual overlap')
 
     def __post_init__(self):
         _check(isinstance(self.enabled, bool), 'finetune.enabled must be a bool')
@@ -285,10 +292,19 @@ class RegistrationConfig:
             steps = MULTISTART_STEPS
         start_steps = MULTISTART_START_STEPS if self.starts > 1 else 0
         return dataclasses.replace(self, steps=steps if self.steps is None else self.steps,
+                                   potential=self.with_widths().potential,
                                    start_steps=start_steps if self.start_steps is None else self.start_steps,
                                    potential_updates=updates if self.potential_updates is None
                                    else self.potential_updates,
                                    tolerance=tol if self.tolerance is None else self.tolerance)
+
+    def with_widths(self) -> 'RegistrationConfig':
+        """Copy with ``potential.hidden`` left None set to this transform's :data:`HIDDEN_DEFAULTS`
+        (a non-rigid registration's rigid pre-alignment keeps the non-rigid widths)."""
+        if self.potential.hidden is not None:
+            return self
+        return dataclasses.replace(self, potential=dataclasses.replace(self.potential,
+                                                                       hidden=HIDDEN_DEFAULTS[self.transform]))
 
     def replace(self, **changes: Any) -> 'RegistrationConfig':
         """Copy with changed fields (validated again)."""

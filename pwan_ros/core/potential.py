@@ -26,7 +26,7 @@ class PotentialNet(nn.Module):
 
     def __init__(self, dim: int, config: PotentialConfig):
         super().__init__()
-        h1, h2 = config.hidden
+        h1, h2 = config.widths
         self.l1 = nn.Linear(dim, h1)
         self.l2 = nn.Linear(h1, h2)
         self.l3 = nn.Linear(h2, 2 * h2)
@@ -222,7 +222,7 @@ class BatchedPotential(nn.Module):
 
     def __init__(self, count: int, dim: int, config: PotentialConfig, generator: torch.Generator):
         super().__init__()
-        h1, h2 = config.hidden
+        h1, h2 = config.widths
         self.shapes = [(dim, h1), (h1, h2), (h2, 2 * h2), (2 * h2, h2), (2 * h2, 1)]
         blocks = []
         for fan_in, fan_out in self.shapes:

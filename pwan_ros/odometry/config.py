@@ -64,7 +64,7 @@ class OdometryConfig:
                                  'linear in it)', 50, 1_000_000)
     pwan_steps: int = param(400, "maximum transform updates of one full-PWAN registration (the core's steps)",
                             1, 1_000_000)
-    potential_updates: int = param(5, 'potential-network updates per transform update (u of Alg. 1)', 1, 10_000)
+    potential_updates: int = param(3, 'potential-network updates per transform update (u of Alg. 1)', 1, 10_000)
     device: str = param('auto', 'compute device of PWAN: auto (CUDA when available) | cpu | cuda | cuda:N')
     seed: int = param(0, 'random seed of PWAN and of the point subsets', 0, 2**31 - 1)
     compile: str = param('auto', _CORE_COMPILE.description, choices=_CORE_COMPILE.choices)

@@ -139,13 +139,14 @@ def check(config, error=ValueError, flags: bool = True) -> None:
             object.__setattr__(config, name, float(value))
 
 
-def markdown_table(cls) -> str:
-    """A Markdown table ``| name | default | range | description |`` of the fields of ``cls``."""
+def markdown_table(cls, prefix: str = '') -> str:
+    """A Markdown table ``| name | default | range | description |`` of the fields of ``cls``
+    (names as ``prefix + name``, e.g. ``'potential.'`` for a nested config)."""
     rows = ['| name | default | range | description |', '|---|---|---|---|']
     for name, (default, spec) in specs(cls).items():
         shown = ('required' if default is REQUIRED else "''" if default == '' else
                  str(default).lower() if isinstance(default, bool) else default)
-        cells = (f'`{name}`', f'`{shown}`', spec.range_text(), spec.description)
+        cells = (f'`{prefix}{name}`', f'`{shown}`', spec.range_text(), spec.description)
         rows.append('| ' + ' | '.join(c.replace('|', '\\|') for c in cells) + ' |')
     return '\n'.join(rows) + '\n'
 
