@@ -142,7 +142,7 @@ def register(source, reference, config: Optional[RegistrationConfig] = None, ini
     for a fixed seed on a given device and thread count (without should_stop). Raises
     :class:`PwanInputError` on bad input.
     """
-    config = (config or RegistrationConfig()).with_widths()
+    config = (config or RegistrationConfig()).pinned()
     t0 = time.perf_counter()
     if config.transform != 'nonrigid' or not config.prealign:
         return _register_candidates(source, reference, config, init, potential_state, should_stop)[0][1]
