@@ -126,6 +126,9 @@ class AdaptNode(Node):
                 last_eval['accuracy'] = f'{res.accuracy:.6g}'
 
         self.get_logger().info(f"training {cfg.method} for {cfg.steps} steps -> {self.io['output']}")
+        # a monitor already listening (rqt, a test) gets the progress from the first step: a short
+        # training otherwise ended before DDS had matched it and only the final status arrived
+        self._await_subscriber(2.0)
         try:
             result = run_adaptation(cfg, self.io['labelled'], self.io['unlabelled'], self.io['output'],
                                     resume=self.resume, on_step=on_step, on_eval=on_eval,
@@ -148,15 +151,19 @@ class AdaptNode(Node):
         self._flush()
         return 0
 
+    def _await_subscriber(self, seconds: float) -> None:
+        """Spin until /diagnostics has a matched subscriber, at most ``seconds``."""
+        wait_until = time.monotonic() + seconds
+        while self.pub.get_subscription_count() == 0 and time.monotonic() < wait_until:
+            rclpy.spin_once(self, timeout_sec=0.05)
+
     def _flush(self, seconds: float = 1.0, repeats: int = 3, discovery_s: float = 5.0) -> None:
         """Give DDS time to deliver the last (final) status before the process exits, publishing it
         ``repeats`` times over ``seconds``: a single sample sent just before the writer goes away
         was occasionally lost on a loaded machine (seen once in CI). A node that fails at once
         (unwritable output) may not have matched its subscribers yet: wait up to
         ``discovery_s`` for a first one, then publish the status again."""
-        wait_until = time.monotonic() + discovery_s
-        while self.pub.get_subscription_count() == 0 and time.monotonic() < wait_until:
-            rclpy.spin_once(self, timeout_sec=0.05)
+        self._await_subscriber(discovery_s)
         if self._last_status is not None:
             self.publish_status(*self._last_status)
         end = time.monotonic() + seconds
