@@ -268,10 +268,9 @@ class Alg1:
 def _compile_wanted(config: RegistrationConfig, device: torch.device) -> bool:
     """``config.compile``: 'on', 'off', or 'auto' = on for CUDA (CUDA graphs), off on CPU (the
     compile cost is not paid back there, docs/core.md)."""
-    mode = getattr(config, 'compile', 'auto')
-    if mode == 'auto':
+    if config.compile == 'auto':
         return device.type == 'cuda'
-    return mode == 'on'
+    return config.compile == 'on'
 
 
 def run_alg1(config: RegistrationConfig, device: torch.device, ys_np: np.ndarray, xs_np: np.ndarray,

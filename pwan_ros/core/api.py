@@ -147,8 +147,9 @@ def register(source, reference, config: Optional[RegistrationConfig] = None, ini
     if config.transform != 'nonrigid' or not config.prealign:
         return _register_candidates(source, reference, config, init, potential_state, should_stop)[0][1]
     # coarse-to-fine: rigid PWAN registration(s) (with config.starts) initialise the non-rigid one
-    # (large rotations are out of reach of a deformation started at identity); fields left None
-    # take the rigid defaults there. With several starts the ``prealign_keep`` best rigid finalists are
+    # (large rotations are out of reach of a deformation started at identity); steps, u and
+    # tolerance left None take the rigid defaults there, the network and warm-up stay the
+    # non-rigid ones (pinned above). With several starts the ``prealign_keep`` best rigid finalists are
     # deformed and compared after the non-rigid stage: a rigid fit of a deformed shape can rank
     # a wrong, symmetric pose first.
     cands = _register_candidates(source, reference, config.replace(transform='rigid', prealign=False), init,
@@ -174,7 +175,6 @@ def register(source, reference, config: Optional[RegistrationConfig] = None, ini
         if best is None or score < best[0]:
             best = (score, res)
     return dataclasses.replace(best[1], time_s=time.perf_counter() - t0)
-
 
 
 def _register_candidates(source, reference, config: RegistrationConfig, init, potential_state, should_stop) -> list:
