@@ -42,6 +42,7 @@ setup(
         ('share/' + package_name, ['package.xml']),
         ('share/' + package_name + '/launch', _files('launch/*.py')),
         ('share/' + package_name + '/config', _files('config/*.yaml')),
+        ('share/' + package_name + '/rviz', _files('rviz/*.rviz')),
     ],
     python_requires='>=3.10',
     install_requires=[
@@ -72,6 +73,7 @@ setup(
             # one style: pwan_<job>; ROS nodes end in _node (valid `ros2 run pwan_ros NAME` names)
             'pwan_odometry_node = pwan_ros.ros.odometry_node:main',
             'pwan_adapt_node = pwan_ros.ros.adapt_node:main',
+            'pwan_classifier_node = pwan_ros.ros.classifier_node:main',
             'pwan_register = pwan_ros.cli.register:main',
             'pwan_adapt = pwan_ros.cli.adapt:main',
             'pwan_adapt_import = pwan_ros.cli.adapt:import_main',

@@ -1,4 +1,8 @@
-"""Deprecated name of odometry.launch.py (kept for one release); same arguments."""
+"""Deprecated name of odometry.launch.py (kept for one release); same arguments.
+
+It includes odometry.launch.py, which declares them (params_file, points, base_frame, odom_frame,
+publish_tf, device, use_sim_time, bagfile, rviz): see that file's docstring.
+"""
 import os
 
 from ament_index_python.packages import get_package_share_directory

@@ -170,3 +170,34 @@ def test_cli_estimate_from_recorded_bag(tmp_path, small_bag, capsys):
     summary = json.loads((out / 'summary.json').read_text())
     assert (summary['scans'], summary['scans_dropped'], summary['matched']) == (5, 1, 5)
     assert summary['ate_rmse_m'] < 1e-6
+
+
+def test_track_losses_and_side_by_side_comparison(tmp_path):
+    """A run whose pose jumps 0.5 m at one scan and keeps the offset lost track exactly there;
+    the comparison table and plot show every run, a skipped one with its reason."""
+    from pwan_ros.evaluation.compare import format_comparison, plot_comparison, skipped_run, summarise_run
+    from pwan_ros.evaluation.metrics import track_losses
+    gt = line()
+    est = gt.poses.copy()
+    est[12:, 1, 3] += 0.5                        # sideways jump at the 13th pose, kept afterwards
+    turned = gt.poses.copy()
+    turned[5:, :3, :3] = Rotation.from_euler('z', 3.0, degrees=True).as_matrix()   # 3 deg heading error
+    assert track_losses(evaluate(Trajectory(gt.stamps, est), gt)).tolist() == [gt.stamps[12]]
+    assert track_losses(evaluate(Trajectory(gt.stamps, turned), gt)).tolist() == [gt.stamps[5]]
+    assert len(track_losses(evaluate(gt, gt))) == 0
+    good = RunRecord(estimate=gt, scans_published=N, latencies_ms=[10.0, 30.0, 20.0], pwan_stamps=[gt.stamps[3]])
+    bad = RunRecord(estimate=Trajectory(gt.stamps, est), scans_published=N + 2, latencies_ms=[5.0])
+    runs = [summarise_run('adaptive', 'PWAN adaptive', good, gt), summarise_run('tracking_only', 'tracking', bad, gt),
+            skipped_run('kiss_icp', 'KISS-ICP', 'not installed (pip install kiss-icp)')]
+    m = runs[0].metrics()
+    assert (m['scans'], m['scans_published'], m['scans_pwan_engaged'], m['scans_lost_track']) == (N, N, 1, 0)
+    assert (m['median_latency_ms'], m['max_latency_ms']) == (20.0, 30.0)
+    assert runs[1].metrics()['scans_lost_track'] == 1 and runs[1].metrics()['ate_rmse_m'] > 0.1
+    assert runs[2].metrics() == {'skipped': 'not installed (pip install kiss-icp)'}
+    table = format_comparison(runs).splitlines()
+    assert len(table) == 5 and 'PWAN engaged' in table[0] and 'lost track' in table[0]
+    assert table[2].split()[:5] == ['PWAN', 'adaptive', f'{N}/{N}', '1', '0']
+    assert table[3].split()[:4] == ['tracking', f'{N}/{N + 2}', '0', '1']
+    assert 'skipped: not installed' in table[4]
+    png = plot_comparison(runs, gt, tmp_path / 'cmp.png', [('blackout', 5.0, 6.0)], title='t')
+    assert png.stat().st_size > 10_000 and not list(tmp_path.glob('*.tmp*'))

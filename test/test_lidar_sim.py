@@ -85,3 +85,40 @@ def test_cli_and_validation(tmp_path, capsys):
     assert '--dropout 1.5: expected a number in [0, 1)' in capsys.readouterr().err
     with pytest.raises(ValueError, match=r'--scans 0: expected an integer in \[1, '):
         SimConfig(scans=0)
+
+
+def test_stress_events_burst_blackout_turn_and_glitch(tmp_path):
+    """stress=True: a burst of 50-100 % spurious returns for 3 scans, no scans during the 1 s
+    blackout (ground truth kept) while the platform yaws 70 deg, one scan with 10 far points."""
+    from pwan_ros.evaluation.lidar_sim import (BURST_SCANS, GLITCH_POINTS, STRESS_EVENTS, TURN_RAD, stress_event,
+                                               write_sim_bag)
+    small = dict(beams=8, azimuth_steps=180, moving_objects=0, outliers=0.0, dropout=0.0)
+    cfg = SimConfig(scans=40, stress=True, **small)
+    plain = {s.stamp_ns: s for s in simulate(SimConfig(scans=40, **small))}
+    scans = list(simulate(cfg))
+    events = [stress_event(k, cfg) for k in range(40)]
+    assert [k for k, (e, _) in enumerate(events) if e == 'burst'] == list(range(12, 12 + BURST_SCANS))
+    assert [k for k, (e, _) in enumerate(events) if e == 'glitch'] == [32]
+    blackout = [k for k, (_, b) in enumerate(events) if b]
+    assert blackout == list(range(18, 27))       # 1 s between the last scan before and the first after
+    for k, scan in enumerate(scans):
+        far = np.linalg.norm(scan.xyz, axis=1) > 500.0
+        if scan.event == 'glitch':
+            assert far.sum() == GLITCH_POINTS
+        else:
+            assert not far.any()
+        if scan.event == 'burst':
+            n_real = len(plain[scan.stamp_ns].xyz)
+            assert 1.45 * n_real <= len(scan.xyz) <= 2.05 * n_real
+    # the turn: heading 70 deg off the plain drive after it, unchanged before it
+    yaw = lambda p: np.arctan2(p[1, 0], p[0, 0])  # noqa: E731
+    for k, d in ((10, 0.0), (35, TURN_RAD)):
+        diff = yaw(scans[k].pose) - yaw(plain[scans[k].stamp_ns].pose)
+        assert abs((diff - d + np.pi) % (2 * np.pi) - np.pi) < 1e-6
+    res = write_sim_bag(tmp_path / 'bag', cfg)
+    topics = bag_io.bag_topics(tmp_path / 'bag')
+    assert res.scans == topics['/points'].count == 40 - len(blackout)
+    assert topics['/ground_truth'].count == 40
+    assert STRESS_EVENTS['turn'] == 0.55
+    with pytest.raises(ValueError, match='at least 4 s'):
+        SimConfig(scans=20, stress=True)

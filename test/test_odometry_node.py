@@ -182,33 +182,318 @@ def test_params_file_and_overrides_reach_the_node(tmp_path, ros_env):
     assert "parameter 'voxel_size' was renamed 'scan_voxel_size'" in log, log[-2000:]
 
 
-def test_launch_file_names_real_executable_and_config():
-    """launch_ros is not installable here: check the launch file's structure statically."""
-    import ast
+# --- launch files -------------------------------------------------------------------------
+# launch / launch_ros are not installable here, so the launch files run against small fakes of
+# the documented API they use (injected in sys.modules). A fake accepts only keyword arguments
+# that its upstream class takes, and a name the fakes do not define fails the import: the launch
+# files stay on that documented API. What the launch machinery itself does (argument parsing,
+# process start) is not exercised.
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+#: upstream keyword arguments (launch / launch_ros, Jazzy) the fakes accept
+_PROCESS_KW = {'cmd', 'name', 'cwd', 'env', 'additional_env', 'shell', 'output', 'emulate_tty', 'prefix',
+               'respawn', 'respawn_delay', 'sigterm_timeout', 'sigkill_timeout', 'condition'}
+_NODE_KW = (_PROCESS_KW - {'cmd'}) | {'executable', 'package', 'namespace', 'exec_name', 'parameters',
+                                      'remappings', 'ros_arguments', 'arguments'}
+
+
+class _Fake:
+    """A recorded launch entity: ``kind``, positional ``args``, keyword ``kw``."""
+    allowed = frozenset()
+
+    def __init__(self, *args, **kw):
+        unknown = set(kw) - self.allowed
+        if unknown:
+            raise TypeError(f'{type(self).__name__}() got unexpected keyword arguments {sorted(unknown)}')
+        self.kind, self.args, self.kw = type(self).__name__, args, kw
+
+
+def _fake(name, allowed=(), **methods):
+    return type(name, (_Fake,), dict(methods, allowed=frozenset(allowed) | {'condition'}))
+
+
+def _perform(value, context):
+    """Substitutions inside a value (lists, tuples, dicts) performed like launch does."""
+    if hasattr(value, 'perform'):
+        return value.perform(context)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_perform(v, context) for v in value)
+    if isinstance(value, dict):
+        return {_perform(k, context): _perform(v, context) for k, v in value.items()}
+    return value
+
+
+def _lc_perform(self, context):
+    name = self.args[0]
+    if name not in context.launch_configurations:
+        if self.kw.get('default') is None:
+            raise KeyError(f'launch configuration {name!r} is not set (undeclared argument?)')
+        return self.kw['default']
+    return context.launch_configurations[name]
+
+
+def _fake_modules(share_root):
+    import types
+
+    def module(name, **attrs):
+        m = types.ModuleType(name)
+        m.__dict__.update(attrs)
+        return m
+
+    def share(package):
+        if package != 'pwan_ros':
+            raise LookupError(package)
+        return str(share_root / package)
+
+    class LaunchDescription:
+        def __init__(self, initial_entities=None):
+            self.entities = list(initial_entities or [])
+
+    def cond(negate):
+        return lambda self, context: (str(_perform(self.args[0], context)).lower() in ('true', '1')) != negate
+
+    return {
+        'launch': module('launch', LaunchDescription=LaunchDescription),
+        'launch.actions': module(
+            'launch.actions',
+            DeclareLaunchArgument=_fake('DeclareLaunchArgument', {'default_value', 'description', 'choices'}),
+            OpaqueFunction=_fake('OpaqueFunction', {'function', 'args', 'kwargs'}),
+            SetEnvironmentVariable=_fake('SetEnvironmentVariable'),
+            ExecuteProcess=_fake('ExecuteProcess', _PROCESS_KW),
+            IncludeLaunchDescription=_fake('IncludeLaunchDescription', {'launch_arguments'})),
+        'launch.conditions': module('launch.conditions', IfCondition=_fake('IfCondition', evaluate=cond(False)),
+                                    UnlessCondition=_fake('UnlessCondition', evaluate=cond(True))),
+        'launch.substitutions': module('launch.substitutions',
+                                       LaunchConfiguration=_fake('LaunchConfiguration', {'default'},
+                                                                 perform=_lc_perform)),
+        'launch.launch_description_sources': module(
+            'launch.launch_description_sources', PythonLaunchDescriptionSource=_fake('PythonLaunchDescriptionSource')),
+        'launch_ros': module('launch_ros'),
+        'launch_ros.actions': module('launch_ros.actions', Node=_fake('Node', _NODE_KW)),
+        'ament_index_python': module('ament_index_python'),
+        'ament_index_python.packages': module('ament_index_python.packages', get_package_share_directory=share),
+    }
+
+
+@pytest.fixture
+def fake_share(tmp_path):
+    """An install share of pwan_ros laid out like setup.py's data_files (links into the repo)."""
+    share = tmp_path / 'share' / 'pwan_ros'
+    share.mkdir(parents=True)
+    for folder in ('launch', 'config', 'rviz'):
+        (share / folder).symlink_to(ROOT / folder)
+    return share
+
+
+def run_launch(share, file='odometry.launch.py', **given):
+    """Executes ``generate_launch_description`` of an installed launch file and its actions like
+    ``ros2 launch pwan_ros FILE NAME:=VALUE ...``: returns (declared {name: default}, launched
+    [(kind, kwargs with substitutions performed)], environment set)."""
+    import importlib.util
+    import types
+    from unittest import mock
+
+    context = types.SimpleNamespace(launch_configurations=dict(given))
+    declared, launched, env = {}, [], {}
+
+    def load(path):
+        spec = importlib.util.spec_from_file_location('_launch_' + pathlib.Path(path).name.split('.')[0], path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod.generate_launch_description()
+
+    def visit(entities):
+        for e in entities:
+            condition = e.kw.get('condition')
+            if condition is not None and not condition.evaluate(context):
+                continue
+            if e.kind == 'DeclareLaunchArgument':
+                name = e.args[0]
+                declared[name] = e.kw.get('default_value')
+                if name not in context.launch_configurations:
+                    assert declared[name] is not None, f'required launch argument {name} not given'
+                    context.launch_configurations[name] = declared[name]
+            elif e.kind == 'OpaqueFunction':
+                visit(e.kw['function'](context, *e.kw.get('args', ()), **e.kw.get('kwargs', {})) or [])
+            elif e.kind == 'SetEnvironmentVariable':
+                env[_perform(e.args[0], context)] = _perform(e.args[1], context)
+            elif e.kind == 'IncludeLaunchDescription':
+                visit(load(_perform(e.args[0].args[0], context)).entities)
+            else:
+                launched.append((e.kind, _perform(e.kw, context)))
+
+    with mock.patch.dict(sys.modules, _fake_modules(share.parent)):
+        visit(load(share / 'launch' / file).entities)
+    assert set(given) <= set(declared), f'undeclared arguments: {set(given) - set(declared)}'
+    return declared, launched, env
+
+
+def _odometry_node(launched):
+    nodes = [kw for kind, kw in launched if kind == 'Node' and kw['executable'] == 'pwan_odometry_node']
+    assert len(nodes) == 1, launched
+    return nodes[0]
+
+
+def _overrides(node):
+    assert len(node['parameters']) == 2 and isinstance(node['parameters'][1], dict), node['parameters']
+    return node['parameters'][1]
+
+
+def _extras(launched):
+    """What runs besides the odometry node: {'bag': cmd, 'rviz': kwargs}."""
+    out = {}
+    for kind, kw in launched:
+        if kind == 'ExecuteProcess':
+            assert kw['cmd'][:3] == ['ros2', 'bag', 'play'], kw
+            out['bag'] = kw['cmd']
+        elif kind == 'Node' and kw['executable'] == 'rviz2':
+            out['rviz'] = kw
+        else:
+            assert kind == 'Node' and kw['executable'] == 'pwan_odometry_node', (kind, kw)
+    return out
+
+
+def test_launch_file_names_real_executable_and_config(fake_share):
     import re
-    root = pathlib.Path(__file__).resolve().parents[1]
-    src = (root / 'launch' / 'odometry.launch.py').read_text()
-    tree = ast.parse(src)
-    funcs = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
-    assert 'generate_launch_description' in funcs
-    calls = {n.func.id: n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
-    node_kw = {k.arg: k.value for k in calls['Node'].keywords}
-    assert ast.literal_eval(node_kw['executable']) == 'pwan_odometry_node'
-    assert ast.literal_eval(node_kw['package']) == 'pwan_ros'
-    setup = (root / 'setup.py').read_text()
+    for file in ('odometry.launch.py', 'register.launch.py'):
+        compile((ROOT / 'launch' / file).read_text(), file, 'exec')
+    _, launched, env = run_launch(fake_share)
+    node = _odometry_node(launched)
+    assert (node['package'], node['executable'], node['name']) == ('pwan_ros', 'pwan_odometry_node', 'pwan_odometry')
+    setup = (ROOT / 'setup.py').read_text()
     assert re.search(r"'pwan_odometry_node = pwan_ros\.ros\.odometry_node:main'", setup)
     assert re.search(r"'register_node': 'pwan_ros\.ros\.odometry_node:main'", setup)   # 0.1 alias
-    assert ast.literal_eval(node_kw['name']) == 'pwan_odometry'
-    declared = {ast.literal_eval(c.args[0]) for c in ast.walk(tree)
-                if isinstance(c, ast.Call) and getattr(c.func, 'id', '') == 'DeclareLaunchArgument'}
-    assert declared == {'params_file', 'points', 'use_sim_time', 'device'}
-    assert "'config', 'odometry.yaml'" in src
-    # device overrides the file only when given: the file's device holds under launch otherwise
-    assert "if device:" in src and "DeclareLaunchArgument('device', default_value=''" in src
-    # the 0.1 launch file name includes this one
-    old = (root / 'launch' / 'register.launch.py').read_text()
-    compile(old, 'register.launch.py', 'exec')
-    assert "'odometry.launch.py'" in old and 'IncludeLaunchDescription' in old
+    # installed like setup.py's data_files; large clouds: Fast DDS large-data transports
+    assert "'/rviz', _files('rviz/*.rviz')" in setup and "'/config', _files('config/*.yaml')" in setup
+    assert env == {'FASTDDS_BUILTIN_TRANSPORTS': 'LARGE_DATA'}
+    # the 0.1 launch file name includes this one: same arguments, same result
+    assert run_launch(fake_share, 'register.launch.py', bagfile='b', rviz='true') == \
+        run_launch(fake_share, bagfile='b', rviz='true')
+
+
+def test_launch_defaults_keep_the_params_file_values(fake_share):
+    """No arguments: the node gets the installed config/odometry.yaml and use_sim_time, nothing
+    else, so no launch default overrides a value of the file; only the node is started."""
+    declared, launched, _ = run_launch(fake_share)
+    node = _odometry_node(launched)
+    assert node['parameters'] == [str(fake_share / 'config' / 'odometry.yaml'), {'use_sim_time': False}]
+    assert (fake_share / 'config' / 'odometry.yaml').is_file()
+    assert node['remappings'] == [('points', '/points')]
+    assert _extras(launched) == {}
+    # the node-parameter arguments default to '' = keep the file's value
+    assert {n: declared[n] for n in ('base_frame', 'odom_frame', 'publish_tf', 'device')} == dict.fromkeys(
+        ('base_frame', 'odom_frame', 'publish_tf', 'device'), '')
+
+
+#: a given, non-default value of every launch argument and where it must land
+LAUNCH_CASES = {
+    'params_file': ('/robot/odometry.yaml', lambda n, x: n['parameters'][0] == '/robot/odometry.yaml'),
+    'points': ('/ouster/points', lambda n, x: n['remappings'] == [('points', '/ouster/points')]),
+    'base_frame': ('base_link', lambda n, x: _overrides(n) == {'use_sim_time': False, 'base_frame': 'base_link'}),
+    'odom_frame': ('odom_lidar', lambda n, x: _overrides(n) == {'use_sim_time': False, 'odom_frame': 'odom_lidar'}),
+    'publish_tf': ('false', lambda n, x: _overrides(n) == {'use_sim_time': False, 'publish_tf': False}),
+    'device': ('cpu', lambda n, x: _overrides(n) == {'use_sim_time': False, 'device': 'cpu'}),
+    'use_sim_time': ('true', lambda n, x: _overrides(n) == {'use_sim_time': True}),
+    'bagfile': ('my_bag', lambda n, x: x == {'bag': ['ros2', 'bag', 'play', 'my_bag', '--clock']}
+                and _overrides(n) == {'use_sim_time': True}),
+    'rviz': ('true', lambda n, x: set(x) == {'rviz'}),
+}
+
+
+def test_launch_every_argument_reaches_the_node_or_a_process(fake_share):
+    import yaml
+    from pwan_ros.odometry.config import OdometryConfig
+    declared, baseline, _ = run_launch(fake_share)
+    assert set(declared) == set(LAUNCH_CASES), 'a new launch argument needs a case here'
+    yaml_params = yaml.safe_load((ROOT / 'config' / 'odometry.yaml').read_text())['pwan_odometry']['ros__parameters']
+    for name, (value, lands) in LAUNCH_CASES.items():
+        _, launched, _ = run_launch(fake_share, **{name: value})
+        assert launched != baseline, name
+        node = _odometry_node(launched)
+        assert lands(node, _extras(launched)), (name, launched)
+        # an override is a real parameter of the node, spelled like the params file
+        for key in set(_overrides(node)) - {'use_sim_time'}:
+            assert key in yaml_params and key in OdometryConfig.__dataclass_fields__, key
+    # several at once (the robot line of the README)
+    _, launched, _ = run_launch(fake_share, points='/ouster/points', base_frame='base_link', publish_tf='True')
+    node = _odometry_node(launched)
+    assert node['remappings'] == [('points', '/ouster/points')]
+    assert _overrides(node) == {'use_sim_time': False, 'base_frame': 'base_link', 'publish_tf': True}
+    with pytest.raises(ValueError, match='publish_tf'):
+        run_launch(fake_share, publish_tf='yes please')
+
+
+def test_launch_bag_and_rviz(fake_share):
+    """bagfile:= plays the bag with /clock and turns sim time on (an explicit use_sim_time wins);
+    rviz:=true starts rviz2 with the installed config, on the same clock as the node."""
+    _, launched, _ = run_launch(fake_share, bagfile='/data/run 1')        # a path with a space: one argument
+    assert _extras(launched)['bag'] == ['ros2', 'bag', 'play', '/data/run 1', '--clock']
+    assert _overrides(_odometry_node(launched))['use_sim_time'] is True
+    _, launched, _ = run_launch(fake_share, bagfile='x', use_sim_time='false')
+    assert _extras(launched)['bag'] == ['ros2', 'bag', 'play', 'x', '--clock']
+    assert _overrides(_odometry_node(launched))['use_sim_time'] is False
+    assert _extras(run_launch(fake_share, bagfile='')[1]) == {}
+
+    rviz_file = fake_share / 'rviz' / 'pwan_odometry.rviz'
+    _, launched, _ = run_launch(fake_share, rviz='true', bagfile='x')
+    rviz = _extras(launched)['rviz']
+    assert (rviz['package'], rviz['executable']) == ('rviz2', 'rviz2')
+    assert rviz['arguments'] == ['-d', str(rviz_file)] and rviz_file.is_file()
+    assert rviz['parameters'] == [{'use_sim_time': True}]
+    assert _extras(run_launch(fake_share, rviz='false')[1]) == {}
+    # a given odom_frame is rviz's fixed frame too
+    rviz = _extras(run_launch(fake_share, rviz='true', odom_frame='odom_lidar')[1])['rviz']
+    assert rviz['arguments'] == ['-d', str(rviz_file), '-f', 'odom_lidar']
+    with pytest.raises(ValueError, match='rviz'):
+        run_launch(fake_share, rviz='maybe')
+
+
+def _node_topics():
+    """{absolute topic: message type} the node publishes or subscribes to, read from its source
+    (the node runs in the root namespace; ``points`` is remapped to the launch's default)."""
+    import ast
+    src = (ROOT / 'pwan_ros' / 'ros' / 'odometry_node.py').read_text()
+    topics = {}
+    for call in ast.walk(ast.parse(src)):
+        if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                and call.func.attr in ('create_publisher', 'create_subscription')
+                and isinstance(call.args[1], ast.Constant) and isinstance(call.args[0], ast.Name)):
+            topic = call.args[1].value
+            topics[topic if topic.startswith('/') else '/' + topic] = call.args[0].id
+    return topics
+
+
+def test_launch_rviz_config_shows_what_the_node_publishes(fake_share):
+    import yaml
+    from pwan_ros.odometry.config import OdometryConfig
+    topics = _node_topics()
+    assert {'/points': 'PointCloud2', '/odometry': 'Odometry', '/aligned_points': 'PointCloud2',
+            '/diagnostics': 'DiagnosticArray', '/tf': 'TFMessage'}.items() <= topics.items()
+    declared, _, _ = run_launch(fake_share)
+    assert declared['points'] == '/points'
+    config = yaml.safe_load((ROOT / 'rviz' / 'pwan_odometry.rviz').read_text())
+    manager = config['Visualization Manager']
+    assert manager['Global Options']['Fixed Frame'] == OdometryConfig().odom_frame == 'odom'
+
+    def displays(items):
+        for d in items:
+            yield d
+            yield from displays(d.get('Displays', []))
+    shown = {}
+    for d in displays(manager['Displays']):
+        assert d['Class'].startswith(('rviz_default_plugins/', 'rviz_common/')), d['Class']
+        if 'Topic' in d:
+            topic = d['Topic']['Value']
+            # a display of the type the node's topic really carries
+            assert topics.get(topic) == d['Class'].split('/')[1], (topic, d['Class'])
+            shown[topic] = d
+    assert set(shown) == {'/points', '/aligned_points', '/odometry'}
+    assert 'rviz_default_plugins/TF' in {d['Class'] for d in displays(manager['Displays'])}
+    # lidar drivers publish best effort: a reliable rviz subscription would see nothing
+    assert shown['/points']['Topic']['Reliability Policy'] == 'Best Effort'
+    # the documented topics (docs/odometry.md) are the ones shown
+    doc = (ROOT / 'docs' / 'odometry.md').read_text()
+    assert '`aligned_points`' in doc and '`odometry`' in doc
 
 
 @pytest.mark.ros

@@ -74,7 +74,7 @@ def test_filter_drops_nan_and_range_gate():
 
 
 def test_constant_velocity_model():
-    m = ConstantVelocityModel(max_extrapolation=3.0)
+    m = ConstantVelocityModel(max_extrapolation=3.0, max_gap_s=0.2)
     np.testing.assert_allclose(m.predict(0.0), np.eye(4))
     step = yaw(10.0)
     step[:3, 3] = [1.0, 0.0, 0.0]
@@ -88,6 +88,14 @@ def test_constant_velocity_model():
     np.testing.assert_allclose(m.predict(10.0), step @ three, atol=1e-9)
     m.hold(0.1)
     np.testing.assert_allclose(m.predict(0.3), step, atol=1e-12)
+    # a blackout of up to max_gap_s is bridged at the last velocity: 1 s at 10 Hz = 10 steps
+    m = ConstantVelocityModel()
+    m.update(np.eye(4), 0.0)
+    m.update(step, 0.1)
+    ten = yaw(100.0)
+    ten[:3, 3] = [10.0, 0.0, 0.0]
+    np.testing.assert_allclose(m.predict(1.1), step @ ten, atol=1e-9)
+    np.testing.assert_allclose(m.predict(5.0), step @ ten, atol=1e-9)
 
 
 def test_config_validation_names_parameter():
@@ -156,6 +164,23 @@ def test_pwan_recovers_where_tracking_fails(sim_scans):
     assert engaged[6] and 1 <= sum(engaged) <= 3
     after = np.array(after)
     assert after[:, 0].max() < 0.5 and after[:, 1].max() < 0.1, after
+
+
+def test_tracking_mode_never_runs_pwan_and_keeps_the_wrong_pose(sim_scans):
+    """mode='tracking' (the demo's baseline): the same 60 degree jump is distrusted but PWAN never
+    runs, so the pose after it is wrong (what the adaptive mode recovers, test above)."""
+    jump = yaw(60.0)
+    pipe = OdometryPipeline(OdometryConfig(mode='tracking'))
+    gt0 = sim_scans[0].pose
+    errors = []
+    for k, s in enumerate(sim_scans):
+        pose, xyz = s.pose, s.xyz.astype(float)
+        if k >= 6:
+            pose, xyz = pose @ jump, xyz @ jump[:3, :3]
+        est = pipe.process(xyz, s.stamp_ns * 1e-9)
+        assert not est.pwan_engaged and est.timings_ms.get('pwan') is None
+        errors.append(pose_error(est.pose, invert(gt0) @ pose)[0])
+    assert max(errors[:6]) < 0.5 and min(errors[6:]) > 5.0, errors
 
 
 @pytest.mark.heavy

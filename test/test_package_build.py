@@ -35,7 +35,8 @@ def test_colcon_build_installs_executables(colcon_install):
         assert (lib / exe).is_file(), exe
     share = colcon_install / 'pwan_ros' / 'share' / 'pwan_ros'
     assert (share / 'package.xml').is_file()
-    for f in ('launch/odometry.launch.py', 'launch/register.launch.py', 'config/odometry.yaml'):
+    for f in ('launch/odometry.launch.py', 'launch/register.launch.py', 'config/odometry.yaml',
+              'rviz/pwan_odometry.rviz'):
         assert (share / f).is_file(), f
 
 

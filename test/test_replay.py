@@ -94,22 +94,29 @@ def test_pacing_follows_bag_time_and_rate(small_bag):
 
 
 def test_demo_bag_is_cached(tmp_path):
-    cfg = demo.DemoConfig(output=str(tmp_path), scans=3)
     logs = []
-    bag = demo._ensure_bag(cfg, tmp_path, logs.append)
+
+    def ensure(cfg):
+        return demo._ensure_bag(demo._sim_config(cfg), cfg, tmp_path, logs.append)
+    cfg = demo.DemoConfig(output=str(tmp_path), scans=3, stress=False)
+    bag = ensure(cfg)
     assert bag_io.bag_topics(bag)['/points'].count == 3 and 'generating' in logs[0]
     mtime = (bag / 'metadata.yaml').stat().st_mtime_ns
-    assert demo._ensure_bag(cfg, tmp_path, logs.append) == bag and 'cached' in logs[-1]
+    assert ensure(cfg) == bag and 'cached' in logs[-1]
     assert (bag / 'metadata.yaml').stat().st_mtime_ns == mtime
-    demo._ensure_bag(demo.DemoConfig(output=str(tmp_path), scans=4), tmp_path, logs.append)
+    ensure(demo.DemoConfig(output=str(tmp_path), scans=4, stress=False))
     assert bag_io.bag_topics(bag)['/points'].count == 4  # other settings: regenerated
+    ensure(demo.DemoConfig(output=str(tmp_path), scans=40))
+    assert bag_io.bag_topics(bag)['/points'].count == 31  # stress events: 9 scans blacked out
+    with pytest.raises(ValueError, match='at least 4 s'):
+        demo._sim_config(demo.DemoConfig(output=str(tmp_path), scans=8))
 
 
 @pytest.mark.ros
 def test_demo_end_to_end_with_stand_in_node(tmp_path, ros_env):
     node_cmd = f'{sys.executable} {ECHO} --ros-args -p use_sim_time:=true'
     proc = subprocess.run([sys.executable, '-m', 'pwan_ros.cli.demo', '--output', str(tmp_path / 'demo'), '--scans', '8',
-                           '--node-cmd', node_cmd, '--drain-timeout', '3'],
+                           '--node-cmd', node_cmd, '--drain-timeout', '3', '--no-stress', '--no-compare'],
                           env=ros_env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     last = proc.stdout.strip().splitlines()[-1]
@@ -125,7 +132,7 @@ def test_demo_end_to_end_with_stand_in_node(tmp_path, ros_env):
 @pytest.mark.ros
 def test_demo_reports_a_node_that_dies(tmp_path, ros_env):
     proc = subprocess.run([sys.executable, '-m', 'pwan_ros.cli.demo', '--output', str(tmp_path / 'demo'), '--scans', '3',
-                           '--node-cmd', f'{sys.executable} -c "import sys; print(\'boom\'); sys.exit(3)"'],
+                           '--no-stress', '--node-cmd', f'{sys.executable} -c "import sys; print(\'boom\'); sys.exit(3)"'],
                           env=ros_env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert 'the node exited early (code 3)' in proc.stderr and 'boom' in proc.stderr

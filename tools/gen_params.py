@@ -25,6 +25,7 @@ steps -> pwan_steps."""
 def _tables():
     """{(doc file, marker): markdown table}."""
     from pwan_ros.adaptation.config import AdaptConfig
+    from pwan_ros.adaptation.deploy import ClassifierConfig
     from pwan_ros.core.config import CoherenceConfig, FineTuneConfig, PotentialConfig, RegistrationConfig
     from pwan_ros.odometry.config import OdometryConfig
     from pwan_ros.cli.demo import DemoConfig
@@ -35,6 +36,7 @@ def _tables():
     from pwan_ros.params import markdown_table
     return {('docs/odometry.md', 'odometry'): markdown_table(OdometryConfig),
             ('docs/adaptation.md', 'adaptation'): markdown_table(AdaptConfig),
+            ('docs/adaptation.md', 'classifier'): markdown_table(ClassifierConfig),
             ('docs/core.md', 'core'): markdown_table(RegistrationConfig),
             ('docs/core.md', 'core-potential'): markdown_table(PotentialConfig, 'potential.'),
             ('docs/core.md', 'core-coherence'): markdown_table(CoherenceConfig, 'coherence.'),

@@ -1,11 +1,18 @@
-"""The package's main demo: simulated LiDAR bag -> PWAN odometry node (over DDS) -> evaluation.
+"""The package's main demo: what PWAN buys on a drive with the events real robots meet.
 
 Steps: (1) generate the demo bag once (cached in ``OUTPUT/demo_bag``, regenerated when the
-simulation settings change), (2) start the node (``--node-cmd``; default the installed
-``pwan_odometry_node`` with ``config/odometry.yaml`` and ``use_sim_time:=true``), (3) replay the
-bag into it with ``pwan_replay`` (its own DDS domain, LARGE_DATA transports), recording
-``/odometry`` and ``/diagnostics``, (4) evaluate against the bag's ``/ground_truth``, print a
-table; the last line is ``summary: OUTPUT/summary.json``.
+simulation settings change): a simulated LiDAR drive with stress events (``--stress``: a burst
+of spurious returns, a sensor blackout during a fast turn, a glitch scan with far points, moving
+objects); (2) run the bag through the node (``--node-cmd``; default the installed
+``pwan_odometry_node`` with ``config/odometry.yaml`` and ``use_sim_time:=true``) over DDS with
+``pwan_replay`` (its own DDS domain), recording ``/odometry`` and ``/diagnostics``: (a) the
+default ``adaptive`` mode, and with ``--compare`` (b) the same node with ``mode:=tracking``
+(PWAN recovery off) and (c) KISS-ICP in-process when it is installed; (3) evaluate every run
+against the bag's ``/ground_truth`` and print one table (ATE, RPE, scans answered, scans where
+PWAN engaged, scans that lost track, median latency). Outputs: ``trajectory.png`` (marks where
+PWAN engaged and where each run lost track), ``trajectory_est.tum`` (run a), ``summary.json``
+(run a's metrics, ``scans_pwan_engaged`` and a ``baselines`` object with the other runs); the
+last line is ``summary: OUTPUT/summary.json``.
 
     python -m pwan_ros.cli.demo --output results/demo [--scans 80] [--rate 1.0] [--node-cmd "..."]
 """
@@ -49,6 +56,14 @@ class DemoConfig:
     drain_timeout: float = param(15.0, 'stop this long without new odometry after the bag ends (s)', 0.0,
                                  low_open=True)
     regenerate: bool = param(False, 'rebuild the cached bag')
+    wait_for_pose: float = param(15.0, 'the replay waits up to this long (s) for the pose of each scan before '
+                                       'playing on, so every scan is answered however long a PWAN recovery takes on '
+                                       'this machine (latency still measured); 0 = sensor pace, scans arriving while '
+                                       'the node is busy are dropped', 0.0, 3600.0)
+    stress: bool = param(True, 'stress events in the drive: a burst of spurious returns, a sensor blackout '
+                               'during a fast turn, a glitch scan with far points')
+    compare: bool = param(True, 'also run the bag with tracking only (PWAN off) and with KISS-ICP (when '
+                                'installed), side by side')
 
     def __post_init__(self):
         check(self)
@@ -56,7 +71,7 @@ class DemoConfig:
 
 def _params_file() -> pathlib.Path | None:
     """config/odometry.yaml from the source tree or the installed share directory."""
-    here = pathlib.Path(__file__).resolve().parents[1] / 'config' / 'odometry.yaml'
+    here = pathlib.Path(__file__).resolve().parents[2] / 'config' / 'odometry.yaml'
     if here.exists():
         return here
     try:
@@ -84,9 +99,13 @@ def default_node_command() -> list[str]:
     return cmd + ['-p', 'use_sim_time:=true']
 
 
-def _ensure_bag(cfg: DemoConfig, out: pathlib.Path, log) -> pathlib.Path:
-    from pwan_ros.evaluation.lidar_sim import SimConfig, write_sim_bag
-    sim = SimConfig(scans=cfg.scans, seed=cfg.seed)
+def _sim_config(cfg: DemoConfig):
+    from pwan_ros.evaluation.lidar_sim import SimConfig
+    return SimConfig(scans=cfg.scans, seed=cfg.seed, stress=cfg.stress)
+
+
+def _ensure_bag(sim, cfg: DemoConfig, out: pathlib.Path, log) -> pathlib.Path:
+    from pwan_ros.evaluation.lidar_sim import write_sim_bag
     bag, stamp = out / 'demo_bag', out / 'demo_bag.config.json'
     wanted = json.dumps(dataclasses.asdict(sim), sort_keys=True)
     if bag.exists() and not cfg.regenerate and stamp.exists() and stamp.read_text() == wanted:
@@ -119,55 +138,111 @@ def _tail(path: pathlib.Path, n: int = 15) -> str:
         return ''
 
 
-def run_demo(cfg: DemoConfig, log=print) -> pathlib.Path:
-    """Run all steps; returns the summary.json path."""
-    from pwan_ros.evaluation.metrics import evaluate, format_table, load_ground_truth, write_outputs
-    from pwan_ros.ros.env import isolated_ros_env
+def _replay_into_node(node_cmd: list, bag: pathlib.Path, run_dir: pathlib.Path, logs: pathlib.Path, env: dict,
+                      cfg: DemoConfig, name: str):
+    """Start the node, replay the bag into it over DDS, stop it; returns the RunRecord."""
     from pwan_ros.evaluation.run_record import RunRecord
 
-    out = pathlib.Path(check_output(cfg.output, directory=True)).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    bag = _ensure_bag(cfg, out, log)
-    env = isolated_ros_env(out / 'logs')
-    node_cmd = shlex.split(cfg.node_cmd) if cfg.node_cmd else default_node_command()
-    run_dir = out / 'run'
     if run_dir.exists():
         shutil.rmtree(run_dir)
-    log(f'demo: starting node: {shlex.join(node_cmd)}  (log {out / "node.log"})')
-    t0 = time.monotonic()
-    with open(out / 'node.log', 'w') as node_log:
+    node_log_path, replay_log_path = logs / f'{name}.node.log', logs / f'{name}.replay.log'
+    with open(node_log_path, 'w') as node_log:
         node = subprocess.Popen(node_cmd, env=env, stdout=node_log, stderr=subprocess.STDOUT)
         try:
             replay_cmd = [sys.executable, '-m', 'pwan_ros.cli.replay', '--bag', str(bag), '--output', str(run_dir),
                           '--odom-topic', cfg.odom_topic, '--rate', str(cfg.rate),
-                          '--startup-timeout', str(cfg.startup_timeout), '--drain-timeout', str(cfg.drain_timeout)]
-            with open(out / 'replay.log', 'w') as replay_log:
+                          '--startup-timeout', str(cfg.startup_timeout), '--drain-timeout', str(cfg.drain_timeout),
+                          '--wait-for-pose', str(cfg.wait_for_pose)]
+            with open(replay_log_path, 'w') as replay_log:
                 replayer = subprocess.Popen(replay_cmd, env=env, stdout=replay_log, stderr=subprocess.STDOUT)
                 try:
                     while replayer.poll() is None:
                         if node.poll() is not None:
                             raise DemoError(f'the node exited early (code {node.returncode}); last lines of '
-                                            f'{out / "node.log"}:\n{_tail(out / "node.log")}')
+                                            f'{node_log_path}:\n{_tail(node_log_path)}')
                         time.sleep(0.2)
                 finally:  # also on Ctrl-C: no replayer left running
                     _stop(replayer)
             if replayer.returncode != 0:
-                raise DemoError(f'replay failed (code {replayer.returncode}); last lines of {out / "replay.log"}:\n'
-                                f'{_tail(out / "replay.log")}')
+                raise DemoError(f'replay failed (code {replayer.returncode}); last lines of {replay_log_path}:\n'
+                                f'{_tail(replay_log_path)}')
         finally:
             _stop(node)
     run = RunRecord.load(run_dir / 'run.json')
-    log(f'demo: replayed {run.scans_published} scans in {time.monotonic() - t0:.1f} s')
     if run.scans < 2:
         raise DemoError(f'the node answered {run.scans} of {run.scans_published} scans on {cfg.odom_topic}; '
-                        f'see {out / "node.log"}')
+                        f'see {node_log_path}')
+    return run
+
+
+def _events(sim) -> list:
+    """The stress events of the simulated drive as [(label, t0, t1)] seconds from the first scan."""
+    from pwan_ros.evaluation.lidar_sim import stress_event
+    spans: dict = {}
+    for k in range(sim.scans):
+        event, blackout = stress_event(k, sim)
+        for label in ([{'burst': 'spurious burst', 'glitch': 'far glitch'}[event]] if event else []) + \
+                     (['blackout + fast turn'] if blackout else []):
+            t = k / sim.rate_hz
+            t0, t1 = spans.get(label, (t, t))
+            spans[label] = (min(t0, t), max(t1, t))
+    return sorted(((label, t0, t1) for label, (t0, t1) in spans.items()), key=lambda e: e[1])
+
+
+def run_demo(cfg: DemoConfig, log=print) -> pathlib.Path:
+    """Run all steps; returns the summary.json path."""
+    from pwan_ros.evaluation.compare import format_comparison, plot_comparison, skipped_run, summarise_run
+    from pwan_ros.evaluation.metrics import load_ground_truth, make_summary
+    from pwan_ros.evaluation.offline import KissIcpOdometry, kiss_icp_available, run_offline
+    from pwan_ros.io.trajectory import write_tum
+    from pwan_ros.ros.env import isolated_ros_env
+
+    out = pathlib.Path(check_output(cfg.output, directory=True)).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    sim = _sim_config(cfg)
+    bag = _ensure_bag(sim, cfg, out, log)
     gt, source = load_ground_truth(bag, '/ground_truth')
-    result = evaluate(run.estimate, gt)
-    summary, path = write_outputs(out, result, run.estimate, run, title='pwan_ros demo (simulated LiDAR)',
-                                  gt_source=source, node_cmd=shlex.join(node_cmd))
-    log(format_table(summary))
-    log(f"trajectory: {summary['trajectory_tum']}")
-    log(f"plot: {summary['plot_png']}")
+    env = isolated_ros_env(out / 'logs')
+    (out / 'logs').mkdir(exist_ok=True)
+    node_cmd = shlex.split(cfg.node_cmd) if cfg.node_cmd else default_node_command()
+    # one name per run: (key in summary.json, label, node command or None = in-process estimator)
+    plan = [('adaptive', 'PWAN adaptive (default)', node_cmd)]
+    if cfg.compare:
+        plan.append(('tracking_only', 'tracking only (PWAN off)', node_cmd + ['--ros-args', '-p', 'mode:=tracking']))
+        plan.append(('kiss_icp', 'KISS-ICP', None))
+    runs = []
+    for name, label, cmd in plan:
+        t0 = time.monotonic()
+        if cmd is None:
+            if not kiss_icp_available():
+                runs.append(skipped_run(name, label, 'not installed (pip install kiss-icp)'))
+                log(f'demo: {label}: skipped, not installed (pip install kiss-icp)')
+                continue
+            log(f'demo: {label}: running in-process on {bag}')
+            record = run_offline(bag, KissIcpOdometry(max_range=sim.max_range))
+        else:
+            log(f'demo: {label}: {shlex.join(cmd)}  (logs in {out / "logs"})')
+            record = _replay_into_node(cmd, bag, out / ('run' if name == 'adaptive' else f'run_{name}'), out / 'logs',
+                                       env, cfg, name)
+        runs.append(summarise_run(name, label, record, gt))
+        log(f'demo: {label}: {record.scans}/{record.scans_published} scans answered in '
+            f'{time.monotonic() - t0:.1f} s')
+    main = runs[0]
+    tum = write_tum(out / 'trajectory_est.tum', main.run.estimate)
+    png = plot_comparison(runs, gt, out / 'trajectory.png', _events(sim),
+                          title=f'pwan_ros demo: simulated LiDAR drive, {sim.scans} scans'
+                                + (' with stress events' if sim.stress else ''))
+    summary = make_summary(main.result, main.run, title='pwan_ros demo (simulated LiDAR)', gt_source=source,
+                           node_cmd=shlex.join(node_cmd), trajectory_tum=str(tum), plot_png=str(png),
+                           scans_pwan_engaged=main.metrics()['scans_pwan_engaged'],
+                           scans_lost_track=main.metrics()['scans_lost_track'],
+                           stress_events=[{'event': e, 'start_s': a, 'end_s': b} for e, a, b in _events(sim)],
+                           baselines={r.name: r.metrics() for r in runs[1:]})
+    path = out / 'summary.json'
+    write_text(path, json.dumps(summary, indent=2))   # last: its presence means the set is complete
+    log(format_comparison(runs))
+    log(f'trajectory: {tum}')
+    log(f'plot: {png}')
     log(f'summary: {path}')
     return path
 

@@ -4,7 +4,9 @@ A procedural street scene (ground, building walls with gaps, boxes, poles, parke
 ray-cast with Open3D's ``RaycastingScene`` from a sensor that moves along a smooth S-shaped
 path with a little roll/pitch sway. Each scan has range noise, random dropouts, spurious
 outlier points and a few moving objects (pedestrians, cars) that are not in the previous
-scan at the same place, so consecutive scans overlap only partially.
+scan at the same place, so consecutive scans overlap only partially. ``stress=True`` adds the
+events real robots meet (:data:`STRESS_EVENTS`): a burst of spurious returns, a sensor blackout
+during a fast turn, a glitch scan with far points.
 
 Frames (REP-105): ground truth is ``T_world_base`` (parent ``world``, child ``base_link``);
 the LiDAR sits at the base_link origin, so clouds are in ``base_link`` (metres). Bag topics:
@@ -28,9 +30,21 @@ from pwan_ros.io import bags as bag_io
 from pwan_ros.io.pointcloud2 import create_cloud
 from pwan_ros.params import check, param
 
-__all__ = ['SimConfig', 'SimScan', 'SimResult', 'ground_truth_pose', 'simulate', 'write_sim_bag']
+__all__ = ['SimConfig', 'SimScan', 'SimResult', 'STRESS_EVENTS', 'stress_event', 'ground_truth_pose', 'simulate',
+           'write_sim_bag']
 
 EXTRAS_DTYPE = np.dtype([('intensity', np.float32), ('ring', np.uint16)])
+
+#: the stress events of ``SimConfig(stress=True)``, at fractions of the sequence duration:
+#: ``burst``: spurious returns (rain, dust) of 50-100 % of the real returns, for 3 scans;
+#: ``turn``: the platform yaws by ``TURN_RAD`` within ``TURN_S`` seconds while the sensor is
+#: blacked out (no scans), so the next scan is far from any constant-velocity prediction;
+#: ``glitch``: one scan carries 10 returns kilometres away (a driver glitch).
+STRESS_EVENTS = {'burst': 0.3, 'turn': 0.55, 'glitch': 0.8}
+BURST_SCANS = 3
+TURN_RAD = np.deg2rad(70.0)
+TURN_S = 1.0
+GLITCH_POINTS = 10
 
 
 @dataclass(frozen=True)
@@ -58,21 +72,52 @@ class SimConfig:
     world_frame: str = param('world', 'parent frame of the ground truth poses')
     points_topic: str = param('/points', 'topic of the clouds (sensor_msgs/PointCloud2)')
     gt_topic: str = param('/ground_truth', 'topic of the ground truth (nav_msgs/Odometry)')
+    stress: bool = param(False, 'add the stress events of a real drive (see STRESS_EVENTS): a burst of spurious '
+                                'returns, a sensor blackout during a fast turn, a glitch scan with far points')
 
     def __post_init__(self):
         check(self)
         if not self.fov_down_deg < self.fov_up_deg:
             raise ValueError('--fov-down-deg must be below --fov-up-deg')
+        if self.stress and self.scans / self.rate_hz < 4.0:
+            raise ValueError(f'--stress needs a drive of at least 4 s to keep its events apart '
+                             f'({int(np.ceil(4.0 * self.rate_hz))} scans at {self.rate_hz:g} Hz)')
 
 
 @dataclass(frozen=True)
 class SimScan:
-    """One scan: ``xyz`` (N, 3) float32 in base_link, ``extras`` (N,) intensity/ring, ``pose`` T_world_base."""
+    """One scan: ``xyz`` (N, 3) float32 in base_link, ``extras`` (N,) intensity/ring, ``pose`` T_world_base;
+    ``event``: the stress event it carries ('' / 'burst' / 'glitch'); ``blackout``: the sensor
+    delivered nothing (the scan is not written to the bag, its ground truth is)."""
 
     stamp_ns: int
     xyz: np.ndarray
     extras: np.ndarray
     pose: np.ndarray
+    event: str = ''
+    blackout: bool = False
+
+
+def stress_event(k: int, cfg: SimConfig) -> tuple[str, bool]:
+    """(event, blackout) of scan ``k`` (see STRESS_EVENTS); ('', False) without ``cfg.stress``."""
+    if not cfg.stress:
+        return '', False
+    centre = round(STRESS_EVENTS['turn'] * cfg.scans)          # the scan at the middle of the turn
+    blackout = abs(k - centre) < round(0.5 * TURN_S * cfg.rate_hz)  # TURN_S from the last scan before to the next
+    burst0 = int(round(STRESS_EVENTS['burst'] * cfg.scans))
+    if burst0 <= k < burst0 + BURST_SCANS:
+        return 'burst', blackout
+    if k == int(round(STRESS_EVENTS['glitch'] * cfg.scans)):
+        return 'glitch', blackout
+    return '', blackout
+
+
+def _turn_yaw(s, cfg: SimConfig):
+    """Yaw (rad) the stress turn adds at time s: a smooth step of TURN_RAD over TURN_S seconds."""
+    if not cfg.stress:
+        return 0.0
+    u = np.clip((s - STRESS_EVENTS['turn'] * cfg.scans / cfg.rate_hz) / TURN_S + 0.5, 0.0, 1.0)
+    return TURN_RAD * u * u * (3.0 - 2.0 * u)
 
 
 @dataclass(frozen=True)
@@ -112,7 +157,8 @@ def ground_truth_pose(s: float, cfg: SimConfig) -> tuple[np.ndarray, np.ndarray,
 
     def attitude(t):
         d = (_path(np.array(t + h), cfg) - _path(np.array(t - h), cfg)) / (2 * h)
-        return _rot(0.02 * np.sin(2 * np.pi * t / 3.1), 0.015 * np.sin(2 * np.pi * t / 4.3), np.arctan2(d[1], d[0]))
+        return _rot(0.02 * np.sin(2 * np.pi * t / 3.1), 0.015 * np.sin(2 * np.pi * t / 4.3),
+                    np.arctan2(d[1], d[0]) + _turn_yaw(t, cfg))
 
     rot = attitude(s)
     pose = np.eye(4)
@@ -219,17 +265,23 @@ def simulate(cfg: SimConfig) -> Iterator[SimScan]:
         intensity = 100.0 * np.asarray(refl)[geom[keep]] * (0.3 + 0.7 * cos_inc) / (1.0 + 0.01 * r)
         extras = np.empty(xyz.shape[0], dtype=EXTRAS_DTYPE)
         extras['intensity'], extras['ring'] = intensity, ring[keep]
-        n_out = int(round(cfg.outliers * xyz.shape[0]))
+        event, blackout = stress_event(k, cfg)
+        fraction = rng.uniform(0.5, 1.0) if event == 'burst' else cfg.outliers
+        n_out = int(round(fraction * xyz.shape[0]))
+        if event == 'glitch':
+            n_out = GLITCH_POINTS
         if n_out:
             d = rng.normal(size=(n_out, 3))
             d /= np.linalg.norm(d, axis=1, keepdims=True)
-            out_xyz = d * rng.uniform(1.0, 0.5 * cfg.max_range, (n_out, 1))
+            reach = (1e3, 1e4) if event == 'glitch' else (1.0, 0.5 * cfg.max_range)
+            out_xyz = d * rng.uniform(*reach, (n_out, 1))
             out_ex = np.empty(n_out, dtype=EXTRAS_DTYPE)
             out_ex['intensity'] = rng.uniform(0.0, 5.0, n_out)
             out_ex['ring'] = rng.integers(0, cfg.beams, n_out)
             xyz, extras = np.vstack([xyz, out_xyz]), np.concatenate([extras, out_ex])
         stamp_ns = int(round(cfg.start_time * 1e9)) + int(round(s * 1e9))
-        yield SimScan(stamp_ns=stamp_ns, xyz=xyz.astype(np.float32), extras=extras, pose=pose)
+        yield SimScan(stamp_ns=stamp_ns, xyz=xyz.astype(np.float32), extras=extras, pose=pose, event=event,
+                      blackout=blackout)
 
 
 def write_sim_bag(path, cfg: SimConfig = SimConfig(), storage: str = 'mcap') -> SimResult:
@@ -251,10 +303,12 @@ def write_sim_bag(path, cfg: SimConfig = SimConfig(), storage: str = 'mcap') -> 
             _, lin, ang = ground_truth_pose(s, cfg)
             writer.write(cfg.gt_topic, scan.stamp_ns,
                          bag_io.odometry(scan.stamp_ns, scan.pose, cfg.world_frame, cfg.frame_id, lin, ang))
+            positions.append(scan.pose[:3, 3])
+            if scan.blackout:
+                continue
             msg = create_cloud(bag_io.header(scan.stamp_ns, cfg.frame_id), scan.xyz, scan.extras, msg_cls=cloud_cls)
             writer.write(cfg.points_topic, scan.stamp_ns, msg)
             n_points.append(scan.xyz.shape[0])
-            positions.append(scan.pose[:3, 3])
         while next_clock <= end_ns:
             writer.write('/clock', next_clock, bag_io.clock(next_clock))
             next_clock += clock_step

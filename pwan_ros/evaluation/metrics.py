@@ -38,7 +38,7 @@ from pwan_ros.io.trajectory import Trajectory, TrajectoryError, read_pose_file, 
 from pwan_ros.params import check, param
 
 __all__ = ['EvalConfig', 'EvalResult', 'EvaluationError', 'evaluate', 'load_ground_truth',
-           'make_summary', 'write_outputs', 'format_table', 'SUMMARY_KEYS']
+           'make_summary', 'write_outputs', 'format_table', 'track_losses', 'SUMMARY_KEYS']
 
 #: Keys every summary.json has (values may be null when not measurable, e.g. latency of a pose file).
 SUMMARY_KEYS = ('scans', 'scans_dropped', 'median_latency_ms', 'ate_rmse_m', 'rpe_trans_pct', 'rpe_rot_deg_per_m')
@@ -92,6 +92,22 @@ class EvalResult:
         """The scalar metrics as a JSON-ready dict."""
         return {k: v for k, v in asdict(self).items() if k not in ('gt', 'est_aligned', 'ate_errors')} | {
             'rpe_lengths_m': list(self.rpe_lengths_m)}
+
+
+#: a scan whose motion since the previous answered scan is off by more than either bound lost track
+LOST_TRANS_M = 0.25
+LOST_ROT_DEG = 2.5
+
+
+def track_losses(result: EvalResult, trans_m: float = LOST_TRANS_M, rot_deg: float = LOST_ROT_DEG) -> np.ndarray:
+    """Stamps (s) of the matched poses whose relative motion since the previous matched pose is
+    off by more than ``trans_m`` metres or ``rot_deg`` degrees: where the estimate lost track (a
+    rejected scan that holds the last pose during motion counts too)."""
+    n = result.matched
+    if n < 2:
+        return np.zeros(0)
+    t_err, r_err = _relative_errors(result.gt.poses, result.est_aligned.poses, [(k, k + 1) for k in range(n - 1)])
+    return result.gt.stamps[1:][(t_err > trans_m) | (r_err > rot_deg)]
 
 
 def _evo(traj: Trajectory):

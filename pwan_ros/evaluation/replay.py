@@ -62,6 +62,10 @@ class ReplayConfig:
     startup_timeout: float = param(60.0, "wait for the node's subscription and publisher (s)", 0.0, low_open=True)
     drain_timeout: float = param(10.0, 'stop this long without new odometry after the end (s)', 0.0, low_open=True)
     settle: float = param(0.5, 'wait after discovery before the first message (s)', 0.0)
+    wait_for_pose: float = param(0.0, 'after each scan, wait up to this long (s) for its pose before playing on '
+                                      '(the bag clock pauses meanwhile): every scan is answered however slow the '
+                                      'node is; 0 = sensor pace, scans arriving while the node is busy are dropped '
+                                      'as on a robot', 0.0, 3600.0)
 
     def __post_init__(self):
         check(self)
@@ -101,6 +105,8 @@ class _Recorder:
     node_latencies_ms: list = field(default_factory=list)
     node_scans_dropped: int | None = None
     diagnostics_last: dict = field(default_factory=dict)
+    pwan_stamps: set = field(default_factory=set)           # scan stamps ns where full PWAN ran
+    rejected_stamps: set = field(default_factory=set)       # ... rejected or re-anchored
     last_odom_wall: float = 0.0
 
 
@@ -166,6 +172,11 @@ def replay(cfg: ReplayConfig, log=print) -> RunRecord:
                         rec.node_latencies_ms.append(_float(values['latency_ms']))
                     if 'scans_dropped' in values and _float(values['scans_dropped']) is not None:
                         rec.node_scans_dropped = int(_float(values['scans_dropped']))
+                    ns = bag_io.stamp_to_ns(msg.header.stamp)
+                    if values.get('pwan_engaged') == 'true':
+                        rec.pwan_stamps.add(ns)
+                    if values.get('path') in ('rejected', 'reanchor'):
+                        rec.rejected_stamps.add(ns)
 
         odom_sub = None
         if cfg.odom_topic:
@@ -218,7 +229,9 @@ def replay(cfg: ReplayConfig, log=print) -> RunRecord:
         return RunRecord(estimate=est, scans_published=n_scans, latencies_ms=list(rec.latencies_ms),
                          node_latencies_ms=list(rec.node_latencies_ms),
                          node_scans_dropped=rec.node_scans_dropped, mode='replay', wall_s=wall,
-                         bag=str(cfg.bag), topic=cfg.points_topic, diagnostics_last=dict(rec.diagnostics_last))
+                         bag=str(cfg.bag), topic=cfg.points_topic, diagnostics_last=dict(rec.diagnostics_last),
+                         pwan_stamps=[ns * 1e-9 for ns in sorted(rec.pwan_stamps)],
+                         rejected_stamps=[ns * 1e-9 for ns in sorted(rec.rejected_stamps)])
 
 
 def _play(cfg: ReplayConfig, pubs, clock_pub, rec: _Recorder, generate_clock: bool, played) -> dict:
@@ -250,11 +263,28 @@ def _play(cfg: ReplayConfig, pubs, clock_pub, rec: _Recorder, generate_clock: bo
             time.sleep(max(wake - now, 0.0))
         if generate_clock:
             publish_clock(t_ns)
-        if topic == cfg.points_topic:
+        stamp_ns = _header_stamp_ns(raw) if topic == cfg.points_topic else None
+        if stamp_ns is not None:
             with rec.lock:
-                rec.published_wall[_header_stamp_ns(raw)] = time.monotonic()
+                rec.published_wall[stamp_ns] = time.monotonic()
         pubs[topic].publish(raw)
         counts[topic] = counts.get(topic, 0) + 1
+        if stamp_ns is not None and cfg.wait_for_pose > 0:
+            waited = _wait_for_pose(rec, stamp_ns, cfg.wait_for_pose)
+            t0_wall += waited            # the bag clock pauses while the node works
+            next_clock_wall += waited
     if not counts:
         raise ReplayError(f'bag {cfg.bag} has no messages on {played}')
     return counts
+
+
+def _wait_for_pose(rec: _Recorder, stamp_ns: int, timeout: float) -> float:
+    """Wait until the pose of the scan stamped ``stamp_ns`` was received (or ``timeout`` s);
+    returns the seconds waited."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        with rec.lock:
+            if stamp_ns in rec.odom:
+                break
+        time.sleep(0.002)
+    return time.monotonic() - t0

@@ -27,6 +27,8 @@ class RunRecord:
     node_latencies_ms: latency_ms values the node reported on /diagnostics (may be empty).
     node_scans_dropped: the node's last reported scans_dropped (None if never reported).
     mode: 'replay' or 'offline'; wall_s: run duration, seconds.
+    pwan_stamps / rejected_stamps: scan stamps (s) where the node reported on /diagnostics that
+        full PWAN ran / the scan was rejected or re-anchored (empty for other estimators).
     """
 
     estimate: Trajectory
@@ -39,6 +41,8 @@ class RunRecord:
     bag: str = ''
     topic: str = ''
     diagnostics_last: dict = field(default_factory=dict)
+    pwan_stamps: list[float] = field(default_factory=list)
+    rejected_stamps: list[float] = field(default_factory=list)
 
     @property
     def scans(self) -> int:

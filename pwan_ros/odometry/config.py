@@ -24,7 +24,7 @@ from pwan_ros.params import param, problem, specs, value_type
 #: the core's ``compile`` field, passed through unchanged (one description)
 _CORE_COMPILE = specs(RegistrationConfig)['compile'][1]
 
-MODES = ('adaptive', 'pwan')
+MODES = ('adaptive', 'pwan', 'tracking')
 TRANSFORMS = ('rigid', 'affine', 'nonrigid')
 DIVERGENCES = ('mass', 'distance')
 RELIABILITIES = ('auto', 'best_effort', 'reliable')
@@ -44,12 +44,15 @@ class OdometryConfig:
     ``pwan_odometry`` node), one per ROS parameter. See each field's spec (``specs()``)."""
 
     mode: str = param('adaptive', 'adaptive: fast partial tracking against a keyframe, full PWAN when tracking is '
-                      'lost or untrustworthy; pwan: full PWAN on every scan, warm-started (meant for a GPU)',
+                      'lost or untrustworthy; pwan: full PWAN on every scan, warm-started (meant for a GPU); tracking: '
+                      'tracking only, PWAN never runs (a baseline that shows what PWAN recovers)',
                       choices=MODES)
     transform: str = param('rigid', 'transform of the PWAN core; affine and nonrigid need reference_cloud '
                            '(a scan-to-scan motion is rigid)', choices=TRANSFORMS)
-    divergence: str = param('mass', 'mass: m-PWAN, match mass_ratio of the smaller set; distance: d-PWAN, '
-                            'match pairs within distance_threshold', choices=DIVERGENCES)
+    divergence: str = param('distance', 'distance: d-PWAN, match pairs within distance_threshold (needs no '
+                            'overlap guess: after a blackout or along a corridor the overlap is unknown); mass: '
+                            'm-PWAN, match mass_ratio of the smaller set (can slide a scan along a street when the '
+                            'true overlap is below mass_ratio)', choices=DIVERGENCES)
     mass_ratio: float = param(0.8, 'fraction of the smaller point set matched by m-PWAN', 0.0, 1.0, low_open=True)
     distance_threshold: float = param(0.0, 'partial-matching distance h (m): pairs farther apart do not count '
                                       '(tracking, d-PWAN, matched ratio); 0 = 2 x scan_voxel_size', 0.0, 1000.0)

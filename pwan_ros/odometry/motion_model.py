@@ -12,12 +12,15 @@ class ConstantVelocityModel:
     """Predicts the next sensor pose from the last two accepted poses (metres, radians).
 
     The motion between the last two accepted poses is extrapolated to the new stamp along its
-    geodesic, scaled by the ratio of the time steps (capped at ``max_extrapolation`` x, so a
-    long gap after dropped scans does not fling the prediction away).
+    geodesic, scaled by the ratio of the time steps, over at most ``max_extrapolation`` steps or
+    ``max_gap_s`` seconds, whichever is longer: a vehicle keeps its velocity through a short
+    blackout (about a second), while a long gap after dropped scans does not fling the
+    prediction away.
     """
 
-    def __init__(self, max_extrapolation: float = 3.0):
+    def __init__(self, max_extrapolation: float = 3.0, max_gap_s: float = 1.0):
         self.max_extrapolation = max_extrapolation
+        self.max_gap_s = max_gap_s
         self.reset()
 
     def reset(self) -> None:
@@ -30,13 +33,19 @@ class ConstantVelocityModel:
     def pose(self) -> Optional[np.ndarray]:
         return self._pose
 
+    @property
+    def predicting(self) -> bool:
+        """Whether it extrapolates a velocity (two updates since the last hold)."""
+        return self._dt is not None and self._dt > 0.0
+
     def predict(self, stamp: float) -> np.ndarray:
         """Predicted (4, 4) pose at ``stamp`` (seconds). Identity before the first update."""
         if self._pose is None:
             return np.eye(4)
         if self._dt is None or self._dt <= 0.0:
             return self._pose.copy()
-        factor = min(max((stamp - self._stamp) / self._dt, 0.0), self.max_extrapolation)
+        cap = max(self.max_extrapolation, self.max_gap_s / self._dt)
+        factor = min(max((stamp - self._stamp) / self._dt, 0.0), cap)
         return self._pose @ scale_motion(self._delta, factor)
 
     def update(self, pose: np.ndarray, stamp: float) -> None:

@@ -8,8 +8,11 @@ the sensor in the odometry frame. Two paths produce poses:
 * ``pwan``: full PWAN (:mod:`pwan_ros.odometry.pwan_recovery`), used in ``mode='adaptive'`` at
   start-up against a reference cloud and whenever the trust policy (:mod:`pwan_ros.odometry.trust`)
   distrusts tracking, and in ``mode='pwan'`` for every scan. Its result re-initialises tracking.
+  ``mode='tracking'`` never runs it (the baseline of the demo: what PWAN recovers).
 
-A registration that matches too little is rejected: the last good pose is kept (and reported),
+A registration that matches too little is rejected — unless it agrees with the motion prediction as
+closely as the recent scans did (a scan flooded with spurious returns matches few of its points
+at the right pose; :meth:`TrustPolicy.agrees_with_motion`): the last good pose is kept (and reported),
 the motion model stops extrapolating, and the next scan tries again. So is a scan whose usable
 points collapse against the recent scans (a driver glitch, a half-delivered scan), before it can
 become a keyframe. After ``reanchor_after`` consecutive rejections the next scan becomes a new
@@ -24,7 +27,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from pwan_ros.geometry.se3 import invert, project_rigid
+from pwan_ros.geometry.se3 import invert, project_rigid, rotation_angle
 from pwan_ros.odometry.config import OdometryConfig
 from pwan_ros.odometry.keyframe_tracker import MatchQuality, PreparedCloud, match_quality, track
 from pwan_ros.odometry.keyframes import Keyframe, Keyframes
@@ -156,26 +159,33 @@ class OdometryPipeline:
         if self.config.transform != 'rigid':
             return self._deform(kf, scan, init, done)
         outcome = self._register(kf, scan, init, timings)
+        deviation = _deviation(init, outcome.transform) if self.motion.predicting else None
         floor = self.trust.acceptance_floor()
-        if outcome.quality.matched_ratio < floor:
-            why = f'matched ratio {outcome.quality.matched_ratio:.2f} < required {floor:.2f}'
+        ratio = outcome.quality.matched_ratio
+        if ratio < floor:
+            why = f'matched ratio {ratio:.2f} < required {floor:.2f}'
+            if (ratio >= self.config.min_matched_ratio and deviation is not None
+                    and self.trust.agrees_with_motion(deviation, self.h)):
+                outcome.reason = (why + f', accepted: agrees with the motion prediction ({deviation[0]:.3f} m, '
+                                  f'{deviation[1]:.2f} deg)' + (f' ({outcome.reason})' if outcome.reason else ''))
+                return self._accept(kf, scan, stamp, outcome, done, deviation, by_motion=True)
             outcome.reason = why + (f' ({outcome.reason})' if outcome.reason else '')
             return self._reject(stamp, done, outcome)
-        return self._accept(kf, scan, stamp, outcome, done)
+        return self._accept(kf, scan, stamp, outcome, done, deviation)
 
     # ------------------------------------------------------------------ stages
     def _register(self, kf: Keyframe, scan: PreparedScan, init: np.ndarray, timings: Dict[str, float]) -> _Outcome:
         """Track from the prediction; full PWAN when the trust policy distrusts the result (or
         always in mode 'pwan'). The better of the two by matched ratio wins."""
         best = None
-        if self.config.mode == 'adaptive':
+        if self.config.mode in ('adaptive', 'tracking'):
             t0 = time.perf_counter()
             tr = track(kf.cloud, scan.tracked, init, self.h, num_threads=self.num_threads)
             timings['track'] = (time.perf_counter() - t0) * 1e3
             best = _Outcome(tr.transform, tr.quality, tr.iterations, reason=self.trust.distrust(tr.quality, self.h))
             if self._scan_index == 1 and kf.is_reference:
                 best.reason = 'start-up against the reference cloud' + (f' ({best.reason})' if best.reason else '')
-            if not best.reason:
+            if not best.reason or self.config.mode == 'tracking':
                 return best
         reason = best.reason if best else 'mode pwan'
         deadline = time.perf_counter() + self.config.pwan_time_budget_ms * 1e-3
@@ -187,13 +197,17 @@ class OdometryPipeline:
             best = _Outcome(rec.transform, rec.quality)
         return _Outcome(best.transform, best.quality, iterations, True, reason, rec.starts)
 
-    def _accept(self, kf: Keyframe, scan: PreparedScan, stamp: float, outcome: _Outcome, done) -> ScanEstimate:
+    def _accept(self, kf: Keyframe, scan: PreparedScan, stamp: float, outcome: _Outcome, done,
+                deviation: Optional[tuple] = None, by_motion: bool = False) -> ScanEstimate:
+        """Accept ``outcome``. ``by_motion``: accepted below the quality floor because it agrees
+        with the motion prediction; such a scan (flooded with spurious returns) never becomes a
+        keyframe, and the motion model keeps extrapolating through it."""
         pose = project_rigid(kf.pose @ outcome.transform)   # orthonormal poses: no compounding drift
         self.motion.update(pose, stamp)
-        if outcome.pwan_engaged and self.config.mode == 'adaptive':
+        if outcome.pwan_engaged and self.config.mode == 'adaptive' and not by_motion:
             self.motion.hold(stamp)   # a recovered jump is not a velocity to extrapolate
-        self.trust.accepted(outcome.quality, len(scan.dense))
-        new_kf = self.keyframes.due(outcome.transform)
+        self.trust.accepted(outcome.quality, len(scan.dense), deviation, by_motion)
+        new_kf = not by_motion and self.keyframes.due(outcome.transform)
         if new_kf:
             self.keyframes.start(scan.keyframe_cloud(self.num_threads), pose)
         return done(pose, 'pwan' if outcome.pwan_engaged else 'track', outcome, new_keyframe=new_kf)
@@ -246,6 +260,12 @@ class OdometryPipeline:
         self.motion.update(pose, self._last_stamp)
         aligned = result.transformed_source @ kf.pose[:3, :3].T + kf.pose[:3, 3]
         return done(pose, 'pwan', outcome, aligned_points=aligned)
+
+
+def _deviation(predicted: np.ndarray, registered: np.ndarray) -> tuple:
+    """(metres, degrees) between two (4, 4) T_keyframe_scan."""
+    d = invert(predicted) @ registered
+    return float(np.linalg.norm(d[:3, 3])), float(np.degrees(rotation_angle(d)))
 
 
 #: the quality reported for scans that define a keyframe themselves, and for unmatched ones

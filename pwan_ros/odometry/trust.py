@@ -17,6 +17,12 @@ POINT_COLLAPSE_RATIO = 0.3
 HISTORY = 10
 #: consecutive rejections after which the history is forgotten (the scene may have changed)
 FORGET_AFTER = 3
+#: a registration agrees with the motion prediction when it deviates from it by at most this
+#: many times the median deviation of the recent accepted scans (plus the floors below)
+AGREEMENT_FACTOR = 3.0
+#: floors of the agreement test: a fraction of h (m) and degrees
+AGREEMENT_FLOOR_H = 0.05
+AGREEMENT_FLOOR_DEG = 0.25
 
 
 class TrustPolicy:
@@ -31,6 +37,7 @@ class TrustPolicy:
         self._ratios: Deque[float] = collections.deque(maxlen=HISTORY)
         self._residuals: Deque[float] = collections.deque(maxlen=HISTORY)
         self._sizes: Deque[int] = collections.deque(maxlen=HISTORY)
+        self._deviations: Deque[tuple] = collections.deque(maxlen=HISTORY)   # (m, deg) from the prediction
         self.rejections = 0
 
     def forget(self) -> None:
@@ -38,6 +45,7 @@ class TrustPolicy:
         self._ratios.clear()
         self._residuals.clear()
         self._sizes.clear()
+        self._deviations.clear()
 
     def collapsed(self, size: int) -> str:
         """Why a scan of ``size`` usable points collapsed against the recent scans ('' if not)."""
@@ -70,6 +78,17 @@ class TrustPolicy:
             floor = max(floor, self.config.ratio_drop * float(np.median(self._ratios)))
         return floor
 
+    def agrees_with_motion(self, deviation: tuple, h: float) -> bool:
+        """Whether a registration that deviates (metres, degrees) from the motion prediction agrees
+        with it as closely as the recent accepted scans did (needs a history of 3). Two independent
+        estimates agreeing is evidence of a right pose even where the matched ratio is low: a scan
+        flooded with spurious returns (rain, dust) matches a small fraction of its points."""
+        if len(self._deviations) < 3:
+            return False
+        med_m, med_deg = np.median(np.array(self._deviations), axis=0)
+        return (deviation[0] <= AGREEMENT_FACTOR * med_m + AGREEMENT_FLOOR_H * h
+                and deviation[1] <= AGREEMENT_FACTOR * med_deg + AGREEMENT_FLOOR_DEG)
+
     def good_match(self) -> float:
         """Matched ratio that ends a multi-start recovery early: about the recent quality; without
         a history (start-up) infinity, so every start is tried."""
@@ -81,11 +100,18 @@ class TrustPolicy:
         n = self.config.reanchor_after
         return bool(n) and self.rejections >= n
 
-    def accepted(self, q: MatchQuality, size: int) -> None:
+    def accepted(self, q: MatchQuality, size: int, deviation: tuple | None = None, by_motion: bool = False) -> None:
+        """An accepted scan: its quality, usable points, and deviation (m, deg) from the motion
+        prediction (None: there was none). ``by_motion``: accepted only by agreeing with the
+        prediction; its quality is not the scene's and stays out of the history."""
         self.rejections = 0
+        if by_motion:
+            return
         self._ratios.append(q.matched_ratio)
         self._residuals.append(q.median_residual)
         self._sizes.append(size)
+        if deviation is not None:
+            self._deviations.append(deviation)
 
     def rejected(self) -> None:
         self.rejections += 1

@@ -89,7 +89,8 @@ class OdometryNode(Node):
         # best effort (depth 1) matches drivers publishing with the sensor-data profile and
         # reliable publishers (bag players) alike; a reliable subscription misses the former.
         # 'auto' switches to reliable once every publisher on the topic is reliable.
-        self._points_sub = None
+        self._points_sub = self._retired_sub = None
+        self._last_received = None   # (sec, nanosec) of the last scan received
         self._subscribe_points(ReliabilityPolicy.RELIABLE if cfg.reliability == 'reliable'
                                else ReliabilityPolicy.BEST_EFFORT)
         if cfg.reliability == 'auto':
@@ -119,8 +120,12 @@ class OdometryNode(Node):
 
     # ------------------------------------------------------------------ QoS
     def _subscribe_points(self, reliability: ReliabilityPolicy) -> None:
-        if self._points_sub is not None:
-            self.destroy_subscription(self._points_sub)
+        """(Re)subscribe with ``reliability``. The old subscription lives on until the next
+        reliability check (0.5 s), by when the new one has matched the publishers, so no scan is
+        lost in the switch (a scan received through both is dropped by its stamp)."""
+        if self._retired_sub is not None:
+            self.destroy_subscription(self._retired_sub)
+        self._retired_sub = self._points_sub
         reliable = reliability == ReliabilityPolicy.RELIABLE
         qos = QoSProfile(depth=5 if reliable else 1, history=HistoryPolicy.KEEP_LAST, reliability=reliability)
         self._points_sub = self.create_subscription(PointCloud2, 'points', self._on_points, qos)
@@ -129,6 +134,9 @@ class OdometryNode(Node):
     def _adapt_reliability(self) -> None:
         """reliability 'auto': reliable when all publishers of the points topic are reliable (bag
         players), else best effort (drivers; also matches reliable publishers)."""
+        if self._retired_sub is not None:
+            self.destroy_subscription(self._retired_sub)
+            self._retired_sub = None
         infos = self.get_publishers_info_by_topic(self._points_sub.topic_name)
         if not infos:
             return
@@ -142,7 +150,11 @@ class OdometryNode(Node):
 
     # ------------------------------------------------------------------ callbacks
     def _on_points(self, msg: PointCloud2) -> None:
+        stamp = (msg.header.stamp.sec, msg.header.stamp.nanosec)
         with self._lock:
+            if stamp == self._last_received:      # the same scan through both subscriptions of a switch
+                return
+            self._last_received = stamp
             self.counts['received'] += 1
             if self._pending is not None:
                 self.counts['dropped'] += 1

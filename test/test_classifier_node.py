@@ -1,0 +1,209 @@
+"""Deploying the adapted classifier: :mod:`pwan_ros.adaptation.deploy` on a model.ts trained by the
+project's own runner, and the ``pwan_classifier`` node in a subprocess fed over DDS."""
+import pathlib
+import queue
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import test_params
+from conftest import assert_one_line_failure
+from pwan_ros.adaptation import AdaptConfig, AdaptConfigError, AdaptInputError, run_adaptation, save_npz
+from pwan_ros.adaptation.deploy import ClassifierConfig, Prediction, load_classifier
+from test_adapt_core import gaussian_domains
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+NODE = [sys.executable, '-m', 'pwan_ros.ros.classifier_node']   # = the pwan_classifier_node executable
+NAMES = [f'c{i}' for i in range(6)]
+pytestmark = pytest.mark.filterwarnings('ignore:`torch.jit:DeprecationWarning')   # the format model.ts has
+
+
+@pytest.fixture(scope='module')
+def run_dir(tmp_path_factory):
+    """A finished adaptation run (model.ts, summary.json with class names) on 32-d Gaussian classes."""
+    tmp = tmp_path_factory.mktemp('adapt')
+    xl, yl, xu, yu = gaussian_domains(0)
+    save_npz(tmp / 'lab.npz', xl, yl, NAMES)
+    save_npz(tmp / 'unl.npz', xu, yu)
+    cfg = AdaptConfig(steps=30, warmup_steps=10, weight_interval=10, eval_interval=10, checkpoint_interval=1000,
+                      batch_size=36, potential_updates=1, bottleneck_dim=16, potential_hidden=16, device='cpu',
+                      threads=1, plots=False)
+    result = run_adaptation(cfg, tmp / 'lab.npz', tmp / 'unl.npz', tmp / 'out')
+    assert result.completed
+    return tmp / 'out', xu
+
+
+def _reference(model_path, x):
+    """Softmax probabilities of the TorchScript model itself (n, K)."""
+    module = torch.jit.load(str(model_path), map_location='cpu')
+    with torch.no_grad():
+        return torch.softmax(module(torch.from_numpy(x)), dim=1).numpy()
+
+
+# ---------------------------------------------------------------------------- deploy.py
+def test_predictions_are_the_models_argmax_and_softmax(run_dir):
+    out, xu = run_dir
+    clf = load_classifier(out / 'model.ts')
+    assert (clf.dim, clf.num_classes, clf.class_names) == (32, 6, NAMES)
+    probs = _reference(out / 'model.ts', xu)
+    preds = clf.classify(xu)
+    assert len(preds) == len(xu)
+    assert [p.class_id for p in preds] == probs.argmax(axis=1).tolist()
+    np.testing.assert_allclose([p.confidence for p in preds], probs.max(axis=1), rtol=1e-6)
+    assert all(p.class_name == NAMES[p.class_id] for p in preds)
+    # the deployed model reproduces the run's own predictions of the unlabelled rows
+    assert [p.class_id for p in preds] == np.load(out / 'predictions.npy').tolist()
+    one = clf.classify(xu[7].astype(np.float64))       # one vector (D,) -> one Prediction
+    assert isinstance(one, Prediction) and one == preds[7]
+    assert clf.classify(np.zeros((0, 32), np.float32)) == []
+    assert load_classifier(out / 'model.ts', 'auto', class_names=list('abcdef')).classify(xu[7]).class_name == 'b'
+
+
+def test_unusable_models_and_features_are_one_line_errors(run_dir, tmp_path):
+    out, xu = run_dir
+    garbage = tmp_path / 'garbage.ts'
+    garbage.write_bytes(b'not a model')
+    identity = tmp_path / 'identity.ts'
+    torch.jit.save(torch.jit.script(torch.nn.Identity()), str(identity))
+    for path, words in [(tmp_path / 'nope.ts', 'does not exist'), (out, 'is a directory'),
+                        (garbage, 'is not a TorchScript model'),
+                        (out / 'checkpoints' / 'latest.pt', 'is not a TorchScript model'),
+                        (identity, 'is not a classifier')]:
+        with pytest.raises(AdaptInputError, match=words) as err:
+            load_classifier(path)
+        assert '\n' not in str(err.value) and str(path) in str(err.value)
+    with pytest.raises(AdaptInputError, match='3 class names for a model with 6 classes'):
+        load_classifier(out / 'model.ts', class_names=['a', 'b', 'c'])
+    if not torch.cuda.is_available():
+        with pytest.raises(AdaptConfigError, match='CUDA is not available'):
+            load_classifier(out / 'model.ts', 'cuda')
+    clf = load_classifier(out / 'model.ts')
+    bad = xu[:3].copy()
+    bad[1, 4] = np.nan
+    for features, words in [(xu[:, :31], 'has length 31; the model expects 32'),
+                            (xu[0, :10], 'has length 10'), (np.zeros((2, 2, 32)), 'shape'),
+                            (bad, r'NaN or infinite values \(row 1\)')]:
+        with pytest.raises(AdaptInputError, match=words):
+            clf.classify(features)
+
+
+def test_node_config_follows_the_spec_rules():
+    """The same checks test_params.py applies to every config, on the node's config."""
+    test_params.test_every_field_has_a_description_and_a_range(ClassifierConfig)
+    test_params.test_validation_agrees_with_the_spec_range(ClassifierConfig, AdaptConfigError)
+    assert ClassifierConfig(device='cuda:1').device == 'cuda:1'
+    with pytest.raises(AdaptConfigError, match="parameter 'device'"):
+        ClassifierConfig(device='gpu')
+    src = (ROOT / 'setup.py').read_text()
+    assert "'pwan_classifier_node = pwan_ros.ros.classifier_node:main'" in src
+
+
+# ---------------------------------------------------------------------------- the node over DDS
+def _lines(proc):
+    """A queue receiving the process's output lines (a thread reads them)."""
+    q = queue.Queue()
+
+    def pump():
+        for line in proc.stdout:
+            q.put(line)
+        q.put(None)
+    threading.Thread(target=pump, daemon=True).start()
+    return q
+
+
+def _wait_for(q, text, timeout, seen):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            line = q.get(timeout=0.1)
+        except queue.Empty:
+            continue
+        if line is None:
+            break
+        seen.append(line)
+        if text in line:
+            return True
+    return False
+
+
+@pytest.mark.ros
+def test_node_publishes_the_predictions_of_deploy(run_dir, ros_env, monkeypatch):
+    """Feature vectors from an rclpy publisher in this process reach the node (remapped topic);
+    its class ids / confidences / names are deploy.py's predictions; bad messages are skipped."""
+    out, xu = run_dir
+    proc = subprocess.Popen(NODE + ['--ros-args', '-p', f'model:={out / "model.ts"}', '-p', 'device:=cpu',
+                                    '-r', 'features:=/my/features'],
+                            env=ros_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines, seen = _lines(proc), []
+    for key in ('ROS_DOMAIN_ID', 'ROS_AUTOMATIC_DISCOVERY_RANGE', 'FASTDDS_BUILTIN_TRANSPORTS', 'ROS_LOG_DIR',
+                'ROS_HOME', 'RMW_IMPLEMENTATION'):
+        monkeypatch.setenv(key, ros_env[key])
+    import rclpy
+    from std_msgs.msg import Float32, Float32MultiArray, Int32, String
+    rclpy.init()
+    try:
+        assert _wait_for(lines, 'pwan_classifier ready', 30, seen), ''.join(seen)[-3000:]
+        node = rclpy.create_node('classifier_probe')
+        got = {'class_id': [], 'confidence': [], 'class_name': []}
+        subs = [node.create_subscription(kind, f'/{topic}', lambda m, t=topic: got[t].append(m.data), 10)
+                for topic, kind in (('class_id', Int32), ('confidence', Float32), ('class_name', String))]
+        pub = node.create_publisher(Float32MultiArray, '/my/features', 10)
+        end = time.monotonic() + 15      # DDS discovery: every output matched, the input subscribed
+        while time.monotonic() < end and not (pub.get_subscription_count() and
+                                              all(s.get_publisher_count() for s in subs)):
+            rclpy.spin_once(node, timeout_sec=0.05)
+        assert pub.get_subscription_count() == 1, 'the node did not subscribe /my/features'
+        assert all(s.get_publisher_count() == 1 for s in subs), 'the node does not publish its outputs'
+        rows = xu[::30]                                            # 6 rows, 2 of each present class
+        nan = rows[0].copy()
+        nan[3] = np.nan
+        sent = [rows[0], rows[1], rows[2, :20], rows[2], nan, rows[3], rows[4], rows[5]]
+        for vec in sent:
+            pub.publish(Float32MultiArray(data=vec.astype(np.float32).tolist()))
+            rclpy.spin_once(node, timeout_sec=0.02)
+        end = time.monotonic() + 10
+        while time.monotonic() < end and min(len(v) for v in got.values()) < len(rows):
+            rclpy.spin_once(node, timeout_sec=0.05)
+        node.destroy_node()
+    finally:
+        rclpy.try_shutdown()
+        proc.send_signal(2)  # SIGINT, as Ctrl-C
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    _wait_for(lines, '\0', 5, seen)                           # the rest of the output
+    log = ''.join(seen)
+    expected = load_classifier(out / 'model.ts').classify(rows)
+    assert got['class_id'] == [p.class_id for p in expected], log[-3000:]
+    np.testing.assert_allclose(got['confidence'], [p.confidence for p in expected], rtol=1e-6)
+    assert got['class_name'] == [p.class_name for p in expected]
+    # the wrong-length and the NaN message: skipped, warned about (throttled: one line), no crash
+    assert proc.returncode == 0 and 'Traceback' not in log, log[-3000:]
+    assert log.count('features message skipped') == 1 and 'has length 20; the model expects 32' in log, log
+
+
+@pytest.mark.ros
+def test_node_without_a_usable_model_exits_2_with_one_line(tmp_path, ros_env):
+    for params, words in [(['model:=' + str(tmp_path / 'missing.ts')], ('pwan_classifier', 'does not exist')),
+                          (['device:=cpu'], ("parameter 'model' is required",))]:
+        args = [a for p in params for a in ('-p', p)]
+        proc = subprocess.run(NODE + ['--ros-args'] + args, env=ros_env, capture_output=True, text=True,
+                              timeout=60)
+        assert_one_line_failure(proc, 2, words)
+        assert 'ready' not in proc.stdout + proc.stderr
+
+
+def test_launch_file_names_the_executable():
+    """launch_ros is not installable here: the launch file is checked statically."""
+    src = (ROOT / 'launch' / 'classifier.launch.py').read_text()
+    compile(src, 'classifier.launch.py', 'exec')
+    assert "executable='pwan_classifier_node'" in src and "name='pwan_classifier'" in src
+    for arg in ('model', 'features', 'device'):
+        assert f"DeclareLaunchArgument('{arg}'" in src, arg
