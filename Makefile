@@ -58,4 +58,5 @@ bench: setup-bench
 	$(PY) bench/bench_speed.py --data $(DATA) --results $(RESULTS)/speed
 	$(PY) bench/bench_rigid.py --data $(DATA) --results $(RESULTS)/rigid --outliers 0 0.5 1.0
 	$(PY) bench/bench_nonrigid.py --data $(DATA) --results $(RESULTS)/nonrigid --protocol a
+	$(PY) bench/bench_deskew.py --results $(RESULTS)/deskew
 	$(PY) bench/bench_pda.py --data $(DATA)/pda --features googlenet --out $(RESULTS)/pda_googlenet.json

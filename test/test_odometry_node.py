@@ -87,6 +87,28 @@ def test_node_tracks_simulated_scans(tmp_path, ros_env):
 
 
 @pytest.mark.ros
+def test_node_deskews_scans_with_point_times(tmp_path, ros_env):
+    """A fast drive (10 m/s) whose clouds carry per-point times ('t', Ouster convention): with
+    deskew auto (the default) the node motion-compensates every scan once it has a velocity, and
+    tracks; ``-p deskew:=off`` (YAML reads off as a boolean) is accepted and turns it off."""
+    for mode in ('auto', 'off'):
+        node = start_node(ros_env, f'deskew:={mode}')
+        try:
+            res = drive(ros_env, tmp_path, 'sweep', '--scans', '12')
+        finally:
+            rc, log = stop_node(node)
+        assert rc == 0 and 'Traceback' not in log, log[-3000:]
+        sent = res['sent']
+        flags = [res['answers'][str(s['stamp'])]['diag']['values']['deskewed'] for s in sent]
+        assert flags == (['false'] * 2 + ['true'] * 10 if mode == 'auto' else ['false'] * 12), flags
+        # relative motion over 10 m (the odom origin is the first scan's mid-sweep pose)
+        first, last = sent[1], sent[-1]
+        gt = invert(np.array(first['gt'])) @ np.array(last['gt'])
+        est = invert(odom_pose(res['answers'][str(first['stamp'])])) @ odom_pose(res['answers'][str(last['stamp'])])
+        assert np.linalg.norm((invert(gt) @ est)[:3, 3]) < 0.3, (mode, est, gt)
+
+
+@pytest.mark.ros
 def test_node_survives_bad_input(tmp_path, ros_env):
     node = start_node(ros_env, 'scan_max_points:=4000')
     try:

@@ -34,6 +34,11 @@ __all__ = ['SimConfig', 'SimScan', 'SimResult', 'STRESS_EVENTS', 'stress_event',
            'write_sim_bag']
 
 EXTRAS_DTYPE = np.dtype([('intensity', np.float32), ('ring', np.uint16)])
+#: the extra fields of a ``sweep`` scan: + per-point time (ns since the header stamp)
+SWEEP_DTYPE = np.dtype([('intensity', np.float32), ('ring', np.uint16), ('t', np.uint32)])
+#: a ``sweep`` revolution is simulated as this many azimuth sectors, each fired from the pose
+#: of its own instant (a 4 degree sector lasts 1.1 ms at 10 Hz)
+SWEEP_SECTORS = 90
 
 #: the stress events of ``SimConfig(stress=True)``, at fractions of the sequence duration:
 #: ``burst``: spurious returns (rain, dust) of 50-100 % of the real returns, for 3 scans;
@@ -72,6 +77,9 @@ class SimConfig:
     world_frame: str = param('world', 'parent frame of the ground truth poses')
     points_topic: str = param('/points', 'topic of the clouds (sensor_msgs/PointCloud2)')
     gt_topic: str = param('/ground_truth', 'topic of the ground truth (nav_msgs/Odometry)')
+    sweep: bool = param(False, 'the sensor moves during each revolution (in SWEEP_SECTORS steps) and every '
+                               "point carries its time in a 't' field (uint32 ns since the header stamp, the Ouster "
+                               'convention): the distortion deskewing removes')
     stress: bool = param(False, 'add the stress events of a real drive (see STRESS_EVENTS): a burst of spurious '
                                 'returns, a sensor blackout during a fast turn, a glitch scan with far points')
 
@@ -239,6 +247,9 @@ def simulate(cfg: SimConfig) -> Iterator[SimScan]:
     static = [(o3d.t.geometry.TriangleMesh.from_legacy(m), r) for m, r in _static_meshes(o3d, cfg, rng)]
     movers = _movers(cfg, rng)
     dirs, ring = _ray_directions(cfg)
+    # sweep: the sector (0..SWEEP_SECTORS-1) of every ray, in firing (azimuth) order
+    sector = (np.arange(dirs.shape[0]) % cfg.azimuth_steps) * SWEEP_SECTORS // cfg.azimuth_steps
+    extras_dtype = SWEEP_DTYPE if cfg.sweep else EXTRAS_DTYPE
     for k in range(cfg.scans):
         s = k / cfg.rate_hz
         scene = o3d.t.geometry.RaycastingScene()
@@ -252,8 +263,16 @@ def simulate(cfg: SimConfig) -> Iterator[SimScan]:
             scene.add_triangles(o3d.t.geometry.TriangleMesh.from_legacy(mesh))
             refl.append(0.6)
         pose, _, _ = ground_truth_pose(s, cfg)
-        world_dirs = dirs @ pose[:3, :3].T
-        rays = np.hstack([np.broadcast_to(pose[:3, 3], world_dirs.shape), world_dirs]).astype(np.float32)
+        if cfg.sweep:      # each sector from the pose of its instant within the revolution
+            sector_poses = [ground_truth_pose(s + j / (SWEEP_SECTORS * cfg.rate_hz), cfg)[0]
+                            for j in range(SWEEP_SECTORS)]
+            rot = np.stack([p[:3, :3] for p in sector_poses])[sector]
+            world_dirs = np.einsum('nij,nj->ni', rot, dirs)
+            origins = np.stack([p[:3, 3] for p in sector_poses])[sector]
+        else:
+            world_dirs = dirs @ pose[:3, :3].T
+            origins = np.broadcast_to(pose[:3, 3], world_dirs.shape)
+        rays = np.hstack([origins, world_dirs]).astype(np.float32)
         hit = scene.cast_rays(o3d.core.Tensor(rays))
         rng_m = hit['t_hit'].numpy().astype(np.float64)
         geom = hit['geometry_ids'].numpy()
@@ -263,8 +282,10 @@ def simulate(cfg: SimConfig) -> Iterator[SimScan]:
         xyz = dirs[keep] * r[:, None]
         cos_inc = np.abs(np.einsum('ij,ij->i', normals[keep], world_dirs[keep]))
         intensity = 100.0 * np.asarray(refl)[geom[keep]] * (0.3 + 0.7 * cos_inc) / (1.0 + 0.01 * r)
-        extras = np.empty(xyz.shape[0], dtype=EXTRAS_DTYPE)
+        extras = np.empty(xyz.shape[0], dtype=extras_dtype)
         extras['intensity'], extras['ring'] = intensity, ring[keep]
+        if cfg.sweep:
+            extras['t'] = np.round(sector[keep] * (1e9 / (SWEEP_SECTORS * cfg.rate_hz))).astype(np.uint32)
         event, blackout = stress_event(k, cfg)
         fraction = rng.uniform(0.5, 1.0) if event == 'burst' else cfg.outliers
         n_out = int(round(fraction * xyz.shape[0]))
@@ -275,9 +296,11 @@ def simulate(cfg: SimConfig) -> Iterator[SimScan]:
             d /= np.linalg.norm(d, axis=1, keepdims=True)
             reach = (1e3, 1e4) if event == 'glitch' else (1.0, 0.5 * cfg.max_range)
             out_xyz = d * rng.uniform(*reach, (n_out, 1))
-            out_ex = np.empty(n_out, dtype=EXTRAS_DTYPE)
+            out_ex = np.empty(n_out, dtype=extras_dtype)
             out_ex['intensity'] = rng.uniform(0.0, 5.0, n_out)
             out_ex['ring'] = rng.integers(0, cfg.beams, n_out)
+            if cfg.sweep:
+                out_ex['t'] = rng.integers(0, int(1e9 / cfg.rate_hz), n_out)
             xyz, extras = np.vstack([xyz, out_xyz]), np.concatenate([extras, out_ex])
         stamp_ns = int(round(cfg.start_time * 1e9)) + int(round(s * 1e9))
         yield SimScan(stamp_ns=stamp_ns, xyz=xyz.astype(np.float32), extras=extras, pose=pose, event=event,

@@ -27,6 +27,7 @@ _CORE_COMPILE = specs(RegistrationConfig)['compile'][1]
 MODES = ('adaptive', 'pwan', 'tracking')
 TRANSFORMS = ('rigid', 'affine', 'nonrigid')
 DIVERGENCES = ('mass', 'distance')
+DESKEW_MODES = ('auto', 'on', 'off')
 RELIABILITIES = ('auto', 'best_effort', 'reliable')
 
 #: parameters renamed in 0.2 (old name -> new name); the old names are accepted, with a warning,
@@ -56,6 +57,10 @@ class OdometryConfig:
     mass_ratio: float = param(0.8, 'fraction of the smaller point set matched by m-PWAN', 0.0, 1.0, low_open=True)
     distance_threshold: float = param(0.0, 'partial-matching distance h (m): pairs farther apart do not count '
                                       '(tracking, d-PWAN, matched ratio); 0 = 2 x scan_voxel_size', 0.0, 1000.0)
+    deskew: str = param('auto', 'motion compensation of each scan with the constant-velocity model: auto = when '
+                        'the cloud has a per-point time field (t, time, timestamp, offset_time: Ouster, Velodyne, '
+                        'Hesai, Livox conventions), on = the same but warn when a cloud has none, off',
+                        choices=DESKEW_MODES)
     scan_voxel_size: float = param(0.0, 'voxel-grid downsampling of each scan (m); 0 = automatic: 3.5 % of the '
                                    "first scan's median range (isolated returns ignored), clamped to "
                                    '[0.02, 1.0] m', 0.0, 100.0)

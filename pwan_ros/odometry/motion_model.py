@@ -6,6 +6,7 @@ from typing import Optional
 import numpy as np
 
 from pwan_ros.geometry.se3 import invert, project_rigid, scale_motion
+from pwan_ros.odometry.deskew import Velocity, velocity_of
 
 
 class ConstantVelocityModel:
@@ -37,6 +38,10 @@ class ConstantVelocityModel:
     def predicting(self) -> bool:
         """Whether it extrapolates a velocity (two updates since the last hold)."""
         return self._dt is not None and self._dt > 0.0
+
+    def velocity(self) -> Optional[Velocity]:
+        """The extrapolated body velocity (sensor frame), None when not predicting."""
+        return velocity_of(self._delta, self._dt) if self.predicting else None
 
     def predict(self, stamp: float) -> np.ndarray:
         """Predicted (4, 4) pose at ``stamp`` (seconds). Identity before the first update."""

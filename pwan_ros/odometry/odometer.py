@@ -53,9 +53,10 @@ class Odometer:
         self._last_stamp: Optional[float] = None
         self._pose_stamp: Optional[float] = None
 
-    def update(self, points: np.ndarray, stamp: float, frame: str, t_base_sensor: np.ndarray) -> OdometryUpdate:
+    def update(self, points: np.ndarray, stamp: float, frame: str, t_base_sensor: np.ndarray,
+               offsets: Optional[np.ndarray] = None) -> OdometryUpdate:
         """Register one scan. points: (N, 3) in ``frame`` (metres); stamp: seconds; t_base_sensor:
-        (4, 4) ``T_base_frame``. Raises :class:`~pwan_ros.odometry.pipeline.ScanError` for a scan
+        (4, 4) ``T_base_frame``; offsets: (N,) per-point times in seconds from ``stamp`` (deskew). Raises :class:`~pwan_ros.odometry.pipeline.ScanError` for a scan
         that cannot be registered (state unchanged except for a restart it triggered)."""
         notices = []
         if self._frame is not None and frame != self._frame:
@@ -67,7 +68,7 @@ class Odometer:
                                     'resetting odometry'))
             self._restart(keep_pose=False)
         self._frame = frame
-        est = self.pipeline.process(points, stamp)
+        est = self.pipeline.process(points, stamp, offsets)
         self._last_stamp = stamp
 
         t_odom_base = t_base_sensor @ project_rigid(self._origin @ est.pose) @ invert(t_base_sensor)

@@ -21,6 +21,7 @@ odometry reject forever.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Dict, Optional
@@ -29,6 +30,7 @@ import numpy as np
 
 from pwan_ros.geometry.se3 import invert, project_rigid, rotation_angle
 from pwan_ros.odometry.config import OdometryConfig
+from pwan_ros.odometry.deskew import deskew, motion_over
 from pwan_ros.odometry.keyframe_tracker import MatchQuality, PreparedCloud, match_quality, track
 from pwan_ros.odometry.keyframes import Keyframe, Keyframes
 from pwan_ros.odometry.motion_model import ConstantVelocityModel
@@ -51,7 +53,8 @@ class ScanEstimate:
     ('' otherwise). matched_ratio / median_residual: partial-matching quality against the
     keyframe (fraction of the scan's points within h; metres). num_points / num_input / num_far:
     points after filtering / received / dropped as far glitches. keyframe: index of the keyframe
-    matched; new_keyframe: this scan became one. aligned_points: affine / non-rigid modes only,
+    matched; new_keyframe: this scan became one. deskewed: motion-compensated with per-point times.
+    aligned_points: affine / non-rigid modes only,
     (M, 3) deformed scan points in odom_frame (else None).
     """
 
@@ -73,6 +76,7 @@ class ScanEstimate:
     aligned_points: Optional[np.ndarray] = None
     pwan_starts: int = 0
     num_far: int = 0
+    deskewed: bool = False
 
 
 @dataclass
@@ -136,9 +140,33 @@ class OdometryPipeline:
         return self.config.distance_threshold or 2.0 * self.voxel_size
 
     # ------------------------------------------------------------------ main entry
-    def process(self, points: np.ndarray, stamp: float) -> ScanEstimate:
+    def process(self, points: np.ndarray, stamp: float, offsets: Optional[np.ndarray] = None) -> ScanEstimate:
         """Register one scan. points: (N, 3) sensor frame (metres), may contain NaN rows.
-        stamp: seconds. Raises ScanError for a scan that cannot be registered."""
+        stamp: seconds. offsets: (N,) acquisition time of each point in seconds from ``stamp``
+        (None: unknown). With offsets (and ``deskew`` not 'off'), the scan is registered as a
+        snapshot at its median point time: motion-compensated to that instant once there is a
+        velocity to extrapolate (before, the raw sweep approximates it), and the pose returned is
+        moved back to ``stamp`` with the velocity. The mid-sweep reference keeps a velocity error
+        from shifting the registered cloud, so it cannot feed back into the next velocity (as
+        KISS-ICP, which registers mid-sweep). Raises ScanError for a scan that cannot be registered."""
+        t_ref, deskewed = 0.0, False
+        if offsets is not None and self.config.deskew != 'off':
+            offsets = np.asarray(offsets, dtype=np.float64)
+            if len(offsets) != len(points):
+                raise ScanError(f'{len(offsets)} point times for {len(points)} points')
+            finite = offsets[np.isfinite(offsets)]
+            t_ref = float(np.median(finite)) if finite.size else 0.0
+            velocity = self.motion.velocity()
+            if velocity is not None:
+                points, deskewed = deskew(points, offsets - t_ref, velocity), True
+        est = self._process(points, stamp + t_ref, deskewed)
+        if t_ref == 0.0:
+            return est
+        velocity = self.motion.velocity()
+        pose = est.pose if velocity is None else est.pose @ invert(motion_over(velocity, t_ref))
+        return dataclasses.replace(est, stamp=stamp, pose=pose)
+
+    def _process(self, points: np.ndarray, stamp: float, deskewed: bool) -> ScanEstimate:
         t0 = time.perf_counter()
         if self._last_stamp is not None and stamp < self._last_stamp:
             raise ScanError(f'time went backwards ({stamp:.3f} s < {self._last_stamp:.3f} s); call reset()')
@@ -146,7 +174,7 @@ class OdometryPipeline:
         timings = {'preprocess': (time.perf_counter() - t0) * 1e3}
         self._last_stamp = stamp
         self._scan_index += 1
-        done = _Finisher(stamp, scan, t0, timings, self.keyframes)
+        done = _Finisher(stamp, scan, t0, timings, self.keyframes, deskewed)
         kf = self.keyframe or self._reference_keyframe()
         if kf is None:                                      # the first scan defines odom
             return done(self._start_keyframe(scan, np.eye(4), stamp), 'init', _Outcome(np.eye(4), _PERFECT))
@@ -277,8 +305,9 @@ class _Finisher:
     """Builds the :class:`ScanEstimate` of one scan (latency and keyframe taken at the call)."""
 
     def __init__(self, stamp: float, scan: PreparedScan, t0: float, timings: Dict[str, float],
-                 keyframes: Keyframes):
+                 keyframes: Keyframes, deskewed: bool = False):
         self.stamp, self.scan, self.t0, self.timings, self.keyframes = stamp, scan, t0, timings, keyframes
+        self.deskewed = deskewed
 
     def __call__(self, pose: np.ndarray, path: str, outcome: _Outcome, accepted: bool = True,
                  new_keyframe: Optional[bool] = None, aligned_points: Optional[np.ndarray] = None) -> ScanEstimate:
@@ -291,7 +320,7 @@ class _Finisher:
             keyframe=self.keyframes.current.index if self.keyframes.current is not None else -1,
             new_keyframe=path in ('init', 'reanchor') if new_keyframe is None else new_keyframe,
             latency_ms=(time.perf_counter() - self.t0) * 1e3, timings_ms=self.timings,
-            aligned_points=aligned_points, pwan_starts=outcome.starts)
+            aligned_points=aligned_points, pwan_starts=outcome.starts, deskewed=self.deskewed)
 
 
 #: the old name, kept for one release

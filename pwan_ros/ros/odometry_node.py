@@ -32,6 +32,7 @@ from tf2_msgs.msg import TFMessage
 
 from pwan_ros.geometry.frame_graph import FrameGraph
 from pwan_ros.geometry.se3 import from_quaternion, to_quaternion, transform_points
+from pwan_ros.io.point_times import TIME_FIELDS, PointTimesError, point_times
 from pwan_ros.io import pointcloud2 as pc2
 from pwan_ros.odometry.config import RENAMED, ConfigError, OdometryConfig
 from pwan_ros.odometry.odometer import Odometer, OdometryUpdate
@@ -218,8 +219,9 @@ class OdometryNode(Node):
                                       f'missing static transform {base} -> {frame}', {})
             return
         self._frame = frame
+        offsets = self._point_offsets(cloud, stamp)
         try:
-            update = self.odometer.update(cloud.xyz, stamp, frame, t_base_sensor)
+            update = self.odometer.update(cloud.xyz, stamp, frame, t_base_sensor, offsets)
         except ScanError as exc:
             self._count(invalid=1)
             self._warn('scan', f'scan skipped: {exc}')
@@ -243,6 +245,7 @@ class OdometryNode(Node):
             'latency_ms': f'{latency:.2f}', 'processing_ms': f'{est.latency_ms:.2f}',
             'path': est.path, 'accepted': str(est.accepted).lower(),
             'pwan_engaged': str(est.pwan_engaged).lower(), 'pwan_starts': str(est.pwan_starts),
+            'deskewed': str(est.deskewed).lower(),
             'matched_ratio': f'{est.matched_ratio:.4f}',
             'median_residual_m': f'{est.median_residual:.4f}',
             'iterations': str(est.iterations), 'num_points': str(est.num_points),
@@ -252,6 +255,23 @@ class OdometryNode(Node):
             'distance_threshold_m': f'{self.pipeline.h:.4f}',
             **{f'{k}_ms': f'{v:.2f}' for k, v in est.timings_ms.items()},
         })
+
+    def _point_offsets(self, cloud, stamp: float):
+        """Per-point times (s from the stamp) for deskewing, or None (deskew off, no time field,
+        or a field that fits no convention: warned, the scan is registered as it is)."""
+        if self.config.deskew == 'off':
+            return None
+        try:
+            times = point_times(cloud.extras, stamp)
+        except PointTimesError as exc:
+            self._warn('deskew', f'not deskewing: {exc}', 30.0)
+            return None
+        if times is None:
+            if self.config.deskew == 'on':
+                self._warn('deskew', 'deskew=on but the cloud has no per-point time field '
+                                     f"({', '.join(TIME_FIELDS)}): not deskewing", 30.0)
+            return None
+        return times.offsets
 
     def _count(self, **increments: int) -> None:
         """Add to the scan counters (shared with the subscription callback)."""

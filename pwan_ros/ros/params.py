@@ -17,10 +17,23 @@ _UNSET = {bool: Parameter.Type.BOOL, int: Parameter.Type.INTEGER, float: Paramet
           str: Parameter.Type.STRING}
 
 
+#: YAML reads these words as booleans, so ``-p NAME:=off`` arrives as False: a string parameter
+#: whose choices include them also accepts the boolean and maps it back to the word
+_YAML_WORDS = {True: ('on', 'yes', 'true'), False: ('off', 'no', 'false')}
+
+
+def _yaml_word(spec: FieldSpec, value: bool):
+    """The choice of ``spec`` that YAML turned into the boolean ``value`` (None if none)."""
+    return next((c for c in (spec.choices or ()) if c in _YAML_WORDS[value]), None)
+
+
 def descriptor(name: str, default: Any, spec: FieldSpec, read_only: bool = False) -> ParameterDescriptor:
     """The descriptor of parameter ``name``: type from ``default``, description (with the choices)
-    and range from ``spec``."""
+    and range from ``spec``. A string with on/off-like choices is dynamically typed (see
+    ``_YAML_WORDS``)."""
     d = ParameterDescriptor(name=name, read_only=read_only, type=_TYPES[type(default)])
+    if isinstance(default, str) and (_yaml_word(spec, True) or _yaml_word(spec, False)):
+        d.dynamic_typing = True
     d.description = spec.description + (f" (one of: {', '.join(spec.choices)})" if spec.choices else '')
     if spec.low is not None and spec.high is not None:
         if isinstance(default, int) and not isinstance(default, bool):
@@ -57,6 +70,9 @@ def declare_config(node: Node, cls, read_only: bool = False,
     values: Dict[str, Any] = {}
     for name, (default, spec) in table.items():
         start = inherited.get(name, default)
-        values[name] = node.declare_parameter(name, start, descriptor(name, default, spec, read_only),
-                                              ignore_override=name in inherited).value
+        value = node.declare_parameter(name, start, descriptor(name, default, spec, read_only),
+                                       ignore_override=name in inherited).value
+        if isinstance(default, str) and isinstance(value, bool) and _yaml_word(spec, value):
+            value = _yaml_word(spec, value)          # -p deskew:=off arrives as False
+        values[name] = value
     return values, notes

@@ -44,6 +44,12 @@ def sim_messages(n):
         yield 'scan', pc2.create_cloud(header(s.stamp_ns), s.xyz, s.extras), s.pose
 
 
+def sweep_messages(n):
+    """n scans of a fast drive (10 m/s) whose points carry their time ('t', uint32 ns, Ouster)."""
+    for s in simulate(SimConfig(scans=n, sweep=True, speed=10.0, **SIM)):
+        yield 'scan', pc2.create_cloud(header(s.stamp_ns), s.xyz, s.extras), s.pose
+
+
 def glitch_messages(n):
     """Simulated scans; scan 4 carries 10 extra points at 1e19-3e38 m (a driver glitch) and scan 6
     keeps only an eighth of its returns (a half-delivered scan)."""
@@ -153,7 +159,7 @@ class Driver(Node):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument('--scenario', choices=('sim', 'bad', 'glitch'), required=True)
+    ap.add_argument('--scenario', choices=('sim', 'bad', 'glitch', 'sweep'), required=True)
     ap.add_argument('--sensor-qos', action='store_true',
                     help='publish with the sensor-data QoS profile (best effort), as lidar drivers do')
     ap.add_argument('--scans', type=int, default=12)
@@ -186,7 +192,8 @@ def main():
             sys.exit(3)
         time.sleep(0.5)
         msgs = {'sim': lambda: sim_messages(args.scans), 'bad': bad_messages,
-                'glitch': lambda: glitch_messages(args.scans)}[args.scenario]()
+                'glitch': lambda: glitch_messages(args.scans),
+                'sweep': lambda: sweep_messages(args.scans)}[args.scenario]()
         for label, msg, pose in msgs:
             key = Driver.key(msg.header.stamp)
             node.pub.publish(msg)
