@@ -59,4 +59,5 @@ bench: setup-bench
 	$(PY) bench/bench_rigid.py --data $(DATA) --results $(RESULTS)/rigid --outliers 0 0.5 1.0
 	$(PY) bench/bench_nonrigid.py --data $(DATA) --results $(RESULTS)/nonrigid --protocol a
 	$(PY) bench/bench_deskew.py --results $(RESULTS)/deskew
+	$(PY) bench/bench_drift.py --data $(DATA) --results $(RESULTS)/drift
 	$(PY) bench/bench_pda.py --data $(DATA)/pda --features googlenet --out $(RESULTS)/pda_googlenet.json

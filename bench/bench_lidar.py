@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import json
 import os
 import pathlib
@@ -80,8 +81,12 @@ def core_of(module):
 
     def config(**kw):               # fields the other core does not have keep its default
         return module.RegistrationConfig(**{k: v for k, v in kw.items() if k in known})
+    accepts = set(inspect.signature(module.register).parameters)
+
+    def register(*args, **kw):      # keywords the other core does not have (reference_cache) left out
+        return module.register(*args, **{k: v for k, v in kw.items() if k in accepts})
     saved = pwan_recovery.register, pwan_recovery.RegistrationConfig
-    pwan_recovery.register, pwan_recovery.RegistrationConfig = module.register, config
+    pwan_recovery.register, pwan_recovery.RegistrationConfig = register, config
     try:
         yield
     finally:

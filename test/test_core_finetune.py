@@ -76,3 +76,104 @@ def test_selection_sample_keeps_each_reference_normal_with_its_point():
     # the same sample every time (deterministic per seed), and no sampling below the caps
     np.testing.assert_array_equal(data.subset(cap, seed=0).xr, small.xr)
     assert data.subset(0, seed=0) is not None and data.subset(0, seed=0).xr.shape == ref.shape
+
+
+def _metric_sets(seed=0):
+    """Reference (metres, a lidar-like extent far from the origin) with exact duplicates, and
+    queries: noisy copies of reference points, points on a tie between two reference points,
+    and far points."""
+    rng = np.random.default_rng(seed)
+    offset = np.array([4.2e3, -1.3e3, 35.0])
+    ref = rng.uniform(-40, 40, size=(3000, 3)) + offset
+    ref = np.vstack((ref, ref[:50]))                               # exact duplicates: ties
+    near = ref[rng.choice(3000, 1500)] + rng.normal(0, 0.05, (1500, 3))
+    mid = 0.5 * (ref[100:150] + ref[150:200])                      # equidistant from two points
+    far = offset + rng.uniform(-400, 400, size=(300, 3))
+    return ref, np.vstack((near, ref[:20], mid, far))
+
+
+@pytest.mark.parametrize('chunk', [1 << 24, 1 << 16])
+@pytest.mark.parametrize('bound', [np.inf, 2.0, 0.05])
+def test_torch_nearest_equals_the_kd_tree(chunk, bound):
+    from pwan_ros.core.nearest import TorchNearest
+    ref, q = _metric_sets()
+    tree = cKDTree(ref)
+    tn = TorchNearest(ref, 'cpu', chunk_elements=chunk)     # 2^16: rows and references in blocks
+    assert tn.n == tree.n
+    d0, i0 = tree.query(q, distance_upper_bound=bound)
+    d1, i1 = tn.query(q, distance_upper_bound=bound)
+    assert d1.shape == (q.shape[0],) and d1.dtype == np.float64 and i1.dtype == np.int64
+    found = np.isfinite(d0)
+    np.testing.assert_array_equal(np.isfinite(d1), found)
+    np.testing.assert_array_equal(i1[~found], tree.n)          # beyond the bound: inf and index n
+    if np.isfinite(bound):
+        assert (~found).any() and (d1[found] < bound).all()
+    np.testing.assert_allclose(d1[found], d0[found], rtol=1e-12)
+    # the same index except on ties, where the index returned is at the same (exact) distance
+    np.testing.assert_allclose(np.linalg.norm(q[found] - ref[i1[found]], axis=1), d1[found], rtol=1e-12)
+    tie = i0 != i1
+    assert tie.sum() <= 70, tie.sum()                          # duplicates + midpoints only
+    # k > 1 (normals, spacing): the k nearest, nearest first
+    d0, i0 = tree.query(q[:500], k=4)
+    d1, i1 = tn.query(q[:500], k=4)
+    assert d1.shape == (500, 4)
+    np.testing.assert_allclose(d1, d0, rtol=1e-12)
+    assert (np.diff(d1, axis=1) >= 0).all()
+
+
+def test_torch_nearest_fewer_points_than_k_pads_as_the_tree():
+    from pwan_ros.core.nearest import TorchNearest
+    ref = np.array([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+    d, i = TorchNearest(ref).query(np.array([[0.2, 0.0, 0.0]]), k=3)
+    np.testing.assert_allclose(d[0, :2], [0.2, 0.8])
+    assert np.isinf(d[0, 2]) and i.tolist() == [[0, 1, 2]]
+
+
+def test_finetune_with_the_torch_search_equals_the_kd_tree():
+    from pwan_ros.core.nearest import TorchNearest
+    src, ref = _partial_pair(3)
+    tree = cKDTree(ref)
+    normals = estimate_normals(ref, tree)
+    args = (src, None, ref, 'rigid', np.eye(3), np.zeros(3), 'mass', 900, 0.0, 40, 1e-9)
+    kd = run_finetune(*args[:1], tree, *args[2:], ref_normals=normals)
+    tn = run_finetune(*args[:1], TorchNearest(ref), *args[2:], ref_normals=normals)
+    assert kd.iterations == tn.iterations
+    np.testing.assert_allclose(tn.a, kd.a, atol=1e-10)
+    np.testing.assert_allclose(tn.t, kd.t, atol=1e-10)
+    np.testing.assert_array_equal(tn.selected, kd.selected)
+
+
+@pytest.mark.parametrize('transform', ['rigid', 'affine'])
+def test_register_with_the_torch_search_forced_on_cpu(transform, monkeypatch):
+    """finetune.nn='torch' on CPU (the path CUDA registrations take by default) gives the pose of
+    the k-d tree."""
+    from _core_shapes import blob, rot3
+    from pwan_ros.core import RegistrationConfig, register
+    from pwan_ros.core.config import FineTuneConfig
+    from pwan_ros.core.nearest import TorchNearest
+    calls = []
+    query = TorchNearest.query
+    monkeypatch.setattr(TorchNearest, 'query', lambda self, *a, **k: calls.append(1) or query(self, *a, **k))
+    src = blob(600, 1) * 20.0                                      # metres
+    ref = (blob(600, 0) * 20.0) @ rot3(10, -5, 8).T + np.array([3.0, -2.0, 1.0])
+    res = {}
+    for nn in ('kdtree', 'torch'):
+        cfg = RegistrationConfig(transform=transform, seed=0, device='cpu', steps=80,
+                                 finetune=FineTuneConfig(nn=nn))
+        res[nn] = register(src, ref, cfg)
+        assert (len(calls) > 0) == (nn == 'torch')
+    assert res['torch'].device == 'cpu'
+    np.testing.assert_allclose(res['torch'].transform, res['kdtree'].transform, atol=1e-9)
+    np.testing.assert_array_equal(res['torch'].match_weights, res['kdtree'].match_weights)
+
+
+def test_nn_mode_validated_and_auto_picks_the_tree_on_cpu():
+    import torch
+    from pwan_ros.core import PwanInputError
+    from pwan_ros.core.config import FineTuneConfig
+    from pwan_ros.core.nearest import search_device
+    with pytest.raises(PwanInputError, match='finetune.nn'):
+        FineTuneConfig(nn='faiss')
+    cpu, cuda = torch.device('cpu'), torch.device('cuda')
+    assert search_device('auto', cpu) is None and search_device('kdtree', cuda) is None
+    assert search_device('auto', cuda) == cuda and search_device('torch', cpu) == cpu

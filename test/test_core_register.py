@@ -240,3 +240,56 @@ def test_learned_h_respects_the_resolution_floor():
 def test_multistart_config_validated(bad):
     with pytest.raises(PwanInputError):
         RegistrationConfig(**bad)
+
+
+def test_scaled_search_answers_normalised_queries():
+    """The prepared reference's search (centred caller frame) gives the k-d tree of the normalised
+    points: same neighbours, same distances, the bound in normalised units."""
+    from scipy.spatial import cKDTree
+    from pwan_ros.core.preprocess import make_normaliser
+    from pwan_ros.core.reference import PreparedReference
+    src, ref = _pair(800, 0.5)
+    ref = ref * 30.0 + np.array([500.0, -200.0, 10.0])
+    src = src * 45.0                                             # the source sets the scale
+    norm = make_normaliser(src, ref, align_centroids=True)
+    xr, search, normals = PreparedReference(ref).finetune_reference(norm, 0, 0, 10)
+    np.testing.assert_array_equal(xr, norm.reference(ref))
+    tree = cKDTree(xr)
+    z = norm.source(src) * 0.6
+    for bound in (np.inf, 0.05):
+        d0, i0 = tree.query(z, distance_upper_bound=bound)
+        d1, i1 = search.query(z, distance_upper_bound=bound)
+        np.testing.assert_array_equal(i1, i0)
+        np.testing.assert_allclose(d1, d0, rtol=1e-12)
+    from pwan_ros.core.finetune import estimate_normals
+    ref_normals = estimate_normals(xr, tree)
+    np.testing.assert_allclose(np.abs((normals * ref_normals).sum(1)), 1.0, atol=1e-9)
+
+
+@pytest.mark.filterwarnings('ignore:the fine-tune stopped')
+@pytest.mark.parametrize('cap', [0, 150])
+def test_reused_reference_gives_the_fresh_result(cap):
+    """register / refine with a ReferenceCache kept across calls: the reference is prepared once
+    (while its points stay the same) and every result equals that of a call without the cache,
+    also when the sources change the normalisation's scale (cap 150: the fine-tune's reference is
+    a seeded subset of the 750 points)."""
+    from pwan_ros.core.reference import ReferenceCache
+    _, ref = _pair(500, 0.5)
+    cfg = RegistrationConfig(seed=0, steps=60, finetune=FineTuneConfig(max_points=cap))
+    cache = ReferenceCache()
+    sources = [blob(400, 1), blob(300, 2) * 1.6, blob(450, 3) @ rot3(5, 0, 0).T]
+    for k, src in enumerate(sources):
+        fresh = register(src, ref, cfg)
+        kept = register(src, ref.copy(), cfg, reference_cache=cache)
+        np.testing.assert_array_equal(kept.transform, fresh.transform)
+        np.testing.assert_array_equal(kept.match_weights, fresh.match_weights)
+        assert kept.finetune_iterations == fresh.finetune_iterations
+        assert (cache.builds, cache.hits) == (1, 2 * k)       # register and refine of each source
+        np.testing.assert_array_equal(refine(src, ref, kept.transform, cfg, reference_cache=cache).transform,
+                                      refine(src, ref, kept.transform, cfg).transform)
+    # another reference: prepared anew
+    other = ref[::-1].copy()
+    register(sources[0], other, cfg, reference_cache=cache)
+    assert cache.builds == 2
+    np.testing.assert_array_equal(register(sources[0], other, cfg, reference_cache=cache).transform,
+                                  register(sources[0], other, cfg).transform)

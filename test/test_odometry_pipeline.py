@@ -221,3 +221,106 @@ def test_poses_stay_orthonormal():
     init[:3, :3] *= 1.0 + 1e-3
     t = track(cloud, cloud, init, 0.6).transform[:3, :3]
     np.testing.assert_allclose(t @ t.T, np.eye(3), atol=1e-12)
+
+
+@pytest.mark.heavy
+def test_pwan_mode_reuses_the_keyframe_reference(sim_scans):
+    """mode='pwan': the keyframe's k-d tree and normals are prepared once per keyframe and reused
+    by the scans registered against it; the poses equal those of a pipeline that prepares them
+    for every scan (the core's results are bit-identical, test_core_register.py; the tracker's
+    polish runs on 2 threads and varies in the last bits from run to run)."""
+    cfg = OdometryConfig(mode='pwan', pwan_time_budget_ms=600000.0, pwan_steps=60)
+    kept, fresh = OdometryPipeline(cfg), OdometryPipeline(cfg)
+    fresh.pwan.reference_cache = None
+    keyframes = set()
+    for s in sim_scans[:4]:
+        against = kept.keyframe.index if kept.keyframe is not None else None
+        a = kept.process(s.xyz, s.stamp_ns * 1e-9)
+        b = fresh.process(s.xyz, s.stamp_ns * 1e-9)
+        assert a.path == b.path and a.keyframe == b.keyframe
+        np.testing.assert_allclose(a.pose, b.pose, rtol=0, atol=1e-9)
+        if a.path == 'pwan':
+            keyframes.add(against)
+    cache = kept.pwan.reference_cache
+    assert cache.builds == len(keyframes) and cache.hits >= 2
+
+
+def _rooms(seed=0):
+    """Four rooms side by side along x (A..D, 6 m each: ground and three turned boxes), and a fifth
+    (E) far away; ``scan(names, at, rng)`` samples the named rooms' surfaces afresh (a new scan)
+    and returns them in the frame of a sensor at x = ``at`` (only those rooms are 'visible')."""
+    rng = np.random.default_rng(seed)
+    rooms = {}
+    for k, name in enumerate('ABCDE'):
+        x0 = -12.0 + 6.0 * k + (40.0 if name == 'E' else 0.0)
+        boxes = [(np.array([x0 + rng.uniform(1, 5), rng.uniform(-2, 2), 0.0]), rng.uniform(0.4, 1.5, 3),
+                  rng.uniform(0, np.pi)) for _ in range(3)]
+        rooms[name] = (x0, boxes)
+
+    def surface(corner, u, v, n, rng):
+        a, b = rng.uniform(0, 1, (2, n))
+        return corner + a[:, None] * u + b[:, None] * v
+
+    def scan(names, at, rng):
+        pts = []
+        for name in names:
+            x0, boxes = rooms[name]
+            pts.append(surface(np.array([x0, -3.0, 0.0]), np.array([6.0, 0, 0]), np.array([0, 6.0, 0]), 2000, rng))
+            for centre, size, turn in boxes:
+                r = Rotation.from_euler('z', turn).as_matrix()
+                ex, ey, ez = (r[:, i] * size[i] for i in range(3))
+                base = centre - 0.5 * ex - 0.5 * ey
+                for corner, u, v in ((base, ex, ez), (base + ey, ex, ez), (base, ey, ez), (base + ex, ey, ez),
+                                     (base + ez, ex, ey)):
+                    pts.append(surface(corner, u, v, 600, rng))
+        p = np.vstack(pts) + rng.normal(0, 0.005, (sum(len(q) for q in pts), 3))
+        return p - [at, 0.0, 0.0]
+    return scan
+
+
+def test_local_map_tracks_against_the_recent_keyframes_union():
+    """local_map_keyframes > 1: scans are tracked against the union of the last N keyframes. The
+    keyframes see rooms A+B, B+C, C+D (each overlaps only the one before); a scan that sees only
+    room A overlaps only the oldest keyframe. With N = 3 it is tracked, with N = 1 (the newest
+    keyframe, C+D) it is lost. A re-anchor starts a new map; a reference cloud stays the keyframe."""
+    scan = _rooms()
+    views = [('AB', 0.0), ('BC', 0.2), ('CD', 0.4), ('A', 0.6)]
+    base = dict(mode='tracking', scan_voxel_size=0.2, keyframe_distance=0.1, reanchor_after=2)
+    results = {}
+    for n in (1, 3):
+        pipe = OdometryPipeline(OdometryConfig(local_map_keyframes=n, **base))
+        rng = np.random.default_rng(1)
+        for k, (names, at) in enumerate(views):
+            est = pipe.process(scan(names, at, rng), 0.1 * k)
+            if k < 3:
+                assert est.accepted and est.new_keyframe, (n, k, est.reason)
+                assert pipe.keyframe.map_keyframes == min(k + 1, n)
+        results[n] = (est, pipe)
+    lost, (est, pipe) = results[1][0], results[3]
+    assert not lost.accepted and lost.matched_ratio < 0.1, lost.reason
+    assert est.path == 'track' and est.matched_ratio > 0.9, est.reason
+    rot, trans = pose_error(est.pose, make_transform(np.eye(3), [0.6, 0, 0]))
+    assert rot < 0.2 and trans < 0.02, (rot, trans)
+    # the map of the last 3 keyframes (B+C, C+D, A), downsampled: about the four rooms once
+    kf = pipe.keyframe
+    assert kf.map_keyframes == 3 and len(kf.cloud) <= pipe.config.scan_max_points
+    room = len(filter_scan(scan('A', 0.0, np.random.default_rng(2)), 0.2, 10**6).points)
+    assert 3.0 * room < len(kf.cloud) < 5.0 * room, (len(kf.cloud), room)
+
+    # two rejected scans (room E matches nothing), then a re-anchor: a new map of one keyframe
+    rng = np.random.default_rng(3)
+    paths = [pipe.process(scan('E', 0.6, rng), 0.4 + 0.1 * k).path for k in range(3)]
+    assert paths == ['rejected', 'rejected', 'reanchor']
+    assert pipe.keyframe.map_keyframes == 1 and len(pipe.keyframe.cloud) < 1.5 * room
+    est = pipe.process(scan('E', 0.8, rng), 0.7)
+    assert est.accepted and est.new_keyframe and pipe.keyframe.map_keyframes == 2
+
+    # a reference cloud stays the keyframe, whatever local_map_keyframes says
+    ref = scan('ABCD', 0.0, np.random.default_rng(4))
+    pipe = OdometryPipeline(OdometryConfig(local_map_keyframes=3, reference_cloud='map.ply', **base),
+                            reference_points=ref)
+    for k, (names, at) in enumerate(views):
+        est = pipe.process(scan(names, at, rng), 0.1 * k)
+        assert est.accepted and pipe.keyframe.is_reference and pipe.keyframe.index == 0, (k, est.reason)
+        rot, trans = pose_error(est.pose, make_transform(np.eye(3), [at, 0, 0]))
+        assert rot < 0.2 and trans < 0.02, (k, rot, trans)

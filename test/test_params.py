@@ -13,6 +13,8 @@ import yaml
 from pwan_ros.adaptation.config import AdaptConfig, AdaptConfigError
 from pwan_ros.cli.demo import DemoConfig
 from pwan_ros.core import CoherenceConfig, FineTuneConfig, PotentialConfig, PwanInputError, RegistrationConfig
+from pwan_ros.core.config import GlobalConfig
+from pwan_ros.adaptation.deploy import ClassifierConfig
 from pwan_ros.evaluation.lidar_sim import SimConfig
 from pwan_ros.evaluation.metrics import EvalConfig
 from pwan_ros.evaluation.pcd_to_bag import ConvertConfig
@@ -23,6 +25,7 @@ from pwan_ros.params import REQUIRED, FieldSpec, specs, value_type
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = [(OdometryConfig, ConfigError), (RegistrationConfig, PwanInputError), (AdaptConfig, AdaptConfigError),
            (PotentialConfig, PwanInputError), (CoherenceConfig, PwanInputError), (FineTuneConfig, PwanInputError),
+           (GlobalConfig, PwanInputError), (ClassifierConfig, AdaptConfigError),
            (SimConfig, ValueError), (ReplayConfig, ValueError), (ConvertConfig, ValueError),
            (EvalConfig, ValueError), (DemoConfig, ValueError)]
 #: the command-line tools whose flags are generated from a config (module, config)
@@ -48,7 +51,7 @@ def _gen_params():
 
 @pytest.mark.parametrize('cls', [c for c, _ in CONFIGS], ids=lambda c: c.__name__)
 def test_every_field_has_a_description_and_a_range(cls):
-    nested = {'potential', 'coherence', 'finetune'}
+    nested = {'potential', 'coherence', 'finetune', 'global_search'}
     for f in dataclasses.fields(cls):
         if f.name in nested:
             continue
@@ -119,7 +122,7 @@ def test_pwan_register_flags_are_the_core_fields_with_library_defaults():
     flags = _flags(parser)
     table = specs(RegistrationConfig)
     for dest, action in flags.items():
-        if dest in ('output', 'json', 'quiet'):
+        if dest in ('output', 'json', 'quiet', 'global_init'):    # global_init: register(init='global')
             continue
         assert dest in table, f'--{dest} is not a RegistrationConfig field'
         assert table[dest][1].description.replace('%', '%%') in action.help

@@ -26,7 +26,7 @@ def _tables():
     """{(doc file, marker): markdown table}."""
     from pwan_ros.adaptation.config import AdaptConfig
     from pwan_ros.adaptation.deploy import ClassifierConfig
-    from pwan_ros.core.config import CoherenceConfig, FineTuneConfig, PotentialConfig, RegistrationConfig
+    from pwan_ros.core.config import CoherenceConfig, FineTuneConfig, GlobalConfig, PotentialConfig, RegistrationConfig
     from pwan_ros.odometry.config import OdometryConfig
     from pwan_ros.cli.demo import DemoConfig
     from pwan_ros.evaluation.lidar_sim import SimConfig
@@ -41,6 +41,7 @@ def _tables():
             ('docs/core.md', 'core-potential'): markdown_table(PotentialConfig, 'potential.'),
             ('docs/core.md', 'core-coherence'): markdown_table(CoherenceConfig, 'coherence.'),
             ('docs/core.md', 'core-finetune'): markdown_table(FineTuneConfig, 'finetune.'),
+            ('docs/core.md', 'core-global'): markdown_table(GlobalConfig, 'global_search.'),
             ('docs/evaluation.md', 'sim'): markdown_table(SimConfig),
             ('docs/evaluation.md', 'pcd2bag'): markdown_table(ConvertConfig),
             ('docs/evaluation.md', 'replay'): markdown_table(ReplayConfig),

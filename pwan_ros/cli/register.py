@@ -1,6 +1,7 @@
 """``pwan_register SRC REF``: register two point files with PWAN and print the transform.
 
-Exit status 0 on success, 2 on bad input (message on stderr, no traceback), 1 on unexpected errors.
+Exit status 0 on success, 2 on bad input (message on stderr, no traceback), 3 when ``--global``
+refuses (no trustworthy pose: the reason on stderr), 1 on unexpected errors.
 """
 from __future__ import annotations
 
@@ -51,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument('--output', '-o', help='write the transformed source (input order) to .npy/.ply/.pcd/.txt/.xyz/.csv')
     p.add_argument('--json', action='store_true', help='print one JSON object on stdout')
     p.add_argument('--quiet', '-q', action='store_true', help='no progress on stderr')
+    p.add_argument('--global', dest='global_init', action='store_true',
+                   help="unknown initial pose (3-D rigid): init='global', feature hypotheses chosen and refined by "
+                        'the partial objective (RegistrationConfig.global_search); exit status 3 when it refuses')
     return p
 
 
@@ -119,7 +123,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 if not args.quiet:
                     print(f'[pwan] registering {args.source} ({src.shape[0]} pts) onto {args.reference} '
                           f'({ref.shape[0]} pts)', file=sys.stderr)
-                res = register(src, ref, config, should_stop=interrupted)
+                res = register(src, ref, config, init='global' if args.global_init else None,
+                               should_stop=interrupted)
             if interrupted():
                 raise KeyboardInterrupt
             for w in caught:
@@ -150,6 +155,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         'converged': bool(res.converged),
         'output': args.output if args.output else None,
     }
+    if args.global_init:
+        summary.update(status=res.status, reason=res.reason, overlap=round(float(res.overlap), 6),
+                       confidence=round(float(res.confidence), 6))
     if args.json:
         print(json.dumps(summary))
     else:
@@ -160,6 +168,11 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"matched {100 * res.matched_ratio:.1f} %, converged {res.converged}")
         if args.output:
             print(f'wrote {args.output}')
+        if args.global_init:
+            print(f"global: {res.status}, overlap {100 * res.overlap:.1f} %, confidence {res.confidence:.2f}")
+    if args.global_init and res.status != 'ok':
+        print(f'{prog}: refused: {res.reason}', file=sys.stderr)
+        return 3
     return 0
 
 

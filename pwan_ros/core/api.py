@@ -24,18 +24,21 @@ from .device import resolve_device, thread_scope
 from .errors import PwanInputError
 from .finetune import query_workers, select_pairs
 from .finetune_stage import finetune_data, finetune_stage
+from .global_search import register_global
 from .multistart import OverlapScorer, distinct_poses, overlap_score, partial_objective, run_multistart, start_rotations
+from .nearest import search_device
 from .preprocess import far_outliers, homogeneous, make_normaliser, median_spacing, random_subset, voxel_downsample
 from .problem import Problem, prepare, threshold
+from .reference import PreparedReference, ReferenceCache
 from .result import RegistrationResult
 
-__all__ = ['register', 'refine']
+__all__ = ['register', 'refine', 'ReferenceCache']
 
 
 def _finish(prob: Problem, config: RegistrationConfig, kind: str, a: np.ndarray, t: np.ndarray,
             v_fn, h_caller: Optional[float], t0: float, timings: Dict[str, float], iterations: int,
             updates: int, ft_iters: int, converged: bool, h_pot: Optional[float], state, device: str,
-            start_index: int = 0) -> RegistrationResult:
+            start_index: int = 0, fit_tree: Optional[cKDTree] = None) -> RegistrationResult:
     """Assemble the result: caller-frame transform, transformed points, match weights."""
     norm = prob.norm
     m_lin, b = norm.to_caller(a, t)
@@ -48,7 +51,7 @@ def _finish(prob: Problem, config: RegistrationConfig, kind: str, a: np.ndarray,
         zn = zn + vn
         disp = vn * norm.scale
     z = norm.denormalise_reference(zn)
-    tree = cKDTree(prob.ref_fit)
+    tree = cKDTree(prob.ref_fit) if fit_tree is None else fit_tree
     dist, _ = tree.query(z, k=1, workers=query_workers(z.shape[0]))
     n_s = z.shape[0]
     if config.divergence == 'mass':
@@ -68,13 +71,20 @@ def _finish(prob: Problem, config: RegistrationConfig, kind: str, a: np.ndarray,
 
 
 
-def refine(source, reference, init=None, config: Optional[RegistrationConfig] = None) -> RegistrationResult:
+def _prepared(prob: Problem, cache: Optional[ReferenceCache]) -> PreparedReference:
+    """The reference's prepared search structures: kept by ``cache``, else built for this call."""
+    return cache.lookup(prob.ref_fit) if cache is not None else PreparedReference(prob.ref_fit)
+
+
+def refine(source, reference, init=None, config: Optional[RegistrationConfig] = None,
+           reference_cache: Optional[ReferenceCache] = None) -> RegistrationResult:
     """Cheap partial refinement: the fine-tune objective (eq. fine_tune) alone, warm-started.
 
     source (N, d), reference (M, d) in caller units; init: (d+1, d+1) source -> reference
     (identity when None). Uses config.transform, divergence, mass / mass_ratio /
-    distance_threshold and config.finetune. No network, no torch device: NN search + closed-form
-    steps only.
+    distance_threshold and config.finetune. No network: NN search + closed-form steps only, on the
+    host (a k-d tree) unless ``finetune.nn`` is 'torch' (then on config.device). reference_cache:
+    as in :func:`register`.
     """
     config = config or RegistrationConfig()
     t0 = time.perf_counter()
@@ -86,10 +96,14 @@ def refine(source, reference, init=None, config: Optional[RegistrationConfig] = 
     t1 = time.perf_counter()
     d = prob.dim
     kind = config.transform
+    dev = resolve_device(config.device) if config.finetune.nn == 'torch' else torch.device('cpu')
+    prep = _prepared(prob, reference_cache)
+    data = finetune_data(prob, config, kind, rng, prep, search_device(config.finetune.nn, dev))
     a, t, v_fn, iters, conv = finetune_stage(prob, config, kind, np.eye(d), np.zeros(d), None, h_caller, rng,
-                                           warn=True)
+                                           data, warn=True)
     timings = {'preprocess': t1 - t0, 'finetune': time.perf_counter() - t1}
-    return _finish(prob, config, kind, a, t, v_fn, h_caller, t0, timings, 0, 0, iters, conv, None, None, 'cpu')
+    return _finish(prob, config, kind, a, t, v_fn, h_caller, t0, timings, 0, 0, iters, conv, None, None, str(dev),
+                   fit_tree=prep.fit_tree())
 
 
 
@@ -124,11 +138,14 @@ def _single_start(config: RegistrationConfig, device: torch.device, ys_np: np.nd
 
 def register(source, reference, config: Optional[RegistrationConfig] = None, init=None,
              potential_state: Optional[dict] = None,
-             should_stop: Optional[Callable[[], bool]] = None) -> RegistrationResult:
+             should_stop: Optional[Callable[[], bool]] = None,
+             reference_cache: Optional[ReferenceCache] = None) -> RegistrationResult:
     """Register ``source`` (N, d) onto ``reference`` (M, d), d in {2, 3}, with PWAN (Alg. 1).
 
     Caller units in, caller units out. init: optional (d+1, d+1) warm-start transform source ->
-    reference. potential_state: optional network weights from a previous result
+    reference, or ``'global'`` for an unknown initial pose (3-D rigid): feature hypotheses chosen
+    and refined by the partial objective, with ``status`` / ``overlap`` / ``confidence`` in the
+    result (:mod:`global_search`; ``config.global_search``). potential_state: optional network weights from a previous result
     (``result.potential_state``) to warm-start the potential. config.starts > 1 (rigid/affine)
     runs Alg. 1 + fine-tune from several initial rotations and keeps the one with the lowest
     ``config.start_score`` (default: the distance-type partial NN objective at 2x the dense
@@ -139,13 +156,26 @@ def register(source, reference, config: Optional[RegistrationConfig] = None, ini
     each deformed and the best non-rigid result by the overlap score is returned. should_stop: optional callable
     polled once per transform update (and between starts); when it returns True the adversarial
     stage ends early (``converged`` is then False) — for time budgets and shutdown. Deterministic
-    for a fixed seed on a given device and thread count (without should_stop). Raises
-    :class:`PwanInputError` on bad input.
+    for a fixed seed on a given device and thread count (without should_stop). reference_cache:
+    optional :class:`ReferenceCache` kept by the caller across registrations against the same
+    reference (odometry: a keyframe): the reference's k-d tree / device search and normals are
+    built once, while its points stay the same; the result equals that of a call without it.
+    Raises :class:`PwanInputError` on bad input.
     """
     config = (config or RegistrationConfig()).pinned()
     t0 = time.perf_counter()
+    if isinstance(init, str):
+        if init != 'global':
+            raise PwanInputError(f"init must be a (d+1, d+1) transform, None or 'global', got {init!r}")
+        if config.transform != 'rigid':
+            raise PwanInputError("init='global' finds a rigid pose; register rigidly first, then pass its transform "
+                                 'as init to the affine / non-rigid registration')
+        return register_global(source, reference, config, reference_cache, refine)
     if config.transform != 'nonrigid' or not config.prealign:
-        return _register_candidates(source, reference, config, init, potential_state, should_stop)[0][1]
+        return _register_candidates(source, reference, config, init, potential_state, should_stop,
+                                    reference_cache)[0][1]
+    # the rigid and non-rigid stages share the reference's search structures
+    cache = reference_cache if reference_cache is not None else ReferenceCache()
     # coarse-to-fine: rigid PWAN registration(s) (with config.starts) initialise the non-rigid one
     # (large rotations are out of reach of a deformation started at identity); steps, u and
     # tolerance left None take the rigid defaults there, the network and warm-up stay the
@@ -153,7 +183,7 @@ def register(source, reference, config: Optional[RegistrationConfig] = None, ini
     # deformed and compared after the non-rigid stage: a rigid fit of a deformed shape can rank
     # a wrong, symmetric pose first.
     cands = _register_candidates(source, reference, config.replace(transform='rigid', prealign=False), init,
-                                 None, should_stop)
+                                 None, should_stop, cache)
     ref_clean = np.asarray(reference, dtype=np.float64)
     ref_clean = ref_clean[np.isfinite(ref_clean).all(axis=1)]   # validated by the rigid stage
     ref_clean = ref_clean[~far_outliers(ref_clean)]
@@ -166,7 +196,7 @@ def register(source, reference, config: Optional[RegistrationConfig] = None, ini
         if best is not None and should_stop is not None and should_stop():
             break
         res = _register_candidates(source, reference, config.replace(prealign=False), pre.transform,
-                                   potential_state, should_stop)[0][1]
+                                   potential_state, should_stop, cache)[0][1]
         score = overlap_score(res.transformed_source, ref_clean, config.seed) if len(pres) > 1 else 0.0
         res = dataclasses.replace(res, timings={**res.timings, 'prealign': pre.time_s},
                                   iterations=res.iterations + pre.iterations,
@@ -177,7 +207,8 @@ def register(source, reference, config: Optional[RegistrationConfig] = None, ini
     return dataclasses.replace(best[1], time_s=time.perf_counter() - t0)
 
 
-def _register_candidates(source, reference, config: RegistrationConfig, init, potential_state, should_stop) -> list:
+def _register_candidates(source, reference, config: RegistrationConfig, init, potential_state, should_stop,
+                         reference_cache: Optional[ReferenceCache] = None) -> list:
     """Alg. 1 + fine-tune (all starts / the tournament); returns the finalists as
     [(start score, RegistrationResult)], best first (one entry without multi-start)."""
     t0 = time.perf_counter()
@@ -206,7 +237,10 @@ def _register_candidates(source, reference, config: RegistrationConfig, init, po
     h_floor = config.potential.h_floor * median_spacing(xs_np) if config.divergence == 'mass' else 0.0
     rots = start_rotations(d, config.starts) if config.starts > 1 and kind != 'nonrigid' else [None]
     multi = len(rots) > 1
-    ft_data = finetune_data(prob, config, kind, rng) if (config.finetune.enabled or multi) else None
+    prep = _prepared(prob, reference_cache)
+    ft_data = None
+    if config.finetune.enabled or multi:
+        ft_data = finetune_data(prob, config, kind, rng, prep, search_device(config.finetune.nn, device))
     # the multi-start's fine-tunes before the final one run on a sample (their selection score's size)
     small_data = ft_data.subset(config.start_finetune_points, config.seed) if multi else None
     scorer = OverlapScorer(ft_data, config.seed) if multi and config.start_score == 'overlap' else None
@@ -259,5 +293,5 @@ def _register_candidates(source, reference, config: RegistrationConfig, init, po
     for score, (a, t, v_fn, converged, h_final, state, idx) in cands:
         out.append((score, _finish(prob, config, kind, a, t, v_fn, h_caller, t0, dict(timings), tot['steps'],
                                    tot['updates'], tot['ft'], converged, h_final * norm.scale, state, str(device),
-                                   start_index=idx)))
+                                   start_index=idx, fit_tree=prep.fit_tree())))
     return out

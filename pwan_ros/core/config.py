@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Tuple
 
-from pwan_ros.params import param
+from pwan_ros.params import check, param
 
 from .errors import PwanInputError
 
@@ -21,6 +21,7 @@ DIVERGENCES = ('mass', 'distance')
 H_MODES = ('learn', 'closed_form')
 START_SCORES = ('overlap', 'nn')
 COMPILE_MODES = ('auto', 'on', 'off')
+NN_MODES = ('auto', 'kdtree', 'torch')
 
 #: defaults of the fields left None, per transform: (steps, potential_updates, tolerance). The
 #: non-rigid transform has r x d more parameters, moves more slowly per step and needs a more
@@ -159,16 +160,41 @@ class FineTuneConfig:
     normal_neighbors: int = param(10, 'neighbours of the PCA normals (point_to_plane)', 3)
     overlap_refine: bool = param(True, 'rigid mass type: then the distance-type fine-tune at 2 x the median dense '
                                  'reference spacing, so the matched mass follows the actual overlap')
+    nn: str = param('auto', 'nearest-neighbour search of the fine-tune: kdtree (scipy, host CPU), torch (chunked '
+                    'brute force on the registration\'s device) or auto (torch on CUDA, kdtree on CPU)',
+                    choices=NN_MODES)
 
     def __post_init__(self):
         _check(isinstance(self.enabled, bool), 'finetune.enabled must be a bool')
         _check(isinstance(self.overlap_refine, bool), 'finetune.overlap_refine must be a bool')
+        _check(self.nn in NN_MODES, f'finetune.nn must be one of {NN_MODES}, got {self.nn!r}')
         _check(self.metric in ('point_to_plane', 'point_to_point'),
                f"finetune.metric must be 'point_to_plane' or 'point_to_point', got {self.metric!r}")
         _int('finetune.normal_neighbors', self.normal_neighbors, 3)
         _int('finetune.max_iterations', self.max_iterations, 1)
         _pos('finetune.tolerance', self.tolerance)
         _int('finetune.max_points', self.max_points, 0)
+
+
+@dataclass(frozen=True)
+class GlobalConfig:
+    """Global search (``global_search.*`` keys of RegistrationConfig; used by init='global')."""
+
+    feature_points: int = param(3000, 'points per set the FPFH features are computed on (sets the feature voxel)',
+                                100, 1_000_000)
+    candidates: int = param(6, 'distinct RANSAC poses refined and scored by the partial objective', 1, 100)
+    ransac_iterations: int = param(20000, '3-point samples drawn by the RANSAC', 100, 10_000_000)
+    min_overlap: float = param(0.2, 'refuse when less than this fraction of the source lies within h of the '
+                                    'reference at the best pose', 0.0, 1.0)
+    weak_support: int = param(12, 'when no RANSAC pose has this many feature inliers, the rotation group of '
+                                  'the cube (24 starts about the centroids) joins the candidates', 0, 1_000_000)
+    min_confidence: float = param(0.1, 'refuse when the best distinct runner-up scores within this relative margin '
+                                       'of the winner (ambiguous)', 0.0, 1.0)
+    fgr: bool = param(True, "add Open3D's fast global registration as a candidate")
+    kiss_matcher: bool = param(True, 'add KISS-Matcher as a candidate when it is installed')
+
+    def __post_init__(self):
+        check(self, PwanInputError)
 
 
 @dataclass(frozen=True)
@@ -238,6 +264,7 @@ class RegistrationConfig:
     potential: PotentialConfig = field(default_factory=PotentialConfig)
     coherence: CoherenceConfig = field(default_factory=CoherenceConfig)
     finetune: FineTuneConfig = field(default_factory=FineTuneConfig)
+    global_search: GlobalConfig = field(default_factory=GlobalConfig)
 
     def __post_init__(self):
         _check(self.transform in TRANSFORMS, f'transform must be one of {TRANSFORMS}, got {self.transform!r}')
@@ -327,7 +354,8 @@ class RegistrationConfig:
         Unknown keys raise :class:`PwanInputError` (catches typos in ROS parameters / YAML).
         """
         top = {f.name for f in dataclasses.fields(cls)}
-        subs = {'potential': PotentialConfig, 'coherence': CoherenceConfig, 'finetune': FineTuneConfig}
+        subs = {'potential': PotentialConfig, 'coherence': CoherenceConfig, 'finetune': FineTuneConfig,
+                'global_search': GlobalConfig}
         kwargs: dict = {}
         nested: dict = {k: {} for k in subs}
         for key, value in dict(values).items():

@@ -10,12 +10,13 @@ from typing import Optional
 
 import numpy as np
 import torch
-from scipy.spatial import cKDTree
 
 from .coherence import Coherence
 from .config import RegistrationConfig
-from .finetune import estimate_normals, run_finetune
+from .finetune import run_finetune
+from .nearest import make_search
 from .problem import Problem, finetune_set
+from .reference import PreparedReference
 
 __all__ = ['SAMPLE_REF_FACTOR', 'FineTuneData', 'finetune_data', 'finetune_stage']
 
@@ -25,14 +26,16 @@ SAMPLE_REF_FACTOR = 4
 
 @dataclass
 class FineTuneData:
-    """Point sets of the fine-tune stage (normalised): source ys, reference xr, its tree and
-    normals (rigid point-to-plane). Built once per registration and shared by all starts."""
+    """Point sets of the fine-tune stage (normalised): source ys, reference xr, its search
+    structure (a cKDTree, or the query interface of one: :class:`reference.ScaledSearch`,
+    :class:`nearest.TorchNearest`) and normals (rigid point-to-plane). Built once per registration
+    and shared by all starts; device: where the search of a :meth:`subset` runs (None: k-d tree)."""
 
     ys: np.ndarray
     xr: np.ndarray
-    tree: cKDTree
+    tree: object
     normals: Optional[np.ndarray]
-
+    device: Optional[torch.device] = None
 
     def subset(self, cap: int, seed: int) -> 'FineTuneData':
         """At most ``cap`` source and ``SAMPLE_REF_FACTOR x cap`` reference points (0: all), with
@@ -46,24 +49,31 @@ class FineTuneData:
         if cap and xr.shape[0] > SAMPLE_REF_FACTOR * cap:
             idx = np.sort(rng.choice(xr.shape[0], size=SAMPLE_REF_FACTOR * cap, replace=False))
             xr = xr[idx]
-            tree = cKDTree(xr)
+            tree = make_search(xr, self.device)
             normals = None if normals is None else normals[idx]
-        return FineTuneData(ys, xr, tree, normals)
+        return FineTuneData(ys, xr, tree, normals, self.device)
 
 
-
-def finetune_data(prob: Problem, config: RegistrationConfig, kind: str, rng: np.random.Generator) -> FineTuneData:
+def finetune_data(prob: Problem, config: RegistrationConfig, kind: str, rng: np.random.Generator,
+                  prepared: Optional[PreparedReference] = None,
+                  device: Optional[torch.device] = None) -> FineTuneData:
+    """The fine-tune's point sets: up to ``finetune.max_points`` source points (drawn from
+    ``rng``), up to twice as many reference points with their search structure and normals from
+    ``prepared`` (the reference's :class:`PreparedReference`, kept across registrations by a
+    :class:`ReferenceCache`; built here when None). device: the search's device (None: k-d tree,
+    see :func:`nearest.search_device`)."""
     norm = prob.norm
     ys_all = norm.source(prob.src_fit)
     idx = finetune_set(ys_all, config.finetune.max_points, rng)
     ys = ys_all[idx]
-    ref_idx = finetune_set(prob.ref_fit, max(config.finetune.max_points, 0) * 2, rng)
-    xr = norm.reference(prob.ref_fit[ref_idx])
-    tree = cKDTree(xr)
-    normals = None
+    if prepared is None:
+        prepared = PreparedReference(prob.ref_fit)
+    k = None
     if kind == 'rigid' and config.finetune.metric == 'point_to_plane':
-        normals = estimate_normals(xr, tree, k=config.finetune.normal_neighbors, workers=-1)
-    return FineTuneData(ys, xr, tree, normals)
+        k = config.finetune.normal_neighbors
+    xr, search, normals = prepared.finetune_reference(norm, max(config.finetune.max_points, 0) * 2, config.seed,
+                                                      k, device)
+    return FineTuneData(ys, xr, search, normals, device)
 
 
 def finetune_stage(prob: Problem, config: RegistrationConfig, kind: str, a, t, v_fn, h_caller: Optional[float],

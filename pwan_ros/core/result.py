@@ -27,6 +27,10 @@ class RegistrationResult:
     else None); h: final potential clip level (caller units, None for refine). displacement:
     (n, d) non-rigid offsets in caller units (None otherwise). potential_state: network weights
     for a warm start (pass back as ``potential_state=``). device: torch device used.
+    init='global' only: status 'ok' | 'refused' (no overlap found, or two different poses explain
+    the data almost equally; ``transform`` is then the best guess, not to be trusted) and the
+    reason; overlap: fraction of the source within h of the reference; confidence: margin over
+    the best distinct runner-up in [0, 1]; candidates: [{origin, support, objective}] scored.
     """
 
     transform: np.ndarray
@@ -51,3 +55,8 @@ class RegistrationResult:
     potential_state: Optional[dict] = field(default=None, repr=False)
     device: str = 'cpu'
     start_index: int = 0
+    status: str = 'ok'
+    reason: str = ''
+    overlap: Optional[float] = None
+    confidence: Optional[float] = None
+    candidates: list = field(default_factory=list, repr=False)

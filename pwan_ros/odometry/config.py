@@ -81,6 +81,9 @@ class OdometryConfig:
     recovery_yaw_starts: int = param(4, 'full PWAN starts from the prediction and, if that does not match well, '
                                      'from it turned by k x 360/n degrees about the sensor z axis (n starts)',
                                      1, 36)
+    recovery_global: bool = param(True, 'when no start of a full-PWAN recovery matches well, also register from no '
+                                        'initial pose (FPFH hypotheses chosen by the partial objective; a kidnapped '
+                                        'robot, a jump far beyond the prediction); kept unless it is refused')
     min_matched_ratio: float = param(0.3, "registrations matching a smaller fraction of the scan's points "
                                      '(within h) are rejected and the last good pose is kept', 0.0, 1.0)
     ratio_drop: float = param(0.6, 'a matched ratio below ratio_drop x the median of recent accepted scans '
@@ -88,6 +91,9 @@ class OdometryConfig:
     keyframe_distance: float = param(1.0, 'translation from the keyframe (m) that starts a new keyframe', 0.0, 1e4)
     keyframe_angle: float = param(0.2618, 'rotation from the keyframe (rad) that starts a new keyframe',
                                   0.0, math.pi)
+    local_map_keyframes: int = param(3, 'recent keyframes whose union (voxel-downsampled, capped at scan_max_points) '
+                                     'the scans are tracked against (1 = the newest keyframe only); a re-anchor '
+                                     'starts a new map; ignored with reference_cloud', 1, 50)
     odom_frame: str = param('odom', 'fixed frame of the published pose (REP-105)')
     base_frame: str = param('', "moving frame of the published pose; '' = the cloud's frame_id, otherwise a "
                             'static transform base_frame -> cloud frame must be on /tf_static')

@@ -1,10 +1,11 @@
-"""The fast tracking path: partial scan-to-keyframe registration.
+"""The fast tracking path: partial registration of a scan to the local map of recent keyframes.
 
 It minimises the fine-tune objective of PWAN (eq. fine_tune, distance type: only
 correspondences within h count) with small_gicp's GICP as the inner solver: each iteration
 pairs every scan point with its nearest keyframe point, drops pairs farther than h (the
-partial selection), and takes a Gauss-Newton step on the plane-aware GICP cost. The keyframe's
-covariances and KD-tree are built once and reused for every scan tracked against it.
+partial selection), and takes a Gauss-Newton step on the plane-aware GICP cost. The target's
+covariances and KD-tree (:class:`PreparedCloud`, built once per keyframe: the local map of
+:mod:`pwan_ros.odometry.keyframes`) are reused for every scan tracked against it.
 """
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ from pwan_ros.geometry.se3 import project_rigid, transform_points
 
 @dataclass
 class PreparedCloud:
-    """A downsampled cloud ready for GICP: points (M, 3) float64 in its own sensor frame,
-    small_gicp cloud with per-point covariances and its KD-tree."""
+    """A downsampled cloud ready for GICP: points (M, 3) float64 in one sensor frame (a scan's
+    own; a local map's: its newest keyframe's), small_gicp cloud with per-point covariances and
+    its KD-tree."""
 
     points: np.ndarray
     cloud: 'small_gicp.PointCloud'

@@ -1,38 +1,63 @@
-"""Keyframes: the registered scans later scans are tracked against (or a fixed reference cloud)."""
+"""Keyframes: the registered scans later scans are tracked against (or a fixed reference cloud).
+
+Scans are tracked against a *local map*: the union of the last ``local_map_keyframes`` keyframe
+scans (in odom, as registered), moved into the newest keyframe's frame, voxel-downsampled at the
+scan voxel size and capped at ``scan_max_points`` (so tracking a scan against it costs about
+what tracking against one keyframe does). With ``local_map_keyframes: 1`` it is the newest
+keyframe's scan alone. A fixed reference cloud replaces it while aligning to one.
+"""
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
-from pwan_ros.geometry.se3 import rotation_angle, translation_norm
+from pwan_ros.geometry.se3 import invert, rotation_angle, translation_norm
 from pwan_ros.odometry.config import OdometryConfig
 from pwan_ros.odometry.keyframe_tracker import PreparedCloud
+from pwan_ros.odometry.scan_filter import voxel_grid
 
 
 @dataclass
 class Keyframe:
-    """cloud: the downsampled scan in its sensor frame, prepared for GICP. pose: (4, 4)
-    T_odom_keyframe. index: 1, 2, ... in order of creation (0: the reference cloud)."""
+    """cloud: what scans are tracked against, in the keyframe's sensor frame, prepared for GICP:
+    the local map (the newest keyframe's downsampled scan when ``local_map_keyframes`` is 1, or
+    the reference cloud). pose: (4, 4) T_odom_keyframe. index: 1, 2, ... in order of creation
+    (0: the reference cloud). map_keyframes: keyframe scans in ``cloud``."""
 
     cloud: PreparedCloud
     pose: np.ndarray
     index: int
     is_reference: bool = False
+    map_keyframes: int = 1
 
 
 class Keyframes:
-    """The current keyframe and the rule that starts a new one (``keyframe_distance`` /
-    ``keyframe_angle`` of motion from it; never while aligning to a reference cloud)."""
+    """The current keyframe, its local map, and the rule that starts a new one
+    (``keyframe_distance`` / ``keyframe_angle`` of motion from it; never while aligning to a
+    reference cloud). ``voxel_size``: returns the scans' voxel size (m; the pipeline's, chosen
+    with the first scan when automatic; default ``scan_voxel_size``); the local map is
+    downsampled with it (0: only capped)."""
 
-    def __init__(self, config: OdometryConfig):
+    def __init__(self, config: OdometryConfig, num_threads: int = 2,
+                 voxel_size: Optional[Callable[[], float]] = None):
         self.config = config
+        self.num_threads = num_threads
+        self.voxel_size = voxel_size or (lambda: config.scan_voxel_size)
         self.reset()
 
     def reset(self) -> None:
         self.current: Optional[Keyframe] = None
         self._count = 0
+        self._recent: deque = deque(maxlen=self.config.local_map_keyframes)   # (M, 3) odom points
+        self._rng = np.random.default_rng(self.config.seed)
+
+    def clear_map(self) -> None:
+        """Forget the keyframes of the local map (a re-anchor: the old keyframes do not line up
+        with the held pose); the next keyframe starts a new map. The current keyframe stays."""
+        self._recent.clear()
 
     def set_reference(self, cloud: PreparedCloud) -> Keyframe:
         """Make the reference cloud (odom_frame coordinates) the fixed keyframe."""
@@ -40,10 +65,28 @@ class Keyframes:
         return self.current
 
     def start(self, cloud: PreparedCloud, pose: np.ndarray) -> Keyframe:
-        """Make ``cloud`` at (4, 4) T_odom_sensor ``pose`` the new keyframe."""
+        """Make ``cloud`` (a downsampled scan, sensor frame) at (4, 4) T_odom_sensor ``pose`` the
+        new keyframe, the newest of the local map that later scans are tracked against."""
+        pose = np.array(pose, dtype=np.float64)
         self._count += 1
-        self.current = Keyframe(cloud, np.array(pose, dtype=np.float64), self._count)
+        if self.config.local_map_keyframes > 1:
+            self._recent.append(cloud.points @ pose[:3, :3].T + pose[:3, 3])
+            if len(self._recent) > 1:
+                cloud = self._local_map(pose)
+        self.current = Keyframe(cloud, pose, self._count, map_keyframes=max(len(self._recent), 1))
         return self.current
+
+    def _local_map(self, pose: np.ndarray) -> PreparedCloud:
+        """The recent keyframes' union in the frame of ``pose``, voxel-downsampled and capped."""
+        inv = invert(pose)
+        pts = np.vstack(list(self._recent)) @ inv[:3, :3].T + inv[:3, 3]
+        voxel = self.voxel_size()
+        if voxel > 0.0:
+            pts = voxel_grid(pts, voxel).centroids
+        cap = self.config.scan_max_points
+        if len(pts) > cap:
+            pts = pts[np.sort(self._rng.choice(len(pts), cap, replace=False))]
+        return PreparedCloud.build(pts, self.num_threads)
 
     def due(self, t_kf_scan: np.ndarray) -> bool:
         """Whether a scan at (4, 4) T_keyframe_scan is far enough to become the next keyframe."""

@@ -4,7 +4,8 @@
 the sensor in the odometry frame. Two paths produce poses:
 
 * ``track``: the fast partial refinement (:mod:`pwan_ros.odometry.keyframe_tracker`) from a
-  constant-velocity prediction, against a keyframe that is kept for many scans.
+  constant-velocity prediction, against the local map of the last ``local_map_keyframes``
+  keyframes (:mod:`pwan_ros.odometry.keyframes`), kept until the next keyframe.
 * ``pwan``: full PWAN (:mod:`pwan_ros.odometry.pwan_recovery`), used in ``mode='adaptive'`` at
   start-up against a reference cloud and whenever the trust policy (:mod:`pwan_ros.odometry.trust`)
   distrusts tracking, and in ``mode='pwan'`` for every scan. Its result re-initialises tracking.
@@ -101,7 +102,7 @@ class OdometryPipeline:
         self.motion = ConstantVelocityModel()
         self.pwan = PwanAligner(config)
         self.trust = TrustPolicy(config)
-        self.keyframes = Keyframes(config)
+        self.keyframes = Keyframes(config, num_threads, lambda: self.voxel_size)
         self._rng = np.random.default_rng(config.seed)
         self.preparer = ScanPreparer(config, self._rng, num_threads)
         self._reference_points = None
@@ -217,12 +218,18 @@ class OdometryPipeline:
                 return best
         reason = best.reason if best else 'mode pwan'
         deadline = time.perf_counter() + self.config.pwan_time_budget_ms * 1e-3
-        rec = recover(self.pwan, kf.cloud, scan.tracked, init, self.h, self.config.recovery_yaw_starts,
-                      self.trust.good_match(), deadline, self.num_threads)
+        good = self.trust.good_match()     # infinite without a history: then no global search either
+        rec = recover(self.pwan, kf.cloud, scan.tracked, init, self.h, self.config.recovery_yaw_starts, good,
+                      deadline, self.num_threads, use_global=self.config.recovery_global and np.isfinite(good))
         timings['pwan'], timings['polish'] = rec.pwan_ms, rec.polish_ms
         iterations = rec.iterations + (best.iterations if best else 0)
         if best is None or rec.quality.matched_ratio >= best.quality.matched_ratio:
             best = _Outcome(rec.transform, rec.quality)
+            if rec.origin != 'prediction':
+                reason += f'; recovered from the {rec.origin} start' if rec.origin != 'global' else \
+                    '; recovered by global registration (no initial pose)'
+        elif rec.global_status == 'refused':
+            reason += '; global registration refused'
         return _Outcome(best.transform, best.quality, iterations, True, reason, rec.starts)
 
     def _accept(self, kf: Keyframe, scan: PreparedScan, stamp: float, outcome: _Outcome, done,
@@ -252,6 +259,7 @@ class OdometryPipeline:
         pose = self.motion.pose if self.motion.pose is not None else self.keyframe.pose
         why = (f're-anchored on this scan after {self.trust.rejections} rejected scans '
                '(motion since not recovered)')
+        self.keyframes.clear_map()          # the old keyframes do not line up with the held pose
         self._start_keyframe(scan, pose, stamp)
         self.motion.hold(stamp)
         self.trust.reanchored(len(scan.dense))

@@ -3,7 +3,8 @@ multi-start recovery.
 
 Builds the core's RegistrationConfig once from the node parameters (same names), caps the
 point sets at ``pwan_max_points``, warm-starts from the motion prediction and — in
-``mode='pwan'`` — from the previous scan's potential network weights.
+``mode='pwan'`` — from the previous scan's potential network weights, and keeps the keyframe's
+search structures (k-d tree, normals) while the keyframe stays (:class:`ReferenceCache`).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import numpy as np
 from scipy.spatial.transform import Rotation
 
 from pwan_ros.core import RegistrationConfig, RegistrationResult, register
+from pwan_ros.core.reference import ReferenceCache
 from pwan_ros.geometry.se3 import make_transform
 from pwan_ros.odometry.config import OdometryConfig
 from pwan_ros.odometry.keyframe_tracker import MatchQuality, PreparedCloud, track
@@ -31,12 +33,15 @@ def core_config(cfg: OdometryConfig, h: Optional[float] = None) -> RegistrationC
 
 
 class PwanAligner:
-    """Runs PWAN between two clouds in metres; keeps the potential for warm starts."""
+    """Runs PWAN between two clouds in metres; keeps the potential for warm starts and the
+    reference's prepared search structures (``reference_cache``; None = rebuild them every call)
+    for the scans registered against the same keyframe."""
 
     def __init__(self, config: OdometryConfig):
         self.config = config
         self._state: Optional[dict] = None
         self._cancel = threading.Event()
+        self.reference_cache: Optional[ReferenceCache] = ReferenceCache()
 
     def align(self, source: np.ndarray, reference: np.ndarray, init: np.ndarray,
               h: Optional[float] = None, deadline: Optional[float] = None) -> RegistrationResult:
@@ -49,13 +54,27 @@ class PwanAligner:
         def should_stop() -> bool:
             return self._cancel.is_set() or (deadline is not None and time.perf_counter() > deadline)
 
+        # the cache compares the keyframe's points by value: a new keyframe replaces the entry
+        cache = self.reference_cache
+        kwargs = {} if cache is None else {'reference_cache': cache}
         result = register(source, reference, core_config(self.config, h), init=init,
-                          potential_state=warm, should_stop=should_stop)
+                          potential_state=warm, should_stop=should_stop, **kwargs)
         self._state = result.potential_state
         return result
 
+    def align_global(self, source: np.ndarray, reference: np.ndarray, h: Optional[float] = None) -> RegistrationResult:
+        """Register source onto reference (metres) from an unknown pose: the core's
+        ``init='global'`` (feature hypotheses chosen and refined by the partial objective); the
+        result's ``status`` says whether it is trustworthy."""
+        cache = self.reference_cache
+        kwargs = {} if cache is None else {'reference_cache': cache}
+        return register(source, reference, core_config(self.config, h).replace(transform='rigid'), init='global',
+                        **kwargs)
+
     def reset(self) -> None:
         self._state = None
+        if self.reference_cache is not None:
+            self.reference_cache.clear()
 
     def cancel(self) -> None:
         """Make the running and all later registrations stop at their next step (shutdown)."""
@@ -66,7 +85,9 @@ class PwanAligner:
 class Recovery:
     """transform: (4, 4) T_keyframe_scan of the best start (polished by the tracker); quality:
     its match quality; iterations: PWAN + tracker iterations of all starts; starts: starts run;
-    pwan_ms / polish_ms: time spent in each."""
+    pwan_ms / polish_ms: time spent in each; origin: 'prediction', 'yaw N deg' or 'global' (the
+    start the result came from); global_status: the global registration's status ('' if it did
+    not run)."""
 
     transform: np.ndarray
     quality: MatchQuality
@@ -74,14 +95,19 @@ class Recovery:
     starts: int
     pwan_ms: float
     polish_ms: float
+    origin: str = 'prediction'
+    global_status: str = ''
 
 
 def recover(aligner: PwanAligner, keyframe: PreparedCloud, scan: PreparedCloud, init: np.ndarray, h: float,
-            yaw_starts: int, good: float, deadline: float, num_threads: int = 2) -> Recovery:
+            yaw_starts: int, good: float, deadline: float, num_threads: int = 2,
+            use_global: bool = False) -> Recovery:
     """Full PWAN of ``scan`` onto ``keyframe`` from ``init`` (T_keyframe_scan), then from rotations
     of it by k x 360/yaw_starts degrees about the sensor's z axis (REP-103: z up), nearest first,
     each polished by the partial tracker. Stops at the first start matching ``good`` or at
-    ``deadline`` (time.perf_counter() seconds); returns the best start by matched ratio."""
+    ``deadline`` (time.perf_counter() seconds). ``use_global``: when no start matched ``good``
+    (a kidnapped robot, a jump far beyond the prediction), a global registration (no initial
+    pose) is tried too and kept if it is not refused. Returns the best by matched ratio."""
     yaws = [0.0] + [2.0 * np.pi * k / yaw_starts for k in range(1, yaw_starts)]
     yaws = sorted(yaws, key=lambda a: min(a, 2.0 * np.pi - a))
     best = None
@@ -96,7 +122,20 @@ def recover(aligner: PwanAligner, keyframe: PreparedCloud, scan: PreparedCloud, 
         polish_ms += (time.perf_counter() - t1) * 1e3
         iterations += result.iterations + tr.iterations
         if best is None or tr.quality.matched_ratio > best.quality.matched_ratio:
-            best = tr
+            best, origin = tr, 'prediction' if k == 0 else f'yaw {np.degrees(yaw):.0f} deg'
         if best.quality.matched_ratio >= good or time.perf_counter() > deadline:
             break
-    return Recovery(best.transform, best.quality, iterations, k + 1, pwan_ms, polish_ms)
+    starts, global_status = k + 1, ''
+    if use_global and best.quality.matched_ratio < good and time.perf_counter() < deadline:
+        t0 = time.perf_counter()
+        result = aligner.align_global(scan.points, keyframe.points, h)
+        t1 = time.perf_counter()
+        pwan_ms += (t1 - t0) * 1e3
+        starts, global_status = starts + 1, result.status
+        if result.status == 'ok':
+            tr = track(keyframe, scan, result.transform, h, num_threads=num_threads)
+            polish_ms += (time.perf_counter() - t1) * 1e3
+            iterations += tr.iterations
+            if tr.quality.matched_ratio > best.quality.matched_ratio:
+                best, origin = tr, 'global'
+    return Recovery(best.transform, best.quality, iterations, starts, pwan_ms, polish_ms, origin, global_status)

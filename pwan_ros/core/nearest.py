@@ -1,0 +1,106 @@
+"""Nearest-neighbour search on a torch device (brute force, chunked): the fine-tune's search when the
+registration runs on CUDA, where a k-d tree would send every query back to the host CPU.
+
+:class:`TorchNearest` answers the part of scipy's ``cKDTree.query`` interface the fine-tune uses
+(``k``, ``distance_upper_bound``, ``workers``, ``n``): distances (n,) / (n, k) float64 and indices,
+beyond the bound (strictly, as cKDTree: a neighbour counts when d < bound) inf and index ``n``.
+Precision: the search runs in float32 on coordinates centred on the reference's centroid, so the
+winner is a nearest neighbour up to float32 rounding (near-ties closer than ~1e-7 x the set's
+extent may pick either point); the returned distance is recomputed in float64 for that winner, so
+it is exact for the index returned (and the bound is applied to it).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from scipy.spatial import cKDTree
+
+__all__ = ['CHUNK_ELEMENTS', 'TorchNearest', 'make_search', 'search_device']
+
+#: elements (query rows x reference points) of one distance block: 64 MiB in float32
+CHUNK_ELEMENTS = 1 << 24
+#: query rows of a block at least (a larger reference is searched in slices of CHUNK_ELEMENTS / this)
+MIN_BLOCK_ROWS = 256
+
+
+class TorchNearest:
+    """Reference points (n, d) on ``device``; :meth:`query` finds their nearest to query rows."""
+
+    def __init__(self, points: np.ndarray, device='cpu', chunk_elements: int = CHUNK_ELEMENTS):
+        self.data = np.asarray(points, dtype=np.float64)
+        self.n = int(self.data.shape[0])
+        self.device = torch.device(device)
+        self.center = self.data.mean(axis=0) if self.n else np.zeros(self.data.shape[1])
+        self.chunk = int(chunk_elements)
+        self._ref64 = torch.as_tensor(self.data - self.center, device=self.device)
+        self._ref32 = self._ref64.to(torch.float32)
+
+    def query(self, x, k: int = 1, eps: float = 0.0, p: float = 2.0, distance_upper_bound: float = np.inf,
+              workers: int = 1):
+        """(distances, indices) of the ``k`` nearest reference points of each row of x (m, d), as
+        cKDTree.query (eps, p and workers are accepted for the interface; the search is exact
+        Euclidean). k = 1: (m,) arrays, else (m, k), nearest first."""
+        x = np.asarray(x, dtype=np.float64)
+        m = x.shape[0]
+        kk = int(min(k, self.n))
+        q64 = torch.as_tensor(x - self.center, device=self.device)
+        q32 = q64.to(torch.float32)
+        ref_step = max(1, min(self.n, self.chunk // MIN_BLOCK_ROWS))
+        row_step = max(1, self.chunk // ref_step)
+        idx = torch.empty((m, kk), dtype=torch.int64, device=self.device)
+        for r0 in range(0, m, row_step):
+            rows = q32[r0:r0 + row_step]
+            best_d = best_i = None
+            for c0 in range(0, self.n, ref_step):
+                # direct differences (no |x|^2 + |y|^2 - 2xy expansion, which cancels catastrophically
+                # for points far from the origin relative to their spacing)
+                dist = torch.cdist(rows, self._ref32[c0:c0 + ref_step], compute_mode='donot_use_mm_for_euclid_dist')
+                if kk == 1:
+                    d_c, i_c = dist.min(dim=1, keepdim=True)
+                else:
+                    d_c, i_c = torch.topk(dist, min(kk, dist.shape[1]), dim=1, largest=False)
+                i_c = i_c + c0
+                if best_d is None:
+                    best_d, best_i = d_c, i_c
+                elif kk == 1:
+                    closer = d_c < best_d          # strict: on equal distances the earlier slice wins
+                    best_d, best_i = torch.where(closer, d_c, best_d), torch.where(closer, i_c, best_i)
+                else:
+                    # earlier chunks first: on equal distances the lower index wins, as in a sorted scan
+                    d_all, i_all = torch.cat((best_d, d_c), 1), torch.cat((best_i, i_c), 1)
+                    order = torch.sort(d_all, dim=1, stable=True)[1][:, :kk]
+                    best_d, best_i = torch.gather(d_all, 1, order), torch.gather(i_all, 1, order)
+            idx[r0:r0 + row_step] = best_i
+        # exact float64 distance of each winner, and the bound on it
+        diff = q64[:, None, :] - self._ref64[idx]
+        dist = torch.sqrt((diff * diff).sum(-1))
+        if kk > 1:
+            dist, order = torch.sort(dist, dim=1, stable=True)
+            idx = torch.gather(idx, 1, order)
+        dist, idx = dist.cpu().numpy(), idx.cpu().numpy()
+        if kk < k:      # fewer points than k: pad as cKDTree does
+            dist = np.hstack((dist, np.full((m, k - kk), np.inf)))
+            idx = np.hstack((idx, np.full((m, k - kk), self.n, dtype=np.int64)))
+        if np.isfinite(distance_upper_bound):
+            far = ~(dist < distance_upper_bound)
+            dist[far] = np.inf
+            idx[far] = self.n
+        if k == 1:
+            return dist[:, 0], idx[:, 0]
+        return dist, idx
+
+
+def make_search(points: np.ndarray, device=None):
+    """A k-d tree over ``points`` (device None), else a :class:`TorchNearest` on ``device``."""
+    if device is None:
+        return cKDTree(points)
+    return TorchNearest(points, device)
+
+
+def search_device(nn: str, device: torch.device):
+    """The device of the fine-tune's search for ``finetune.nn`` and the registration's device, or
+    None for a k-d tree on the host: auto = torch on CUDA (no round trip to the host per query)
+    and a k-d tree on CPU (faster there than any brute-force search)."""
+    if nn == 'torch' or (nn == 'auto' and device.type == 'cuda'):
+        return device
+    return None
