@@ -13,9 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pwan_ros.evaluation.metrics import EvalResult, evaluate, track_losses
+from pwan_ros.evaluation.metrics import EvalResult, evaluate, save_figure, track_losses
 from pwan_ros.evaluation.run_record import RunRecord
-from pwan_ros.io.atomic import atomic_path
 from pwan_ros.io.trajectory import Trajectory
 
 __all__ = ['RunSummary', 'summarise_run', 'skipped_run', 'format_comparison', 'plot_comparison']
@@ -139,13 +138,4 @@ def plot_comparison(runs: list[RunSummary], gt: Trajectory, path, events=(), tit
     ax1.set_title('position error over time (aligned at the first scan)')
     ax1.grid(alpha=0.3)
     ax1.legend(loc='upper left', fontsize=8)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    path = pathlib.Path(path)
-    try:
-        with atomic_path(path, suffix='.png') as tmp:
-            fig.savefig(tmp, dpi=90, format='png')
-    finally:
-        plt.close(fig)
-    return path
+    return save_figure(fig, path, title)

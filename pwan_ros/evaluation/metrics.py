@@ -264,6 +264,12 @@ def plot(result: EvalResult, path, title: str = '') -> pathlib.Path:
     ax1.set_title('error over time')
     ax1.grid(alpha=0.3)
     ax1.legend(loc='best')
+    return save_figure(fig, path, title)
+
+
+def save_figure(fig, path, title: str = '') -> pathlib.Path:
+    """Lay out ``fig`` (with ``title``), write it as a PNG atomically to ``path`` and close it."""
+    import matplotlib.pyplot as plt
     if title:
         fig.suptitle(title)
     fig.tight_layout()

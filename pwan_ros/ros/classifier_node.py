@@ -20,16 +20,13 @@ import time
 from typing import Dict
 
 import numpy as np
-import rclpy
-import rclpy.executors
-from rclpy.exceptions import InvalidParameterTypeException, InvalidParameterValueException
 from rclpy.node import Node
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from std_msgs.msg import Float32, Float32MultiArray, Int32, String
 
 from pwan_ros.adaptation.deploy import ClassifierConfig, load_classifier
 from pwan_ros.adaptation.errors import AdaptConfigError, AdaptError, AdaptInputError
-from pwan_ros.ros.args import params_file_problem
+from pwan_ros.ros.spin import spin_node
 from pwan_ros.ros.params import declare_config
 
 NAME = 'pwan_classifier'
@@ -87,29 +84,7 @@ class ClassifierNode(Node):
 
 
 def main(args=None) -> int:
-    problem = params_file_problem(sys.argv if args is None else args)
-    if problem:
-        print(f'{NAME}: {problem}', file=sys.stderr)
-        return 2
-    try:
-        rclpy.init(args=args)
-    except Exception as exc:  # rcl's argument errors (RCLError) are multi-line C messages
-        print(f"{NAME}: invalid ROS arguments: {str(exc).splitlines()[0] if str(exc) else exc!r}", file=sys.stderr)
-        return 2
-    node = None
-    try:
-        node = ClassifierNode()
-        rclpy.spin(node)
-    except (AdaptError, InvalidParameterTypeException, InvalidParameterValueException) as exc:
-        print(f'{NAME}: {exc}', file=sys.stderr)
-        return 2
-    except (KeyboardInterrupt, rclpy.executors.ExternalShutdownException):
-        pass
-    finally:
-        if node is not None:
-            node.destroy_node()
-        rclpy.try_shutdown()
-    return 0
+    return spin_node(NAME, ClassifierNode, (AdaptError,), args)
 
 
 if __name__ == '__main__':

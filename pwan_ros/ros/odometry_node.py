@@ -18,10 +18,6 @@ import time
 from typing import Dict, Optional, Tuple
 
 import numpy as np
-import rclpy
-import rclpy.executors
-from rclpy.exceptions import (InvalidParameterTypeException,
-                              InvalidParameterValueException)
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from geometry_msgs.msg import TransformStamped
 from nav_msgs.msg import Odometry
@@ -37,7 +33,7 @@ from pwan_ros.io import pointcloud2 as pc2
 from pwan_ros.odometry.config import RENAMED, ConfigError, OdometryConfig
 from pwan_ros.odometry.odometer import Odometer, OdometryUpdate
 from pwan_ros.odometry.pipeline import OdometryPipeline, ScanError
-from pwan_ros.ros.args import params_file_problem
+from pwan_ros.ros.spin import spin_node
 from pwan_ros.ros.params import declare_config
 
 
@@ -350,30 +346,7 @@ class OdometryNode(Node):
 
 
 def main(args=None) -> int:
-    problem = params_file_problem(sys.argv if args is None else args)
-    if problem:
-        print(f'pwan_odometry: {problem}', file=sys.stderr)
-        return 2
-    try:
-        rclpy.init(args=args)
-    except Exception as exc:  # rcl's argument errors (RCLError) are multi-line C messages
-        print(f"pwan_odometry: invalid ROS arguments: {str(exc).splitlines()[0] if str(exc) else exc!r}",
-              file=sys.stderr)
-        return 2
-    node = None
-    try:
-        node = OdometryNode()
-        rclpy.spin(node)
-    except (ConfigError, InvalidParameterTypeException, InvalidParameterValueException) as exc:
-        print(f'pwan_odometry: invalid parameters: {exc}', file=sys.stderr)
-        return 2
-    except (KeyboardInterrupt, rclpy.executors.ExternalShutdownException):
-        pass
-    finally:
-        if node is not None:
-            node.destroy_node()
-        rclpy.try_shutdown()
-    return 0
+    return spin_node('pwan_odometry', OdometryNode, (ConfigError,), args, 'invalid parameters: ')
 
 
 if __name__ == '__main__':
