@@ -69,15 +69,17 @@ def format_comparison(runs: list[RunSummary]) -> str:
             'latency median / max [ms]')
     rows = []
     for r in runs:
-        if r.skipped:
-            rows.append((r.label, f'skipped: {r.skipped}', '', '', '', '', '', ''))
+        if r.skipped:                 # the reason spans the other columns
+            rows.append((r.label, f'skipped: {r.skipped}'))
             continue
         m = r.metrics()
         rows.append((r.label, f"{m['scans']}/{m['scans_published']}", _fmt(m['scans_pwan_engaged'], 'd'),
                      str(m['scans_lost_track']), f"{m['ate_rmse_m']:.3f}", _fmt(m['rpe_trans_pct'], '.2f'),
                      _fmt(m['rpe_rot_deg_per_m'], '.4f'),
                      f"{_fmt(m['median_latency_ms'], '.0f')} / {_fmt(m['max_latency_ms'], '.0f')}"))
-    widths = [max(len(str(row[i])) for row in [head] + rows) for i in range(len(head))]
+    full = [head] + [row for row in rows if len(row) == len(head)]
+    widths = [max(len(row[0]) for row in [head] + rows)] + [max(len(row[i]) for row in full)
+                                                              for i in range(1, len(head))]
     line = lambda row: '  '.join(f'{str(v):<{w}}' for v, w in zip(row, widths)).rstrip()  # noqa: E731
     return '\n'.join([line(head), line(['-' * w for w in widths])] + [line(r) for r in rows])
 
