@@ -54,10 +54,15 @@ def pose_distance(a: np.ndarray, b: np.ndarray, points: np.ndarray) -> float:
 
 # --------------------------------------------------------------------------- features
 
-def _downsample(points: np.ndarray, target: int):
-    """(voxel, downsampled points): the voxel size leaving about ``target`` points."""
+def _pcd(points: np.ndarray):
+    """An Open3D point cloud of (n, 3) points."""
     import open3d as o3d
-    pcd = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(np.asarray(points, dtype=np.float64)))
+    return o3d.geometry.PointCloud(o3d.utility.Vector3dVector(np.asarray(points, dtype=np.float64)))
+
+
+def _downsample(points: np.ndarray, target: int):
+    """(voxel, downsampled Open3D cloud): the voxel size leaving about ``target`` points."""
+    pcd = _pcd(points)
     lo, hi = points.min(0), points.max(0)
     voxel = float(np.linalg.norm(hi - lo)) / 100.0
     for _ in range(30):
@@ -70,9 +75,7 @@ def _downsample(points: np.ndarray, target: int):
 
 
 def _voxelised(points: np.ndarray, voxel: float) -> np.ndarray:
-    import open3d as o3d
-    pcd = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(np.asarray(points, dtype=np.float64)))
-    return np.asarray(pcd.voxel_down_sample(voxel).points)
+    return np.asarray(_pcd(points).voxel_down_sample(voxel).points)
 
 
 def _fpfh(down, voxel: float) -> np.ndarray:
@@ -144,18 +147,18 @@ def _ransac(ps: np.ndarray, pr: np.ndarray, matches: np.ndarray, inlier: float, 
 
 
 def feature_hypotheses(source: np.ndarray, reference: np.ndarray, cfg: GlobalConfig, seed: int = 0):
-    """(hypotheses, voxel, timings): the candidate poses (source -> reference) from FPFH features,
-    best support first, plus FGR / KISS-Matcher / the identity prior; ``voxel`` is the feature
-    voxel size (caller units)."""
+    """(hypotheses, voxel, matches, timings): the candidate poses (source -> reference) from FPFH
+    features, best support first, plus FGR / KISS-Matcher / the identity prior; ``voxel`` is the
+    feature voxel size (caller units), ``matches`` the number of mutual feature matches."""
     import open3d as o3d
     t0 = time.perf_counter()
     vs, ds = _downsample(source, cfg.feature_points)
     vr, dr = _downsample(reference, cfg.feature_points)
     voxel = max(vs, vr)
     if voxel != vs:
-        ds = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(np.asarray(source, np.float64))).voxel_down_sample(voxel)
+        ds = _pcd(source).voxel_down_sample(voxel)
     if voxel != vr:
-        dr = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(np.asarray(reference, np.float64))).voxel_down_sample(voxel)
+        dr = _pcd(reference).voxel_down_sample(voxel)
     fs, fr = _fpfh(ds, voxel), _fpfh(dr, voxel)
     ps, pr = np.asarray(ds.points), np.asarray(dr.points)
     t1 = time.perf_counter()
@@ -166,8 +169,7 @@ def feature_hypotheses(source: np.ndarray, reference: np.ndarray, cfg: GlobalCon
     extra: List[Hypothesis] = []
     if cfg.fgr:
         reg = o3d.pipelines.registration
-        to_feat = lambda f: reg.Feature()  # noqa: E731
-        fs_o, fr_o = to_feat(fs), to_feat(fr)
+        fs_o, fr_o = reg.Feature(), reg.Feature()
         fs_o.data, fr_o.data = fs.T.copy(), fr.T.copy()
         res = reg.registration_fgr_based_on_feature_matching(
             ds, dr, fs_o, fr_o, reg.FastGlobalRegistrationOption(maximum_correspondence_distance=1.5 * voxel))
@@ -211,8 +213,6 @@ class GlobalOutcome:
     status: str
     reason: str
     candidates: list
-    agreeing: int = 1
-    support: int = 0
 
 
 def partial_objective_of(moved: np.ndarray, tree: cKDTree, h: float) -> tuple:
@@ -223,8 +223,8 @@ def partial_objective_of(moved: np.ndarray, tree: cKDTree, h: float) -> tuple:
     return float(np.sum(d[within] - h) / (h * len(moved))), float(within.mean())
 
 
-def choose(source: np.ndarray, reference: np.ndarray, hyps: List[Hypothesis], config, cfg: GlobalConfig,
-           refine_fn, h: float, probe: np.ndarray) -> GlobalOutcome:
+def choose(reference: np.ndarray, hyps: List[Hypothesis], cfg: GlobalConfig, refine_fn, h: float,
+           probe: np.ndarray) -> GlobalOutcome:
     """Refine every hypothesis with ``refine_fn(init) -> RegistrationResult`` (the fine-tune, distance
     type), score it by the partial objective on ``probe`` source points against ``reference`` at
     threshold ``h``, and pick the winner (see the module doc for the refusal rules)."""
@@ -239,21 +239,17 @@ def choose(source: np.ndarray, reference: np.ndarray, hyps: List[Hypothesis], co
     obj, overlap, res, hyp = scored[order[0]]
     runner = next((scored[k] for k in order[1:]
                    if pose_distance(scored[k][2].transform, res.transform, probe) > 2.0 * h), None)
-    # independent candidates refined into the winner's basin (corroboration)
-    agreeing = sum(pose_distance(s[2].transform, res.transform, probe) <= 2.0 * h for s in scored)
-    support = max((s[3].support for s in scored if pose_distance(s[2].transform, res.transform, probe) <= 2.0 * h),
-                  default=0)
     confidence = 1.0 if runner is None or obj >= 0 else float(min(1.0, (runner[0] - obj) / -obj))
     status, reason = 'ok', ''
     if overlap < cfg.min_overlap:
         status, reason = 'refused', (f'best pose puts {overlap:.0%} of the source on the reference '
                                      f'(< min_overlap {cfg.min_overlap:.0%}): no overlap found')
     elif confidence < cfg.min_confidence:
-        status, reason = 'refused', (f'ambiguous: a pose {pose_distance(runner[2].transform, res.transform, probe):.3g} '
-                                     f'away explains the data almost as well (confidence {confidence:.2f} < '
-                                     f'min_confidence {cfg.min_confidence:.2f})')
+        apart = pose_distance(runner[2].transform, res.transform, probe)
+        status, reason = 'refused', (f'ambiguous: a pose {apart:.3g} away explains the data almost as well '
+                                     f'(confidence {confidence:.2f} < min_confidence {cfg.min_confidence:.2f})')
     cands = [(s[3].origin, s[3].support, s[0]) for s in scored]
-    return GlobalOutcome(res, obj, overlap, confidence, status, reason, cands, agreeing, support)
+    return GlobalOutcome(res, obj, overlap, confidence, status, reason, cands)
 
 
 def rotation_hypotheses(source: np.ndarray, reference: np.ndarray) -> List[Hypothesis]:
@@ -304,8 +300,7 @@ def register_global(source, reference, config, reference_cache=None, refine=None
     # h = 1.5 voxels (the RANSAC inlier distance): uniform density, so a sensor's own sampling
     # pattern (lidar rings, dense near the sensor) cannot make "no motion" look like a match
     vs, vr = _voxelised(src_f, voxel), _voxelised(ref_f, voxel)
-    out = choose(vs, vr, hyps, config, cfg, lambda init: refine(sub_s, sub_r, init=init, config=small),
-                 1.5 * voxel, vs)
+    out = choose(vr, hyps, cfg, lambda init: refine(sub_s, sub_r, init=init, config=small), 1.5 * voxel, vs)
     t2 = time.perf_counter()
     final_cfg = dist_cfg.replace(distance_threshold=h)
     if config.divergence == 'mass':      # the overlap the candidates found, not a fixed guess

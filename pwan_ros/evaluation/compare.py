@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pwan_ros.evaluation.metrics import EvalResult, evaluate, save_figure, track_losses
+from pwan_ros.evaluation.metrics import EvalResult, evaluate, format_optional, save_figure, track_losses
 from pwan_ros.evaluation.run_record import RunRecord
 from pwan_ros.io.trajectory import Trajectory
 
@@ -59,12 +59,9 @@ def skipped_run(name: str, label: str, why: str) -> RunSummary:
     return RunSummary(name, label, None, None, np.zeros(0), skipped=why)
 
 
-def _fmt(v, spec: str) -> str:
-    return 'n/a' if v is None else format(v, spec)
-
-
 def format_comparison(runs: list[RunSummary]) -> str:
     """The side-by-side table (one row per run)."""
+    fmt = format_optional
     head = ('run', 'answered', 'PWAN engaged', 'lost track', 'ATE RMSE [m]', 'RPE [%]', 'RPE [deg/m]',
             'latency median / max [ms]')
     rows = []
@@ -73,10 +70,10 @@ def format_comparison(runs: list[RunSummary]) -> str:
             rows.append((r.label, f'skipped: {r.skipped}'))
             continue
         m = r.metrics()
-        rows.append((r.label, f"{m['scans']}/{m['scans_published']}", _fmt(m['scans_pwan_engaged'], 'd'),
-                     str(m['scans_lost_track']), f"{m['ate_rmse_m']:.3f}", _fmt(m['rpe_trans_pct'], '.2f'),
-                     _fmt(m['rpe_rot_deg_per_m'], '.4f'),
-                     f"{_fmt(m['median_latency_ms'], '.0f')} / {_fmt(m['max_latency_ms'], '.0f')}"))
+        rows.append((r.label, f"{m['scans']}/{m['scans_published']}", fmt(m['scans_pwan_engaged'], 'd'),
+                     str(m['scans_lost_track']), f"{m['ate_rmse_m']:.3f}", fmt(m['rpe_trans_pct'], '.2f'),
+                     fmt(m['rpe_rot_deg_per_m'], '.4f'),
+                     f"{fmt(m['median_latency_ms'], '.0f')} / {fmt(m['max_latency_ms'], '.0f')}"))
     full = [head] + [row for row in rows if len(row) == len(head)]
     widths = [max(len(row[0]) for row in [head] + rows)] + [max(len(row[i]) for row in full)
                                                               for i in range(1, len(head))]
@@ -93,8 +90,9 @@ def _at(traj: Trajectory, stamps) -> np.ndarray:
 
 def plot_comparison(runs: list[RunSummary], gt: Trajectory, path, events=(), title: str = '') -> pathlib.Path:
     """PNG: top view of the ground truth and every run and the position error of every run over
-    time, both aligned at the first pose; triangles: scans where PWAN engaged; crosses: scans that lost track; shaded: ``events``
-    [(label, t0, t1)] in seconds from the first ground-truth pose."""
+    time, both aligned at the first pose; triangles: scans where PWAN engaged; crosses: scans
+    that lost track; shaded: ``events`` [(label, t0, t1)] in seconds from the first ground-truth
+    pose."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt

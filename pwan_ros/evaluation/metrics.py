@@ -294,18 +294,20 @@ def write_outputs(output, result: EvalResult, est: Trajectory, run: RunRecord | 
     return summary, path
 
 
-def _fmt(v, spec):
+def format_optional(v, spec: str) -> str:
+    """``v`` formatted with ``spec``, 'n/a' for None (a metric a run cannot measure)."""
     return 'n/a' if v is None else format(v, spec)
 
 
 def format_table(summary: dict) -> str:
     """A short human-readable table of a summary."""
+    fmt = format_optional
     rows = [
-        ('scans (answered / dropped)', f"{summary['scans']} / {_fmt(summary['scans_dropped'], 'd')}"),
-        ('median latency', f"{_fmt(summary['median_latency_ms'], '.1f')} ms"),
+        ('scans (answered / dropped)', f"{summary['scans']} / {fmt(summary['scans_dropped'], 'd')}"),
+        ('median latency', f"{fmt(summary['median_latency_ms'], '.1f')} ms"),
         ('ATE RMSE', f"{summary['ate_rmse_m']:.3f} m  (align {summary['align']}, {summary['matched']} poses)"),
-        ('RPE per frame', f"{_fmt(summary['rpe_trans_m'], '.3f')} m, {_fmt(summary['rpe_rot_deg'], '.3f')} deg"),
-        ('RPE drift', f"{_fmt(summary['rpe_trans_pct'], '.2f')} %, {_fmt(summary['rpe_rot_deg_per_m'], '.4f')} deg/m "
+        ('RPE per frame', f"{fmt(summary['rpe_trans_m'], '.3f')} m, {fmt(summary['rpe_rot_deg'], '.3f')} deg"),
+        ('RPE drift', f"{fmt(summary['rpe_trans_pct'], '.2f')} %, {fmt(summary['rpe_rot_deg_per_m'], '.4f')} deg/m "
                       f"(lengths {', '.join(f'{v:g}' for v in summary['rpe_lengths_m'])} m)"),
         ('path', f"{summary['path_length_m']:.1f} m in {summary['duration_s']:.1f} s"),
     ]

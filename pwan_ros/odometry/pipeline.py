@@ -225,9 +225,10 @@ class OdometryPipeline:
         iterations = rec.iterations + (best.iterations if best else 0)
         if best is None or rec.quality.matched_ratio >= best.quality.matched_ratio:
             best = _Outcome(rec.transform, rec.quality)
-            if rec.origin != 'prediction':
-                reason += f'; recovered from the {rec.origin} start' if rec.origin != 'global' else \
-                    '; recovered by global registration (no initial pose)'
+            if rec.origin == 'global':
+                reason += '; recovered by global registration (no initial pose)'
+            elif rec.origin != 'prediction':
+                reason += f'; recovered from the {rec.origin} start'
         elif rec.global_status == 'refused':
             reason += '; global registration refused'
         return _Outcome(best.transform, best.quality, iterations, True, reason, rec.starts)
