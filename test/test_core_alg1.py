@@ -69,6 +69,31 @@ def test_transform_gradient_equals_autograd():
         torch.testing.assert_close(dz[i], zi.grad, rtol=1e-4, atol=1e-6)
 
 
+def test_workspace_reuses_its_buffers_and_changes_nothing():
+    """With a Workspace (Alg. 1's eager loop) both gradient functions return what the allocating
+    form returns, call after call, while every large intermediate lives in one kept buffer."""
+    from pwan_ros.core.potential import Workspace
+    torch.manual_seed(3)
+    net = _net(3, (16, 16))
+    ws, bs = net.views()
+    work = Workspace()
+    tangents = tangent_rows(16, 3, torch.float32, 'cpu')
+    coef = torch.tensor([1.2, -0.3])
+    seen = None
+    for _ in range(3):
+        xb = torch.randn(1, 40, 3).expand(3, -1, -1)
+        zb = torch.randn(3, 30, 3)
+        gi = torch.randint(70, (16,))
+        args = (ws, bs, net.h, net.length, xb, zb, coef, tangents, gi, net.slope, 10.0, False, True)
+        torch.testing.assert_close(potential_grads(*args, work=work), potential_grads(*args), rtol=0, atol=0)
+        torch.testing.assert_close(transform_input_grad(ws, bs, net.h, net.length, zb, net.slope, work=work),
+                                   transform_input_grad(ws, bs, net.h, net.length, zb, net.slope), rtol=0, atol=0)
+        ptrs = {k: v.data_ptr() for k, v in work._bufs.items()}
+        assert seen is None or ptrs == seen        # the same buffers every call: nothing allocated
+        seen = ptrs
+    assert len(seen) > 20
+
+
 def test_member_state_is_a_potentialnet_with_identical_values():
     net = _net(3)
     x = torch.randn(3, 50, 3)

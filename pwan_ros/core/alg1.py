@@ -31,7 +31,7 @@ import torch
 from .coherence import Coherence
 from .config import RegistrationConfig
 from .errors import PwanInputError
-from .potential import BatchedPotential, backward, forward, tangent_rows
+from .potential import BatchedPotential, Workspace, _out, backward, forward, tangent_rows
 from .preprocess import median_spacing
 from .transforms import BatchedTransform
 
@@ -42,7 +42,7 @@ __all__ = ['FusedAdam', 'StartResult', 'Alg1Result', 'Alg1', 'run_alg1', 'potent
 def potential_grads(ws: Sequence[torch.Tensor], bs: Sequence[torch.Tensor], h: torch.Tensor, length: torch.Tensor,
                     xb: torch.Tensor, zb: torch.Tensor, coef: torch.Tensor, tangents: Optional[torch.Tensor],
                     gp_index: Optional[torch.Tensor], slope: float, gp_weight: float, closed_form: bool,
-                    learn_h: bool) -> torch.Tensor:
+                    learn_h: bool, work: Optional[Workspace] = None) -> torch.Tensor:
     """Gradient of one potential update's loss -(L / m_beta) + gp_weight GP, summed over starts,
     with L / m_beta = c_a mean f(x) - mean f(y) + c_h h (eq. loss_m_app / loss_d_app).
 
@@ -52,11 +52,12 @@ def potential_grads(ws: Sequence[torch.Tensor], bs: Sequence[torch.Tensor], h: t
     training, docs/core.md). gp_index (k,): points of cat(xb, zb) where the one-sided penalty
     mean relu(|grad g|^2 - 1) is taken (None: no penalty); tangents: :func:`tangent_rows` (k).
     closed_form: h = max |g| over the batch (eq. app_final_m_eq2). learn_h: h is a parameter
-    (else its gradient is 0). Returns the gradient in :class:`BatchedPotential`'s flat layout
-    (W1, b1, ..., W5, b5, h)."""
-    pts = torch.cat((xb, zb), 1)
-    g, grad, tape = forward(ws, bs, length, slope, pts, tangents, gp_index)
+    (else its gradient is 0). work: buffers kept across calls (:class:`potential.Workspace`; None:
+    allocate, the form ``torch.compile`` captures). Returns the gradient in
+    :class:`BatchedPotential`'s flat layout (W1, b1, ..., W5, b5, h)."""
     bx, bz = xb.shape[1], zb.shape[1]
+    pts = torch.cat((xb, zb), 1, out=_out(work, 'pts', (zb.shape[0], bx + bz, zb.shape[2]), zb))
+    g, grad, tape = forward(ws, bs, length, slope, pts, tangents, gp_index, work, 'p')
     sign = torch.sign(g)
     if closed_form:
         h = g.abs().amax(1)
@@ -66,9 +67,9 @@ def potential_grads(ws: Sequence[torch.Tensor], bs: Sequence[torch.Tensor], h: t
     if grad is not None:
         sq = grad.pow(2).sum(2, keepdim=True)
         dgrad = grad * ((sq > 1.0).to(g.dtype) * (2.0 * gp_weight / grad.shape[1]))
-    flat = torch.empty(sum(w.numel() + b.numel() for w, b in zip(ws, bs)) + h.shape[0], dtype=g.dtype,
-                       device=g.device)
-    backward(ws, length, tape, dg, slope, dgrad, out=flat)
+    size = sum(w.numel() + b.numel() for w, b in zip(ws, bs)) + h.shape[0]
+    flat = torch.empty(size, dtype=g.dtype, device=g.device) if work is None else work.get('flat', (size,), g)
+    backward(ws, length, tape, dg, slope, dgrad, out=flat, work=work, tag='p')
     dh = flat[-h.shape[0]:]
     if learn_h:
         torch.sub((inside.sum(1) - bz) / bz, coef[1], out=dh)
@@ -78,11 +79,13 @@ def potential_grads(ws: Sequence[torch.Tensor], bs: Sequence[torch.Tensor], h: t
 
 
 def transform_input_grad(ws: Sequence[torch.Tensor], bs: Sequence[torch.Tensor], h: torch.Tensor,
-                         length: torch.Tensor, z: torch.Tensor, slope: float) -> torch.Tensor:
-    """d/dz of sum_s mean_j min(|g_s(z_sj)|, h_s) (= -(1/r) sum_j f_s(T_s y_j)); z (S, n, d)."""
-    g, _, tape = forward(ws, bs, length, slope, z)
+                         length: torch.Tensor, z: torch.Tensor, slope: float,
+                         work: Optional[Workspace] = None) -> torch.Tensor:
+    """d/dz of sum_s mean_j min(|g_s(z_sj)|, h_s) (= -(1/r) sum_j f_s(T_s y_j)); z (S, n, d);
+    work: as in :func:`potential_grads`."""
+    g, _, tape = forward(ws, bs, length, slope, z, work=work, tag='t')
     dg = torch.sign(g) * (g.abs() < h[:, None]).to(g.dtype) * (1.0 / g.shape[1])
-    return backward(ws, length, tape, dg, slope)
+    return backward(ws, length, tape, dg, slope, work=work, tag='t')
 
 
 @functools.lru_cache(maxsize=None)
@@ -194,8 +197,13 @@ class Alg1:
         self.tangents = tangent_rows(self.n_gp, ys_np.shape[1], dtype, device) if self.gp_weight > 0 else None
         mode = 'reduce-overhead' if device.type == 'cuda' else None
         use = _compile_wanted(config, device)
-        self._potential_grads = compiled('potential_grads', mode) if use else potential_grads
-        self._transform_grad = compiled('transform_input_grad', mode) if use else transform_input_grad
+        if use:
+            self._potential_grads = compiled('potential_grads', mode)
+            self._transform_grad = compiled('transform_input_grad', mode)
+        else:       # eager: one workspace for the run, so the loop allocates no large tensor
+            work = Workspace()
+            self._potential_grads = functools.partial(potential_grads, work=work)
+            self._transform_grad = functools.partial(transform_input_grad, work=work)
 
     # -- pieces of a step
     def _batch(self):

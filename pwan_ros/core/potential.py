@@ -94,75 +94,107 @@ def gradient_penalty(net: PotentialNet, x: torch.Tensor) -> torch.Tensor:
 # activation slopes. :func:`forward` runs the value rows and the tangent rows, :func:`backward` is
 # the reverse pass of both written out: about 60 tensor operations for an update with the penalty,
 # instead of an autograd graph with a double backward (equal to autograd's gradient:
-# test/test_core_alg1.py).
+# test/test_core_alg1.py). The activations are applied in place: a post-activation value is > 0
+# exactly where its pre-activation is (slope >= 0), so it is its own mask.
 
-_lrelu_backward = torch.ops.aten.leaky_relu_backward     # grad * (1 if z > 0 else slope)
+
+def _lrelu_backward(grad: torch.Tensor, result: torch.Tensor, slope: float, out: Optional[torch.Tensor]):
+    """grad * (1 if result > 0 else slope), ``result`` = the activation's output; into ``out``."""
+    if out is None:
+        return torch.ops.aten.leaky_relu_backward(grad, result, slope, True)
+    return torch.ops.aten.leaky_relu_backward.grad_input(grad, result, slope, True, grad_input=out)
+
+
+class Workspace:
+    """Output buffers of :func:`forward` / :func:`backward`, one per call site and shape, kept
+    across calls: Alg. 1's loop then allocates no large tensor. On CPU every fresh tensor of a
+    few MB is new pages from the kernel (glibc hands them back on free): 19k page faults and ~40 %
+    of a 24-start step before (bench/bench_engine.py). Without a workspace (None) every call
+    allocates: the functional form that ``torch.compile`` captures."""
+
+    def __init__(self):
+        self._bufs: Dict[str, torch.Tensor] = {}
+
+    def get(self, key: str, shape, like: torch.Tensor) -> torch.Tensor:
+        buf = self._bufs.get(key)
+        if buf is None or buf.shape != shape or buf.dtype != like.dtype or buf.device != like.device:
+            buf = self._bufs[key] = torch.empty(shape, dtype=like.dtype, device=like.device)
+        return buf
+
+
+def _out(work: Optional[Workspace], key: str, shape, like: torch.Tensor) -> Optional[torch.Tensor]:
+    return None if work is None else work.get(key, torch.Size(shape), like)
 
 
 @dataclass
 class Tape:
-    """What :func:`backward` needs of a :func:`forward` pass: value-row layer inputs ``acts``
-    (x/l, A1, A2, A3), pre-activations ``pre`` (Z1..Z4) and the skip concatenation ``skip`` =
-    [A2, A4]; for the tangent rows (None without): ``t_acts``, ``t_pre`` (their points' Z1..Z4)
-    and ``t_skip``."""
+    """What :func:`backward` needs of a :func:`forward` pass: ``acts`` = x/l and the four hidden
+    layers' outputs (A1..A4; A_{i+1} is layer i's output and its activation mask), the skip
+    concatenation ``skip`` = [A2, A4]; for the tangent rows (None without): ``t_acts`` (the
+    tangents, then T1..T4), ``t_masks`` (their points' A1..A4) and ``t_skip``."""
 
     acts: List[torch.Tensor]
-    pre: List[torch.Tensor]
     skip: torch.Tensor
     t_acts: Optional[List[torch.Tensor]] = None
-    t_pre: Optional[List[torch.Tensor]] = None
+    t_masks: Optional[List[torch.Tensor]] = None
     t_skip: Optional[torch.Tensor] = None
 
 
 def forward(ws: Sequence[torch.Tensor], bs: Sequence[torch.Tensor], length: torch.Tensor, slope: float,
-            x: torch.Tensor, tangents: Optional[torch.Tensor] = None, grad_index: Optional[torch.Tensor] = None):
+            x: torch.Tensor, tangents: Optional[torch.Tensor] = None, grad_index: Optional[torch.Tensor] = None,
+            work: Optional[Workspace] = None, tag: str = ''):
     """g_w(x) for every start and, with ``grad_index`` (k,), its input gradient at those points.
 
     ws / bs: the 5 weights (S, in, out) and biases (S, 1, out); x (S, n, d) normalised points;
-    tangents: (k*d, d), :func:`tangent_rows`. Returns (g (S, n), grad (S, k, d) or None,
+    tangents: (k*d, d), :func:`tangent_rows`; work / tag: a :class:`Workspace` and the caller's
+    key prefix for its buffers (None: allocate). Returns (g (S, n), grad (S, k, d) or None,
     :class:`Tape`)."""
     s, n, d = x.shape
-    a = x / length
-    acts, pre = [a], []
-    t_acts = t_pre = t = rep = None
+    a = torch.div(x, length, out=_out(work, tag + 'x', x.shape, x))
+    acts = [a]
+    t_acts = t_masks = t = rep = None
     if grad_index is not None:
         rep = grad_index.repeat_interleave(d)
         t = tangents.expand(s, -1, -1)
-        t_acts, t_pre = [t], []
+        t_acts, t_masks = [t], []
     for i in range(4):
-        z = torch.baddbmm(bs[i], a, ws[i])
-        a = nn.functional.leaky_relu(z, slope)
-        pre.append(z)
+        width = ws[i].shape[2]
+        a = torch.baddbmm(bs[i], a, ws[i], out=_out(work, f'{tag}a{i}', (s, n, width), x))
+        nn.functional.leaky_relu(a, slope, inplace=True)
         acts.append(a)
         if rep is not None:
-            zr = z.index_select(1, rep)
-            t = _lrelu_backward(torch.bmm(t, ws[i]), zr, slope, False)
-            t_pre.append(zr)
+            mask = torch.index_select(a, 1, rep, out=_out(work, f'{tag}m{i}', (s, rep.shape[0], width), x))
+            t = torch.bmm(t, ws[i], out=_out(work, f'{tag}t{i}', (s, rep.shape[0], width), x))
+            t = _lrelu_backward(t, mask, slope, t)
+            t_masks.append(mask)
             t_acts.append(t)
-    skip = torch.cat((acts[2], acts[4]), 2)
+    skip = torch.cat((acts[2], acts[4]), 2, out=_out(work, tag + 'skip', (s, n, 2 * ws[1].shape[2]), x))
     g = torch.baddbmm(bs[4], skip, ws[4])[:, :, 0] * length
     grad = t_skip = None
     if rep is not None:
-        t_skip = torch.cat((t_acts[2], t_acts[4]), 2)
+        t_skip = torch.cat((t_acts[2], t_acts[4]), 2,
+                           out=_out(work, tag + 'tskip', (s, rep.shape[0], 2 * ws[1].shape[2]), x))
         grad = torch.bmm(t_skip, ws[4]).view(s, -1, d)
-        t_acts = t_acts[:4]
-    return g, grad, Tape(acts[:4], pre, skip, t_acts, t_pre, t_skip)
+    return g, grad, Tape(acts, skip, t_acts, t_masks, t_skip)
 
 
 def backward(ws: Sequence[torch.Tensor], length: torch.Tensor, tape: Tape, dg: torch.Tensor, slope: float,
-             dgrad: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None):
+             dgrad: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None,
+             work: Optional[Workspace] = None, tag: str = ''):
     """Reverse pass of :func:`forward` for the upstream gradients dg (S, n) of g and dgrad (S, k, d)
     of the input gradient. With ``out`` (the flat gradient buffer, :func:`split` layout): writes
     the parameter gradients there and returns it; without: returns the gradient with respect to
-    the points x (S, n, d) (value rows only)."""
-    s = dg.shape[0]
+    the points x (S, n, d) (value rows only). work / tag: as in :func:`forward`."""
+    s, n = dg.shape
     tangents = dgrad is not None
     h2 = ws[1].shape[2]
+    w5 = ws[4].transpose(1, 2)                                   # (S, 1, 2 h2)
     dout = (dg * length)[:, :, None]
-    dskip = torch.bmm(dout, ws[4].transpose(1, 2))
+    dskip = torch.mul(dout, w5, out=_out(work, tag + 'dskip', (s, n, 2 * h2), dg))     # outer product
+    t_dout = t_dskip = t_dz = None
     if tangents:
         t_dout = dgrad.reshape(s, -1, 1)
-        t_dskip = torch.bmm(t_dout, ws[4].transpose(1, 2))
+        t_dskip = torch.mul(t_dout, w5, out=_out(work, tag + 'tdskip', (s, t_dout.shape[1], 2 * h2), dg))
     if out is not None:
         gw, gb = split(out, [w.shape for w in ws])
         torch.bmm(tape.skip.transpose(1, 2), dout, out=gw[4])
@@ -172,9 +204,9 @@ def backward(ws: Sequence[torch.Tensor], length: torch.Tensor, tape: Tape, dg: t
     da = dskip[:, :, h2:]
     t_da = t_dskip[:, :, h2:] if tangents else None
     for i in (3, 2, 1, 0):
-        dz = _lrelu_backward(da, tape.pre[i], slope, False)
+        dz = _lrelu_backward(da, tape.acts[i + 1], slope, _out(work, f'{tag}dz{i}', (s, n, ws[i].shape[2]), dg))
         if tangents:
-            t_dz = _lrelu_backward(t_da, tape.t_pre[i], slope, False)
+            t_dz = _lrelu_backward(t_da, tape.t_masks[i], slope, _out(work, f'{tag}tdz{i}', t_da.shape, dg))
         if out is not None:
             torch.bmm(tape.acts[i].transpose(1, 2), dz, out=gw[i])
             if tangents:
@@ -182,16 +214,17 @@ def backward(ws: Sequence[torch.Tensor], length: torch.Tensor, tape: Tape, dg: t
             torch.sum(dz, 1, keepdim=True, out=gb[i])
         if i == 0:
             break
-        da = torch.bmm(dz, ws[i].transpose(1, 2))
+        wt = ws[i].transpose(1, 2)
+        da = torch.bmm(dz, wt, out=_out(work, f'{tag}da{i}', (s, n, wt.shape[2]), dg))
         if tangents:
-            t_da = torch.bmm(t_dz, ws[i].transpose(1, 2))
+            t_da = torch.bmm(t_dz, wt, out=_out(work, f'{tag}tda{i}', (s, t_dz.shape[1], wt.shape[2]), dg))
         if i == 2:
-            da = da + dskip[:, :, :h2]
+            da.add_(dskip[:, :, :h2])
             if tangents:
-                t_da = t_da + t_dskip[:, :, :h2]
+                t_da.add_(t_dskip[:, :, :h2])
     if out is not None:
         return out
-    return torch.bmm(dz, ws[0].transpose(1, 2)) / length
+    return torch.bmm(dz, ws[0].transpose(1, 2), out=_out(work, tag + 'dx', (s, n, ws[0].shape[1]), dg)).div_(length)
 
 
 def split(flat: torch.Tensor, shapes: Sequence[Sequence[int]]):
