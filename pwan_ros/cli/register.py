@@ -55,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument('--global', dest='global_init', action='store_true',
                    help="unknown initial pose (3-D rigid): init='global', feature hypotheses chosen and refined by "
                         'the partial objective (RegistrationConfig.global_search); exit status 3 when it refuses')
+    p.add_argument('--viewpoints', choices=['origin'],
+                   help="with --global: 'origin' = each file is in its sensor's frame (a ROS scan, an RGB-D "
+                        'fragment); poses that put one cloud where the other sensor saw free space are rejected')
     return p
 
 
@@ -123,8 +126,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                 if not args.quiet:
                     print(f'[pwan] registering {args.source} ({src.shape[0]} pts) onto {args.reference} '
                           f'({ref.shape[0]} pts)', file=sys.stderr)
+                if args.viewpoints and not args.global_init:
+                    raise PwanInputError('--viewpoints needs --global')
                 res = register(src, ref, config, init='global' if args.global_init else None,
-                               should_stop=interrupted)
+                               should_stop=interrupted, viewpoints=args.viewpoints)
             if interrupted():
                 raise KeyboardInterrupt
             for w in caught:

@@ -139,7 +139,7 @@ def _single_start(config: RegistrationConfig, device: torch.device, ys_np: np.nd
 def register(source, reference, config: Optional[RegistrationConfig] = None, init=None,
              potential_state: Optional[dict] = None,
              should_stop: Optional[Callable[[], bool]] = None,
-             reference_cache: Optional[ReferenceCache] = None) -> RegistrationResult:
+             reference_cache: Optional[ReferenceCache] = None, viewpoints=None) -> RegistrationResult:
     """Register ``source`` (N, d) onto ``reference`` (M, d), d in {2, 3}, with PWAN (Alg. 1).
 
     Caller units in, caller units out. init: optional (d+1, d+1) warm-start transform source ->
@@ -160,6 +160,11 @@ def register(source, reference, config: Optional[RegistrationConfig] = None, ini
     optional :class:`ReferenceCache` kept by the caller across registrations against the same
     reference (odometry: a keyframe): the reference's k-d tree / device search and normals are
     built once, while its points stay the same; the result equals that of a call without it.
+    viewpoints (``init='global'`` only): ``(source_viewpoint, reference_viewpoint)``, each (3,) the
+    sensor's position in its own cloud's frame (``'origin'``: both clouds are in their sensors'
+    frames, as ROS scans and RGB-D fragments are); candidate poses that put either cloud where the
+    other sensor saw free space are rejected (``global_search.max_free_space``, :mod:`free_space`)
+    — what tells a symmetric room's turned halves from the truth.
     Raises :class:`PwanInputError` on bad input.
     """
     config = (config or RegistrationConfig()).pinned()
@@ -170,7 +175,9 @@ def register(source, reference, config: Optional[RegistrationConfig] = None, ini
         if config.transform != 'rigid':
             raise PwanInputError("init='global' finds a rigid pose; register rigidly first, then pass its transform "
                                  'as init to the affine / non-rigid registration')
-        return register_global(source, reference, config, reference_cache, refine)
+        return register_global(source, reference, config, reference_cache, refine, _viewpoints(viewpoints))
+    if viewpoints is not None:
+        raise PwanInputError("viewpoints are used by init='global' only")
     if config.transform != 'nonrigid' or not config.prealign:
         return _register_candidates(source, reference, config, init, potential_state, should_stop,
                                     reference_cache)[0][1]
@@ -205,6 +212,23 @@ def register(source, reference, config: Optional[RegistrationConfig] = None, ini
         if best is None or score < best[0]:
             best = (score, res)
     return dataclasses.replace(best[1], time_s=time.perf_counter() - t0)
+
+
+def _viewpoints(viewpoints) -> Optional[tuple]:
+    """``viewpoints`` as two (3,) float arrays (None stays None); 'origin' = both at (0, 0, 0)."""
+    if viewpoints is None:
+        return None
+    if isinstance(viewpoints, str):
+        if viewpoints != 'origin':
+            raise PwanInputError(f"viewpoints must be 'origin' or two (3,) points, got {viewpoints!r}")
+        return np.zeros(3), np.zeros(3)
+    try:
+        pair = tuple(np.asarray(v, dtype=np.float64) for v in viewpoints)
+    except (TypeError, ValueError):
+        raise PwanInputError('viewpoints must be two (3,) points: (source_viewpoint, reference_viewpoint)') from None
+    if len(pair) != 2 or any(v.shape != (3,) or not np.isfinite(v).all() for v in pair):
+        raise PwanInputError('viewpoints must be two finite (3,) points: (source_viewpoint, reference_viewpoint)')
+    return pair
 
 
 def _register_candidates(source, reference, config: RegistrationConfig, init, potential_state, should_stop,

@@ -190,6 +190,8 @@ class GlobalConfig:
                                   'the cube (24 starts about the centroids) joins the candidates', 0, 1_000_000)
     min_confidence: float = param(0.1, 'refuse when the best distinct runner-up scores within this relative margin '
                                        'of the winner (ambiguous)', 0.0, 1.0)
+    max_free_space: float = param(0.03, 'with viewpoints: reject a candidate pose that puts more than this '
+                                        'fraction of either cloud where the other sensor saw free space', 0.0, 1.0)
     fgr: bool = param(True, "add Open3D's fast global registration as a candidate")
     kiss_matcher: bool = param(True, 'add KISS-Matcher as a candidate when it is installed')
 

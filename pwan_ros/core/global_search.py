@@ -23,6 +23,7 @@ Frames: caller units; every pose maps source -> reference (T_reference_source).
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 from typing import List, Optional
 
@@ -30,6 +31,10 @@ import numpy as np
 from scipy.spatial import cKDTree
 
 from .config import GlobalConfig
+
+#: with viewpoints, RANSAC keeps this many times ``candidates`` distinct poses before the
+#: free-space filter
+WIDE_FACTOR = 8
 
 __all__ = ['GlobalConfig', 'Hypothesis', 'GlobalOutcome', 'feature_hypotheses', 'rotation_hypotheses', 'choose',
            'register_global', 'pose_distance']
@@ -146,10 +151,13 @@ def _ransac(ps: np.ndarray, pr: np.ndarray, matches: np.ndarray, inlier: float, 
     return out
 
 
-def feature_hypotheses(source: np.ndarray, reference: np.ndarray, cfg: GlobalConfig, seed: int = 0):
+def feature_hypotheses(source: np.ndarray, reference: np.ndarray, cfg: GlobalConfig, seed: int = 0,
+                       wide: int = 0):
     """(hypotheses, voxel, matches, timings): the candidate poses (source -> reference) from FPFH
     features, best support first, plus FGR / KISS-Matcher / the identity prior; ``voxel`` is the
-    feature voxel size (caller units), ``matches`` the number of mutual feature matches."""
+    feature voxel size (caller units), ``matches`` the number of mutual feature matches. wide > 0:
+    a second RANSAC keeps ``wide`` distinct poses, and those not within 3 inlier distances of a
+    first-pass pose follow the first pass's (origin 'ransac_wide')."""
     import open3d as o3d
     t0 = time.perf_counter()
     vs, ds = _downsample(source, cfg.feature_points)
@@ -165,9 +173,16 @@ def feature_hypotheses(source: np.ndarray, reference: np.ndarray, cfg: GlobalCon
     matches = _mutual_matches(fs, fr)
     hyps = _ransac(ps, pr, matches, 1.5 * voxel, cfg.ransac_iterations, cfg.candidates,
                    np.random.default_rng(seed))
+    if wide:
+        a = ps[matches[:, 0]] if len(matches) else ps[:0]
+        hyps += [Hypothesis(h.transform, h.support, 'ransac_wide')
+                 for h in _ransac(ps, pr, matches, 1.5 * voxel, cfg.ransac_iterations, wide,
+                                  np.random.default_rng(seed + 1))
+                 if all(pose_distance(h.transform, k.transform, a) > 4.5 * voxel for k in hyps)]
     t2 = time.perf_counter()
     extra: List[Hypothesis] = []
     if cfg.fgr:
+        o3d.utility.random.seed(seed)       # FGR samples with Open3D's global generator
         reg = o3d.pipelines.registration
         fs_o, fr_o = reg.Feature(), reg.Feature()
         fs_o.data, fr_o.data = fs.T.copy(), fr.T.copy()
@@ -204,7 +219,7 @@ class GlobalOutcome:
     (RegistrationResult); ``objective`` its partial objective in [-1, 0]; ``overlap`` fraction of
     the source within h; ``confidence`` relative margin over the best distinct runner-up (1 when
     there is none); ``status`` 'ok' | 'refused'; ``reason`` why refused; ``candidates`` scored
-    [(origin, support, objective)] in input order."""
+    [(origin, support, objective, free_space)] in input order (free_space None without viewpoints)."""
 
     result: object
     objective: float
@@ -224,19 +239,32 @@ def partial_objective_of(moved: np.ndarray, tree: cKDTree, h: float) -> tuple:
 
 
 def choose(reference: np.ndarray, hyps: List[Hypothesis], cfg: GlobalConfig, refine_fn, h: float,
-           probe: np.ndarray) -> GlobalOutcome:
+           probe: np.ndarray, free_space=None) -> GlobalOutcome:
     """Refine every hypothesis with ``refine_fn(init) -> RegistrationResult`` (the fine-tune, distance
     type), score it by the partial objective on ``probe`` source points against ``reference`` at
-    threshold ``h``, and pick the winner (see the module doc for the refusal rules)."""
+    threshold ``h``, and pick the winner (see the module doc for the refusal rules).
+    free_space: None, or ``f(transform) -> fraction`` (:func:`free_space.contradiction`): candidates
+    above ``cfg.max_free_space`` contradict what the sensors saw and cannot win."""
     tree = cKDTree(reference)
     scored = []
     for hyp in hyps:
         res = refine_fn(hyp.transform)
         moved = probe @ res.transform[:3, :3].T + res.transform[:3, 3]
         obj, overlap = partial_objective_of(moved, tree, h)
-        scored.append((obj, overlap, res, hyp))
+        seen_through = None if free_space is None else free_space(res.transform)
+        scored.append((obj, overlap, res, hyp, seen_through))
+    cands = [(s[3].origin, s[3].support, s[0], s[4]) for s in scored]
     order = sorted(range(len(scored)), key=lambda k: scored[k][0])
-    obj, overlap, res, hyp = scored[order[0]]
+    if free_space is not None:
+        order_ok = [k for k in order if scored[k][4] <= cfg.max_free_space]
+        if not order_ok:
+            obj, overlap, res, _, seen = scored[order[0]]
+            least = min(s[4] for s in scored)
+            return GlobalOutcome(res, obj, overlap, 0.0, 'refused',
+                                 f'every candidate pose puts one cloud where the other sensor saw free space '
+                                 f'(least: {least:.0%} > max_free_space {cfg.max_free_space:.0%})', cands)
+        order = order_ok
+    obj, overlap, res, hyp, _ = scored[order[0]]
     runner = next((scored[k] for k in order[1:]
                    if pose_distance(scored[k][2].transform, res.transform, probe) > 2.0 * h), None)
     confidence = 1.0 if runner is None or obj >= 0 else float(min(1.0, (runner[0] - obj) / -obj))
@@ -248,7 +276,6 @@ def choose(reference: np.ndarray, hyps: List[Hypothesis], cfg: GlobalConfig, ref
         apart = pose_distance(runner[2].transform, res.transform, probe)
         status, reason = 'refused', (f'ambiguous: a pose {apart:.3g} away explains the data almost as well '
                                      f'(confidence {confidence:.2f} < min_confidence {cfg.min_confidence:.2f})')
-    cands = [(s[3].origin, s[3].support, s[0]) for s in scored]
     return GlobalOutcome(res, obj, overlap, confidence, status, reason, cands)
 
 
@@ -265,12 +292,14 @@ def rotation_hypotheses(source: np.ndarray, reference: np.ndarray) -> List[Hypot
     return out
 
 
-def register_global(source, reference, config, reference_cache=None, refine=None):
+def register_global(source, reference, config, reference_cache=None, refine=None, viewpoints=None):
     """``register(source, reference, config, init='global')``: see the module doc. Returns a
     RegistrationResult (the winner's dense fine-tune, in the configured divergence: the distance
     type as it is; the mass type with the mass estimated from the winner's overlap) with
     ``status``, ``reason``, ``overlap``, ``confidence`` and ``candidates`` filled in. ``refine``:
-    the core's :func:`api.refine` (passed in by :func:`api.register`)."""
+    the core's :func:`api.refine` (passed in by :func:`api.register`). viewpoints: None or the
+    sensors' positions (source's in the source frame, reference's in the reference frame): then
+    candidates that contradict the free space the sensors saw are rejected (:mod:`free_space`)."""
     import dataclasses
     from .errors import PwanInputError
     from .preprocess import median_spacing
@@ -283,7 +312,29 @@ def register_global(source, reference, config, reference_cache=None, refine=None
     src_f, ref_f = src[np.isfinite(src).all(1)], ref[np.isfinite(ref).all(1)]
     if len(src_f) < 10 or len(ref_f) < 10:
         raise PwanInputError("init='global' needs at least 10 finite points per set")
-    hyps, voxel, n_matches, timings = feature_hypotheses(src_f, ref_f, cfg, config.seed)
+    wide = 0 if viewpoints is None else WIDE_FACTOR * cfg.candidates
+    hyps, voxel, n_matches, timings = feature_hypotheses(src_f, ref_f, cfg, config.seed, wide)
+    # refined on the subsets; scored on both sets voxel-downsampled at the feature voxel with
+    # h = 1.5 voxels (the RANSAC inlier distance): uniform density, so a sensor's own sampling
+    # pattern (lidar rings, dense near the sensor) cannot make "no motion" look like a match
+    vs, vr = _voxelised(src_f, voxel), _voxelised(ref_f, voxel)
+    seen_through = None
+    if viewpoints is not None:
+        from .free_space import FreeSpace, contradiction, supported
+        ss, sr = vs[supported(vs, voxel)], vr[supported(vr, voxel)]
+        spaces = FreeSpace(ss, viewpoints[0], voxel), FreeSpace(sr, viewpoints[1], voxel)
+
+        def seen_through(pose):
+            return contradiction(pose, ss, sr, *spaces)
+        # the poses of the wide RANSAC join those refined without viewpoints when, as they are (before
+        # refinement), they do not contradict the free space and explain most of the source: a
+        # repetitive scene (a room's box-like furniture) gives its symmetric poses more feature
+        # support than the true one
+        vtree = cKDTree(vr)
+        extra = sorted((partial_objective_of(vs @ h.transform[:3, :3].T + h.transform[:3, 3], vtree, 1.5 * voxel)[0],
+                        k, h) for k, h in enumerate(hyps) if h.origin == 'ransac_wide'
+                       and seen_through(h.transform) <= cfg.max_free_space)
+        hyps = [h for h in hyps if h.origin != 'ransac_wide'] + [h for _, _, h in extra[:cfg.candidates]]
     if max((h.support for h in hyps), default=0) < cfg.weak_support:
         hyps = hyps + rotation_hypotheses(src_f, ref_f)
     rng = np.random.default_rng(config.seed + 41)
@@ -296,11 +347,10 @@ def register_global(source, reference, config, reference_cache=None, refine=None
     h = config.distance_threshold or 2.0 * median_spacing(ref_f[rng.choice(len(ref_f), min(20000, len(ref_f)),
                                                                            replace=False)])
     t1 = time.perf_counter()
-    # refined on the subsets; scored on both sets voxel-downsampled at the feature voxel with
-    # h = 1.5 voxels (the RANSAC inlier distance): uniform density, so a sensor's own sampling
-    # pattern (lidar rings, dense near the sensor) cannot make "no motion" look like a match
-    vs, vr = _voxelised(src_f, voxel), _voxelised(ref_f, voxel)
-    out = choose(vr, hyps, cfg, lambda init: refine(sub_s, sub_r, init=init, config=small), 1.5 * voxel, vs)
+    with warnings.catch_warnings():     # the candidates' refinements are capped on purpose
+        warnings.filterwarnings('ignore', message='the fine-tune stopped', category=RuntimeWarning)
+        out = choose(vr, hyps, cfg, lambda init: refine(sub_s, sub_r, init=init, config=small), 1.5 * voxel, vs,
+                     seen_through)
     t2 = time.perf_counter()
     final_cfg = dist_cfg.replace(distance_threshold=h)
     if config.divergence == 'mass':      # the overlap the candidates found, not a fixed guess
@@ -312,6 +362,6 @@ def register_global(source, reference, config, reference_cache=None, refine=None
         overlap = final.matched_ratio
     return dataclasses.replace(final, time_s=time.perf_counter() - t0, timings=timings, status=out.status,
                                reason=out.reason, overlap=overlap, confidence=out.confidence,
-                               candidates=[{'origin': o, 'support': sup, 'objective': obj}
-                                           for o, sup, obj in out.candidates],
+                               candidates=[{'origin': o, 'support': sup, 'objective': obj, 'free_space': fs}
+                                           for o, sup, obj, fs in out.candidates],
                                distance_threshold=final.distance_threshold)
