@@ -31,7 +31,7 @@ import torch
 from .coherence import Coherence
 from .config import RegistrationConfig
 from .errors import PwanInputError
-from .potential import BatchedPotential, Workspace, _out, backward, forward, tangent_rows
+from .potential import BatchedPotential, Workspace, backward, buffer, forward, tangent_rows
 from .preprocess import median_spacing
 from .transforms import BatchedTransform
 
@@ -56,7 +56,7 @@ def potential_grads(ws: Sequence[torch.Tensor], bs: Sequence[torch.Tensor], h: t
     allocate, the form ``torch.compile`` captures). Returns the gradient in
     :class:`BatchedPotential`'s flat layout (W1, b1, ..., W5, b5, h)."""
     bx, bz = xb.shape[1], zb.shape[1]
-    pts = torch.cat((xb, zb), 1, out=_out(work, 'pts', (zb.shape[0], bx + bz, zb.shape[2]), zb))
+    pts = torch.cat((xb, zb), 1, out=buffer(work, 'pts', (zb.shape[0], bx + bz, zb.shape[2]), zb))
     g, grad, tape = forward(ws, bs, length, slope, pts, tangents, gp_index, work, 'p')
     sign = torch.sign(g)
     if closed_form:

@@ -175,19 +175,20 @@ def feature_hypotheses(source: np.ndarray, reference: np.ndarray, cfg: GlobalCon
     matches = _mutual_matches(fs, fr)
     hyps = _ransac(ps, pr, matches, 1.5 * voxel, cfg.ransac_iterations, cfg.candidates,
                    np.random.default_rng(seed))
+    matched = ps[matches[:, 0]] if len(matches) else ps
+
+    def distinct(pose, kept):         # farther than 3 inlier distances from every kept pose
+        return all(pose_distance(pose, k.transform, matched) > 4.5 * voxel for k in kept)
     if wide:
-        a = ps[matches[:, 0]] if len(matches) else ps[:0]
         hyps += [Hypothesis(h.transform, h.support, 'ransac_wide')
                  for h in _ransac(ps, pr, matches, 1.5 * voxel, cfg.ransac_iterations, wide,
-                                  np.random.default_rng(seed + 1))
-                 if all(pose_distance(h.transform, k.transform, a) > 4.5 * voxel for k in hyps)]
+                                  np.random.default_rng(seed + 1)) if distinct(h.transform, hyps)]
     t2 = time.perf_counter()
     extra: List[Hypothesis] = []
     if cfg.fgr:
         reg = o3d.pipelines.registration
         fs_o, fr_o = reg.Feature(), reg.Feature()
         fs_o.data, fr_o.data = fs.T.copy(), fr.T.copy()
-        a = ps[matches[:, 0]] if len(matches) else ps
         for run in range(FGR_RUNS):
             # FGR samples its correspondence tuples with Open3D's global generator: seeded, so the
             # search is deterministic; a few restarts, because one run finds a hard pair's pose
@@ -196,7 +197,7 @@ def feature_hypotheses(source: np.ndarray, reference: np.ndarray, cfg: GlobalCon
             res = reg.registration_fgr_based_on_feature_matching(
                 ds, dr, fs_o, fr_o, reg.FastGlobalRegistrationOption(maximum_correspondence_distance=1.5 * voxel))
             pose = np.asarray(res.transformation).copy()
-            if all(pose_distance(pose, k.transform, a) > 4.5 * voxel for k in extra):
+            if distinct(pose, extra):
                 extra.append(Hypothesis(pose, 0, 'fgr'))
     if cfg.kiss_matcher:
         pose = _kiss_matcher(source, reference, voxel)

@@ -122,7 +122,8 @@ class Workspace:
         return buf
 
 
-def _out(work: Optional[Workspace], key: str, shape, like: torch.Tensor) -> Optional[torch.Tensor]:
+def buffer(work: Optional[Workspace], key: str, shape, like: torch.Tensor) -> Optional[torch.Tensor]:
+    """``work``'s buffer ``key`` of ``shape`` (an ``out=`` argument), or None without a workspace."""
     return None if work is None else work.get(key, torch.Size(shape), like)
 
 
@@ -150,7 +151,7 @@ def forward(ws: Sequence[torch.Tensor], bs: Sequence[torch.Tensor], length: torc
     key prefix for its buffers (None: allocate). Returns (g (S, n), grad (S, k, d) or None,
     :class:`Tape`)."""
     s, n, d = x.shape
-    a = torch.div(x, length, out=_out(work, tag + 'x', x.shape, x))
+    a = torch.div(x, length, out=buffer(work, tag + 'x', x.shape, x))
     acts = [a]
     t_acts = t_masks = t = rep = None
     if grad_index is not None:
@@ -159,21 +160,21 @@ def forward(ws: Sequence[torch.Tensor], bs: Sequence[torch.Tensor], length: torc
         t_acts, t_masks = [t], []
     for i in range(4):
         width = ws[i].shape[2]
-        a = torch.baddbmm(bs[i], a, ws[i], out=_out(work, f'{tag}a{i}', (s, n, width), x))
+        a = torch.baddbmm(bs[i], a, ws[i], out=buffer(work, f'{tag}a{i}', (s, n, width), x))
         nn.functional.leaky_relu(a, slope, inplace=True)
         acts.append(a)
         if rep is not None:
-            mask = torch.index_select(a, 1, rep, out=_out(work, f'{tag}m{i}', (s, rep.shape[0], width), x))
-            t = torch.bmm(t, ws[i], out=_out(work, f'{tag}t{i}', (s, rep.shape[0], width), x))
+            mask = torch.index_select(a, 1, rep, out=buffer(work, f'{tag}m{i}', (s, rep.shape[0], width), x))
+            t = torch.bmm(t, ws[i], out=buffer(work, f'{tag}t{i}', (s, rep.shape[0], width), x))
             t = _lrelu_backward(t, mask, slope, t)
             t_masks.append(mask)
             t_acts.append(t)
-    skip = torch.cat((acts[2], acts[4]), 2, out=_out(work, tag + 'skip', (s, n, 2 * ws[1].shape[2]), x))
+    skip = torch.cat((acts[2], acts[4]), 2, out=buffer(work, tag + 'skip', (s, n, 2 * ws[1].shape[2]), x))
     g = torch.baddbmm(bs[4], skip, ws[4])[:, :, 0] * length
     grad = t_skip = None
     if rep is not None:
         t_skip = torch.cat((t_acts[2], t_acts[4]), 2,
-                           out=_out(work, tag + 'tskip', (s, rep.shape[0], 2 * ws[1].shape[2]), x))
+                           out=buffer(work, tag + 'tskip', (s, rep.shape[0], 2 * ws[1].shape[2]), x))
         grad = torch.bmm(t_skip, ws[4]).view(s, -1, d)
     return g, grad, Tape(acts, skip, t_acts, t_masks, t_skip)
 
@@ -190,11 +191,11 @@ def backward(ws: Sequence[torch.Tensor], length: torch.Tensor, tape: Tape, dg: t
     h2 = ws[1].shape[2]
     w5 = ws[4].transpose(1, 2)                                   # (S, 1, 2 h2)
     dout = (dg * length)[:, :, None]
-    dskip = torch.mul(dout, w5, out=_out(work, tag + 'dskip', (s, n, 2 * h2), dg))     # outer product
+    dskip = torch.mul(dout, w5, out=buffer(work, tag + 'dskip', (s, n, 2 * h2), dg))     # outer product
     t_dout = t_dskip = t_dz = None
     if tangents:
         t_dout = dgrad.reshape(s, -1, 1)
-        t_dskip = torch.mul(t_dout, w5, out=_out(work, tag + 'tdskip', (s, t_dout.shape[1], 2 * h2), dg))
+        t_dskip = torch.mul(t_dout, w5, out=buffer(work, tag + 'tdskip', (s, t_dout.shape[1], 2 * h2), dg))
     if out is not None:
         gw, gb = split(out, [w.shape for w in ws])
         torch.bmm(tape.skip.transpose(1, 2), dout, out=gw[4])
@@ -204,9 +205,9 @@ def backward(ws: Sequence[torch.Tensor], length: torch.Tensor, tape: Tape, dg: t
     da = dskip[:, :, h2:]
     t_da = t_dskip[:, :, h2:] if tangents else None
     for i in (3, 2, 1, 0):
-        dz = _lrelu_backward(da, tape.acts[i + 1], slope, _out(work, f'{tag}dz{i}', (s, n, ws[i].shape[2]), dg))
+        dz = _lrelu_backward(da, tape.acts[i + 1], slope, buffer(work, f'{tag}dz{i}', (s, n, ws[i].shape[2]), dg))
         if tangents:
-            t_dz = _lrelu_backward(t_da, tape.t_masks[i], slope, _out(work, f'{tag}tdz{i}', t_da.shape, dg))
+            t_dz = _lrelu_backward(t_da, tape.t_masks[i], slope, buffer(work, f'{tag}tdz{i}', t_da.shape, dg))
         if out is not None:
             torch.bmm(tape.acts[i].transpose(1, 2), dz, out=gw[i])
             if tangents:
@@ -215,16 +216,16 @@ def backward(ws: Sequence[torch.Tensor], length: torch.Tensor, tape: Tape, dg: t
         if i == 0:
             break
         wt = ws[i].transpose(1, 2)
-        da = torch.bmm(dz, wt, out=_out(work, f'{tag}da{i}', (s, n, wt.shape[2]), dg))
+        da = torch.bmm(dz, wt, out=buffer(work, f'{tag}da{i}', (s, n, wt.shape[2]), dg))
         if tangents:
-            t_da = torch.bmm(t_dz, wt, out=_out(work, f'{tag}tda{i}', (s, t_dz.shape[1], wt.shape[2]), dg))
+            t_da = torch.bmm(t_dz, wt, out=buffer(work, f'{tag}tda{i}', (s, t_dz.shape[1], wt.shape[2]), dg))
         if i == 2:
             da.add_(dskip[:, :, :h2])
             if tangents:
                 t_da.add_(t_dskip[:, :, :h2])
     if out is not None:
         return out
-    return torch.bmm(dz, ws[0].transpose(1, 2), out=_out(work, tag + 'dx', (s, n, ws[0].shape[1]), dg)).div_(length)
+    return torch.bmm(dz, ws[0].transpose(1, 2), out=buffer(work, tag + 'dx', (s, n, ws[0].shape[1]), dg)).div_(length)
 
 
 def split(flat: torch.Tensor, shapes: Sequence[Sequence[int]]):
