@@ -11,7 +11,8 @@ Reports per-scan latency (median / max) and relative pose error per consecutive 
   robust: 50 % uniform outliers added to every scan and scans 30-32 dropped (a ~60 deg jump);
 and the latency of the tracking and PWAN paths against the number of points. With
 ``--baseline DIR`` (another checkout, e.g. of a9638ec) pwan mode runs a second time with that
-checkout's core doing the registrations (same pipeline, same process: the engine's effect alone).
+checkout's core doing the registrations (same pipeline, same process: the engine's effect alone;
+both without ``recovery_global``, which an older core does not have).
 
   python bench/bench_lidar.py [--data ../shared/data] [--results results/lidar] [--quick]
   python bench/bench_lidar.py --pwan-only --baseline /tmp/pwan_a9638ec
@@ -232,13 +233,18 @@ def main(argv=None) -> int:
             rel, times, paths = run_pipeline(s, st)
             rows.append(summarise('pwan_ros adaptive (auto voxel)', rel, times, gt_rel, paths))
         if not args.quick:
+            # side by side with a baseline core: both without the global recovery, which a core
+            # older than the global search (a9638ec) does not have; only the engine differs
+            same = {'recovery_global': False} if baseline is not None else {}
             print(f'[{label}] pwan_ros pwan mode ...', file=sys.stderr)
-            rel, times, paths = run_pipeline(s, st, scan_voxel_size=0.25, mode='pwan')
-            rows.append(summarise('pwan_ros pwan mode (CPU)', rel, times, gt_rel, paths))
+            rel, times, paths = run_pipeline(s, st, scan_voxel_size=0.25, mode='pwan', **same)
+            rows.append(summarise('pwan_ros pwan mode (CPU)' + (', no global recovery' if same else ''),
+                                  rel, times, gt_rel, paths))
             if baseline is not None:
                 print(f'[{label}] pwan_ros pwan mode, baseline core ...', file=sys.stderr)
                 with core_of(baseline):
-                    rel, times, paths = run_pipeline(s, st, scan_voxel_size=0.25, mode='pwan', **baseline_cfg)
+                    rel, times, paths = run_pipeline(s, st, scan_voxel_size=0.25, mode='pwan', **same,
+                                                     **baseline_cfg)
                 name = ' '.join([f'core of {args.baseline}'] + args.baseline_set)
                 rows.append(summarise(f'pwan mode, {name}', rel, times, gt_rel, paths))
         if not args.pwan_only:

@@ -187,9 +187,13 @@ class GlobalConfig:
     min_overlap: float = param(0.2, 'refuse when less than this fraction of the source lies within h of the '
                                     'reference at the best pose', 0.0, 1.0)
     weak_support: int = param(12, 'when no RANSAC pose has this many feature inliers, the rotation group of '
-                                  'the cube (24 starts about the centroids) joins the candidates', 0, 1_000_000)
-    min_confidence: float = param(0.1, 'refuse when the best distinct runner-up scores within this relative margin '
+                                  'the cube (its 8 best starts, each translated by votes) joins the candidates',
+                              0, 1_000_000)
+    min_confidence: float = param(0.2, 'refuse when the best distinct runner-up scores within this relative margin '
                                        'of the winner (ambiguous)', 0.0, 1.0)
+    min_constraint: float = param(0.04, 'refuse when the overlap leaves a direction free: the smallest eigenvalue '
+                                        'of the mean n n^T of the matched reference normals (0: a plane or a '
+                                        'corridor, the pose can slide; 1/3: every direction held alike)', 0.0, 1.0 / 3)
     max_free_space: float = param(0.03, 'with viewpoints: reject a candidate pose that puts more than this '
                                         'fraction of either cloud where the other sensor saw free space', 0.0, 1.0)
     fgr: bool = param(True, "add Open3D's fast global registration as a candidate")

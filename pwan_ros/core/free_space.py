@@ -82,8 +82,13 @@ class FreeSpace:
 
     def hidden(self, points: np.ndarray) -> np.ndarray:
         """(n,) bool: ``points`` behind a surface the sensor saw (farther than its return by more
-        than the margin)."""
+        than the margin); in a direction without a return of its own, the nearest of the 3 x 3
+        around it (one pixel's gap in a wall, as the voxelised and supported points leave them, does
+        not make the wall transparent)."""
         rng, nearest = self._lookup(points)
+        gap = np.isnan(nearest)
+        if gap.any():
+            nearest[gap] = self._lookup(points[gap], spread=1)[1]
         return rng > nearest + self._margin(rng)
 
 

@@ -13,12 +13,15 @@ from .alg1 import run_alg1
 from .config import RegistrationConfig
 from .device import thread_scope
 from .finetune_stage import FineTuneData
+from .votes import start_translations
 
-__all__ = ['ENSEMBLE_POINTS', 'OverlapScorer', 'overlap_score', 'start_rotations', 'partial_objective',
+__all__ = ['ENSEMBLE_POINTS', 'OverlapScorer', 'overlap_score', 'start_rotations', 'own_poses', 'partial_objective',
            'distinct_poses', 'run_multistart']
 
 #: points (starts x mini-batch) of one lock-step group of the tournament's short stage
 ENSEMBLE_POINTS = 1 << 16
+#: starts' own poses (:func:`own_poses`) fine-tuned and compared in the tournament, best scored first
+OWN_KEEP = 2
 
 
 class OverlapScorer:
@@ -106,14 +109,26 @@ def distinct_poses(placements: list, tol: float, keep: int) -> list:
 
 
 
+def own_poses(ys: np.ndarray, xs: np.ndarray, rots: list, seed: int):
+    """[(a (3, 3), t (3,))] per start rotation in the solver's convention (``ys @ a + t``): the
+    rotation with the translation most point pairs vote for (:func:`votes.start_translations`, cells
+    of 2 x the median spacing of ``xs``); None for 2-D or when the caller gave no rotations."""
+    if ys.shape[1] != 3 or rots[0] is None:
+        return None
+    cell = 2.0 * float(np.median(cKDTree(xs).query(xs, k=2)[0][:, 1]))
+    return [(rot.T.copy(), t) for rot, (t, _) in zip(rots, start_translations(ys, xs, rots, cell, seed + 3))]
+
+
 def run_multistart(config: RegistrationConfig, device, ys_np, xs_np, mass_n, h_n, h_floor, rots, should_stop,
                 potential_state, timings, tot, finetune, score_of) -> list:
     """Multi-start (rigid/affine), all starts in lock-step (:func:`alg1.run_alg1`).
 
     ``start_steps > 0`` (coarse-to-fine tournament): every start runs ``start_steps`` steps of
     Alg. 1 and a fine-tune on ``start_finetune_points`` source points (always: it is part of the
-    selection); the ``start_keep`` best by ``score_of`` (plus the first start, the caller's prior)
-    continue with the rest of Alg. 1. ``start_steps == 0``: every start runs the full Alg. 1.
+    selection), and in 3-D so does its own pose (:func:`own_poses`) for the :data:`OWN_KEEP` starts
+    whose own poses score best as they are, the better of the two by ``score_of`` standing for the
+    start; the ``start_keep`` best by ``score_of`` (plus the first
+    start, the caller's prior) continue with the rest of Alg. 1. ``start_steps == 0``: every start runs the full Alg. 1.
     Finalists end with the fine-tune on ``start_finetune_points`` source points (if enabled; the
     caller gives the winner the dense one); in the tournament each finalist contributes the better
     (by ``score_of``) of its continued and its short-stage pose. Returns [(score, (a, t, v_fn,
@@ -143,10 +158,19 @@ def run_multistart(config: RegistrationConfig, device, ys_np, xs_np, mass_n, h_n
     if config.start_steps > 0:
         cfg1 = config.replace(min_steps=min(config.min_steps, config.start_steps))
         cands = []
+        own = own_poses(ys_np, xs_np, rots, config.seed)
+        if own is not None:      # only the best few by the score as they are get a fine-tune
+            raw = [score_of(a, t) for a, t in own]
+            own = {int(k): own[k] for k in np.argsort(raw, kind='stable')[:OWN_KEEP]}
         for i, st in stage(cfg1, [(rot, None, potential_state) for rot in rots], config.start_steps, config.seed,
                            converge=False):
             a, t, _, _ = finetune(st.a, st.t, small=True)
             cands.append((score_of(a, t), a, t, st.state, i))
+            if own is not None and i in own:
+                # the start's own pose stays a candidate: m-PWAN's short stage, at a mass above the
+                # pair's overlap, walks away from a start that was right (bunny 090->180: 52 deg)
+                a, t, _, _ = finetune(own[i][0], own[i][1], small=True)
+                cands[-1] = min(cands[-1], (score_of(a, t), a, t, st.state, i), key=lambda c: c[0])
             if config.verbose:
                 print(f'[pwan] start {i + 1}/{len(rots)}: score {cands[-1][0]:.5g}', file=sys.stderr)
         # the first start (the caller's init / identity) is always a finalist: it is the prior,

@@ -1,0 +1,234 @@
+"""Candidate poses for the global search (source -> reference, caller units): FPFH features
+(Open3D) matched mutually and a vectorised RANSAC keeping distinct poses by inlier support,
+seeded runs of Open3D's FGR, KISS-Matcher when installed, the identity prior, and PWAN's own
+rotation starts translated by votes. :mod:`global_search` chooses among them.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import List, Optional
+
+import numpy as np
+from scipy.spatial import cKDTree
+
+from .config import GlobalConfig
+from .votes import start_translations
+
+__all__ = ['FGR_RUNS', 'ROTATION_KEEP', 'Hypothesis', 'pose_distance', 'voxelised', 'feature_normals',
+           'feature_hypotheses', 'rotation_hypotheses']
+
+#: seeded runs of Open3D's FGR (distinct poses become candidates)
+FGR_RUNS = 4
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """A candidate pose: transform (4, 4) source -> reference; support: feature inliers (0 for
+    non-feature candidates); origin: 'ransac' | 'ransac_wide' | 'fgr' | 'kiss_matcher' | 'prior' |
+    'rotation'."""
+
+    transform: np.ndarray
+    support: int
+    origin: str
+
+
+def pose_distance(a: np.ndarray, b: np.ndarray, points: np.ndarray) -> float:
+    """RMS distance (caller units) between ``points`` (n, 3) moved by poses a and b."""
+    pa = points @ a[:3, :3].T + a[:3, 3]
+    pb = points @ b[:3, :3].T + b[:3, 3]
+    return float(np.sqrt(np.mean(np.sum((pa - pb) ** 2, axis=1))))
+
+
+# --------------------------------------------------------------------------- features
+
+def _pcd(points: np.ndarray):
+    """An Open3D point cloud of (n, 3) points."""
+    import open3d as o3d
+    return o3d.geometry.PointCloud(o3d.utility.Vector3dVector(np.asarray(points, dtype=np.float64)))
+
+
+def _downsample(points: np.ndarray, target: int):
+    """(voxel, downsampled Open3D cloud): the voxel size leaving about ``target`` points."""
+    pcd = _pcd(points)
+    lo, hi = points.min(0), points.max(0)
+    voxel = float(np.linalg.norm(hi - lo)) / 100.0
+    for _ in range(30):
+        down = pcd.voxel_down_sample(voxel)
+        n = len(down.points)
+        if 0.7 * target <= n <= 1.4 * target or voxel <= 0:
+            break
+        voxel *= (n / target) ** 0.5      # surface points scale ~ 1 / voxel^2
+    return voxel, down
+
+
+def voxelised(points: np.ndarray, voxel: float) -> np.ndarray:
+    return np.asarray(_pcd(points).voxel_down_sample(voxel).points)
+
+
+def _fpfh(down, voxel: float) -> np.ndarray:
+    import open3d as o3d
+    down.estimate_normals(o3d.geometry.KDTreeSearchParamHybrid(radius=2.0 * voxel, max_nn=30))
+    feat = o3d.pipelines.registration.compute_fpfh_feature(
+        down, o3d.geometry.KDTreeSearchParamHybrid(radius=5.0 * voxel, max_nn=100))
+    return np.asarray(feat.data).T.copy()
+
+
+def feature_normals(points: np.ndarray, voxel: float) -> np.ndarray:
+    """(n, 3) unit normals of (n, 3) points at ``voxel`` resolution (as the features use)."""
+    import open3d as o3d
+    pcd = _pcd(points)
+    pcd.estimate_normals(o3d.geometry.KDTreeSearchParamHybrid(radius=2.0 * voxel, max_nn=30))
+    return np.asarray(pcd.normals)
+
+
+def _mutual_matches(fs: np.ndarray, fr: np.ndarray) -> np.ndarray:
+    """(k, 2) index pairs (source, reference) that are mutual nearest neighbours in feature space."""
+    _, s2r = cKDTree(fr).query(fs, k=1)
+    _, r2s = cKDTree(fs).query(fr, k=1)
+    i = np.arange(len(fs))
+    keep = r2s[s2r] == i
+    return np.stack((i[keep], s2r[keep]), 1)
+
+
+def _kabsch_batch(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """(B, 4, 4) rigid transforms mapping p (B, k, 3) onto q (B, k, 3) (least squares)."""
+    pc, qc = p.mean(1, keepdims=True), q.mean(1, keepdims=True)
+    h = np.einsum('bki,bkj->bij', p - pc, q - qc)
+    u, _, vt = np.linalg.svd(h)
+    d = np.sign(np.linalg.det(np.einsum('bij,bjk->bik', vt.transpose(0, 2, 1), u.transpose(0, 2, 1))))
+    fix = np.ones((len(p), 3))
+    fix[:, 2] = d
+    r = np.einsum('bij,bj,bkj->bik', vt.transpose(0, 2, 1), fix, u)
+    out = np.tile(np.eye(4), (len(p), 1, 1))
+    out[:, :3, :3] = r
+    out[:, :3, 3] = qc[:, 0] - np.einsum('bij,bj->bi', r, pc[:, 0])
+    return out
+
+
+def _ransac(ps: np.ndarray, pr: np.ndarray, matches: np.ndarray, inlier: float, iterations: int, keep: int,
+            rng: np.random.Generator) -> List[Hypothesis]:
+    """The ``keep`` best distinct poses by inlier count (matches within ``inlier`` after the pose),
+    each re-estimated on its inliers."""
+    if len(matches) < 3:
+        return []
+    a, b = ps[matches[:, 0]], pr[matches[:, 1]]
+    scored = []
+    batch = 2000
+    for start in range(0, iterations, batch):
+        idx = rng.integers(0, len(matches), size=(min(batch, iterations - start), 3))
+        sa, sb = a[idx], b[idx]
+        # edge-length consistency (rigid motions keep distances), as Open3D's checker at 0.9
+        la = np.linalg.norm(sa - np.roll(sa, 1, axis=1), axis=2)
+        lb = np.linalg.norm(sb - np.roll(sb, 1, axis=1), axis=2)
+        ok = np.all((np.minimum(la, lb) >= 0.9 * np.maximum(la, lb)) & (la > inlier), axis=1)
+        if not ok.any():
+            continue
+        poses = _kabsch_batch(sa[ok], sb[ok])
+        moved = np.einsum('bij,nj->bni', poses[:, :3, :3], a) + poses[:, None, :3, 3]
+        count = (np.sum((moved - b[None]) ** 2, axis=2) < inlier * inlier).sum(1)
+        top = np.argsort(-count)[:4 * keep]
+        scored.extend((int(count[t]), poses[t]) for t in top)
+    scored.sort(key=lambda c: -c[0])
+    out: List[Hypothesis] = []
+    for count, pose in scored:
+        if count < 3 or len(out) == keep:
+            break
+        moved = a @ pose[:3, :3].T + pose[:3, 3]
+        inl = np.sum((moved - b) ** 2, axis=1) < inlier * inlier
+        refit = _kabsch_batch(a[inl][None], b[inl][None])[0] if inl.sum() >= 3 else pose
+        if all(pose_distance(refit, h.transform, a) > 3.0 * inlier for h in out):
+            out.append(Hypothesis(refit, int(inl.sum()), 'ransac'))
+    return out
+
+
+def feature_hypotheses(source: np.ndarray, reference: np.ndarray, cfg: GlobalConfig, seed: int = 0,
+                       wide: int = 0):
+    """(hypotheses, voxel, matches, timings): the candidate poses (source -> reference) from FPFH
+    features, best support first, plus FGR / KISS-Matcher / the identity prior; ``voxel`` is the
+    feature voxel size (caller units), ``matches`` the number of mutual feature matches. wide > 0:
+    a second RANSAC keeps ``wide`` distinct poses, and those not within 3 inlier distances of a
+    first-pass pose follow the first pass's (origin 'ransac_wide')."""
+    import open3d as o3d
+    t0 = time.perf_counter()
+    vs, ds = _downsample(source, cfg.feature_points)
+    vr, dr = _downsample(reference, cfg.feature_points)
+    voxel = max(vs, vr)
+    if voxel != vs:
+        ds = _pcd(source).voxel_down_sample(voxel)
+    if voxel != vr:
+        dr = _pcd(reference).voxel_down_sample(voxel)
+    fs, fr = _fpfh(ds, voxel), _fpfh(dr, voxel)
+    ps, pr = np.asarray(ds.points), np.asarray(dr.points)
+    t1 = time.perf_counter()
+    matches = _mutual_matches(fs, fr)
+    hyps = _ransac(ps, pr, matches, 1.5 * voxel, cfg.ransac_iterations, cfg.candidates,
+                   np.random.default_rng(seed))
+    matched = ps[matches[:, 0]] if len(matches) else ps
+
+    def distinct(pose, kept):         # farther than 3 inlier distances from every kept pose
+        return all(pose_distance(pose, k.transform, matched) > 4.5 * voxel for k in kept)
+    if wide:
+        hyps += [Hypothesis(h.transform, h.support, 'ransac_wide')
+                 for h in _ransac(ps, pr, matches, 1.5 * voxel, cfg.ransac_iterations, wide,
+                                  np.random.default_rng(seed + 1)) if distinct(h.transform, hyps)]
+    t2 = time.perf_counter()
+    extra: List[Hypothesis] = []
+    if cfg.fgr:
+        reg = o3d.pipelines.registration
+        fs_o, fr_o = reg.Feature(), reg.Feature()
+        fs_o.data, fr_o.data = fs.T.copy(), fr.T.copy()
+        for run in range(FGR_RUNS):
+            # FGR samples its correspondence tuples with Open3D's global generator: seeded, so the
+            # search is deterministic; a few restarts, because one run finds a hard pair's pose
+            # only sometimes (bunny 180->270 with outliers: 1 of 2 unseeded runs)
+            o3d.utility.random.seed(seed + run)
+            res = reg.registration_fgr_based_on_feature_matching(
+                ds, dr, fs_o, fr_o, reg.FastGlobalRegistrationOption(maximum_correspondence_distance=1.5 * voxel))
+            pose = np.asarray(res.transformation).copy()
+            if distinct(pose, extra):
+                extra.append(Hypothesis(pose, 0, 'fgr'))
+    if cfg.kiss_matcher:
+        pose = _kiss_matcher(source, reference, voxel)
+        if pose is not None:
+            extra.append(Hypothesis(pose, 0, 'kiss_matcher'))
+    extra.append(Hypothesis(np.eye(4), 0, 'prior'))
+    timings = {'features': t1 - t0, 'ransac': t2 - t1, 'other_solvers': time.perf_counter() - t2}
+    return hyps + extra, voxel, matches.shape[0], timings
+
+
+def _kiss_matcher(source: np.ndarray, reference: np.ndarray, voxel: float) -> Optional[np.ndarray]:
+    """KISS-Matcher's pose (None when not installed or invalid)."""
+    try:
+        import kiss_matcher
+    except ImportError:
+        return None
+    matcher = kiss_matcher.KISSMatcher(kiss_matcher.KISSMatcherConfig(voxel))
+    sol = matcher.estimate(np.asarray(source, np.float32), np.asarray(reference, np.float32))
+    if not sol.valid:
+        return None
+    out = np.eye(4)
+    out[:3, :3], out[:3, 3] = np.asarray(sol.rotation), np.asarray(sol.translation).ravel()
+    return out
+
+
+#: rotation starts refined (of the cube's 24), most votes first
+ROTATION_KEEP = 8
+
+
+def rotation_hypotheses(source: np.ndarray, reference: np.ndarray, voxel: float, seed: int = 0,
+                        keep: int = 24) -> List[Hypothesis]:
+    """The 24 rotations of the cube's group, each with the translation most point pairs vote for
+    (:func:`votes.start_translations`, cells of 2 ``voxel``, the reference voxelised at 1.5
+    ``voxel``): PWAN's own starts, for when the features are weak; the ``keep`` with the
+    most votes, most first."""
+    from .multistart import start_rotations
+    rots = start_rotations(3, 24)
+    out = []
+    for rot, (trans, votes) in zip(rots, start_translations(source, voxelised(reference, 1.5 * voxel), rots,
+                                                             2.0 * voxel, seed)):
+        t = np.eye(4)
+        t[:3, :3], t[:3, 3] = rot, trans
+        out.append((votes, Hypothesis(t, 0, 'rotation')))
+    out.sort(key=lambda c: -c[0])
+    return [h for _, h in out[:keep]]
