@@ -243,8 +243,8 @@ def main(argv=None) -> int:
             if baseline is not None:
                 print(f'[{label}] pwan_ros pwan mode, baseline core ...', file=sys.stderr)
                 with core_of(baseline):
-                    rel, times, paths = run_pipeline(s, st, scan_voxel_size=0.25, mode='pwan', **same,
-                                                     **baseline_cfg)
+                    rel, times, paths = run_pipeline(s, st, scan_voxel_size=0.25, mode='pwan',
+                                                     **{**baseline_cfg, **same})
                 name = ' '.join([f'core of {args.baseline}'] + args.baseline_set)
                 rows.append(summarise(f'pwan mode, {name}', rel, times, gt_rel, paths))
         if not args.pwan_only:

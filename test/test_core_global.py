@@ -210,6 +210,9 @@ def test_rotation_starts_take_the_translation_the_votes_find():
     assert np.linalg.norm(best[:3, 3] - truth[:3, 3]) < 2 * voxel
     by_centroids = ref.mean(0) - truth[:3, :3] @ src.mean(0)
     assert np.linalg.norm(by_centroids - truth[:3, 3]) > 1.0
+    # no spacing (a zero cell) and no points: a finite answer, not an error
+    assert np.isfinite(voted_translation(vs[:50], np.repeat(vr[:50], 2, axis=0), np.eye(3), 0.0)[0]).all()
+    assert voted_translation(vs[:0], vr, np.eye(3), 0.2)[1] == 0
 
 
 def _planes(rng, spacing=0.05, noise=0.005, **extent):

@@ -316,3 +316,11 @@ def test_reused_reference_gives_the_fresh_result(cap):
     assert cache.builds == 2
     np.testing.assert_array_equal(register(sources[0], other, cfg, reference_cache=cache).transform,
                                   register(sources[0], other, cfg).transform)
+
+
+def test_tournament_on_duplicated_points():
+    """A reference whose every point is doubled (zero nearest-neighbour spacing): the starts' voted
+    translations still bin (the cell has a floor) and the tournament returns a finite pose."""
+    src, ref = blob(150, 1), np.repeat(blob(150, 0) + T_TRUE, 2, axis=0)
+    res = register(src, ref, RegistrationConfig(seed=0, starts=2, start_steps=10, steps=20, start_keep=1))
+    assert np.isfinite(res.transform).all()

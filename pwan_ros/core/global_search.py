@@ -146,8 +146,8 @@ def _mass_ratio(source: np.ndarray, reference: cKDTree, pose: np.ndarray, overla
     not overlap, one below only drops constraints."""
     d, _ = reference.query(source @ pose[:3, :3].T + pose[:3, 3], k=1, distance_upper_bound=1.5 * voxel)
     near = d[np.isfinite(d)]
-    if len(near):
-        overlap = min(overlap, float(np.mean(d < MASS_SCALE * np.median(near))))
+    if len(near):     # the scale floored at a tenth of a voxel: exact copies have residuals of 0
+        overlap = min(overlap, float(np.mean(d <= max(MASS_SCALE * np.median(near), 0.1 * voxel))))
     return float(np.clip(overlap, 0.05, 1.0))
 
 

@@ -12,10 +12,12 @@ from typing import List, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ['VOTERS', 'voted_translation', 'start_translations']
+__all__ = ['VOTERS', 'VOTED_ON', 'voted_translation', 'start_translations']
 
 #: source points that vote for the translation of each rotation
 VOTERS = 128
+#: reference points they vote against (a sample of larger references)
+VOTED_ON = 4096
 
 
 def voted_translation(source: np.ndarray, reference: np.ndarray, rotation: np.ndarray, cell: float) -> tuple:
@@ -24,8 +26,13 @@ def voted_translation(source: np.ndarray, reference: np.ndarray, rotation: np.nd
     in cubes of side ``cell``, and the mean vote of the fullest bin is returned with its count.
     Uniform outliers and the parts that do not overlap spread their votes thinly. (A plane's votes
     fill a plane of bins: in a room the fullest bin can be a slide along the floor, which the global
-    search's refusal rules are for.) Cost: n m votes."""
+    search's refusal rules are for.) The cell is at least 1/4096 of the votes' span (duplicate
+    points give a zero spacing). Cost: n m votes. Empty input: (zeros, 0)."""
+    if len(source) == 0 or len(reference) == 0:
+        return np.zeros(3), 0
     votes = (reference[None, :, :] - (source @ rotation.T)[:, None, :]).reshape(-1, 3)
+    span = float(np.max(votes.max(0) - votes.min(0)))
+    cell = max(float(cell) if np.isfinite(cell) else 0.0, span / 4096.0, 1e-12)
     key = np.floor(votes * (1.0 / cell)).astype(np.int64)
     key -= key.min(0)
     dims = key.max(0) + 1
@@ -42,7 +49,10 @@ def voted_translation(source: np.ndarray, reference: np.ndarray, rotation: np.nd
 def start_translations(source: np.ndarray, reference: np.ndarray, rotations: Sequence[np.ndarray], cell: float,
                        seed: int = 0) -> List[Tuple[np.ndarray, int]]:
     """[(translation (3,), votes)] per rotation (3, 3) of ``rotations``: :func:`voted_translation` of
-    :data:`VOTERS` source points (seeded sample) against ``reference`` (m, 3)."""
+    :data:`VOTERS` source points against at most :data:`VOTED_ON` reference points (m, 3) (seeded
+    samples: the votes of one rotation fit in a few MB)."""
     rng = np.random.default_rng(seed)
     voters = source[rng.choice(len(source), min(VOTERS, len(source)), replace=False)]
-    return [voted_translation(voters, reference, rot, cell) for rot in rotations]
+    targets = reference if len(reference) <= VOTED_ON else reference[rng.choice(len(reference), VOTED_ON,
+                                                                               replace=False)]
+    return [voted_translation(voters, targets, rot, cell) for rot in rotations]
