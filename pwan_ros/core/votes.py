@@ -30,20 +30,28 @@ def voted_translation(source: np.ndarray, reference: np.ndarray, rotation: np.nd
     points give a zero spacing). Cost: n m votes. Empty input: (zeros, 0)."""
     if len(source) == 0 or len(reference) == 0:
         return np.zeros(3), 0
-    votes = (reference[None, :, :] - (source @ rotation.T)[:, None, :]).reshape(-1, 3)
-    span = float(np.max(votes.max(0) - votes.min(0)))
-    cell = max(float(cell) if np.isfinite(cell) else 0.0, span / 4096.0, 1e-12)
-    key = np.floor(votes * (1.0 / cell)).astype(np.int64)
-    key -= key.min(0)
-    dims = key.max(0) + 1
-    flat = (key[:, 0] * dims[1] + key[:, 1]) * dims[2] + key[:, 2]
+    turned = source @ rotation.T
+    lo = reference.min(0) - turned.max(0)                       # the smallest vote per axis
+    span = (reference.max(0) - reference.min(0)) + (turned.max(0) - turned.min(0))
+    cell = max(float(cell) if np.isfinite(cell) else 0.0, float(span.max()) / 4096.0, 1e-12)
+    dims = (span / cell).astype(np.int64) + 1
+    # per axis, the (n, m) cell indices of q - R p in float32 (a few MB), combined into one key
+    flat = np.zeros((len(turned), len(reference)), dtype=np.int64)
+    for axis in range(3):
+        idx = np.subtract.outer((reference[:, axis] - lo[axis]).astype(np.float32),
+                                turned[:, axis].astype(np.float32)).T
+        idx *= np.float32(1.0 / cell)
+        np.clip(idx, 0, dims[axis] - 1, out=idx)
+        flat *= dims[axis]
+        flat += idx.astype(np.int64)
+    flat = flat.ravel()
     if int(np.prod(dims)) <= 16_000_000:
         best = int(np.argmax(np.bincount(flat)))
     else:                                       # a large scene at a fine cell: sparse bins
         uniq, counts = np.unique(flat, return_counts=True)
         best = int(uniq[np.argmax(counts)])
-    inside = flat == best
-    return votes[inside].mean(0), int(inside.sum())
+    i, j = np.divmod(np.flatnonzero(flat == best), len(reference))
+    return (reference[j] - turned[i]).mean(0), int(len(i))
 
 
 def start_translations(source: np.ndarray, reference: np.ndarray, rotations: Sequence[np.ndarray], cell: float,
