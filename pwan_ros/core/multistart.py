@@ -13,6 +13,7 @@ from .alg1 import run_alg1
 from .config import RegistrationConfig
 from .device import thread_scope
 from .finetune_stage import FineTuneData
+from .preprocess import median_spacing
 from .votes import start_translations
 
 __all__ = ['ENSEMBLE_POINTS', 'OverlapScorer', 'overlap_score', 'start_rotations', 'own_poses', 'partial_objective',
@@ -115,7 +116,7 @@ def own_poses(ys: np.ndarray, xs: np.ndarray, rots: list, seed: int):
     of 2 x the median spacing of ``xs``); None for 2-D or when the caller gave no rotations."""
     if ys.shape[1] != 3 or rots[0] is None:
         return None
-    cell = 2.0 * float(np.median(cKDTree(xs).query(xs, k=2)[0][:, 1]))
+    cell = 2.0 * median_spacing(xs)
     return [(rot.T.copy(), t) for rot, (t, _) in zip(rots, start_translations(ys, xs, rots, cell, seed + 3))]
 
 
