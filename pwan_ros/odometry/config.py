@@ -98,9 +98,10 @@ class OdometryConfig:
     base_frame: str = param('', "moving frame of the published pose; '' = the cloud's frame_id, otherwise a "
                             'static transform base_frame -> cloud frame must be on /tf_static')
     publish_tf: bool = param(True, 'broadcast odom_frame -> base_frame on /tf')
-    reliability: str = param('auto', 'QoS reliability of the points subscription: auto = best effort (matches '
-                             'lidar drivers) until every publisher is seen to be reliable (bag players), then '
-                             'reliable; reliable never matches a best-effort driver', choices=RELIABILITIES)
+    reliability: str = param('auto', 'QoS reliability of the points subscription: auto = a reliable and a '
+                             'best-effort reader together, so bag players (reliable) and lidar drivers (best '
+                             'effort) are both heard from their first scan; reliable never matches a '
+                             'best-effort driver', choices=RELIABILITIES)
     reanchor_after: int = param(5, 'consecutive rejected scans after which the next scan becomes a new keyframe '
                                 'at the held pose (the motion in between is not recovered); 0 = never',
                                 0, 1_000_000)

@@ -22,7 +22,7 @@ from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from geometry_msgs.msg import TransformStamped
 from nav_msgs.msg import Odometry
 from rclpy.node import Node
-from rclpy.qos import (DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy)
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import PointCloud2
 from tf2_msgs.msg import TFMessage
 
@@ -33,6 +33,7 @@ from pwan_ros.io import pointcloud2 as pc2
 from pwan_ros.odometry.config import RENAMED, ConfigError, OdometryConfig
 from pwan_ros.odometry.odometer import Odometer, OdometryUpdate
 from pwan_ros.odometry.pipeline import OdometryPipeline, ScanError
+from pwan_ros.ros.scan_subscription import ScanSubscription
 from pwan_ros.ros.spin import spin_node
 from pwan_ros.ros.params import declare_config
 
@@ -83,15 +84,9 @@ class OdometryNode(Node):
         self.odometer = Odometer(self.pipeline)
         self.static_frames = FrameGraph()
 
-        # best effort (depth 1) matches drivers publishing with the sensor-data profile and
-        # reliable publishers (bag players) alike; a reliable subscription misses the former.
-        # 'auto' switches to reliable once every publisher on the topic is reliable.
-        self._points_sub = self._retired_sub = None
-        self._last_received = None   # (sec, nanosec) of the last scan received
-        self._subscribe_points(ReliabilityPolicy.RELIABLE if cfg.reliability == 'reliable'
-                               else ReliabilityPolicy.BEST_EFFORT)
-        if cfg.reliability == 'auto':
-            self.create_timer(0.5, self._adapt_reliability)
+        # 'auto': one reliable and one best-effort reader, so that bag players and drivers are both
+        # heard from their first scan (see pwan_ros.ros.scan_subscription)
+        self.points = ScanSubscription(self, PointCloud2, 'points', cfg.reliability, self._on_points)
         static_qos = QoSProfile(depth=100, durability=DurabilityPolicy.TRANSIENT_LOCAL,
                                 reliability=ReliabilityPolicy.RELIABLE)
         self.create_subscription(TFMessage, '/tf_static', lambda m: _add_static(self.static_frames, m), static_qos)
@@ -115,43 +110,9 @@ class OdometryNode(Node):
             f'divergence={cfg.divergence} device={cfg.device} reliability={cfg.reliability}'
             + (f" reference_cloud='{cfg.reference_cloud}'" if cfg.reference_cloud else ''))
 
-    # ------------------------------------------------------------------ QoS
-    def _subscribe_points(self, reliability: ReliabilityPolicy) -> None:
-        """(Re)subscribe with ``reliability``. The old subscription lives on until the next
-        reliability check (0.5 s), by when the new one has matched the publishers, so no scan is
-        lost in the switch (a scan received through both is dropped by its stamp)."""
-        if self._retired_sub is not None:
-            self.destroy_subscription(self._retired_sub)
-        self._retired_sub = self._points_sub
-        reliable = reliability == ReliabilityPolicy.RELIABLE
-        qos = QoSProfile(depth=5 if reliable else 1, history=HistoryPolicy.KEEP_LAST, reliability=reliability)
-        self._points_sub = self.create_subscription(PointCloud2, 'points', self._on_points, qos)
-        self._points_reliability = reliability
-
-    def _adapt_reliability(self) -> None:
-        """reliability 'auto': reliable when all publishers of the points topic are reliable (bag
-        players), else best effort (drivers; also matches reliable publishers)."""
-        if self._retired_sub is not None:
-            self.destroy_subscription(self._retired_sub)
-            self._retired_sub = None
-        infos = self.get_publishers_info_by_topic(self._points_sub.topic_name)
-        if not infos:
-            return
-        want = (ReliabilityPolicy.RELIABLE
-                if all(i.qos_profile.reliability == ReliabilityPolicy.RELIABLE for i in infos)
-                else ReliabilityPolicy.BEST_EFFORT)
-        if want != self._points_reliability:
-            self.get_logger().info(f"points publishers are {'all reliable' if want == ReliabilityPolicy.RELIABLE else 'best effort'}: subscribing "
-                                   f"{'reliable' if want == ReliabilityPolicy.RELIABLE else 'best effort'}")
-            self._subscribe_points(want)
-
     # ------------------------------------------------------------------ callbacks
     def _on_points(self, msg: PointCloud2) -> None:
-        stamp = (msg.header.stamp.sec, msg.header.stamp.nanosec)
         with self._lock:
-            if stamp == self._last_received:      # the same scan through both subscriptions of a switch
-                return
-            self._last_received = stamp
             self.counts['received'] += 1
             if self._pending is not None:
                 self.counts['dropped'] += 1
