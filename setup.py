@@ -59,7 +59,10 @@ setup(
         'small-gicp>=1.0',
     ],
     extras_require={
-        'test': ['pytest>=7', 'hypothesis>=6', 'colcon-core>=0.15', 'colcon-ros>=0.4', 'colcon-python-setup-py>=0.2'],
+        # colcon builds the package in tests; osrf-pycommon, lark and psutil are what the ROS 2
+        # launch tooling (../shared/ros2-launch, not on the index) needs from the index
+        'test': ['pytest>=7', 'hypothesis>=6', 'colcon-core>=0.15', 'colcon-ros>=0.4',
+                 'colcon-python-setup-py>=0.2', 'osrf-pycommon>=2.0', 'lark>=1.1', 'psutil>=5.9'],
         'bench': ['kiss-icp>=1.0', 'probreg>=0.3', 'pycpd>=2.0', 'scikit-learn>=1.2'],
     },
     zip_safe=True,

@@ -1,18 +1,161 @@
-"""Deprecated name of odometry.launch.py (kept for one release); same arguments.
+"""Launch PWAN odometry (executable pwan_odometry_node, node pwan_odometry): the package's entry
+point. ``odometry.launch.py`` is the same launch under the node's name.
 
-It includes odometry.launch.py, which declares them (params_file, points, base_frame, odom_frame,
-publish_tf, device, use_sim_time, bagfile, rviz): see that file's docstring.
+  ros2 launch pwan_ros register.launch.py points:=/ouster/points base_frame:=base_link   # robot
+  ros2 launch pwan_ros register.launch.py bagfile:=my_bag rviz:=true                      # bag
+
+Arguments (``ros2 launch pwan_ros register.launch.py --show-args``):
+
+  params_file   ROS parameter file of the node (default: the installed config/odometry.yaml)
+  points        input sensor_msgs/PointCloud2 topic, remapped onto the node's ``points``
+                (default /points)
+  base_frame    node parameter override; '' (default) = the params file's value
+  odom_frame    node parameter override; '' (default) = the params file's value (also rviz's
+                fixed frame when given)
+  publish_tf    node parameter override, true | false; '' (default) = the params file's value
+  device        node parameter override, auto | cpu | cuda | cuda:N; '' (default) = the
+                params file's value
+  use_sim_time  true | false; '' (default) = true when ``bagfile`` is given, false otherwise
+                (applies to the node and rviz2)
+  bagfile       rosbag2 to replay: also runs ``ros2 bag play BAGFILE``, with ``--clock`` unless
+                the bag records /clock itself (the bags of pwan_sim and pwan_pcd2bag do);
+                '' (default) = play nothing
+  rviz          true | false (default false): also start rviz2 with the installed
+                rviz/pwan_odometry.rviz (fixed frame odom; input cloud, aligned cloud,
+                odometry, TF)
+
+Nothing is started when a requested part cannot run: a ``bagfile`` that does not exist,
+``bagfile`` without ros2bag installed, or ``rviz:=true`` without rviz2 stop the launch with one
+error line and exit code 1 before any process starts.
+
+The node's parameters are the params file plus ``use_sim_time``; an override argument is
+passed only when given, so the file's values hold under launch. KISS-ICP users: ``topic`` is
+``points`` here, ``visualize`` is ``rviz``, ``lidar_odom_frame`` is ``odom_frame``,
+``publish_odom_tf`` is ``publish_tf``, ``config_file`` is ``params_file``.
 """
 import os
 
 from ament_index_python.packages import get_package_share_directory
 from launch import LaunchDescription
-from launch.actions import IncludeLaunchDescription
-from launch.launch_description_sources import PythonLaunchDescriptionSource
+from launch.actions import DeclareLaunchArgument, ExecuteProcess, OpaqueFunction, SetEnvironmentVariable
+from launch.substitutions import LaunchConfiguration
+from launch_ros.actions import Node
+
+PACKAGE = 'pwan_ros'
+_TRUE = ('true', '1')
+_FALSE = ('false', '0')
+
+
+def _arg(context, name):
+    return LaunchConfiguration(name).perform(context).strip()
+
+
+def _flag(context, name, unset=None):
+    """A boolean launch argument; ``unset`` when given as ''."""
+    value = _arg(context, name)
+    if value == '' and unset is not None:
+        return unset
+    if value.lower() in _TRUE:
+        return True
+    if value.lower() in _FALSE:
+        return False
+    raise ValueError(f"launch argument {name}:={value!r}: expected true or false")
+
+
+def _installed(package):
+    try:
+        get_package_share_directory(package)
+        return True
+    except LookupError:     # ament_index_python's PackageNotFoundError is a KeyError
+        return False
+
+
+def _bag_records_clock(bagfile):
+    """Whether the rosbag2 directory's metadata.yaml lists a /clock topic."""
+    metadata = os.path.join(bagfile, 'metadata.yaml')
+    if not os.path.isfile(metadata):
+        return False
+    import yaml
+    with open(metadata, encoding='utf-8') as f:
+        info = (yaml.safe_load(f) or {}).get('rosbag2_bagfile_information', {})
+    return any(t.get('topic_metadata', {}).get('name') == '/clock'
+               for t in info.get('topics_with_message_count', []))
+
+
+def _check(context, bagfile):
+    """Refuse, before anything starts, what cannot run (one line: ros2 launch prints it)."""
+    if bagfile and not os.path.exists(bagfile):
+        raise RuntimeError(f'bagfile:={bagfile}: no such bag')
+    if bagfile and not _installed('ros2bag'):
+        raise RuntimeError(f'bagfile:={bagfile} needs `ros2 bag` (package ros2bag), which is not '
+                           'installed; play the bag another way (e.g. pwan_replay) or install it')
+    if _flag(context, 'rviz') and not _installed('rviz2'):
+        raise RuntimeError('rviz:=true needs rviz2, which is not installed; launch without it or '
+                           'install it')
+
+
+def _actions(context):
+    share = get_package_share_directory(PACKAGE)
+    bagfile = _arg(context, 'bagfile')
+    _check(context, bagfile)
+    use_sim_time = _flag(context, 'use_sim_time', unset=bool(bagfile))
+
+    # only the arguments the user gave override the params file
+    overrides = {'use_sim_time': use_sim_time}
+    for name in ('base_frame', 'odom_frame', 'device'):
+        value = _arg(context, name)
+        if value:
+            overrides[name] = value
+    if _arg(context, 'publish_tf'):
+        overrides['publish_tf'] = _flag(context, 'publish_tf')
+
+    actions = [Node(
+        package=PACKAGE,
+        executable='pwan_odometry_node',
+        name='pwan_odometry',
+        output='screen',
+        parameters=[_arg(context, 'params_file'), overrides],
+        remappings=[('points', _arg(context, 'points'))],
+    )]
+    if bagfile:
+        play = ['ros2', 'bag', 'play', bagfile]
+        if not _bag_records_clock(bagfile):     # one /clock: the bag's own, else the player's
+            play.append('--clock')
+        actions.append(ExecuteProcess(cmd=play, output='screen'))
+    if _flag(context, 'rviz'):
+        rviz_args = ['-d', os.path.join(share, 'rviz', 'pwan_odometry.rviz')]
+        if 'odom_frame' in overrides:
+            rviz_args += ['-f', overrides['odom_frame']]
+        actions.append(Node(package='rviz2', executable='rviz2', name='rviz2', output='screen',
+                            arguments=rviz_args, parameters=[{'use_sim_time': use_sim_time}]))
+    return actions
 
 
 def generate_launch_description():
-    launch_dir = os.path.join(get_package_share_directory('pwan_ros'), 'launch')
+    default_config = os.path.join(get_package_share_directory(PACKAGE), 'config', 'odometry.yaml')
+    keep = "; '' (default) = the params file's value"
     return LaunchDescription([
-        IncludeLaunchDescription(PythonLaunchDescriptionSource(os.path.join(launch_dir, 'odometry.launch.py'))),
+        DeclareLaunchArgument('params_file', default_value=default_config,
+                              description='ROS parameter file of the pwan_odometry node'),
+        DeclareLaunchArgument('points', default_value='/points',
+                              description='input sensor_msgs/PointCloud2 topic'),
+        DeclareLaunchArgument('base_frame', default_value='',
+                              description='moving frame of the published pose' + keep),
+        DeclareLaunchArgument('odom_frame', default_value='',
+                              description='fixed frame of the published pose' + keep),
+        DeclareLaunchArgument('publish_tf', default_value='',
+                              description='broadcast odom_frame -> base_frame on /tf: true | false' + keep),
+        DeclareLaunchArgument('device', default_value='',
+                              description='auto | cpu | cuda | cuda:N' + keep),
+        DeclareLaunchArgument('use_sim_time', default_value='',
+                              description="use /clock: true | false; '' (default) = true when bagfile is given"),
+        DeclareLaunchArgument('bagfile', default_value='',
+                              description="rosbag2 to play with `ros2 bag play BAGFILE` (--clock unless it records "
+                                          "/clock); '' = none"),
+        DeclareLaunchArgument('rviz', default_value='false',
+                              description='start rviz2 with rviz/pwan_odometry.rviz: true | false'),
+        # Large clouds between processes: Fast DDS's large-data transports for everything
+        # launched below (node, bag player, rviz2); no effect on other middlewares.
+        SetEnvironmentVariable('FASTDDS_BUILTIN_TRANSPORTS', 'LARGE_DATA'),
+        OpaqueFunction(function=_actions),
     ])

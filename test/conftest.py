@@ -2,6 +2,8 @@
 import os
 import pathlib
 import random
+import shutil
+import subprocess
 import sys
 
 import pytest
@@ -20,6 +22,25 @@ def pytest_collection_modifyitems(config, items):
                 i.get_closest_marker('ros') is None]
     if unmarked:
         raise pytest.UsageError('tests using ros_env without @pytest.mark.ros: ' + ', '.join(unmarked))
+
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope='session')
+def colcon_install(tmp_path_factory):
+    """The package built by ``colcon build`` in a scratch workspace: its install base."""
+    colcon = shutil.which('colcon') or str(pathlib.Path(sys.executable).with_name('colcon'))
+    assert os.path.exists(colcon), 'colcon is part of the test extras (pip install -e .[test])'
+    work = tmp_path_factory.mktemp('colcon')
+    env = dict(os.environ, COLCON_HOME=str(work / 'colcon_home'))
+    proc = subprocess.run(
+        [colcon, '--log-base', str(work / 'log'), 'build', '--base-paths', str(ROOT),
+         '--packages-select', 'pwan_ros', '--build-base', str(work / 'build'),
+         '--install-base', str(work / 'install'), '--event-handlers', 'console_direct-'],
+        cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return work / 'install'
 
 
 @pytest.fixture

@@ -104,19 +104,10 @@ def test_large_unlabelled_set_is_streamed(tmp_path):
     assert s['accuracy'] > 0.9
 
 
-@pytest.mark.slow
-def test_colcon_install_has_adapt_node_launch_and_config(tmp_path):
+@pytest.mark.build
+def test_colcon_install_has_adapt_node_launch_and_config(colcon_install):
     """What `ros2 launch pwan_ros adapt.launch.py` needs is installed by a colcon build."""
-    import os
-    import shutil
-    colcon = shutil.which('colcon') or str(pathlib.Path(sys.executable).with_name('colcon'))
-    env = dict(os.environ, COLCON_HOME=str(tmp_path / 'colcon_home'))
-    proc = subprocess.run([colcon, '--log-base', str(tmp_path / 'log'), 'build', '--base-paths', str(ROOT),
-                           '--packages-select', 'pwan_ros', '--build-base', str(tmp_path / 'build'),
-                           '--install-base', str(tmp_path / 'install'), '--event-handlers', 'console_direct-'],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    prefix = tmp_path / 'install' / 'pwan_ros'
+    prefix = colcon_install / 'pwan_ros'
     for exe in ('pwan_adapt_node', 'adapt_node', 'pwan_adapt', 'pwan_adapt_import'):
         assert (prefix / 'lib' / 'pwan_ros' / exe).is_file(), exe
     assert (prefix / 'share' / 'pwan_ros' / 'launch' / 'adapt.launch.py').is_file()

@@ -254,7 +254,11 @@ def _lc_perform(self, context):
     return context.launch_configurations[name]
 
 
-def _fake_modules(share_root):
+#: ROS packages the fake ament index knows besides pwan_ros (run_launch(missing=...) removes some)
+FAKE_INSTALLED = ('ros2bag', 'rviz2')
+
+
+def _fake_modules(share_root, missing=()):
     import types
 
     def module(name, **attrs):
@@ -263,7 +267,7 @@ def _fake_modules(share_root):
         return m
 
     def share(package):
-        if package != 'pwan_ros':
+        if package != 'pwan_ros' and (package not in FAKE_INSTALLED or package in missing):
             raise LookupError(package)
         return str(share_root / package)
 
@@ -298,8 +302,17 @@ def _fake_modules(share_root):
 
 
 @pytest.fixture
-def fake_share(tmp_path):
-    """An install share of pwan_ros laid out like setup.py's data_files (links into the repo)."""
+def fake_share(tmp_path, monkeypatch):
+    """An install share of pwan_ros laid out like setup.py's data_files (links into the repo);
+    the working directory holds the bag directories the tests name (b, x, my_bag, 'run 1', and
+    with_clock, whose metadata lists /clock)."""
+    monkeypatch.chdir(tmp_path)
+    for bag in ('b', 'x', 'my_bag', 'run 1', 'with_clock'):
+        (tmp_path / bag).mkdir()
+    (tmp_path / 'with_clock' / 'metadata.yaml').write_text(
+        'rosbag2_bagfile_information:\n  topics_with_message_count:\n'
+        '    - topic_metadata: {name: /points, type: sensor_msgs/msg/PointCloud2}\n'
+        '    - topic_metadata: {name: /clock, type: rosgraph_msgs/msg/Clock}\n')
     share = tmp_path / 'share' / 'pwan_ros'
     share.mkdir(parents=True)
     for folder in ('launch', 'config', 'rviz'):
@@ -307,7 +320,7 @@ def fake_share(tmp_path):
     return share
 
 
-def run_launch(share, file='odometry.launch.py', **given):
+def run_launch(share, file='odometry.launch.py', missing=(), **given):
     """Executes ``generate_launch_description`` of an installed launch file and its actions like
     ``ros2 launch pwan_ros FILE NAME:=VALUE ...``: returns (declared {name: default}, launched
     [(kind, kwargs with substitutions performed)], environment set)."""
@@ -344,7 +357,7 @@ def run_launch(share, file='odometry.launch.py', **given):
             else:
                 launched.append((e.kind, _perform(e.kw, context)))
 
-    with mock.patch.dict(sys.modules, _fake_modules(share.parent)):
+    with mock.patch.dict(sys.modules, _fake_modules(share.parent, missing)):
         visit(load(share / 'launch' / file).entities)
     assert set(given) <= set(declared), f'undeclared arguments: {set(given) - set(declared)}'
     return declared, launched, env
@@ -388,9 +401,10 @@ def test_launch_file_names_real_executable_and_config(fake_share):
     # installed like setup.py's data_files; large clouds: Fast DDS large-data transports
     assert "'/rviz', _files('rviz/*.rviz')" in setup and "'/config', _files('config/*.yaml')" in setup
     assert env == {'FASTDDS_BUILTIN_TRANSPORTS': 'LARGE_DATA'}
-    # the 0.1 launch file name includes this one: same arguments, same result
+    # the entry point register.launch.py and odometry.launch.py (which includes it) are one launch
     assert run_launch(fake_share, 'register.launch.py', bagfile='b', rviz='true') == \
         run_launch(fake_share, bagfile='b', rviz='true')
+    assert 'deprecat' not in (ROOT / 'launch' / 'register.launch.py').read_text().lower()
 
 
 def test_launch_defaults_keep_the_params_file_values(fake_share):
@@ -448,13 +462,16 @@ def test_launch_every_argument_reaches_the_node_or_a_process(fake_share):
 def test_launch_bag_and_rviz(fake_share):
     """bagfile:= plays the bag with /clock and turns sim time on (an explicit use_sim_time wins);
     rviz:=true starts rviz2 with the installed config, on the same clock as the node."""
-    _, launched, _ = run_launch(fake_share, bagfile='/data/run 1')        # a path with a space: one argument
-    assert _extras(launched)['bag'] == ['ros2', 'bag', 'play', '/data/run 1', '--clock']
+    _, launched, _ = run_launch(fake_share, bagfile='run 1')        # a path with a space: one argument
+    assert _extras(launched)['bag'] == ['ros2', 'bag', 'play', 'run 1', '--clock']
     assert _overrides(_odometry_node(launched))['use_sim_time'] is True
     _, launched, _ = run_launch(fake_share, bagfile='x', use_sim_time='false')
     assert _extras(launched)['bag'] == ['ros2', 'bag', 'play', 'x', '--clock']
     assert _overrides(_odometry_node(launched))['use_sim_time'] is False
     assert _extras(run_launch(fake_share, bagfile='')[1]) == {}
+    # a bag that records /clock (pwan_sim's, pwan_pcd2bag's) is played without a second clock
+    assert _extras(run_launch(fake_share, bagfile='with_clock')[1])['bag'] == [
+        'ros2', 'bag', 'play', 'with_clock']
 
     rviz_file = fake_share / 'rviz' / 'pwan_odometry.rviz'
     _, launched, _ = run_launch(fake_share, rviz='true', bagfile='x')
@@ -470,6 +487,17 @@ def test_launch_bag_and_rviz(fake_share):
         run_launch(fake_share, rviz='maybe')
 
 
+def test_launch_refuses_what_cannot_run(fake_share):
+    """A missing bag, a bag without ros2bag, rviz without rviz2: an error before any process."""
+    with pytest.raises(RuntimeError, match='no such bag'):
+        run_launch(fake_share, bagfile='not_recorded_yet')
+    with pytest.raises(RuntimeError, match='ros2bag'):
+        run_launch(fake_share, bagfile='b', missing=('ros2bag',))
+    with pytest.raises(RuntimeError, match='rviz2'):
+        run_launch(fake_share, rviz='true', missing=('rviz2',))
+    assert _extras(run_launch(fake_share, missing=('rviz2', 'ros2bag'))[1]) == {}
+
+
 def _node_topics():
     """{absolute topic: message type} the node publishes or subscribes to, read from its source
     (the node runs in the root namespace; ``points`` is remapped to the launch's default)."""
@@ -477,6 +505,9 @@ def _node_topics():
     src = (ROOT / 'pwan_ros' / 'ros' / 'odometry_node.py').read_text()
     topics = {}
     for call in ast.walk(ast.parse(src)):
+        if (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+                and call.func.id == 'ScanSubscription'):        # (node, type, topic, ...)
+            topics['/' + call.args[2].value.lstrip('/')] = call.args[1].id
         if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
                 and call.func.attr in ('create_publisher', 'create_subscription')
                 and isinstance(call.args[1], ast.Constant) and isinstance(call.args[0], ast.Name)):

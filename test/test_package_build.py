@@ -2,7 +2,6 @@
 ament index; the tf2_msgs interface in this environment is upstream's."""
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
 
@@ -10,21 +9,6 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TF_HASH = 'RIHS01_e369d0f05a23ae52508854b66f6aa0437f3449d652e8cbf22d5abe85d020f087'
-
-
-@pytest.fixture(scope='module')
-def colcon_install(tmp_path_factory):
-    colcon = shutil.which('colcon') or str(pathlib.Path(sys.executable).with_name('colcon'))
-    assert os.path.exists(colcon), 'colcon is part of the test extras (pip install -e .[test])'
-    work = tmp_path_factory.mktemp('colcon')
-    env = dict(os.environ, COLCON_HOME=str(work / 'colcon_home'))
-    proc = subprocess.run(
-        [colcon, '--log-base', str(work / 'log'), 'build', '--base-paths', str(ROOT),
-         '--packages-select', 'pwan_ros', '--build-base', str(work / 'build'),
-         '--install-base', str(work / 'install'), '--event-handlers', 'console_direct-'],
-        cwd=work, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return work / 'install'
 
 
 @pytest.mark.build

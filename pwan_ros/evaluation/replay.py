@@ -143,7 +143,7 @@ def replay(cfg: ReplayConfig, log=print) -> RunRecord:
                             durability=DurabilityPolicy.TRANSIENT_LOCAL)
     rec_qos = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
 
-    rclpy.init()
+    rclpy.init(args=[])   # our argv is not ROS arguments (--remap A:=B would read as a deprecated rcl remap)
     try:
         node = rclpy.create_node('pwan_replay')
         from rosgraph_msgs.msg import Clock
