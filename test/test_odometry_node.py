@@ -101,6 +101,8 @@ def test_node_deskews_scans_with_point_times(tmp_path, ros_env):
         sent = res['sent']
         flags = [res['answers'][str(s['stamp'])]['diag']['values']['deskewed'] for s in sent]
         assert flags == (['false'] * 2 + ['true'] * 10 if mode == 'auto' else ['false'] * 12), flags
+        used = {res['answers'][str(s['stamp'])]['diag']['values']['point_times'] for s in sent}
+        assert used == ({'used'} if mode == 'auto' else {'off'}), used
         # relative motion over 10 m (the odom origin is the first scan's mid-sweep pose)
         first, last = sent[1], sent[-1]
         gt = invert(np.array(first['gt'])) @ np.array(last['gt'])

@@ -28,11 +28,11 @@ from tf2_msgs.msg import TFMessage
 
 from pwan_ros.geometry.frame_graph import FrameGraph
 from pwan_ros.geometry.se3 import from_quaternion, to_quaternion, transform_points
-from pwan_ros.io.point_times import TIME_FIELDS, PointTimesError, point_times
 from pwan_ros.io import pointcloud2 as pc2
 from pwan_ros.odometry.config import RENAMED, ConfigError, OdometryConfig
 from pwan_ros.odometry.odometer import Odometer, OdometryUpdate
 from pwan_ros.odometry.pipeline import OdometryPipeline, ScanError
+from pwan_ros.odometry.sweep_times import SweepClock
 from pwan_ros.ros.scan_subscription import ScanSubscription
 from pwan_ros.ros.spin import spin_node
 from pwan_ros.ros.params import declare_config
@@ -83,6 +83,7 @@ class OdometryNode(Node):
         self.pipeline = OdometryPipeline(cfg, reference)
         self.odometer = Odometer(self.pipeline)
         self.static_frames = FrameGraph()
+        self.sweep_clock = SweepClock(cfg.deskew)     # which per-point times to deskew with
 
         # 'auto': one reliable and one best-effort reader, so that bag players and drivers are both
         # heard from their first scan (see pwan_ros.ros.scan_subscription)
@@ -176,9 +177,11 @@ class OdometryNode(Node):
                                       f'missing static transform {base} -> {frame}', {})
             return
         self._frame = frame
-        offsets = self._point_offsets(cloud, stamp)
+        times = self.sweep_clock.read(cloud.extras, stamp)
+        if times.warning:
+            self._warn('deskew', times.warning, 30.0)
         try:
-            update = self.odometer.update(cloud.xyz, stamp, frame, t_base_sensor, offsets)
+            update = self.odometer.update(cloud.xyz, stamp, frame, t_base_sensor, times.offsets)
         except ScanError as exc:
             self._count(invalid=1)
             self._warn('scan', f'scan skipped: {exc}')
@@ -202,7 +205,8 @@ class OdometryNode(Node):
             'latency_ms': f'{latency:.2f}', 'processing_ms': f'{est.latency_ms:.2f}',
             'path': est.path, 'accepted': str(est.accepted).lower(),
             'pwan_engaged': str(est.pwan_engaged).lower(), 'pwan_starts': str(est.pwan_starts),
-            'deskewed': str(est.deskewed).lower(),
+            'deskewed': str(est.deskewed).lower(), 'point_times': times.status,
+            'point_times_detail': times.detail,
             'matched_ratio': f'{est.matched_ratio:.4f}',
             'median_residual_m': f'{est.median_residual:.4f}',
             'iterations': str(est.iterations), 'num_points': str(est.num_points),
@@ -212,23 +216,6 @@ class OdometryNode(Node):
             'distance_threshold_m': f'{self.pipeline.h:.4f}',
             **{f'{k}_ms': f'{v:.2f}' for k, v in est.timings_ms.items()},
         })
-
-    def _point_offsets(self, cloud, stamp: float):
-        """Per-point times (s from the stamp) for deskewing, or None (deskew off, no time field,
-        or a field that fits no convention: warned, the scan is registered as it is)."""
-        if self.config.deskew == 'off':
-            return None
-        try:
-            times = point_times(cloud.extras, stamp)
-        except PointTimesError as exc:
-            self._warn('deskew', f'not deskewing: {exc}', 30.0)
-            return None
-        if times is None:
-            if self.config.deskew == 'on':
-                self._warn('deskew', 'deskew=on but the cloud has no per-point time field '
-                                     f"({', '.join(TIME_FIELDS)}): not deskewing", 30.0)
-            return None
-        return times.offsets
 
     def _count(self, **increments: int) -> None:
         """Add to the scan counters (shared with the subscription callback)."""
