@@ -598,3 +598,31 @@ def test_base_frame_through_static_transform(tmp_path, ros_env):
         expected = t_rb @ invert(gt0) @ np.array(s['gt']) @ invert(t_rb)
         err = invert(expected) @ odom_pose(ans)
         assert np.degrees(rotation_angle(err)) < 0.5 and np.linalg.norm(err[:3, 3]) < 0.05
+
+
+@pytest.mark.ros
+def test_node_ends_promptly_on_each_signal_even_if_started_with_sigint_ignored(tmp_path, ros_env):
+    """After serving scans and idling, SIGINT and SIGTERM end the node within seconds with exit
+    0; so does SIGINT for a node started with SIGINT ignored (a background job of a script,
+    which is how `ros2 launch` from a script starts it; before, such a node outlived its launch)."""
+    import signal
+    import time
+    for sig, ignored in ((signal.SIGINT, False), (signal.SIGTERM, False), (signal.SIGINT, True)):
+        preexec = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignored else None
+        node = subprocess.Popen([str(NODE), '--ros-args'], env=ros_env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, preexec_fn=preexec)
+        try:
+            if sig == signal.SIGINT and not ignored:
+                res = drive(ros_env, tmp_path, 'sim', '--scans', '3')
+                assert len(res['answers']) == 3
+            else:
+                time.sleep(4.0)
+            time.sleep(2.0)            # idle
+            t0 = time.monotonic()
+            node.send_signal(sig)
+            out, _ = node.communicate(timeout=15)
+        finally:
+            if node.poll() is None:
+                node.kill()
+        assert node.returncode == 0 and 'Traceback' not in out, (sig, ignored, out[-2000:])
+        assert time.monotonic() - t0 < 10.0, (sig, ignored)
