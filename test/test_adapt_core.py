@@ -1,11 +1,13 @@
 """Adaptation core: config validation, input checks, the PWAN objective on synthetic Gaussian
 classes, exact resume, TorchScript export and the pwan_adapt CLI end to end."""
 import dataclasses
+import io
 import json
 import os
 import pathlib
 import subprocess
 import sys
+import tempfile
 import warnings
 
 import numpy as np
@@ -18,6 +20,7 @@ from pwan_ros.adaptation import (AdaptConfig, AdaptConfigError, AdaptInputError,
 from pwan_ros.cli.adapt import main as adapt_main
 from pwan_ros.adaptation.config import split_yaml
 from pwan_ros.adaptation.data import check_pair
+from pwan_ros.adaptation.runner import load_checkpoint
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CLI = pathlib.Path(sys.executable).parent / 'pwan_adapt'
@@ -179,7 +182,11 @@ def test_resume_reproduces_uninterrupted_run():
     full.train()
     first = AdaptTrainer(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu))
     first.train(until=33)
-    ckpt = first.state_dict()
+    buf = io.BytesIO()                  # through the file format resume reads (weights only)
+    torch.save(first.state_dict(), buf)
+    path = pathlib.Path(tempfile.mkdtemp()) / 'latest.pt'
+    path.write_bytes(buf.getvalue())
+    ckpt = load_checkpoint(str(path))
     torch.manual_seed(12345)  # the checkpoint must restore every RNG it relies on
     np.random.seed(7)
     resumed = AdaptTrainer(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu))
@@ -259,3 +266,45 @@ def test_run_adaptation_stop_writes_checkpoint(tmp_path):
     assert os.path.isfile(res.checkpoint_path) and not (tmp_path / 'o' / 'predictions.npy').exists()
     res = run_adaptation(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu), tmp_path / 'o', resume=True)
     assert res.completed and res.steps_done == 50
+
+
+class _Planted:
+    """A pickle that creates a file when unpickled (what a planted checkpoint would run)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (pathlib.Path.touch, (pathlib.Path(self.marker),))
+
+
+@pytest.mark.parametrize('kind', ['malicious', 'truncated', 'empty', 'text', 'foreign'])
+def test_resume_refuses_unsafe_or_broken_checkpoints(tmp_path, capsys, kind):
+    """--resume reads only tensors and plain values: a planted pickle is refused without running
+    (before: torch.load(weights_only=False) executed it); a truncated, empty, text or foreign
+    latest.pt is one line and exit 2 (before: exit 1 and a traceback)."""
+    xl, yl, xu, yu = gaussian_domains(0)
+    np.savez(tmp_path / 'l.npz', features=xl, labels=yl)
+    np.savez(tmp_path / 'u.npz', features=xu)
+    out = tmp_path / 'out'
+    args = ['--labelled', str(tmp_path / 'l.npz'), '--unlabelled', str(tmp_path / 'u.npz'), '--output', str(out),
+            '--steps', '20', '--warmup-steps', '5', '--device', 'cpu', '--plots', 'false']
+    latest = out / 'checkpoints' / 'latest.pt'
+    marker = tmp_path / 'pwned'
+    if kind in ('truncated',):
+        assert adapt_main(args) == 0
+        latest.write_bytes(latest.read_bytes()[:len(latest.read_bytes()) // 2])
+    else:
+        latest.parent.mkdir(parents=True)
+        buf = io.BytesIO()
+        if kind == 'malicious':
+            torch.save({'version': 2, 'payload': _Planted(marker)}, buf)
+        elif kind == 'foreign':
+            torch.save([torch.zeros(3)], buf)
+        latest.write_bytes({'empty': b'', 'text': b'not a checkpoint\n'}.get(kind, buf.getvalue()))
+    capsys.readouterr()
+    assert adapt_main(args + ['--resume']) == 2
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and 'cannot resume' in lines[0] and 'Traceback' not in err, err
+    assert not marker.exists()

@@ -78,6 +78,23 @@ def load_inputs(labelled_path, unlabelled_path, max_memory_mb: float = 1024.0):
     return lab, unl
 
 
+def load_checkpoint(path: str) -> dict:
+    """Read a checkpoint written by this package. Only tensors and plain values are read
+    (``torch.load(weights_only=True)``): a file holding anything else, such as a pickle that would
+    run code, is refused with :class:`AdaptInputError`, as is a truncated, empty or foreign file."""
+    try:
+        ckpt = torch.load(path, map_location='cpu', weights_only=True)
+    except OSError as exc:
+        raise AdaptInputError(f'cannot resume: {os_error_text(exc)}') from None
+    except Exception as exc:   # UnpicklingError (code, foreign types), RuntimeError (not a zip), EOFError
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise AdaptInputError(f'cannot resume: {path} is not a checkpoint of this version that can be '
+                              f'read safely ({first[:160]})') from None
+    if not isinstance(ckpt, dict):
+        raise AdaptInputError(f'cannot resume: {path} does not hold a checkpoint')
+    return ckpt
+
+
 def _ckpt_save(trainer: AdaptTrainer, path: str) -> None:
     # Serialised in memory, then written atomically: torch's own file writer reports a full disk
     # as a RuntimeError from C++ ("enforce fail"), this way it is a plain OSError naming the file.
@@ -165,7 +182,7 @@ def _run(config, lab, unl, out, resume, on_step, on_eval, should_stop, log) -> A
         if resume:
             if not os.path.isfile(latest):
                 raise AdaptInputError(f'cannot resume: {latest} does not exist')
-            trainer.load_state_dict(torch.load(latest, map_location='cpu', weights_only=False))
+            trainer.load_state_dict(load_checkpoint(latest))
             log(f'resumed from {latest} at step {trainer.state.step}')
         os.makedirs(ckdir, exist_ok=True)
         last_eval: List[EvalResult] = []

@@ -33,7 +33,7 @@ from .data import FeatureSet, check_pair
 from .errors import AdaptConfigError, AdaptInputError
 from .models import AdaptedClassifier, PotentialNet, gradient_penalty
 
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2   # 2: tensors and plain values only (torch.load(weights_only=True))
 # Config fields that may differ between a checkpoint and the run that resumes it.
 RESUME_FREE = ('steps', 'device', 'threads', 'plots', 'eval_batch', 'eval_interval', 'checkpoint_interval',
                'memory_limit_mb')
@@ -276,35 +276,45 @@ class AdaptTrainer:
             'rng_numpy': self.rng.bit_generator.state, 'rng_gen': self.gen.get_state(),
             'rng_torch': torch.get_rng_state(),
             'rng_cuda': torch.cuda.get_rng_state_all() if self.device.type == 'cuda' else None,
-            'state': dataclasses.asdict(st),
+            'state': {**dataclasses.asdict(st),
+                      'mu': None if st.mu is None else torch.from_numpy(np.array(st.mu, dtype=np.float64))},
         }
 
     def load_state_dict(self, ckpt: dict) -> None:
         """Restore a :meth:`state_dict`; the data and training-relevant config must match."""
+        if not isinstance(ckpt, dict):
+            raise AdaptInputError(f'a checkpoint is a mapping, got {type(ckpt).__name__}')
         if ckpt.get('version') != CHECKPOINT_VERSION:
             raise AdaptInputError(f"checkpoint version {ckpt.get('version')} is not {CHECKPOINT_VERSION}")
         data = {'n_labelled': self.labelled.n, 'n_unlabelled': self.unlabelled.n,
                 'dim': self.labelled.dim, 'num_classes': self.num_classes}
-        if ckpt['data'] != data:
-            raise AdaptInputError(f"checkpoint was trained on other data ({ckpt['data']}), not {data}")
+        if ckpt.get('data') != data:
+            raise AdaptInputError(f"checkpoint was trained on other data ({ckpt.get('data')}), not {data}")
+        if not isinstance(ckpt.get('config'), dict):
+            raise AdaptInputError('checkpoint is incomplete or corrupt: no config')
         mine = self.user_config.to_dict()
         diff = sorted(k for k, v in ckpt['config'].items() if k not in RESUME_FREE and mine.get(k) != v)
         if diff:
             raise AdaptConfigError('cannot resume: the checkpoint was trained with different '
                                    + ', '.join(f"{k}={ckpt['config'][k]!r} (now {mine[k]!r})" for k in diff))
-        self.model.load_state_dict(ckpt['model'])
-        self.potential.load_state_dict(ckpt['potential'])
-        self.opt.load_state_dict(ckpt['opt'])
-        self.opt_w.load_state_dict(ckpt['opt_w'])
-        self.sched.load_state_dict(ckpt['sched'])
-        self.rng.bit_generator.state = ckpt['rng_numpy']
-        self.gen.set_state(ckpt['rng_gen'])
-        torch.set_rng_state(ckpt['rng_torch'])
-        if ckpt['rng_cuda'] is not None and self.device.type == 'cuda':
-            torch.cuda.set_rng_state_all(ckpt['rng_cuda'])
-        s = dict(ckpt['state'])
-        s['mu'] = np.asarray(s['mu'], dtype=np.float64)
-        self.state = TrainerState(**s)
+        try:
+            self.model.load_state_dict(ckpt['model'])
+            self.potential.load_state_dict(ckpt['potential'])
+            self.opt.load_state_dict(ckpt['opt'])
+            self.opt_w.load_state_dict(ckpt['opt_w'])
+            self.sched.load_state_dict(ckpt['sched'])
+            self.rng.bit_generator.state = ckpt['rng_numpy']
+            self.gen.set_state(ckpt['rng_gen'])
+            torch.set_rng_state(ckpt['rng_torch'])
+            if ckpt['rng_cuda'] is not None and self.device.type == 'cuda':
+                torch.cuda.set_rng_state_all(ckpt['rng_cuda'])
+            s = dict(ckpt['state'])
+            mu = s['mu']
+            s['mu'] = None if mu is None else np.asarray(mu.numpy() if torch.is_tensor(mu) else mu, dtype=np.float64)
+            self.state = TrainerState(**s)
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            raise AdaptInputError(f'checkpoint is incomplete or corrupt: {type(exc).__name__}: '
+                                  f'{str(exc).splitlines()[0][:160] if str(exc) else ""}') from None
 
     # ------------------------------------------------------------------ loop
     def train(self, until: Optional[int] = None,
