@@ -20,7 +20,7 @@ ALLOWED = {
 }
 #: modules allowed to import rclpy: the ros/ folder and the replay tool
 ROS_MODULES = {'pwan_ros.ros.odometry_node', 'pwan_ros.ros.adapt_node', 'pwan_ros.ros.classifier_node',
-               'pwan_ros.ros.params', 'pwan_ros.ros.spin', 'pwan_ros.evaluation.replay'}
+               'pwan_ros.ros.params', 'pwan_ros.ros.spin', 'pwan_ros.ros.scan_subscription', 'pwan_ros.evaluation.replay'}
 ROS_PACKAGES = {'rclpy', 'sensor_msgs', 'nav_msgs', 'geometry_msgs', 'tf2_msgs', 'diagnostic_msgs', 'std_msgs',
                 'rosgraph_msgs', 'builtin_interfaces', 'rcl_interfaces', 'tf2_ros', 'launch', 'launch_ros'}
 

@@ -110,6 +110,7 @@ def test_odometry_node_hears_first_scan_of_eager_publisher(tmp_path, publisher):
     assert 'incompatible QoS' not in log, log[-3000:]
 
 
+@pytest.mark.ros
 def test_unknown_reliability_is_refused():
     import rclpy
     from rclpy.node import Node

@@ -63,6 +63,8 @@ class FreeSpace:
         rng = np.linalg.norm(rel, axis=1)
         keys = self._keys(rel, rng)
         near = np.full(len(rng), np.inf)
+        if len(self.keys) == 0:              # the sensor saw nothing (an empty support set)
+            return rng, np.full(len(rng), np.nan)
         for dr in range(-spread, spread + 1):
             for dc in range(-spread, spread + 1):
                 k = keys + dr * _ROW + dc

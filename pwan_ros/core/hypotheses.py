@@ -13,6 +13,8 @@ import numpy as np
 from scipy.spatial import cKDTree
 
 from .config import GlobalConfig
+from .errors import PwanInputError
+from .preprocess import median_spacing
 from .votes import start_translations
 
 __all__ = ['FGR_RUNS', 'ROTATION_KEEP', 'Hypothesis', 'pose_distance', 'voxelised', 'feature_normals',
@@ -42,23 +44,46 @@ def pose_distance(a: np.ndarray, b: np.ndarray, points: np.ndarray) -> float:
 
 # --------------------------------------------------------------------------- features
 
+def _open3d():
+    """open3d, printing only its errors: its warnings (FGR's 'Not enough correspondences') go to
+    stdout, where they would break ``pwan_register --json``."""
+    import open3d as o3d
+    o3d.utility.set_verbosity_level(o3d.utility.VerbosityLevel.Error)
+    return o3d
+
+
 def _pcd(points: np.ndarray):
     """An Open3D point cloud of (n, 3) points."""
-    import open3d as o3d
+    o3d = _open3d()
     return o3d.geometry.PointCloud(o3d.utility.Vector3dVector(np.asarray(points, dtype=np.float64)))
 
 
+def check_shape(points: np.ndarray, name: str) -> None:
+    """Raise PwanInputError when ``points`` (n, 3) span no surface: all at one place or on one
+    line, where no rotation about that line can be told apart."""
+    centred = points - points.mean(axis=0)
+    sv = np.linalg.svd(centred[:: max(1, len(points) // 20000)], compute_uv=False)
+    if len(sv) < 2 or not sv[0] > 0:
+        raise PwanInputError(f'{name}: all {len(points)} points are at one place; global registration '
+                             'needs a 3-D shape')
+    if sv[1] <= 1e-6 * sv[0]:
+        raise PwanInputError(f'{name}: the points lie on a line; global registration cannot tell '
+                             'rotations about it apart')
+
+
 def _downsample(points: np.ndarray, target: int):
-    """(voxel, downsampled Open3D cloud): the voxel size leaving about ``target`` points."""
+    """(voxel, downsampled Open3D cloud): the voxel size leaving about ``target`` points, or, for
+    a cloud with fewer, half its median point spacing (every point kept)."""
     pcd = _pcd(points)
-    lo, hi = points.min(0), points.max(0)
-    voxel = float(np.linalg.norm(hi - lo)) / 100.0
+    extent = float(np.linalg.norm(points.max(0) - points.min(0)))
+    floor = max(0.5 * median_spacing(points), 1e-6 * extent)     # below it every point is kept
+    voxel = max(extent / 100.0, floor)
     for _ in range(30):
         down = pcd.voxel_down_sample(voxel)
         n = len(down.points)
-        if 0.7 * target <= n <= 1.4 * target or voxel <= 0:
+        if 0.7 * target <= n <= 1.4 * target or (n < target and voxel <= floor):
             break
-        voxel *= (n / target) ** 0.5      # surface points scale ~ 1 / voxel^2
+        voxel = max(voxel * (n / target) ** 0.5, floor)      # surface points scale ~ 1 / voxel^2
     return voxel, down
 
 
@@ -67,7 +92,7 @@ def voxelised(points: np.ndarray, voxel: float) -> np.ndarray:
 
 
 def _fpfh(down, voxel: float) -> np.ndarray:
-    import open3d as o3d
+    o3d = _open3d()
     down.estimate_normals(o3d.geometry.KDTreeSearchParamHybrid(radius=2.0 * voxel, max_nn=30))
     feat = o3d.pipelines.registration.compute_fpfh_feature(
         down, o3d.geometry.KDTreeSearchParamHybrid(radius=5.0 * voxel, max_nn=100))
@@ -76,7 +101,7 @@ def _fpfh(down, voxel: float) -> np.ndarray:
 
 def feature_normals(points: np.ndarray, voxel: float) -> np.ndarray:
     """(n, 3) unit normals of (n, 3) points at ``voxel`` resolution (as the features use)."""
-    import open3d as o3d
+    o3d = _open3d()
     pcd = _pcd(points)
     pcd.estimate_normals(o3d.geometry.KDTreeSearchParamHybrid(radius=2.0 * voxel, max_nn=30))
     return np.asarray(pcd.normals)
@@ -149,7 +174,9 @@ def feature_hypotheses(source: np.ndarray, reference: np.ndarray, cfg: GlobalCon
     feature voxel size (caller units), ``matches`` the number of mutual feature matches. wide > 0:
     a second RANSAC keeps ``wide`` distinct poses, and those not within 3 inlier distances of a
     first-pass pose follow the first pass's (origin 'ransac_wide')."""
-    import open3d as o3d
+    o3d = _open3d()
+    check_shape(source, 'source')
+    check_shape(reference, 'reference')
     t0 = time.perf_counter()
     vs, ds = _downsample(source, cfg.feature_points)
     vr, dr = _downsample(reference, cfg.feature_points)
