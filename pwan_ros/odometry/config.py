@@ -88,6 +88,9 @@ class OdometryConfig:
                                      '(within h) are rejected and the last good pose is kept', 0.0, 1.0)
     ratio_drop: float = param(0.6, 'a matched ratio below ratio_drop x the median of recent accepted scans '
                               'makes tracking untrustworthy (full PWAN runs) and is never accepted', 0.0, 1.0)
+    max_speed: float = param(10.0, 'fastest the sensor moves (m/s): while no velocity is known (start-up, after '
+                             'a rejected scan) tracking searches as far as max_speed x the time since the '
+                             'last accepted scan, coarse to fine', 0.0, 1e3)
     keyframe_distance: float = param(1.0, 'translation from the keyframe (m) that starts a new keyframe', 0.0, 1e4)
     keyframe_angle: float = param(0.2618, 'rotation from the keyframe (rad) that starts a new keyframe',
                                   0.0, math.pi)

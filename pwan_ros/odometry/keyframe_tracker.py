@@ -76,17 +76,27 @@ def match_quality(target: PreparedCloud, points: np.ndarray, transform: np.ndarr
 
 
 def track(target: PreparedCloud, source: PreparedCloud, init: np.ndarray, h: float,
-          max_iterations: int = 30, num_threads: int = 2) -> TrackResult:
+          max_iterations: int = 30, num_threads: int = 2, capture: float = 0.0) -> TrackResult:
     """Register ``source`` to ``target`` from ``init`` (4x4 T_target_source).
 
     While converging, correspondences are gated at 2h (a wider capture range from a poor
     prediction); the reported quality counts the scan points within h of the keyframe.
+    capture > 2h (m): how far the scan may be from ``init`` (no velocity known yet, a gap): the
+    gate starts there and halves after each converged pass down to 2h (coarse to fine).
     Returns the refined T_target_source and its match quality."""
     start = time.perf_counter()
-    res = small_gicp.align(target.cloud, source.cloud, target.tree, init_T_target_source=init,
-                           registration_type='GICP', max_correspondence_distance=2.0 * h,
-                           num_threads=num_threads, max_iterations=max_iterations)
-    t = project_rigid(np.asarray(res.T_target_source, dtype=np.float64))
+    gates = [2.0 * h]
+    while capture > gates[0] * 1.5:
+        gates.insert(0, gates[0] * 2.0)
+    t, iterations, converged = np.asarray(init, dtype=np.float64), 0, True
+    for gate in gates:
+        res = small_gicp.align(target.cloud, source.cloud, target.tree, init_T_target_source=t,
+                               registration_type='GICP', max_correspondence_distance=gate,
+                               num_threads=num_threads, max_iterations=max_iterations)
+        t = np.asarray(res.T_target_source, dtype=np.float64)
+        iterations += int(res.iterations)
+        converged = bool(res.converged)
+    t = project_rigid(t)
     quality = match_quality(target, source.points, t, h)
-    return TrackResult(t, quality, int(res.iterations), bool(res.converged),
+    return TrackResult(t, quality, iterations, converged,
                        (time.perf_counter() - start) * 1e3)

@@ -35,6 +35,11 @@ class ConstantVelocityModel:
         return self._pose
 
     @property
+    def stamp(self) -> Optional[float]:
+        """Stamp (s) of the last accepted pose, None before the first."""
+        return self._stamp
+
+    @property
     def predicting(self) -> bool:
         """Whether it extrapolates a velocity (two updates since the last hold)."""
         return self._dt is not None and self._dt > 0.0

@@ -209,7 +209,8 @@ class OdometryPipeline:
         best = None
         if self.config.mode in ('adaptive', 'tracking'):
             t0 = time.perf_counter()
-            tr = track(kf.cloud, scan.tracked, init, self.h, num_threads=self.num_threads)
+            tr = track(kf.cloud, scan.tracked, init, self.h, num_threads=self.num_threads,
+                       capture=self._capture_range())
             timings['track'] = (time.perf_counter() - t0) * 1e3
             best = _Outcome(tr.transform, tr.quality, tr.iterations, reason=self.trust.distrust(tr.quality, self.h))
             if self._scan_index == 1 and kf.is_reference:
@@ -232,6 +233,14 @@ class OdometryPipeline:
         elif rec.global_status == 'refused':
             reason += '; global registration refused'
         return _Outcome(best.transform, best.quality, iterations, True, reason, rec.starts)
+
+    def _capture_range(self) -> float:
+        """How far (m) the scan may lie from the prediction: 2h while a velocity is extrapolated;
+        without one (start-up, after a rejection or a hold) the distance the sensor can cover at
+        ``max_speed`` since the last accepted pose."""
+        if self.motion.predicting or self.motion.stamp is None:
+            return 0.0
+        return self.config.max_speed * max(self._last_stamp - self.motion.stamp, 0.0)
 
     def _accept(self, kf: Keyframe, scan: PreparedScan, stamp: float, outcome: _Outcome, done,
                 deviation: Optional[tuple] = None, by_motion: bool = False) -> ScanEstimate:
