@@ -49,13 +49,16 @@ class FilteredScan:
 @dataclass(frozen=True)
 class VoxelGrid:
     """Occupied voxels of a cloud. centroids: (M, 3) mean of each voxel's points (metres);
-    counts: (M,) points per voxel; keys: (M, 3) int64 voxel indices; inverse: (N,) voxel of
-    each input point."""
+    counts: (M,) points per voxel; keys: (M, 3) int64 voxel indices (>= 1); inverse: (N,) voxel
+    of each input point; flat: (M,) sorted int64 keys ``(kx * span[1] + ky) * span[2] + kz``;
+    span: (3,) int64, larger than every key by at least 2 (neighbour keys never wrap)."""
 
     centroids: np.ndarray
     counts: np.ndarray
     keys: np.ndarray
     inverse: np.ndarray
+    flat: np.ndarray
+    span: np.ndarray
 
 
 def voxel_grid(points: np.ndarray, voxel_size: float) -> VoxelGrid:
@@ -75,7 +78,7 @@ def voxel_grid(points: np.ndarray, voxel_size: float) -> VoxelGrid:
     uniq, first, inverse, counts = np.unique(flat, return_index=True, return_inverse=True,
                                              return_counts=True)
     sums = np.stack([np.bincount(inverse, points[:, i], len(counts)) for i in range(3)], axis=1)
-    return VoxelGrid(sums / counts[:, None], counts, keys[first], inverse.reshape(-1))
+    return VoxelGrid(sums / counts[:, None], counts, keys[first], inverse.reshape(-1), uniq, span)
 
 
 def isolated_voxels(grid: VoxelGrid) -> np.ndarray:
@@ -85,15 +88,12 @@ def isolated_voxels(grid: VoxelGrid) -> np.ndarray:
     drop = np.zeros(len(grid.counts), dtype=bool)
     if len(single) <= ISOLATED_VOXEL_FRACTION * len(grid.counts):
         return drop
-    span = grid.keys.max(axis=0) + 2
-    flat = np.sort((grid.keys[:, 0] * span[1] + grid.keys[:, 1]) * span[2] + grid.keys[:, 2])
-    has_neighbour = np.zeros(len(single), dtype=bool)
-    for off in _NEIGHBOURS:
-        k = grid.keys[single] + off
-        nk = (k[:, 0] * span[1] + k[:, 1]) * span[2] + k[:, 2]
-        pos = np.minimum(np.searchsorted(flat, nk), len(flat) - 1)
-        has_neighbour |= flat[pos] == nk
-    isolated = single[~has_neighbour]
+    span, flat = grid.span, grid.flat
+    # a neighbour's flat key is the voxel's plus a constant per offset (keys never wrap)
+    offsets = (_NEIGHBOURS[:, 0] * span[1] + _NEIGHBOURS[:, 1]) * span[2] + _NEIGHBOURS[:, 2]
+    nk = flat[single][:, None] + offsets[None, :]
+    pos = np.minimum(np.searchsorted(flat, nk), len(flat) - 1)
+    isolated = single[~(flat[pos] == nk).any(axis=1)]
     if (len(isolated) > ISOLATED_VOXEL_FRACTION * len(grid.counts)
             and grid.counts.sum() - len(isolated) >= DENSE_MASS_FRACTION * grid.counts.sum()):
         drop[isolated] = True
