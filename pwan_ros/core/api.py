@@ -27,6 +27,7 @@ from .finetune_stage import finetune_data, finetune_stage
 from .global_search import register_global
 from .multistart import OverlapScorer, distinct_poses, overlap_score, partial_objective, run_multistart, start_rotations
 from .nearest import search_device
+from .polish import gicp_polish
 from .preprocess import far_outliers, homogeneous, make_normaliser, median_spacing, random_subset, voxel_downsample
 from .problem import Problem, prepare, threshold
 from .reference import PreparedReference, ReferenceCache
@@ -38,8 +39,9 @@ __all__ = ['register', 'refine', 'ReferenceCache']
 def _finish(prob: Problem, config: RegistrationConfig, kind: str, a: np.ndarray, t: np.ndarray,
             v_fn, h_caller: Optional[float], t0: float, timings: Dict[str, float], iterations: int,
             updates: int, ft_iters: int, converged: bool, h_pot: Optional[float], state, device: str,
-            start_index: int = 0, fit_tree: Optional[cKDTree] = None) -> RegistrationResult:
-    """Assemble the result: caller-frame transform, transformed points, match weights."""
+            start_index: int = 0, fit_tree: Optional[cKDTree] = None, polish: bool = False) -> RegistrationResult:
+    """Assemble the result: caller-frame transform, transformed points, match weights.
+    polish: a rigid 3-D result gets the plane-aware polish (:mod:`polish`, ``finetune.polish``)."""
     norm = prob.norm
     m_lin, b = norm.to_caller(a, t)
     total = homogeneous(m_lin, b) @ prob.init
@@ -52,6 +54,16 @@ def _finish(prob: Problem, config: RegistrationConfig, kind: str, a: np.ndarray,
         disp = vn * norm.scale
     z = norm.denormalise_reference(zn)
     tree = cKDTree(prob.ref_fit) if fit_tree is None else fit_tree
+    if polish and kind == 'rigid' and prob.dim == 3 and config.finetune.polish:
+        tp = time.perf_counter()
+        spacing = median_spacing(random_subset(prob.ref_fit, 20000, np.random.default_rng(config.seed)))
+        gate = 2.0 * (h_caller if h_caller else 2.0 * spacing)
+        pr = gicp_polish(prob.src_init, prob.ref_fit, homogeneous(m_lin, b), gate, reference_tree=tree,
+                         seed=config.seed)
+        if pr.kept:
+            total = pr.transform @ prob.init
+            z = prob.src_init @ pr.transform[:3, :3].T + pr.transform[:3, 3]
+        timings['polish'] = time.perf_counter() - tp
     dist, _ = tree.query(z, k=1, workers=query_workers(z.shape[0]))
     n_s = z.shape[0]
     if config.divergence == 'mass':
@@ -317,5 +329,5 @@ def _register_candidates(source, reference, config: RegistrationConfig, init, po
     for score, (a, t, v_fn, converged, h_final, state, idx) in cands:
         out.append((score, _finish(prob, config, kind, a, t, v_fn, h_caller, t0, dict(timings), tot['steps'],
                                    tot['updates'], tot['ft'], converged, h_final * norm.scale, state, str(device),
-                                   start_index=idx, fit_tree=prep.fit_tree())))
+                                   start_index=idx, fit_tree=prep.fit_tree(), polish=True)))
     return out

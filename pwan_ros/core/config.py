@@ -160,6 +160,9 @@ class FineTuneConfig:
     normal_neighbors: int = param(10, 'neighbours of the PCA normals (point_to_plane)', 3)
     overlap_refine: bool = param(True, 'rigid mass type: then the distance-type fine-tune at 2 x the median dense '
                                  'reference spacing, so the matched mass follows the actual overlap')
+    polish: bool = param(True, 'rigid 3-D register: then a plane-aware polish (small_gicp GICP on the pairs '
+                         'within 2 x the matching distance), kept when it matches at least as much of the '
+                         'source (the fine-tune slides slowly along streets and corridors)')
     nn: str = param('auto', 'nearest-neighbour search of the fine-tune: kdtree (scipy, host CPU), torch (chunked '
                     'brute force on the registration\'s device) or auto (torch on CUDA, kdtree on CPU)',
                     choices=NN_MODES)
@@ -167,6 +170,7 @@ class FineTuneConfig:
     def __post_init__(self):
         _check(isinstance(self.enabled, bool), 'finetune.enabled must be a bool')
         _check(isinstance(self.overlap_refine, bool), 'finetune.overlap_refine must be a bool')
+        _check(isinstance(self.polish, bool), 'finetune.polish must be a bool')
         _check(self.nn in NN_MODES, f'finetune.nn must be one of {NN_MODES}, got {self.nn!r}')
         _check(self.metric in ('point_to_plane', 'point_to_point'),
                f"finetune.metric must be 'point_to_plane' or 'point_to_point', got {self.metric!r}")
