@@ -5,14 +5,14 @@ stamp: the start-up race of the subscription, without the cost of registering sc
   python scan_listener.py --reliability auto
 """
 import argparse
+import sys
 
-import rclpy
 from nav_msgs.msg import Odometry
-from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 from sensor_msgs.msg import PointCloud2
 
 from pwan_ros.ros.scan_subscription import ScanSubscription
+from pwan_ros.ros.spin import spin_node
 
 
 class Listener(Node):
@@ -32,16 +32,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('--reliability', default='auto')
     args = ap.parse_args()
-    rclpy.init()
-    node = Listener(args.reliability)
-    try:
-        rclpy.spin(node)
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        node.destroy_node()
-        rclpy.try_shutdown()
+    return spin_node('scan_listener', lambda: Listener(args.reliability), (), args=[])
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(main())
