@@ -308,9 +308,9 @@ def test_global_refuses_points_without_a_shape():
     """All points at one place, or on a line: a clean input error (before: Open3D's 'voxel_size
     <= 0' / 'too small' RuntimeError)."""
     line = np.stack([np.linspace(0, 5, 400), np.zeros(400), np.zeros(400)], 1)
-    with pytest.raises(PwanInputError, match='line'):
+    with pytest.raises(PwanInputError, match='collinear'):
         register(line, line + 0.1, RegistrationConfig(), init='global')
-    with pytest.raises(PwanInputError, match='one place'):
+    with pytest.raises(PwanInputError, match='coincident'):
         register(np.ones((300, 3)), _boxes(300, 0), RegistrationConfig(), init='global')
 
 

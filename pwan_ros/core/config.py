@@ -160,9 +160,10 @@ class FineTuneConfig:
     normal_neighbors: int = param(10, 'neighbours of the PCA normals (point_to_plane)', 3)
     overlap_refine: bool = param(True, 'rigid mass type: then the distance-type fine-tune at 2 x the median dense '
                                  'reference spacing, so the matched mass follows the actual overlap')
-    polish: bool = param(True, 'rigid 3-D register: then a plane-aware polish (small_gicp GICP on the pairs '
-                         'within 2 x the matching distance), kept when it matches at least as much of the '
-                         'source (the fine-tune slides slowly along streets and corridors)')
+    polish: bool = param(True, 'rigid 3-D register: then a plane-aware polish (small_gicp GICP, its gate '
+                         'halving from 2 % of the reference extent to 2 x the matching distance), kept when it '
+                         'puts 0.5 % more of the source within the matching distance (the fine-tune slides '
+                         'slowly along streets and corridors)')
     nn: str = param('auto', 'nearest-neighbour search of the fine-tune: kdtree (scipy, host CPU), torch (chunked '
                     'brute force on the registration\'s device) or auto (torch on CUDA, kdtree on CPU)',
                     choices=NN_MODES)

@@ -161,7 +161,7 @@ def register_global(source, reference, config, reference_cache=None, refine=None
     candidates that contradict the free space the sensors saw are rejected (:mod:`free_space`)."""
     import dataclasses
     from .errors import PwanInputError
-    from .preprocess import median_spacing
+    from .preprocess import check_rank, median_spacing
     t0 = time.perf_counter()
     cfg = config.global_search
     src = np.asarray(source, dtype=np.float64)
@@ -171,6 +171,8 @@ def register_global(source, reference, config, reference_cache=None, refine=None
     src_f, ref_f = src[np.isfinite(src).all(1)], ref[np.isfinite(ref).all(1)]
     if len(src_f) < 10 or len(ref_f) < 10:
         raise PwanInputError("init='global' needs at least 10 finite points per set")
+    check_rank(src_f, 'rigid', 'source')         # points at one place or on a line: no pose
+    check_rank(ref_f, 'rigid', 'reference')
     wide = 0 if viewpoints is None else WIDE_FACTOR * cfg.candidates
     hyps, voxel, n_matches, timings = feature_hypotheses(src_f, ref_f, cfg, config.seed, wide)
     # refined on the subsets; scored on both sets voxel-downsampled at the feature voxel with

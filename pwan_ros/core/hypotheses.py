@@ -13,7 +13,6 @@ import numpy as np
 from scipy.spatial import cKDTree
 
 from .config import GlobalConfig
-from .errors import PwanInputError
 from .preprocess import median_spacing
 from .votes import start_translations
 
@@ -56,19 +55,6 @@ def _pcd(points: np.ndarray):
     """An Open3D point cloud of (n, 3) points."""
     o3d = _open3d()
     return o3d.geometry.PointCloud(o3d.utility.Vector3dVector(np.asarray(points, dtype=np.float64)))
-
-
-def check_shape(points: np.ndarray, name: str) -> None:
-    """Raise PwanInputError when ``points`` (n, 3) span no surface: all at one place or on one
-    line, where no rotation about that line can be told apart."""
-    centred = points - points.mean(axis=0)
-    sv = np.linalg.svd(centred[:: max(1, len(points) // 20000)], compute_uv=False)
-    if len(sv) < 2 or not sv[0] > 0:
-        raise PwanInputError(f'{name}: all {len(points)} points are at one place; global registration '
-                             'needs a 3-D shape')
-    if sv[1] <= 1e-6 * sv[0]:
-        raise PwanInputError(f'{name}: the points lie on a line; global registration cannot tell '
-                             'rotations about it apart')
 
 
 def _downsample(points: np.ndarray, target: int):
@@ -175,8 +161,6 @@ def feature_hypotheses(source: np.ndarray, reference: np.ndarray, cfg: GlobalCon
     a second RANSAC keeps ``wide`` distinct poses, and those not within 3 inlier distances of a
     first-pass pose follow the first pass's (origin 'ransac_wide')."""
     o3d = _open3d()
-    check_shape(source, 'source')
-    check_shape(reference, 'reference')
     t0 = time.perf_counter()
     vs, ds = _downsample(source, cfg.feature_points)
     vr, dr = _downsample(reference, cfg.feature_points)
