@@ -1,7 +1,8 @@
 """``pwan_register SRC REF``: register two point files with PWAN and print the transform.
 
-Exit status 0 on success, 2 on bad input (message on stderr, no traceback), 3 when ``--global``
-refuses (no trustworthy pose: the reason on stderr), 1 on unexpected errors.
+Exit status 0 on success, 2 on bad input (message on stderr, no traceback), 3 when the result is
+refused (the self-check, or ``--global``'s own tests, cannot vouch for the pose: the reason on
+stderr; the best guess is still printed and written), 1 on unexpected errors.
 """
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument('--quiet', '-q', action='store_true', help='no progress on stderr')
     p.add_argument('--global', dest='global_init', action='store_true',
                    help="unknown initial pose (3-D rigid): init='global', feature hypotheses chosen and refined by "
-                        'the partial objective (RegistrationConfig.global_search); exit status 3 when it refuses')
+                        'the partial objective (RegistrationConfig.global_search)')
     p.add_argument('--viewpoints', choices=['origin'],
                    help="with --global: 'origin' = each file is in its sensor's frame (a ROS scan, an RGB-D "
                         'fragment); poses that put one cloud where the other sensor saw free space are rejected')
@@ -160,9 +161,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         'converged': bool(res.converged),
         'output': args.output if args.output else None,
     }
+    summary.update(status=res.status, reason=res.reason,
+                   check=res.check.as_dict() if res.check is not None else None)
     if args.global_init:
-        summary.update(status=res.status, reason=res.reason, overlap=round(float(res.overlap), 6),
-                       confidence=round(float(res.confidence), 6))
+        summary.update(overlap=round(float(res.overlap), 6), confidence=round(float(res.confidence), 6))
     if args.json:
         print(json.dumps(summary))
     else:
@@ -174,8 +176,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.output:
             print(f'wrote {args.output}')
         if args.global_init:
-            print(f"global: {res.status}, overlap {100 * res.overlap:.1f} %, confidence {res.confidence:.2f}")
-    if args.global_init and res.status != 'ok':
+            print(f"global: overlap {100 * res.overlap:.1f} %, confidence {res.confidence:.2f}")
+        print(f'status: {res.status}' + (f' ({res.reason})' if res.reason else ''))
+    if res.status != 'ok':
         print(f'{prog}: refused: {res.reason}', file=sys.stderr)
         return 3
     return 0

@@ -32,6 +32,7 @@ from .preprocess import far_outliers, homogeneous, make_normaliser, median_spaci
 from .problem import Problem, prepare, threshold
 from .reference import PreparedReference, ReferenceCache
 from .result import RegistrationResult
+from .verify import check_pose
 
 __all__ = ['register', 'refine', 'ReferenceCache']
 
@@ -40,7 +41,8 @@ def _finish(prob: Problem, config: RegistrationConfig, kind: str, a: np.ndarray,
             v_fn, h_caller: Optional[float], t0: float, timings: Dict[str, float], iterations: int,
             updates: int, ft_iters: int, converged: bool, h_pot: Optional[float], state, device: str,
             start_index: int = 0, fit_tree: Optional[cKDTree] = None, polish: bool = False) -> RegistrationResult:
-    """Assemble the result: caller-frame transform, transformed points, match weights.
+    """Assemble the result: caller-frame transform, transformed points, match weights, the
+    self-check (:mod:`verify`, ``config.self_check``).
     polish: a rigid 3-D result gets the plane-aware polish (:mod:`polish`, ``finetune.polish``)."""
     norm = prob.norm
     m_lin, b = norm.to_caller(a, t)
@@ -64,14 +66,26 @@ def _finish(prob: Problem, config: RegistrationConfig, kind: str, a: np.ndarray,
             total = pr.transform @ prob.init
             z = prob.src_init @ pr.transform[:3, :3].T + pr.transform[:3, 3]
         timings['polish'] = time.perf_counter() - tp
-    dist, _ = tree.query(z, k=1, workers=query_workers(z.shape[0]))
     n_s = z.shape[0]
-    if config.divergence == 'mass':
-        frac = min(1.0, prob.mass / n_s)
-        sel = select_pairs(dist, 'mass', int(round(frac * n_s)), 0.0)
-    else:
-        sel = select_pairs(dist, 'distance', 0, h_caller)
-    weights = sel.astype(np.float64)
+
+    def match_weights(points):
+        dist, _ = tree.query(points, k=1, workers=query_workers(n_s))
+        if config.divergence == 'mass':
+            return select_pairs(dist, 'mass', int(round(min(1.0, prob.mass / n_s) * n_s)), 0.0).astype(np.float64)
+        return select_pairs(dist, 'distance', 0, h_caller).astype(np.float64)
+    weights = match_weights(z)
+    verdict = None
+    if config.self_check:
+        tc = time.perf_counter()
+        verdict = check_pose(z, prob.ref_fit, seed=config.seed)
+        if polish and verdict.rival_better and kind == 'rigid':
+            # a clearly better pose next to the result (GICP from a start around it): take it, and
+            # judge it in turn
+            total = verdict.rival_transform @ total
+            z = z @ verdict.rival_transform[:3, :3].T + verdict.rival_transform[:3, 3]
+            weights = match_weights(z)
+            verdict = check_pose(z, prob.ref_fit, verdict.voxel, seed=config.seed)
+        timings['check'] = time.perf_counter() - tc
     return RegistrationResult(
         transform=total, transformed_source=z, match_weights=weights, source_valid=prob.src.valid,
         matched_ratio=float(weights.mean()), converged=bool(converged), iterations=int(iterations),
@@ -79,7 +93,8 @@ def _finish(prob: Problem, config: RegistrationConfig, kind: str, a: np.ndarray,
         timings=timings, num_source=int(n_s), num_reference=int(prob.ref.points.shape[0]),
         num_dropped_source=prob.src.dropped, num_dropped_reference=prob.ref.dropped,
         mass=prob.mass, distance_threshold=h_caller, h=h_pot, displacement=disp, potential_state=state,
-        device=device, start_index=start_index)
+        device=device, start_index=start_index, check=verdict,
+        status=verdict.status if verdict is not None else 'ok', reason=verdict.reason if verdict is not None else '')
 
 
 
@@ -201,8 +216,8 @@ def register(source, reference, config: Optional[RegistrationConfig] = None, ini
     # non-rigid ones (pinned above). With several starts the ``prealign_keep`` best rigid finalists are
     # deformed and compared after the non-rigid stage: a rigid fit of a deformed shape can rank
     # a wrong, symmetric pose first.
-    cands = _register_candidates(source, reference, config.replace(transform='rigid', prealign=False), init,
-                                 None, should_stop, cache)
+    rigid = config.replace(transform='rigid', prealign=False, self_check=False)
+    cands = _register_candidates(source, reference, rigid, init, None, should_stop, cache)
     ref_clean = np.asarray(reference, dtype=np.float64)
     ref_clean = ref_clean[np.isfinite(ref_clean).all(axis=1)]   # validated by the rigid stage
     ref_clean = ref_clean[~far_outliers(ref_clean)]
@@ -326,8 +341,10 @@ def _register_candidates(source, reference, config: RegistrationConfig, init, po
             a, t, v_fn, ft_conv = finetune(a, t, v_fn)
         cands = [(0.0, (a, t, v_fn, conv and ft_conv, h_final, state, 0))]
     out = []
-    for score, (a, t, v_fn, converged, h_final, state, idx) in cands:
-        out.append((score, _finish(prob, config, kind, a, t, v_fn, h_caller, t0, dict(timings), tot['steps'],
+    for rank, (score, (a, t, v_fn, converged, h_final, state, idx)) in enumerate(cands):
+        # only the winner is judged (the runners-up are the non-rigid prealignment's finalists)
+        cfg = config if rank == 0 else config.replace(self_check=False)
+        out.append((score, _finish(prob, cfg, kind, a, t, v_fn, h_caller, t0, dict(timings), tot['steps'],
                                    tot['updates'], tot['ft'], converged, h_final * norm.scale, state, str(device),
                                    start_index=idx, fit_tree=prep.fit_tree(), polish=True)))
     return out

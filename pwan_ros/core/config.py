@@ -272,6 +272,9 @@ class RegistrationConfig:
     seed: int = param(0, 'random seed (sampling, network initialisation)', 0)
     threads: int = param(0, 'CPU threads for torch (0 = automatic)', 0)
     verbose: bool = param(False, 'progress lines on stderr')
+    self_check: bool = param(True, 'judge every result from what it shows (overlap beyond chance, at an optimum, '
+                             'constrained in every direction; core/verify.py): a pose it cannot vouch for gets '
+                             "status 'refused' (pwan_register exit 3)")
     potential: PotentialConfig = field(default_factory=PotentialConfig)
     coherence: CoherenceConfig = field(default_factory=CoherenceConfig)
     finetune: FineTuneConfig = field(default_factory=FineTuneConfig)
@@ -312,6 +315,7 @@ class RegistrationConfig:
         _int('prealign_keep', self.prealign_keep, 1)
         _int('start_finetune_points', self.start_finetune_points, 0)
         _check(isinstance(self.prealign, bool), 'prealign must be a bool')
+        _check(isinstance(self.self_check, bool), 'self_check must be a bool')
         _check(isinstance(self.device, str), 'device must be a string')
         _int('seed', self.seed, 0)
         _int('threads', self.threads, 0)

@@ -203,7 +203,7 @@ def register_global(source, reference, config, reference_cache=None, refine=None
     sub_s = src_f[rng.choice(len(src_f), min(cap, len(src_f)), replace=False)]
     sub_r = ref_f[rng.choice(len(ref_f), min(4 * cap, len(ref_f)), replace=False)]
     dist_cfg = config.replace(divergence='distance', transform='rigid')
-    small = dist_cfg.replace(finetune=dataclasses.replace(dist_cfg.finetune, max_points=cap,
+    small = dist_cfg.replace(self_check=False, finetune=dataclasses.replace(dist_cfg.finetune, max_points=cap,
                                                           max_iterations=config.start_finetune_iterations))
     h = config.distance_threshold or 2.0 * median_spacing(ref_f[rng.choice(len(ref_f), min(20000, len(ref_f)),
                                                                            replace=False)])
@@ -235,8 +235,11 @@ def register_global(source, reference, config, reference_cache=None, refine=None
                            reference_cache=reference_cache)
     timings.update(choose=t2 - t1, finetune=time.perf_counter() - t2)
     overlap = final.matched_ratio if config.divergence == 'distance' else out.overlap
-    return dataclasses.replace(final, time_s=time.perf_counter() - t0, timings=timings, status=out.status,
-                               reason=out.reason, overlap=overlap, confidence=out.confidence,
+    status, reason = out.status, out.reason
+    if status == 'ok' and final.status != 'ok':      # the self-check of the dense refinement
+        status, reason = final.status, final.reason
+    return dataclasses.replace(final, time_s=time.perf_counter() - t0, timings=timings, status=status,
+                               reason=reason, overlap=overlap, confidence=out.confidence,
                                candidates=[{'origin': o, 'support': sup, 'objective': obj, 'free_space': fs}
                                            for o, sup, obj, fs in out.candidates],
                                distance_threshold=final.distance_threshold)

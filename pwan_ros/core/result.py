@@ -27,10 +27,13 @@ class RegistrationResult:
     else None); h: final potential clip level (caller units, None for refine). displacement:
     (n, d) non-rigid offsets in caller units (None otherwise). potential_state: network weights
     for a warm start (pass back as ``potential_state=``). device: torch device used.
-    init='global' only: status 'ok' | 'refused' (no overlap found, or two different poses explain
-    the data almost equally; ``transform`` is then the best guess, not to be trusted) and the
-    reason; overlap: fraction of the source within h of the reference; confidence: margin over
-    the best distinct runner-up in [0, 1]; candidates: [{origin, support, objective}] scored.
+    status: 'ok' | 'refused' (``transform`` is then a best guess, not to be trusted) and the
+    reason: the self-check of every result (:mod:`verify`, ``config.self_check``) and, with
+    init='global', the global search's own tests (no overlap found, two different poses explain
+    the data almost equally). check: the self-check's measurements (:class:`verify.PoseCheck`, None
+    when off). init='global' only: overlap: fraction of the source within h of the reference;
+    confidence: margin over the best distinct runner-up in [0, 1]; candidates: [{origin, support,
+    objective}] scored.
     """
 
     transform: np.ndarray
@@ -60,3 +63,4 @@ class RegistrationResult:
     overlap: Optional[float] = None
     confidence: Optional[float] = None
     candidates: list = field(default_factory=list, repr=False)
+    check: Optional[object] = field(default=None, repr=False)

@@ -224,6 +224,10 @@ class OdometryPipeline:
                       deadline, self.num_threads, use_global=self.config.recovery_global and np.isfinite(good))
         timings['pwan'], timings['polish'] = rec.pwan_ms, rec.polish_ms
         iterations = rec.iterations + (best.iterations if best else 0)
+        if rec.check is not None and rec.check.status != 'ok':
+            # the recovery cannot vouch for its pose: nothing of this scan is accepted
+            reason += f'; recovery refused by its self-check: {rec.check.reason}'
+            return _Outcome(rec.transform, _NOTHING, iterations, True, reason, rec.starts)
         if best is None or rec.quality.matched_ratio >= best.quality.matched_ratio:
             best = _Outcome(rec.transform, rec.quality)
             if rec.origin == 'global':

@@ -18,6 +18,7 @@ from scipy.spatial.transform import Rotation
 
 from pwan_ros.core import RegistrationConfig, RegistrationResult, register
 from pwan_ros.core.reference import ReferenceCache
+from pwan_ros.core.verify import PoseCheck, check_pose
 from pwan_ros.geometry.se3 import make_transform
 from pwan_ros.odometry.config import OdometryConfig
 from pwan_ros.odometry.keyframe_tracker import MatchQuality, PreparedCloud, track
@@ -29,7 +30,8 @@ def core_config(cfg: OdometryConfig, h: Optional[float] = None) -> RegistrationC
     return RegistrationConfig(
         transform=cfg.transform, divergence=cfg.divergence, mass_ratio=cfg.mass_ratio,
         distance_threshold=h, max_points=cfg.pwan_max_points, steps=cfg.pwan_steps,
-        potential_updates=cfg.potential_updates, device=cfg.device, seed=cfg.seed, compile=cfg.compile)
+        potential_updates=cfg.potential_updates, device=cfg.device, seed=cfg.seed, compile=cfg.compile,
+        self_check=False)   # the pipeline judges the tracked result of a recovery itself (recover())
 
 
 class PwanAligner:
@@ -89,7 +91,8 @@ class Recovery:
     its match quality; iterations: PWAN + tracker iterations of all starts; starts: starts run;
     pwan_ms / polish_ms: time spent in each; origin: 'prediction', 'yaw N deg' or 'global' (the
     start the result came from); global_status: the global registration's status ('' if it did
-    not run)."""
+    not run); check: the core's self-check of the result (:func:`pwan_ros.core.verify.check_pose`,
+    scan against keyframe): a recovery it refuses must not be accepted."""
 
     transform: np.ndarray
     quality: MatchQuality
@@ -99,6 +102,7 @@ class Recovery:
     polish_ms: float
     origin: str = 'prediction'
     global_status: str = ''
+    check: Optional[PoseCheck] = None
 
 
 def recover(aligner: PwanAligner, keyframe: PreparedCloud, scan: PreparedCloud, init: np.ndarray, h: float,
@@ -140,4 +144,9 @@ def recover(aligner: PwanAligner, keyframe: PreparedCloud, scan: PreparedCloud, 
             iterations += tr.iterations
             if tr.quality.matched_ratio > best.quality.matched_ratio:
                 best, origin = tr, 'global'
-    return Recovery(best.transform, best.quality, iterations, starts, pwan_ms, polish_ms, origin, global_status)
+    t1 = time.perf_counter()
+    moved = scan.points @ best.transform[:3, :3].T + best.transform[:3, 3]
+    check = check_pose(moved, keyframe.points)
+    polish_ms += (time.perf_counter() - t1) * 1e3
+    return Recovery(best.transform, best.quality, iterations, starts, pwan_ms, polish_ms, origin, global_status,
+                    check)

@@ -1,0 +1,241 @@
+"""The self-check every registration result gets: can the result itself vouch for its pose?
+
+A pose is judged from what it shows, with no ground truth and no knowledge of the data set. Both
+clouds are first voxelised at one *judging voxel* (the size at which about ``JUDGE_POINTS``
+voxels hold two or more reference points, :func:`judging_voxel`): a sensor's own sampling pattern (lidar rings that coincide at
+"no motion", dense returns near the sensor) then weighs no more than any other surface. The gate
+is g = 1.5 judging voxels.
+
+* **Overlap beyond chance.** ``overlap`` is the fraction of the (voxelised) source within g of the
+  reference's surfaces (its voxels holding two or more points: a stray return or a uniform outlier
+  rarely shares a voxel). Spurious returns (uniform outliers, clutter) put reference points near a source point
+  by chance; ``chance`` is that rate, measured at random places in the box the moved source
+  occupies. ``excess = (overlap - chance) / (1 - chance)`` is the overlap the pose explains, which
+  outliers cannot inflate. Below ``MIN_EXCESS_OVERLAP``: refused.
+* **No rival pose** (3-D). GICP (plane-aware, small_gicp), coarse to fine down to g, from starts
+  around the result: moved ``RIVAL_REACH`` gates along each axis and turned ``RIVAL_TURN_DEG``
+  about each axis. A pose the data pins down is where those starts return to. Refused, with the
+  rival's shift and overlap, when a start ends where more than ``RIVAL_MARGIN`` more of the source
+  lies on the reference (the result is not the fit its data shows: a slide, "no motion" kept by
+  a sampling pattern, an early stop), or at a *distinct* pose (points moved by more than
+  ``RIVAL_DISTINCT`` gates RMS) with at least the result's overlap minus ``RIVAL_MARGIN`` (not the
+  only fit: a plane, a corridor, a featureless road, a symmetric object).
+
+``status`` is 'refused' with the reason when a test fails. The thresholds are fractions of the
+source and multiples of the judging voxel, never lengths of any scene; ``bench/bench_verify.py``
+validates them on every real data set.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+from scipy.spatial import cKDTree
+from scipy.spatial.transform import Rotation
+
+from .preprocess import random_subset, voxel_downsample
+
+__all__ = ['PoseCheck', 'check_pose', 'judging_voxel', 'MIN_EXCESS_OVERLAP', 'RIVAL_MARGIN']
+
+#: refuse when less than this fraction of the source lies on the reference beyond chance
+MIN_EXCESS_OVERLAP = 0.05
+#: the rival search: GICP starts this many gates away and turned this much about each axis
+RIVAL_REACH = 8.0
+RIVAL_TURN_DEG = 15.0
+#: refuse when a distinct rival pose puts at least the result's overlap minus this on the reference
+RIVAL_MARGIN = 0.05
+#: a rival is distinct when it moves the source points by more than this many gates (RMS)
+RIVAL_DISTINCT = 2.0
+#: source points used by the check (a random subset of the voxelised moved source)
+CHECK_POINTS = 4000
+#: the judging voxel leaves at most this many voxels with two or more reference points (:func:`judging_voxel`)
+JUDGE_POINTS = 10000
+
+
+@dataclass(frozen=True)
+class PoseCheck:
+    """Outcome of :func:`check_pose`, lengths in caller units. status: 'ok' | 'refused'; reason:
+    why refused ('' if ok). overlap: fraction of the voxelised source within ``gate`` of the
+    voxelised reference; chance: the fraction a point off every surface gets by chance
+    (outliers, clutter); excess: (overlap - chance) / (1 - chance). rival_overlap / rival_shift:
+    overlap of the best distinct pose GICP reaches from starts around the result, and how far
+    (RMS) it moves the source points (nan: every start returned to the result). rival_transform:
+    (4, 4) that moves the result's source points onto the rival pose (None without one).
+    voxel: the judging voxel; gate: 1.5 voxels."""
+
+    status: str
+    reason: str
+    overlap: float
+    chance: float
+    excess: float
+    rival_overlap: float
+    rival_shift: float
+    voxel: float
+    gate: float
+    rival_transform: Optional[np.ndarray] = None
+
+    @property
+    def rival_better(self) -> bool:
+        """A distinct pose fits clearly better (by more than ``RIVAL_MARGIN``)."""
+        return self.rival_transform is not None and self.rival_overlap > self.overlap + RIVAL_MARGIN
+
+    def as_dict(self) -> dict:
+        """The measurements as JSON-ready values (no transform)."""
+        out = {}
+        for k, v in self.__dict__.items():
+            if k == 'rival_transform':
+                continue
+            out[k] = (None if not np.isfinite(v) else round(float(v), 6)) if isinstance(v, float) else v
+        return out
+
+
+def _shared_voxels(points: np.ndarray, voxel: float) -> int:
+    """Occupied voxels of edge ``voxel`` that hold at least two of ``points`` (n, d)."""
+    keys = np.floor((points - points.min(axis=0)) / voxel).astype(np.int64)
+    span = keys.max(axis=0) + 1
+    flat = keys[:, 0]
+    for k in range(1, keys.shape[1]):
+        flat = flat * span[k] + keys[:, k]
+    _, counts = np.unique(flat, return_counts=True)
+    return int((counts >= 2).sum())
+
+
+def _surface(points: np.ndarray, voxel: float) -> np.ndarray:
+    """Centroids (k, d) of the voxels of edge ``voxel`` holding two or more of ``points`` (n, d):
+    the surfaces, without the returns that share a voxel with nothing (uniform outliers, stray
+    returns). All occupied voxels' centroids when fewer than 10 voxels are shared."""
+    keys = np.floor((points - points.min(axis=0)) / voxel).astype(np.int64)
+    span = keys.max(axis=0) + 1
+    flat = keys[:, 0]
+    for k in range(1, keys.shape[1]):
+        flat = flat * span[k] + keys[:, k]
+    _, inverse, counts = np.unique(flat, return_inverse=True, return_counts=True)
+    inverse = inverse.reshape(-1)
+    sums = np.stack([np.bincount(inverse, points[:, i], len(counts)) for i in range(points.shape[1])], axis=1)
+    centroids = sums / counts[:, None]
+    shared = counts >= 2
+    return centroids[shared] if shared.sum() >= 10 else centroids
+
+
+def judging_voxel(reference: np.ndarray, target: int = JUDGE_POINTS) -> float:
+    """The judging voxel (caller units) of ``reference`` (m, d): the smallest voxel at which the
+    number of voxels holding two or more points is falling and at most ``target`` (half the
+    spacing when none is, below a tenth of the extent).
+
+    Surfaces fill voxels many points to one; uniform outliers rarely share a voxel while it is
+    small, so they do not count. The count rises with the voxel while the surfaces' points start
+    sharing voxels and falls as voxels merge (~ voxel^-(d-1)); outliers only add a second rise at
+    coarse voxels. The voxel grows from the spacing in steps of 1.5x and stops on the surfaces'
+    falling branch, so outliers cannot coarsen the judgement."""
+    pts = np.asarray(reference, dtype=np.float64)
+    extent = float(np.linalg.norm(np.ptp(pts, axis=0)))
+    nn = np.sort(cKDTree(pts).query(random_subset(pts, 4 * target, np.random.default_rng(0)), k=2)[0][:, 1])
+    floor = max(0.5 * float(nn[len(nn) // 4]), 1e-6 * extent, 1e-12)   # a quartile: outliers cannot raise it
+    voxel, prev = floor, 0
+    while voxel < 0.1 * extent:
+        voxel *= 1.5
+        n = _shared_voxels(pts, voxel)
+        if n < prev and n <= target:
+            return voxel
+        prev = n
+    return floor
+
+
+def check_pose(moved: np.ndarray, reference: np.ndarray, voxel: Optional[float] = None, seed: int = 0,
+               max_points: int = CHECK_POINTS, rivals: bool = True) -> PoseCheck:
+    """Check a registration result: ``moved`` (n, d) the source points mapped into the reference
+    frame, ``reference`` (m, d), caller units. voxel: the judging voxel (None:
+    :func:`judging_voxel` of the reference). rivals: run the rival search (3-D only). See the
+    module docstring."""
+    moved = np.asarray(moved, dtype=np.float64)
+    reference = np.asarray(reference, dtype=np.float64)
+    dim = moved.shape[1]
+    rng = np.random.default_rng(seed)
+    voxel = judging_voxel(reference) if voxel is None else float(voxel)
+    reference_tree = cKDTree(_surface(reference, voxel))
+    # source points beyond the reference's box by more than its size (far glitches) cannot overlap
+    lo, hi = reference.min(axis=0), reference.max(axis=0)
+    reach = hi - lo
+    near = np.isfinite(moved).all(axis=1) & (moved >= lo - reach).all(axis=1) & (moved <= hi + reach).all(axis=1)
+    total = max(len(moved), 1)
+    moved = voxel_downsample(moved[near], voxel)
+    if len(moved) > max_points:
+        moved = moved[rng.choice(len(moved), max_points, replace=False)]
+    g = 1.5 * voxel
+    if len(moved) == 0:
+        return PoseCheck('refused', 'no source point lies near the reference', 0.0, 0.0, 0.0, float('nan'),
+                         float('nan'), voxel, g)
+    d0, _ = reference_tree.query(moved, k=1, distance_upper_bound=g)
+    kept = near.sum() / total          # overlaps count the far glitches as unmatched
+    overlap = float(np.isfinite(d0).mean()) * kept
+    probes = rng.uniform(moved.min(axis=0), moved.max(axis=0), size=moved.shape)
+    dp, _ = reference_tree.query(probes, k=1, distance_upper_bound=g)
+    chance = float(np.isfinite(dp).mean())
+    excess = (overlap - chance) / (1.0 - chance) if chance < 1.0 else 0.0
+    nan = float('nan')
+    if excess < MIN_EXCESS_OVERLAP:
+        return PoseCheck('refused', f'only {overlap:.0%} of the source lies within {g:.3g} of the reference '
+                         f'({chance:.0%} would by chance)', overlap, chance, excess, nan, nan, voxel, g)
+    if dim != 3 or not rivals or len(moved) < 10:
+        return PoseCheck('ok', '', overlap, chance, excess, nan, nan, voxel, g)
+    better, rival = (None if r is None else (r[0], r[1] * kept, r[2], r[3])
+                     for r in _rivals(moved, reference_tree, g, moved[np.isfinite(d0)].mean(axis=0)))
+    if better is not None and better[1] > overlap + RIVAL_MARGIN:
+        label, rival_overlap, shift, rival_t = better
+        return PoseCheck('refused', f'a pose {shift:.3g} away (GICP {label}) fits better: {rival_overlap:.0%} of the '
+                         f'source within {g:.3g} of the reference against {overlap:.0%}', overlap, chance, excess,
+                         rival_overlap, shift, voxel, g, rival_t)
+    if rival is None:
+        return PoseCheck('ok', '', overlap, chance, excess, nan, nan, voxel, g)
+    label, rival_overlap, shift, rival_t = rival
+    if rival_overlap >= overlap - RIVAL_MARGIN:
+        return PoseCheck('refused', f'a pose {shift:.3g} away (GICP {label}) fits about as well (the data does not '
+                         f'pin the pose down): {rival_overlap:.0%} of the source within {g:.3g} of the reference '
+                         f'against {overlap:.0%}', overlap, chance, excess, rival_overlap, shift, voxel, g, rival_t)
+    return PoseCheck('ok', '', overlap, chance, excess, rival_overlap, shift, voxel, g, rival_t)
+
+
+def _rivals(moved: np.ndarray, reference_tree: cKDTree, g: float, center: np.ndarray):
+    """GICP from starts around the result (module docstring). Returns (better, rival): the pose
+    of highest overlap any start reaches, and the best *distinct* one (points moved by more than
+    ``RIVAL_DISTINCT`` gates RMS), each (start in words, overlap, RMS shift of the points, (4, 4)
+    transform from the result) or None. Single-threaded: bit-reproducible."""
+    import small_gicp
+    target = small_gicp.PointCloud(np.ascontiguousarray(reference_tree.data, dtype=np.float64))
+    target_tree = small_gicp.KdTree(target, num_threads=1)
+    small_gicp.estimate_covariances(target, target_tree, num_neighbors=10, num_threads=1)
+    source = small_gicp.PointCloud(np.ascontiguousarray(moved))
+    small_gicp.estimate_covariances(source, small_gicp.KdTree(source, num_threads=1), num_neighbors=10,
+                                    num_threads=1)
+    reach = RIVAL_REACH * g
+    gates = [g]
+    while gates[0] * 2.0 <= reach:
+        gates.insert(0, gates[0] * 2.0)
+    better = rival = None
+    for k in range(3):
+        for sign in (1.0, -1.0):
+            shifted = np.eye(4)
+            shifted[k, 3] = sign * reach
+            turned = np.eye(4)
+            turned[:3, :3] = Rotation.from_rotvec(np.eye(3)[k] * sign * np.radians(RIVAL_TURN_DEG)).as_matrix()
+            turned[:3, 3] = center - turned[:3, :3] @ center
+            axis = 'xyz'[k] + ('+' if sign > 0 else '-')
+            for label, t in ((f'from {reach:.3g} along {axis}', shifted),
+                             (f'from a {RIVAL_TURN_DEG:g} deg turn about {axis}', turned)):
+                for gate in gates:
+                    res = small_gicp.align(target, source, target_tree, init_T_target_source=t,
+                                           registration_type='GICP', max_correspondence_distance=gate,
+                                           num_threads=1, max_iterations=30)
+                    t = np.asarray(res.T_target_source, dtype=np.float64)
+                if not np.isfinite(t).all():
+                    continue
+                alt = moved @ t[:3, :3].T + t[:3, 3]
+                shift = float(np.sqrt(((alt - moved) ** 2).sum(axis=1).mean()))
+                d, _ = reference_tree.query(alt, k=1, distance_upper_bound=g)
+                found = (label, float(np.isfinite(d).mean()), shift, t)
+                if better is None or found[1] > better[1]:
+                    better = found
+                if shift > RIVAL_DISTINCT * g and (rival is None or found[1] > rival[1]):
+                    rival = found
+    return better, rival
