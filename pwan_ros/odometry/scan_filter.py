@@ -88,7 +88,7 @@ def voxel_grid(points: np.ndarray, voxel_size: float) -> VoxelGrid:
     flat = (kx * span[1] + ky) * span[2] + kz
     order = np.argsort(flat, kind='stable')
     sflat = flat[order]
-    first_sorted = np.flatnonzero(np.concatenate(([True], sflat[1:] != sflat[:-1])))
+    first_sorted = np.flatnonzero(np.concatenate((np.ones(min(len(sflat), 1), dtype=bool), sflat[1:] != sflat[:-1])))
     counts = np.diff(np.append(first_sorted, len(sflat)))
     inverse = np.empty(len(flat), dtype=np.int64)
     inverse[order] = np.repeat(np.arange(len(counts)), counts)
