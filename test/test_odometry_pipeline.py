@@ -1,4 +1,6 @@
 """The registration pipeline behind pwan_odometry_node, in-process (no ROS)."""
+import pathlib
+
 import numpy as np
 import pytest
 from scipy.spatial.transform import Rotation
@@ -55,6 +57,59 @@ def test_isolated_returns_removed_only_when_noise_dominates():
     ring = np.column_stack([15 * np.cos(a), 15 * np.sin(a), np.zeros_like(a)])
     grid = voxel_grid(np.vstack([ring, plane]), 0.16)
     assert not isolated_voxels(grid)[grid.inverse[:400]].any()
+
+
+def _reference_filter(points, voxel_size, max_points, rng):
+    """The plain numpy filter the fast one replaced (np.unique voxel grid, all 26 neighbours of
+    every single-return voxel searched, np.linalg.norm ranges): what filter_scan must return."""
+    from itertools import product
+    pts = points[np.isfinite(points).all(axis=1)]
+    r = np.sqrt((pts ** 2).sum(axis=1))
+    far = r > 100.0 * max(float(np.median(r)), 1e-3)
+    pts = pts[~far]
+    cells = np.floor(pts / voxel_size)
+    cells -= cells.min(axis=0) - 1
+    keys = cells.astype(np.int64)
+    span = keys.max(axis=0) + 2
+    flat = (keys[:, 0] * span[1] + keys[:, 1]) * span[2] + keys[:, 2]
+    uniq, inverse, counts = np.unique(flat, return_inverse=True, return_counts=True)
+    cent = np.stack([np.bincount(inverse, pts[:, i], len(counts)) for i in range(3)], axis=1) / counts[:, None]
+    single = np.flatnonzero(counts == 1)
+    removed = 0
+    if len(single) > 0.2 * len(counts):
+        nb = np.array([o for o in product((-1, 0, 1), repeat=3) if o != (0, 0, 0)])
+        nk = uniq[single][:, None] + ((nb[:, 0] * span[1] + nb[:, 1]) * span[2] + nb[:, 2])[None, :]
+        pos = np.minimum(np.searchsorted(uniq, nk), len(uniq) - 1)
+        isolated = single[~(uniq[pos] == nk).any(axis=1)]
+        if len(isolated) > 0.2 * len(counts) and len(pts) - len(isolated) >= 0.3 * len(pts):
+            cent = np.delete(cent, isolated, axis=0)
+            removed = len(isolated)
+    if len(cent) > max_points:
+        cent = cent[np.sort(rng.choice(len(cent), max_points, replace=False))]
+    return cent, removed, int(far.sum())
+
+
+@pytest.mark.parametrize('noise', [0.0, 0.5])
+def test_fast_filter_equals_reference_numpy_filter(sim_scans, noise):
+    """The fast path of filter_scan (one argsort, narrowed isolated-voxel search with early exit)
+    returns the reference filter's points bit for bit, outliers, NaN and a far glitch included;
+    on a real 32-beam scan too when ../shared/data is there."""
+    rng = np.random.default_rng(4)
+    scans = [s.xyz.astype(np.float64) for s in sim_scans[:3]]
+    real = pathlib.Path(__file__).resolve().parents[2] / 'shared/data/lidar/nuscenes_keyframes/scans/000010.npy'
+    if real.is_file():
+        scans.append(np.load(real)[:, :3].astype(np.float64))
+    for pts in scans:
+        extra = rng.uniform(-60, 60, (int(noise * len(pts)), 3))
+        cloud = np.vstack([pts, extra, [[np.nan, 0, 0], [1e19, 0, 0]]])
+        voxel = automatic_voxel_size(pts)
+        for cap in (10 ** 6, 5000):
+            fast = filter_scan(cloud, voxel, cap, rng=np.random.default_rng(7))
+            ref, removed, far = _reference_filter(cloud, voxel, cap, np.random.default_rng(7))
+            assert (fast.num_isolated_removed, fast.num_far) == (removed, far)
+            if noise:
+                assert removed > 0.5 * len(extra)          # the rule applied
+            np.testing.assert_array_equal(fast.points, ref)
 
 
 def test_automatic_voxel_size_ignores_far_outliers(sim_scans):

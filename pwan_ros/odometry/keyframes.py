@@ -41,7 +41,7 @@ class Keyframes:
     with the first scan when automatic; default ``scan_voxel_size``); the local map is
     downsampled with it (0: only capped)."""
 
-    def __init__(self, config: OdometryConfig, num_threads: int = 2,
+    def __init__(self, config: OdometryConfig, num_threads: int = 1,
                  voxel_size: Optional[Callable[[], float]] = None):
         self.config = config
         self.num_threads = num_threads
@@ -64,15 +64,22 @@ class Keyframes:
         self.current = Keyframe(cloud, np.eye(4), 0, True)
         return self.current
 
-    def start(self, cloud: PreparedCloud, pose: np.ndarray) -> Keyframe:
-        """Make ``cloud`` (a downsampled scan, sensor frame) at (4, 4) T_odom_sensor ``pose`` the
-        new keyframe, the newest of the local map that later scans are tracked against."""
+    def start(self, points: np.ndarray, pose: np.ndarray,
+              prepare: Callable[[], PreparedCloud]) -> Keyframe:
+        """Make a downsampled scan, (M, 3) ``points`` in its sensor frame at (4, 4) T_odom_sensor
+        ``pose``, the new keyframe, the newest of the local map that later scans are tracked
+        against. ``prepare()`` returns the scan prepared for GICP; it is called only when the
+        keyframe's own scan is the map (no KD-tree or covariances built for a scan that is merged
+        into a local map)."""
         pose = np.array(pose, dtype=np.float64)
         self._count += 1
+        cloud = None
         if self.config.local_map_keyframes > 1:
-            self._recent.append(cloud.points @ pose[:3, :3].T + pose[:3, 3])
+            self._recent.append(points @ pose[:3, :3].T + pose[:3, 3])
             if len(self._recent) > 1:
                 cloud = self._local_map(pose)
+        if cloud is None:
+            cloud = prepare()
         self.current = Keyframe(cloud, pose, self._count, map_keyframes=max(len(self._recent), 1))
         return self.current
 

@@ -93,10 +93,15 @@ class _Outcome:
 
 
 class OdometryPipeline:
-    """Stateful scan registration. Not thread-safe: call ``process`` from one thread."""
+    """Stateful scan registration. Not thread-safe: call ``process`` from one thread.
+
+    num_threads: threads of small_gicp (KD-trees, covariances, GICP). 1 by default: results are
+    bit-reproducible, and on a shared CPU with few cores OpenMP's idle workers spin after each
+    parallel region and slow the rest of the scan (nuScenes keyframes, 2 busy cores: 2 threads
+    made a scan 2-3x slower)."""
 
     def __init__(self, config: OdometryConfig, reference_points: Optional[np.ndarray] = None,
-                 num_threads: int = 2):
+                 num_threads: int = 1):
         self.config = config
         self.num_threads = num_threads
         self.motion = ConstantVelocityModel()
@@ -258,7 +263,9 @@ class OdometryPipeline:
         self.trust.accepted(outcome.quality, len(scan.dense), deviation, by_motion)
         new_kf = not by_motion and self.keyframes.due(outcome.transform)
         if new_kf:
-            self.keyframes.start(scan.keyframe_cloud(self.num_threads), pose)
+            t0 = time.perf_counter()
+            self.keyframes.start(scan.dense, pose, lambda: scan.keyframe_cloud(self.num_threads))
+            done.timings['map'] = (time.perf_counter() - t0) * 1e3
         return done(pose, 'pwan' if outcome.pwan_engaged else 'track', outcome, new_keyframe=new_kf)
 
     def _reject(self, stamp: float, done, outcome: _Outcome) -> ScanEstimate:
@@ -280,7 +287,7 @@ class OdometryPipeline:
         return done(pose.copy(), 'reanchor', _Outcome(np.eye(4), _PERFECT, reason=why))
 
     def _start_keyframe(self, scan: PreparedScan, pose: np.ndarray, stamp: float) -> np.ndarray:
-        self.keyframes.start(scan.keyframe_cloud(self.num_threads), pose)
+        self.keyframes.start(scan.dense, pose, lambda: scan.keyframe_cloud(self.num_threads))
         self.motion.update(pose, stamp)
         return np.array(pose, dtype=np.float64)
 

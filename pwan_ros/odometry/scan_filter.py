@@ -28,6 +28,10 @@ DENSE_MASS_FRACTION = 0.3
 FAR_RANGE_FACTOR = 100.0
 _MAX_FLAT_KEY = 2 ** 62
 _NEIGHBOURS = np.array([o for o in product((-1, 0, 1), repeat=3) if o != (0, 0, 0)], dtype=np.int64)
+#: order in which :func:`isolated_voxels` tries the neighbour offsets (any order gives the same
+#: result): the same layer first, sides before diagonals (a lidar ring's neighbours lie along it,
+#: in a sensor frame with z up), then the layers above and below
+_OFFSET_ORDER = np.lexsort((np.abs(_NEIGHBOURS).sum(axis=1), np.abs(_NEIGHBOURS[:, 2])))
 
 
 @dataclass(frozen=True)
@@ -64,48 +68,86 @@ class VoxelGrid:
 def voxel_grid(points: np.ndarray, voxel_size: float) -> VoxelGrid:
     """Voxel-grid a (N, 3) float64 cloud (metres) with cubic voxels of ``voxel_size``.
 
+    One stable argsort of the flat keys; per-column min / max (numpy's axis-0 reductions of an
+    (N, 3) array are several times slower). Voxels come out sorted by flat key, each voxel's
+    points summed in input order.
+
     Raises ValueError when the cloud spans too many voxels for 63-bit keys (far glitches are
     removed before, see :func:`far_returns`)."""
-    cells = np.floor(points / voxel_size)
-    cells -= cells.min(axis=0) - 1        # >= 1, so neighbour keys stay non-negative
-    span_f = cells.max(axis=0) + 2
+    pts = np.asarray(points, dtype=np.float64)
+    cols = [np.floor(pts[:, i] / voxel_size) for i in range(3)]
+    # floor is monotone: the min / max cell of a column is the cell of its min / max point
+    lo = np.array([c.min() for c in cols]) if len(pts) else np.zeros(3)
+    hi = np.array([c.max() for c in cols]) if len(pts) else np.zeros(3)
+    span_f = hi - lo + 3.0                 # keys are >= 1, so neighbour keys stay non-negative
     if not float(np.prod(span_f)) < _MAX_FLAT_KEY:
         raise ValueError(f'voxel_size {voxel_size:g} m is too small for a scan spanning '
-                         f'{float(np.ptp(points, axis=0).max()):.4g} m')
-    keys = cells.astype(np.int64)
-    span = keys.max(axis=0) + 2
-    flat = (keys[:, 0] * span[1] + keys[:, 1]) * span[2] + keys[:, 2]
-    uniq, first, inverse, counts = np.unique(flat, return_index=True, return_inverse=True,
-                                             return_counts=True)
-    sums = np.stack([np.bincount(inverse, points[:, i], len(counts)) for i in range(3)], axis=1)
-    return VoxelGrid(sums / counts[:, None], counts, keys[first], inverse.reshape(-1), uniq, span)
+                         f'{float(np.ptp(pts, axis=0).max()):.4g} m')
+    span = span_f.astype(np.int64)
+    kx, ky, kz = ((c - lo[i] + 1.0).astype(np.int64) for i, c in enumerate(cols))
+    flat = (kx * span[1] + ky) * span[2] + kz
+    order = np.argsort(flat, kind='stable')
+    sflat = flat[order]
+    first_sorted = np.flatnonzero(np.concatenate((np.ones(min(len(sflat), 1), dtype=bool), sflat[1:] != sflat[:-1])))
+    counts = np.diff(np.append(first_sorted, len(sflat)))
+    inverse = np.empty(len(flat), dtype=np.int64)
+    inverse[order] = np.repeat(np.arange(len(counts)), counts)
+    sums = np.stack([np.bincount(inverse, pts[:, i], len(counts)) for i in range(3)], axis=1)
+    first = order[first_sorted]
+    keys = np.stack([kx[first], ky[first], kz[first]], axis=1)
+    return VoxelGrid(sums / counts[:, None], counts, keys, inverse, sflat[first_sorted], span)
 
 
 def isolated_voxels(grid: VoxelGrid) -> np.ndarray:
     """Boolean (M,) mask of the voxels to drop as isolated returns (all False when the rule of
-    the module docstring does not apply)."""
+    the module docstring does not apply).
+
+    A neighbour's flat key is the voxel's plus a constant per offset (keys never wrap). The
+    offsets are tried one after the other on the single-return voxels not yet known to have a
+    neighbour (face neighbours first: most surface voxels are settled by the first few), each
+    a search of sorted keys in the sorted key array. The voxels still unsettled bound the isolated
+    ones, so the search stops as soon as they are too few for the rule to apply (a clean scan:
+    after the first offsets)."""
     single = np.flatnonzero(grid.counts == 1)
     drop = np.zeros(len(grid.counts), dtype=bool)
-    if len(single) <= ISOLATED_VOXEL_FRACTION * len(grid.counts):
+    enough = ISOLATED_VOXEL_FRACTION * len(grid.counts)
+    if len(single) <= enough:
         return drop
     span, flat = grid.span, grid.flat
-    # a neighbour's flat key is the voxel's plus a constant per offset (keys never wrap)
     offsets = (_NEIGHBOURS[:, 0] * span[1] + _NEIGHBOURS[:, 1]) * span[2] + _NEIGHBOURS[:, 2]
-    nk = flat[single][:, None] + offsets[None, :]
-    pos = np.minimum(np.searchsorted(flat, nk), len(flat) - 1)
-    isolated = single[~(flat[pos] == nk).any(axis=1)]
+    isolated, keys = single, flat[single]   # candidates, sorted
+    last = len(flat) - 1
+    for off in offsets[_OFFSET_ORDER]:
+        nk = keys + off
+        alone = flat[np.minimum(np.searchsorted(flat, nk), last)] != nk
+        isolated, keys = isolated[alone], keys[alone]
+        if len(isolated) <= enough:
+            return drop
     if (len(isolated) > ISOLATED_VOXEL_FRACTION * len(grid.counts)
             and grid.counts.sum() - len(isolated) >= DENSE_MASS_FRACTION * grid.counts.sum()):
         drop[isolated] = True
     return drop
 
 
-def far_returns(points: np.ndarray) -> np.ndarray:
-    """(N,) bool: finite returns (N, 3) farther than ``FAR_RANGE_FACTOR`` x the median range."""
-    r = np.sqrt((points ** 2).sum(axis=1))
+def far_returns(points: np.ndarray, ranges: np.ndarray | None = None) -> np.ndarray:
+    """(N,) bool: finite returns (N, 3) farther than ``FAR_RANGE_FACTOR`` x the median range.
+    ranges: (N,) their norms (m) when already computed."""
+    r = _ranges(points) if ranges is None else ranges
     if len(r) == 0:
         return np.zeros(0, dtype=bool)
     return r > FAR_RANGE_FACTOR * max(float(np.median(r)), 1e-3)
+
+
+def _ranges(points: np.ndarray) -> np.ndarray:
+    """(N,) Euclidean norms of (N, 3) points (x^2 + y^2 + z^2 summed in that order)."""
+    x, y, z = points[:, 0], points[:, 1], points[:, 2]
+    return np.sqrt(x * x + y * y + z * z)
+
+
+def _finite_rows(points: np.ndarray) -> np.ndarray:
+    """(N,) bool: rows of (N, 3) points with finite x, y and z."""
+    fin = np.isfinite(points)
+    return fin[:, 0] & fin[:, 1] & fin[:, 2]
 
 
 def automatic_voxel_size(points: np.ndarray) -> float:
@@ -140,14 +182,16 @@ def filter_scan(points: np.ndarray, voxel_size: float, max_points: int, min_rang
     if pts.ndim != 2 or pts.shape[1] != 3:
         raise ValueError(f'expected (N, 3) points, got shape {pts.shape}')
     pts = pts.astype(np.float64, copy=False)
-    pts = pts[np.isfinite(pts).all(axis=1)]
+    finite = _finite_rows(pts)
+    if not finite.all():
+        pts = pts[finite]
     num_finite = len(pts)
-    far = far_returns(pts)
+    r = _ranges(pts)
+    far = far_returns(pts, r)
     num_far = int(far.sum())
     if num_far:
-        pts = pts[~far]
+        pts, r = pts[~far], r[~far]
     if min_range > 0.0 or max_range > 0.0:
-        r = np.linalg.norm(pts, axis=1)
         keep = r >= min_range
         if max_range > 0.0:
             keep &= r <= max_range
