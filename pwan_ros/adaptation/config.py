@@ -18,7 +18,7 @@ from pwan_ros.params import FieldSpec, param, specs
 from .errors import AdaptConfigError
 
 METHODS = ('pwan', 'source_only', 'wgan')
-INPUT_NORMS = ('zscore', 'l2', 'l2_zscore', 'none')
+INPUT_NORMS = ('standard', 'zscore', 'l2', 'l2_standard', 'l2_zscore', 'none')
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,15 @@ class AdaptConfig:
     weight_interval: int = param(500, 'steps between re-estimations of the class weights mu', 1, 10_000_000)
     reweight: bool = param(True, 'reweight labelled cross-entropy by mu (pwan only)')
     soft_weights: bool = param(True, 'estimate mu from mean softmax probabilities (true) or hard predictions')
+    safeguard: bool = param(True, 'train a source-only model alongside (same architecture) and deploy it instead '
+                         'of the adapted one when the adapted model is not predicted to be better (no unlabelled '
+                         'labels used; see docs/adaptation.md)')
+    holdout_fraction: float = param(0.1, 'fraction of each class of labelled rows held out from training to '
+                                 'validate both models (safeguard only)', 0.0, 0.5)
+    safeguard_margin: float = param(0.02, 'safeguard: tolerated loss of held-out accuracy and gain of '
+                                 'estimated-outlier-class mass of the adapted model over source-only', 0.0, 1.0)
+    min_agreement: float = param(0.8, 'safeguard: least fraction of unlabelled rows on which the adapted and '
+                              'source-only models must agree', 0.0, 1.0)
     eval_interval: int = param(250, 'steps between full passes over the unlabelled set (metrics, best checkpoint)',
                             1, 10_000_000)
     checkpoint_interval: int = param(500, 'steps between latest-checkpoint writes', 1, 10_000_000)
