@@ -36,8 +36,10 @@ class AdaptConfig:
     bottleneck_dim: int = param(256, 'width of the bottleneck T_theta (features -> bottleneck_dim)', 2, 65536)
     potential_hidden: int = param(256, 'hidden width of the potential network f_w (2 hidden layers)', 2, 65536)
     dropout: float = param(0.0, 'dropout on the bottleneck output during training', 0.0, 0.95)
-    input_norm: str = param('zscore', 'input feature normalisation: zscore (labelled-domain mean/std), l2 '
-                         '(per row), l2_zscore (both, in that order) or none', choices=INPUT_NORMS)
+    input_norm: str = param('zscore', 'input standardisation, fitted on the labelled rows and saved in model.ts: '
+                         'zscore (per column (x - mean) / std; columns constant on the labelled rows are ignored), '
+                         'standard (x - mean over one common scale: unchanged by rotations, scalings, shifts), '
+                         'l2 (per row), l2_zscore / l2_standard (l2 first) or none', choices=INPUT_NORMS)
     lr: float = param(1e-3, 'base learning rate of Adam for theta, nu; schedule lr*(1+10p)^-0.75, p=step/steps',
                    1e-8, 10.0)
     potential_lr: float = param(1e-3, 'learning rate of RMSprop for the potential network w', 1e-8, 10.0)

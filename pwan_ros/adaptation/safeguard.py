@@ -138,3 +138,18 @@ def train_source_only(config, labelled: FeatureSet, unlabelled: FeatureSet, hold
     tr = AdaptTrainer(dataclasses.replace(config, method='source_only'), labelled, unlabelled, holdout)
     tr.train()
     return tr
+
+
+def adapt_with_safeguard(config, labelled: FeatureSet, unlabelled: FeatureSet):
+    """Train the adapted model and its source-only companion (in memory, no files) and decide.
+
+    Returns ``(deployed, adapted, source_only, decision)``: trainers and the
+    :class:`SafeguardDecision`; ``deployed`` is ``adapted`` or ``source_only``. What
+    :func:`pwan_ros.adaptation.runner.run_adaptation` does, without checkpoints or outputs."""
+    from .trainer import AdaptTrainer
+    holdout = holdout_split(labelled.labels, config.holdout_fraction, config.seed)
+    adapted = AdaptTrainer(config, labelled, unlabelled, holdout)
+    adapted.train()
+    source = train_source_only(config, labelled, unlabelled, holdout)
+    decision = decide(adapted, source, holdout, config.safeguard_margin, config.min_agreement)
+    return (adapted if decision.deployed == 'adapted' else source), adapted, source, decision

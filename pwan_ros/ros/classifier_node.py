@@ -87,7 +87,7 @@ class ClassifierNode(Node):
             self.counts['dropped'] += lost
             self._warn('dropped', f"{lost} features message(s) lost before classification ({self.counts['dropped']} "
                                   f'so far): the input arrives faster than it is classified; raise queue_depth '
-                                  f'(now {self.config.queue_depth})', period=1.0)
+                                  f'(now {self.config.queue_depth}) or the publisher\'s history depth', period=1.0)
         self._last_seq = seq
 
     def _on_features(self, msg: Float32MultiArray, info: dict) -> None:
