@@ -178,9 +178,11 @@ def test_resume_reproduces_uninterrupted_run():
     xl, yl, xu, yu = gaussian_domains(3)
     cfg = AdaptConfig.from_mapping(dict(SYN, steps=60, warmup_steps=20, weight_interval=15, potential_updates=2,
                                         dropout=0.3))
-    full = AdaptTrainer(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu))
+    from pwan_ros.adaptation.safeguard import holdout_split
+    ho = holdout_split(yl, cfg.holdout_fraction, cfg.seed)          # as run_adaptation trains it
+    full = AdaptTrainer(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu), ho)
     full.train()
-    first = AdaptTrainer(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu))
+    first = AdaptTrainer(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu), ho)
     first.train(until=33)
     buf = io.BytesIO()                  # through the file format resume reads (weights only)
     torch.save(first.state_dict(), buf)
@@ -189,7 +191,7 @@ def test_resume_reproduces_uninterrupted_run():
     ckpt = load_checkpoint(str(path))
     torch.manual_seed(12345)  # the checkpoint must restore every RNG it relies on
     np.random.seed(7)
-    resumed = AdaptTrainer(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu))
+    resumed = AdaptTrainer(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu), holdout_split(yl, cfg.holdout_fraction, 0))
     resumed.load_state_dict(ckpt)
     resumed.train()
     for a, b in zip(full.model.state_dict().values(), resumed.model.state_dict().values()):
@@ -298,7 +300,7 @@ def test_resume_refuses_unsafe_or_broken_checkpoints(tmp_path, capsys, kind):
         latest.parent.mkdir(parents=True)
         buf = io.BytesIO()
         if kind == 'malicious':
-            torch.save({'version': 2, 'payload': _Planted(marker)}, buf)
+            torch.save({'version': 3, 'payload': _Planted(marker)}, buf)
         elif kind == 'foreign':
             torch.save([torch.zeros(3)], buf)
         latest.write_bytes({'empty': b'', 'text': b'not a checkpoint\n'}.get(kind, buf.getvalue()))

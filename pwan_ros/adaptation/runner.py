@@ -225,6 +225,8 @@ def _run(config, lab, unl, out, resume, on_step, on_eval, should_stop, log) -> A
                 companion = train_source_only(config, lab, unl, holdout)
                 decision = decide(trainer, companion, holdout, config.safeguard_margin, config.min_agreement)
                 log(f'safeguard: deploying {decision.deployed}: {decision.reason}')
+                if decision.deployed == 'source_only':     # refitted on all labelled rows
+                    companion = train_source_only(config, lab, unl, None)
                 os.makedirs(os.path.join(out, 'candidates'), exist_ok=True)
                 export_torchscript(trainer, os.path.join(out, 'candidates', 'adapted.ts'))
                 export_torchscript(companion, os.path.join(out, 'candidates', 'source_only.ts'))

@@ -15,8 +15,9 @@ split. Without any unlabelled label, the two are compared on:
 The adapted model is deployed only when its weighted held-out accuracy is not below source-only
 by more than ``safeguard_margin``, its outlier mass does not exceed source-only's by more than
 ``safeguard_margin``, it agrees with source-only on at least ``min_agreement`` of the unlabelled
-rows and it is more confident (lower mean entropy). Otherwise source-only is deployed and the
-decision says which test failed.
+rows and it is more confident (lower mean entropy). Otherwise the source-only model is refitted
+on all labelled rows (the held-out split served the decision) and deployed, and the decision says
+which test failed.
 """
 from __future__ import annotations
 
@@ -131,9 +132,10 @@ def decide(adapted, source, holdout: np.ndarray, margin: float, min_agreement: f
     return SafeguardDecision('adapted', reason, a, s, np.flatnonzero(present).tolist(), int(holdout.size))
 
 
-def train_source_only(config, labelled: FeatureSet, unlabelled: FeatureSet, holdout: np.ndarray):
+def train_source_only(config, labelled: FeatureSet, unlabelled: FeatureSet, holdout: Optional[np.ndarray]):
     """The source-only companion: the same config with ``method=source_only``, trained to the end
-    (deterministic: same seed, same held-out rows, so a resumed run recomputes the same model)."""
+    without the ``holdout`` rows (None: on all labelled rows). Deterministic (same seed, same
+    rows), so a resumed run recomputes the same model."""
     from .trainer import AdaptTrainer
     tr = AdaptTrainer(dataclasses.replace(config, method='source_only'), labelled, unlabelled, holdout)
     tr.train()
@@ -144,7 +146,8 @@ def adapt_with_safeguard(config, labelled: FeatureSet, unlabelled: FeatureSet):
     """Train the adapted model and its source-only companion (in memory, no files) and decide.
 
     Returns ``(deployed, adapted, source_only, decision)``: trainers and the
-    :class:`SafeguardDecision`; ``deployed`` is ``adapted`` or ``source_only``. What
+    :class:`SafeguardDecision`; ``deployed`` is ``adapted`` or ``source_only``, which is then the
+    source-only model refitted on all labelled rows (the held-out rows are for the decision). What
     :func:`pwan_ros.adaptation.runner.run_adaptation` does, without checkpoints or outputs."""
     from .trainer import AdaptTrainer
     holdout = holdout_split(labelled.labels, config.holdout_fraction, config.seed)
@@ -152,4 +155,7 @@ def adapt_with_safeguard(config, labelled: FeatureSet, unlabelled: FeatureSet):
     adapted.train()
     source = train_source_only(config, labelled, unlabelled, holdout)
     decision = decide(adapted, source, holdout, config.safeguard_margin, config.min_agreement)
-    return (adapted if decision.deployed == 'adapted' else source), adapted, source, decision
+    if decision.deployed == 'adapted':
+        return adapted, adapted, source, decision
+    refit = train_source_only(config, labelled, unlabelled, None)
+    return refit, adapted, refit, decision

@@ -33,7 +33,7 @@ from .data import FeatureSet, check_pair
 from .errors import AdaptConfigError, AdaptInputError
 from .models import AdaptedClassifier, PotentialNet, gradient_penalty
 
-CHECKPOINT_VERSION = 2   # 2: tensors and plain values only (torch.load(weights_only=True))
+CHECKPOINT_VERSION = 3   # 2: tensors and plain values only (torch.load(weights_only=True)); 3: norm.scale, holdout
 # Config fields that may differ between a checkpoint and the run that resumes it.
 RESUME_FREE = ('steps', 'device', 'threads', 'plots', 'eval_batch', 'eval_interval', 'checkpoint_interval',
                'memory_limit_mb', 'safeguard_margin', 'min_agreement')
