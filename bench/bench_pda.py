@@ -202,13 +202,14 @@ def main(argv=None):
         overrides[k] = (v.lower() in ('1', 'true', 'yes')) if typ is bool else typ(v)
     tasks = args.tasks or SETS[args.features][3]
     rows = []
+    label = ' '.join([args.features] + args.set)     # e.g. 'surf input_norm=l2' in the table
     print(f'# {args.features}  copies={args.copies}  overrides={overrides}  seeds={args.seeds}', flush=True)
     for task, copy in itertools.product(tasks, args.copies):
         lab, unl = task_sets(args.data, args.features, task, copy)
         for method, seed in itertools.product(args.methods, args.seeds):
             out = run_logreg(lab, unl, seed) if method == 'logreg' else run_method(lab, unl, method, seed, overrides)
             for r in out:
-                rows.append(dict(features=args.features, copy=copy, task=task, seed=seed, **r))
+                rows.append(dict(features=label, copy=copy, task=task, seed=seed, **r))
                 print(f"{task:5s} {copy:8s} {r['method']:9s} seed={seed} acc={r['accuracy']:.4f} "
                       f"absent={r['absent']:.4f} t={r['seconds']:.1f}s {r.get('decision', '')}", flush=True)
         if args.out:   # after every task: a long run that is cut short keeps what it did
