@@ -1,14 +1,27 @@
 """Partial domain adaptation benchmark on Office-Caltech10 features (paper Sec. 5 protocol).
 
 The labelled domain keeps all 10 classes; the unlabelled domain keeps classes 1-5 (ids 0-4).
-Methods: PWAN, source-only (lambda1 = lambda2 = 0) and complete alignment (wgan, m_alpha = 1),
-all run by the same trainer with the same defaults; plus a logistic-regression anchor
-(scikit-learn, source-only). Accuracy is the last iterate on all unlabelled rows (no model
-selection on target labels); time is the training wall time on this machine.
+Columns (``--methods``), all with the package defaults (:class:`AdaptConfig`) unless ``--set``:
 
-  python bench/bench_pda.py --data ../shared/data/pda --features googlenet --seeds 0 1 2 \
+* ``logreg``: source-only multinomial logistic regression (L2, C = 1, z-scored inputs, L-BFGS;
+  torch, no extra dependency); ``mlp``: source-only bottleneck network (``method=source_only``,
+  all labelled rows) - the two source-only anchors;
+* ``pwan``: the adapted model before the safeguard (trained on the labelled rows minus the
+  held-out split); ``deployed``: what ``pwan_adapt`` deploys (the adapted model or, when the
+  safeguard predicts no gain, the source-only model trained alongside) - one run gives both;
+* ``wgan``: complete alignment (m_alpha = 1), ``source_only``: same as mlp.
+
+Accuracy is on all unlabelled rows, measured once at the end (no model selection with target
+labels); ``abs`` is the fraction of predictions in the 5 absent classes.
+
+``--copies`` runs transformed copies of the features that leave a linear source-only model's
+decision function unchanged: ``rot4096`` (a random orthonormal map into 4096-d), ``x0.01``,
+``x100`` (global scaling) and ``shift`` (a random offset 10x the features' RMS norm).
+
+  python bench/bench_pda.py --features googlenet --copies orig rot4096 x0.01 x100 shift --seeds 0 \
       --out results/pda_googlenet.json
-  python bench/bench_pda.py --data ../shared/data/pda --features surf --out results/pda_surf.json
+  python bench/bench_pda.py --features surf --seeds 0 --out results/pda_surf.json
+  python bench/bench_pda.py --merge results/pda_googlenet.json results/pda_surf.json
 """
 from __future__ import annotations
 
@@ -24,6 +37,8 @@ import scipy.io as sio
 import torch
 
 from pwan_ros.adaptation import AdaptConfig, AdaptTrainer, FeatureSet
+from pwan_ros.adaptation.safeguard import adapt_with_safeguard
+from pwan_ros.adaptation.trainer import fit_input_norm
 
 SETS = {
     'googlenet': ('office_caltech10_googlenet', '{}.mat', ('amazon', 'dslr', 'webcam'),
@@ -44,63 +59,121 @@ def load_domain(data: str, features: str, name: str):
     return m['fts'].astype(np.float32), m['labels'].ravel().astype(np.int64) - 1
 
 
-def task_sets(data, features, task):
+COPIES = ('orig', 'rot4096', 'x0.01', 'x100', 'shift')
+
+
+def transform(copy: str, xs: np.ndarray, xt: np.ndarray, seed: int = 0):
+    """The same transformation of both domains (see the module docstring)."""
+    if copy == 'orig':
+        return xs, xt
+    if copy == 'rot4096':
+        q, _ = np.linalg.qr(np.random.default_rng([seed, 4096]).normal(size=(4096, xs.shape[1])))
+        q = q.astype(np.float32)
+        return xs @ q.T, xt @ q.T
+    if copy in ('x0.01', 'x100'):
+        c = np.float32(float(copy[1:]))
+        return xs * c, xt * c
+    if copy == 'shift':
+        v = np.random.default_rng([seed, 7]).normal(size=xs.shape[1])
+        v *= 10 * np.sqrt((xs.astype(np.float64) ** 2).sum(1).mean()) / np.linalg.norm(v)
+        v = v.astype(np.float32)
+        return xs + v, xt + v
+    raise SystemExit(f'unknown copy {copy!r} (one of {", ".join(COPIES)})')
+
+
+def task_sets(data, features, task, copy='orig'):
     a, b = task.split('>')
     xs, ls = load_domain(data, features, LETTER[a])
     xt, lt = load_domain(data, features, LETTER[b])
     keep = lt < KEEP
-    return FeatureSet(xs, ls, path=LETTER[a]), FeatureSet(xt[keep], lt[keep], path=LETTER[b])
+    xs, xt = transform(copy, xs, xt[keep])
+    return FeatureSet(xs, ls, path=LETTER[a]), FeatureSet(xt, lt[keep], path=LETTER[b])
+
+
+def _scores(tr):
+    res = tr.evaluate()
+    return {'accuracy': res.accuracy, 'absent': res.absent_fraction}
 
 
 def run_method(lab, unl, method, seed, overrides):
+    """One trainer run: mlp/source_only, wgan; 'pwan' gives both the pwan and the deployed row."""
+    if method == 'mlp':
+        method = 'source_only'
     cfg = AdaptConfig.from_mapping(dict(overrides, method=method, seed=seed))
+    t0 = time.perf_counter()
+    if method == 'pwan' and cfg.safeguard:
+        deployed, adapted, source, decision = adapt_with_safeguard(cfg, lab, unl)
+        dt = time.perf_counter() - t0
+        d = decision.to_dict()
+        extra = {'decision': d['deployed'], 'reason': d['reason'], 'criteria': {k: d[k] for k in ('adapted', 'source_only')},
+                 'companion': _scores(source)}
+        return [dict(method='pwan', seconds=dt, **_scores(adapted), **extra),
+                dict(method='deployed', seconds=dt, **_scores(deployed), decision=d['deployed'])]
     tr = AdaptTrainer(cfg, lab, unl)
-    t0 = time.perf_counter()
     tr.train()
-    dt = time.perf_counter() - t0
-    res = tr.evaluate()
-    return {'accuracy': res.accuracy, 'absent': res.absent_fraction, 'seconds': dt}
+    return [dict(method=method if method != 'source_only' else 'mlp', seconds=time.perf_counter() - t0,
+                 **_scores(tr))]
 
 
-def run_logreg(lab, unl, seed):
-    try:
-        from sklearn.linear_model import LogisticRegression
-        from sklearn.preprocessing import normalize
-    except ImportError:
-        raise SystemExit('the logreg anchor needs scikit-learn (pip install scikit-learn), '
-                         'or leave logreg out of --methods') from None
+def run_logreg(lab, unl, seed, c_reg=1.0):
+    """Multinomial logistic regression, loss sum CE + ||W||^2 / (2 C) (scikit-learn's objective),
+    on labelled-z-scored inputs, L-BFGS in float64 (deterministic)."""
     t0 = time.perf_counter()
-    clf = LogisticRegression(max_iter=2000, random_state=seed).fit(normalize(lab.features), lab.labels)
-    pred = clf.predict(normalize(unl.features))
-    return {'accuracy': float((pred == unl.labels).mean()), 'absent': float((pred >= KEEP).mean()),
-            'seconds': time.perf_counter() - t0}
+    mean, scale = fit_input_norm(lab, 'zscore', 4096)
+    x = torch.from_numpy((lab.features - mean) * scale).double()
+    y = torch.from_numpy(lab.labels)
+    k = int(lab.labels.max()) + 1
+    w = torch.zeros(x.shape[1], k, dtype=torch.float64, requires_grad=True)
+    b = torch.zeros(k, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([w, b], lr=1, max_iter=500, tolerance_grad=1e-8, line_search_fn='strong_wolfe')
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(x @ w + b, y, reduction='sum') + (w * w).sum() / (2 * c_reg)
+        loss.backward()
+        return loss
+    opt.step(closure)
+    xt = torch.from_numpy((unl.features - mean) * scale).double()
+    with torch.no_grad():
+        pred = (xt @ w + b).argmax(1).numpy()
+    return [{'method': 'logreg', 'accuracy': float((pred == unl.labels).mean()),
+             'absent': float((pred >= KEEP).mean()), 'seconds': time.perf_counter() - t0}]
 
 
-def print_table(rows, tasks, methods):
-    """Markdown table: mean accuracy over seeds (absent-class prediction rate, mean time)."""
-    print('\n| task | ' + ' | '.join(methods) + ' |')
-    print('|---|' + '---|' * len(methods))
+def print_table(rows, methods):
+    """Markdown table per (features, copy, task): mean accuracy over seeds (abs = absent-class
+    prediction rate); deployed - mlp in points; which model the safeguard deployed."""
+    methods = [m for m in methods if any(r['method'] == m for r in rows)]
+    keys = list(dict.fromkeys((r.get('features', ''), r.get('copy', 'orig'), r['task']) for r in rows))
+    print('\n| features | copy | task | ' + ' | '.join(methods) + ' | deployed - mlp | safeguard chose |')
+    print('|---|---|---|' + '---|' * (len(methods) + 2))
     means = {m: [] for m in methods}
-    for task in tasks:
-        cells = []
+    for key in keys:
+        sel = [r for r in rows if (r.get('features', ''), r.get('copy', 'orig'), r['task']) == key]
+        cells, acc = [], {}
         for m in methods:
-            rs = [r for r in rows if r['task'] == task and r['method'] == m]
-            acc, ab, sec = (np.mean([r[k] for r in rs]) for k in ('accuracy', 'absent', 'seconds'))
-            means[m].append(acc)
-            cells.append(f'{acc:.3f} (abs {ab:.3f}, {sec:.1f}s, n={len(rs)})')
-        print(f'| {task} | ' + ' | '.join(cells) + ' |')
-    print('| mean | ' + ' | '.join(f'{np.mean(means[m]):.3f}' for m in methods) + ' |')
+            rs = [r for r in sel if r['method'] == m]
+            if not rs:
+                cells.append('-')
+                continue
+            acc[m] = np.mean([r['accuracy'] for r in rs])
+            means[m].append(acc[m])
+            cells.append(f"{acc[m]:.3f} (abs {np.mean([r['absent'] for r in rs]):.3f})")
+        diff = f"{100 * (acc['deployed'] - acc['mlp']):+.1f}" if 'deployed' in acc and 'mlp' in acc else '-'
+        chose = ', '.join(r['decision'] for r in sel if r['method'] == 'deployed') or '-'
+        print(f'| {key[0]} | {key[1]} | {key[2]} | ' + ' | '.join(cells) + f' | {diff} | {chose} |')
+    print('| mean | | | ' + ' | '.join(f'{np.mean(means[m]):.3f}' if means[m] else '-' for m in methods) + ' | | |')
+    secs = {m: np.mean([r['seconds'] for r in rows if r['method'] == m]) for m in methods}
+    print('\nmean seconds per run: ' + ', '.join(f'{m} {v:.1f}' for m, v in secs.items()))
 
 
 def merge(paths):
-    """Print the table of several result files (e.g. seeds run separately)."""
+    """Print the table of several result files (e.g. seeds or feature sets run separately)."""
     rows = []
     for p in paths:
         with open(p) as fh:
             rows += json.load(fh)['rows']
-    tasks = list(dict.fromkeys(r['task'] for r in rows))
-    methods = list(dict.fromkeys(r['method'] for r in rows))
-    print_table(rows, tasks, methods)
+    print_table(rows, list(dict.fromkeys(r['method'] for r in rows)))
     return 0
 
 
@@ -109,8 +182,10 @@ def main(argv=None):
     ap.add_argument('--data', default='../shared/data/pda')
     ap.add_argument('--features', choices=sorted(SETS), default='googlenet')
     ap.add_argument('--tasks', nargs='*', help='subset of tasks, e.g. A>W D>A')
-    ap.add_argument('--methods', nargs='*', default=['source_only', 'wgan', 'pwan', 'logreg'])
-    ap.add_argument('--seeds', nargs='*', type=int, default=[0, 1, 2])
+    ap.add_argument('--copies', nargs='*', default=['orig'], choices=COPIES)
+    ap.add_argument('--methods', nargs='*', default=['logreg', 'mlp', 'pwan'],
+                    choices=['logreg', 'mlp', 'pwan', 'wgan'], help='pwan also gives the deployed column')
+    ap.add_argument('--seeds', nargs='*', type=int, default=[0])
     ap.add_argument('--set', nargs='*', default=[], metavar='KEY=VALUE', help='AdaptConfig overrides')
     ap.add_argument('--threads', type=int, default=1)
     ap.add_argument('--out', help='write all results as JSON here')
@@ -127,21 +202,26 @@ def main(argv=None):
         overrides[k] = (v.lower() in ('1', 'true', 'yes')) if typ is bool else typ(v)
     tasks = args.tasks or SETS[args.features][3]
     rows = []
-    print(f'# {args.features}  overrides={overrides}  seeds={args.seeds}', flush=True)
-    for task in tasks:
-        lab, unl = task_sets(args.data, args.features, task)
-        for method in args.methods:
-            for seed in args.seeds:
-                r = run_logreg(lab, unl, seed) if method == 'logreg' else run_method(lab, unl, method, seed, overrides)
-                rows.append(dict(task=task, method=method, seed=seed, **r))
-                print(f"{task:5s} {method:12s} seed={seed} acc={r['accuracy']:.4f} absent={r['absent']:.4f} "
-                      f"t={r['seconds']:.1f}s", flush=True)
-    print_table(rows, tasks, args.methods)
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, 'w') as fh:
-            json.dump({'features': args.features, 'overrides': overrides, 'rows': rows}, fh, indent=1)
+    label = ' '.join([args.features] + args.set)     # e.g. 'surf input_norm=l2' in the table
+    print(f'# {args.features}  copies={args.copies}  overrides={overrides}  seeds={args.seeds}', flush=True)
+    for task, copy in itertools.product(tasks, args.copies):
+        lab, unl = task_sets(args.data, args.features, task, copy)
+        for method, seed in itertools.product(args.methods, args.seeds):
+            out = run_logreg(lab, unl, seed) if method == 'logreg' else run_method(lab, unl, method, seed, overrides)
+            for r in out:
+                rows.append(dict(features=label, copy=copy, task=task, seed=seed, **r))
+                print(f"{task:5s} {copy:8s} {r['method']:9s} seed={seed} acc={r['accuracy']:.4f} "
+                      f"absent={r['absent']:.4f} t={r['seconds']:.1f}s {r.get('decision', '')}", flush=True)
+        if args.out:   # after every task: a long run that is cut short keeps what it did
+            _save(args, overrides, rows)
+    print_table(rows, ['logreg', 'mlp', 'wgan', 'pwan', 'deployed'])
     return 0
+
+
+def _save(args, overrides, rows):
+    from pwan_ros.io.atomic import write_json
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    write_json(args.out, {'features': args.features, 'overrides': overrides, 'rows': rows})
 
 
 if __name__ == '__main__':

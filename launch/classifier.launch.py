@@ -4,7 +4,9 @@
 
 Subscribes the ``features`` argument's topic (std_msgs/Float32MultiArray, one feature vector per
 message) and publishes ``class_id`` (std_msgs/Int32), ``confidence`` (std_msgs/Float32) and, when
-the run recorded class names, ``class_name`` (std_msgs/String) for every valid message.
+the run recorded class names, ``class_name`` (std_msgs/String) for every valid message, plus
+``prediction`` (std_msgs/String, JSON naming the input it answers); counts of received, classified,
+skipped and dropped inputs go to /diagnostics.
 """
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument

@@ -178,9 +178,11 @@ def test_resume_reproduces_uninterrupted_run():
     xl, yl, xu, yu = gaussian_domains(3)
     cfg = AdaptConfig.from_mapping(dict(SYN, steps=60, warmup_steps=20, weight_interval=15, potential_updates=2,
                                         dropout=0.3))
-    full = AdaptTrainer(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu))
+    from pwan_ros.adaptation.safeguard import holdout_split
+    ho = holdout_split(yl, cfg.holdout_fraction, cfg.seed)          # as run_adaptation trains it
+    full = AdaptTrainer(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu), ho)
     full.train()
-    first = AdaptTrainer(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu))
+    first = AdaptTrainer(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu), ho)
     first.train(until=33)
     buf = io.BytesIO()                  # through the file format resume reads (weights only)
     torch.save(first.state_dict(), buf)
@@ -189,7 +191,7 @@ def test_resume_reproduces_uninterrupted_run():
     ckpt = load_checkpoint(str(path))
     torch.manual_seed(12345)  # the checkpoint must restore every RNG it relies on
     np.random.seed(7)
-    resumed = AdaptTrainer(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu))
+    resumed = AdaptTrainer(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu), holdout_split(yl, cfg.holdout_fraction, 0))
     resumed.load_state_dict(ckpt)
     resumed.train()
     for a, b in zip(full.model.state_dict().values(), resumed.model.state_dict().values()):
@@ -298,7 +300,7 @@ def test_resume_refuses_unsafe_or_broken_checkpoints(tmp_path, capsys, kind):
         latest.parent.mkdir(parents=True)
         buf = io.BytesIO()
         if kind == 'malicious':
-            torch.save({'version': 2, 'payload': _Planted(marker)}, buf)
+            torch.save({'version': 3, 'payload': _Planted(marker)}, buf)
         elif kind == 'foreign':
             torch.save([torch.zeros(3)], buf)
         latest.write_bytes({'empty': b'', 'text': b'not a checkpoint\n'}.get(kind, buf.getvalue()))
@@ -308,3 +310,72 @@ def test_resume_refuses_unsafe_or_broken_checkpoints(tmp_path, capsys, kind):
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and 'cannot resume' in lines[0] and 'Traceback' not in err, err
     assert not marker.exists()
+
+
+# ---------------------------------------------------------------------------- standardisation + safeguard
+def test_standardisation_is_fitted_on_the_labelled_rows_and_robust():
+    """zscore: per-column 1/std, a constant labelled column is ignored (scale 0) instead of being
+    divided by ~0; standard: one common scale, so rotations (also into more dimensions), global
+    scalings and shifts of the inputs give the same standardised geometry (inner products / D: the
+    scale a bottleneck layer initialised with variance ~ 1/D sees)."""
+    from pwan_ros.adaptation.trainer import fit_input_norm
+    xl, yl, _, _ = gaussian_domains(0)
+    xl = xl.astype(np.float64)
+    xl[:, 5] = 7.0
+    mean, scale = fit_input_norm(FeatureSet(xl.astype(np.float32), yl), 'zscore', 100)
+    np.testing.assert_allclose(mean, xl.mean(0), rtol=1e-5)
+    assert scale[5] == 0 and np.all(scale[np.arange(32) != 5] > 0)
+    np.testing.assert_allclose(scale[:5], 1 / xl[:, :5].std(0), rtol=1e-4)
+
+    def gram(x):
+        m, s = fit_input_norm(FeatureSet(x.astype(np.float32), yl), 'standard', 100)
+        z = (x - m.astype(np.float64)) * s.astype(np.float64)
+        return z @ z.T / x.shape[1]
+    q, _ = np.linalg.qr(np.random.default_rng(1).normal(size=(128, 32)))   # 32-d -> 128-d, orthonormal
+    ref = gram(xl)
+    for copy in (xl @ q.T, xl * 1e-2, xl * 1e2, xl + 50.0):
+        np.testing.assert_allclose(gram(copy), ref, rtol=1e-3, atol=1e-3 * np.abs(ref).max())
+
+
+def test_saved_model_carries_its_standardisation(tmp_path):
+    """model.ts holds the labelled-domain mean/scale: it classifies raw features (here on a scale of
+    1e3 with an offset) exactly as the trainer does; the summary says which model it is."""
+    xl, yl, xu, yu = gaussian_domains(0)
+    xl, xu = xl * 1e3 + 5e3, xu * 1e3 + 5e3
+    cfg = AdaptConfig.from_mapping(dict(SYN, steps=40, warmup_steps=10, potential_updates=1, safeguard=False))
+    res = run_adaptation(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu), tmp_path / 'o')
+    assert res.deployed == 'adapted' and res.deployed_reason == 'safeguard off' and res.safeguard is None
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', DeprecationWarning)
+        ts = torch.jit.load(res.model_path)
+    np.testing.assert_allclose(ts.norm.mean.numpy(), xl.astype(np.float64).mean(0), rtol=1e-5)
+    np.testing.assert_allclose(ts.norm.scale.numpy(), 1 / xl.astype(np.float64).std(0), rtol=1e-3)
+    with torch.no_grad():
+        pred = ts(torch.from_numpy(xu)).argmax(1).numpy()
+    np.testing.assert_array_equal(pred, np.load(res.predictions_path))
+    assert res.accuracy == pytest.approx(float((pred == yu).mean())) and res.accuracy > 0.6
+
+
+def test_safeguard_deploys_source_only_when_adaptation_hurts(tmp_path):
+    """Complete alignment (m_alpha = 1) of 3 classes onto 6 must pull unlabelled rows into absent
+    classes: the safeguard, which sees no unlabelled label, deploys the source-only model trained
+    alongside and says why; model.ts and predictions.npy are that model's."""
+    xl, yl, xu, yu = gaussian_domains(0)
+    cfg = AdaptConfig.from_mapping(dict(SYN, method='wgan', lambda1=5.0, potential_updates=1))
+    res = run_adaptation(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu), tmp_path / 'o')
+    assert res.adapted_accuracy < res.source_only_accuracy - 0.1, res     # adaptation did hurt
+    assert res.deployed == 'source_only' and 'not predicted to be better' in res.deployed_reason, res
+    assert res.accuracy == res.source_only_accuracy
+    sg = res.safeguard
+    assert sg['deployed'] == 'source_only' and sg['n_holdout'] == 36 and sg['present_classes'] == [0, 1, 2]
+    assert sg['adapted']['outlier_mass'] > sg['source_only']['outlier_mass']
+    summary = json.loads(pathlib.Path(res.summary_path).read_text())
+    assert summary['deployed'] == 'source_only' and summary['deployed_reason'] == res.deployed_reason
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', DeprecationWarning)
+        deployed = torch.jit.load(res.model_path)
+        source = torch.jit.load(str(tmp_path / 'o' / 'candidates' / 'source_only.ts'))
+    with torch.no_grad():
+        x = torch.from_numpy(xu)
+        np.testing.assert_array_equal(deployed(x).numpy(), source(x).numpy())
+        np.testing.assert_array_equal(deployed(x).argmax(1).numpy(), np.load(res.predictions_path))

@@ -93,6 +93,8 @@ def test_node_trains_publishes_and_exits(tmp_path, ros_env):
     summary = json.loads(pathlib.Path(final['summary']).read_text())
     assert summary['completed'] and summary['steps_done'] == 200
     assert float(final['accuracy']) == pytest.approx(summary['accuracy'], abs=1e-5)
+    assert final['deployed'] == summary['deployed'] in ('adapted', 'source_only')   # the safeguard's choice
+    assert final['deployed_reason'] == summary['deployed_reason'] and summary['safeguard']['n_holdout'] > 0
     pred = np.load(final['predictions'])
     assert pred.shape == (180,) and (tmp_path / 'out' / 'model.ts').stat().st_size > 0
 

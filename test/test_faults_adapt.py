@@ -71,6 +71,17 @@ def test_bad_inputs_one_line_exit_2(tmp_path, inputs):
     assert_one_line_failure(proc, 2, ['afile', 'not a directory'])
 
 
+def test_label_beyond_the_class_names_is_refused(tmp_path, inputs):
+    """A label >= len(class_names) is a careless-user error, not an extra unnamed class."""
+    from test_adapt_core import gaussian_domains as domains
+    xl, yl, _, _ = domains(0)
+    save_npz(tmp_path / 'named.npz', xl, yl, [f'c{i}' for i in range(5)])     # labels 0..5, 5 names
+    out = tmp_path / 'out'
+    proc = adapt('--labelled', tmp_path / 'named.npz', '--unlabelled', inputs[1], '--output', out, *FAST)
+    assert_one_line_failure(proc, 2, ['named.npz', 'label 5 out of range for 5 class_names'])
+    assert not out.exists()
+
+
 def test_unwritable_output_fails_before_training(inputs, unwritable_dir):
     lab, unl = inputs
     t0 = time.monotonic()

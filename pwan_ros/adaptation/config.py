@@ -18,7 +18,7 @@ from pwan_ros.params import FieldSpec, param, specs
 from .errors import AdaptConfigError
 
 METHODS = ('pwan', 'source_only', 'wgan')
-INPUT_NORMS = ('zscore', 'l2', 'l2_zscore', 'none')
+INPUT_NORMS = ('standard', 'zscore', 'l2', 'l2_standard', 'l2_zscore', 'none')
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,10 @@ class AdaptConfig:
     bottleneck_dim: int = param(256, 'width of the bottleneck T_theta (features -> bottleneck_dim)', 2, 65536)
     potential_hidden: int = param(256, 'hidden width of the potential network f_w (2 hidden layers)', 2, 65536)
     dropout: float = param(0.0, 'dropout on the bottleneck output during training', 0.0, 0.95)
-    input_norm: str = param('zscore', 'input feature normalisation: zscore (labelled-domain mean/std), l2 '
-                         '(per row), l2_zscore (both, in that order) or none', choices=INPUT_NORMS)
+    input_norm: str = param('zscore', 'input standardisation, fitted on the labelled rows and saved in model.ts: '
+                         'zscore (per column (x - mean) / std; columns constant on the labelled rows are ignored), '
+                         'standard (x - mean over one common scale: unchanged by rotations, scalings, shifts), '
+                         'l2 (per row), l2_zscore / l2_standard (l2 first) or none', choices=INPUT_NORMS)
     lr: float = param(1e-3, 'base learning rate of Adam for theta, nu; schedule lr*(1+10p)^-0.75, p=step/steps',
                    1e-8, 10.0)
     potential_lr: float = param(1e-3, 'learning rate of RMSprop for the potential network w', 1e-8, 10.0)
@@ -55,6 +57,15 @@ class AdaptConfig:
     weight_interval: int = param(500, 'steps between re-estimations of the class weights mu', 1, 10_000_000)
     reweight: bool = param(True, 'reweight labelled cross-entropy by mu (pwan only)')
     soft_weights: bool = param(True, 'estimate mu from mean softmax probabilities (true) or hard predictions')
+    safeguard: bool = param(True, 'train a source-only model alongside (same architecture) and deploy it instead '
+                         'of the adapted one when the adapted model is not predicted to be better (no unlabelled '
+                         'labels used; see docs/adaptation.md)')
+    holdout_fraction: float = param(0.1, 'fraction of each class of labelled rows held out from training to '
+                                 'validate both models (safeguard only)', 0.0, 0.5)
+    safeguard_margin: float = param(0.02, 'safeguard: tolerated loss of held-out accuracy and gain of '
+                                 'estimated-outlier-class mass of the adapted model over source-only', 0.0, 1.0)
+    min_agreement: float = param(0.8, 'safeguard: least fraction of unlabelled rows on which the adapted and '
+                              'source-only models must agree', 0.0, 1.0)
     eval_interval: int = param(250, 'steps between full passes over the unlabelled set (metrics, best checkpoint)',
                             1, 10_000_000)
     checkpoint_interval: int = param(500, 'steps between latest-checkpoint writes', 1, 10_000_000)

@@ -34,8 +34,11 @@ class ClassifierConfig:
     reliability: str = param('reliable', 'QoS reliability of the features subscription: reliable (rclpy '
                                          'publishers, ros2 bag play) or best_effort (sensor-data publishers)',
                              choices=RELIABILITIES)
-    queue_depth: int = param(10, 'queue depth of the features subscription and of the output publishers',
-                             1, 10000)
+    queue_depth: int = param(5000, 'queue depth (history) of the features subscription and of the output '
+                                   'publishers; a burst larger than this that arrives faster than it is '
+                                   'classified loses messages (they are counted and reported)', 1, 1000000)
+    status_period: float = param(1.0, 'seconds between pwan_classifier status messages on /diagnostics '
+                                      '(received, classified, skipped, dropped counts)', 0.05, 3600.0)
 
     def __post_init__(self):
         check(self, AdaptConfigError, flags=False)

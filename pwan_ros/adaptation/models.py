@@ -9,23 +9,27 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-NORM_MODES = {'none': 0, 'l2': 1, 'zscore': 2, 'l2_zscore': 3}
+NORM_MODES = {'none': 0, 'l2': 1, 'zscore': 2, 'l2_zscore': 3, 'standard': 2, 'l2_standard': 3}
 
 
 class InputNorm(nn.Module):
-    """Row-wise L2 normalisation and/or z-scoring with stored mean/std (D,), or identity."""
+    """Row-wise L2 normalisation and/or ``(x - mean) * scale`` with stored mean/scale (D,), or identity.
+
+    ``scale`` is 1/std per column for ``zscore`` (0 for a column that is constant on the labelled
+    rows, so it is ignored rather than blown up on the unlabelled ones) and one common factor for
+    ``standard`` (see :func:`pwan_ros.adaptation.trainer.fit_input_norm`)."""
 
     def __init__(self, dim: int, mode: str = 'l2'):
         super().__init__()
         self.mode = NORM_MODES[mode]
         self.register_buffer('mean', torch.zeros(dim))
-        self.register_buffer('std', torch.ones(dim))
+        self.register_buffer('scale', torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.mode == 1 or self.mode == 3:
             x = x / x.pow(2).sum(dim=1, keepdim=True).sqrt().clamp_min(1e-12)
         if self.mode == 2 or self.mode == 3:
-            x = (x - self.mean) / self.std
+            x = (x - self.mean) * self.scale
         return x
 
 

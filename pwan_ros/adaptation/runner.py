@@ -4,8 +4,11 @@ Output directory layout (every file written atomically)::
 
   checkpoints/latest.pt   resumable state (also written on interruption)
   checkpoints/best.pt     lowest mean entropy on the unlabelled rows (unsupervised criterion)
-  model.ts                TorchScript eta = classifier o bottleneck: features (n, D) -> logits (n, K)
-  predictions.npy         (M,) int64 0-based class ids of the unlabelled rows (last iterate)
+  model.ts                TorchScript of the deployed model: features (n, D) -> logits (n, K)
+                          (input standardisation + bottleneck + classifier); the adapted model, or
+                          the source-only one when the safeguard rejects adaptation
+  candidates/adapted.ts, candidates/source_only.ts   both candidates (safeguard on)
+  predictions.npy         (M,) int64 0-based class ids of the unlabelled rows (deployed model)
   metrics.csv             per-step metrics;  evals.csv: per-evaluation metrics
   metrics.json            both, as lists of records
   plots/*.png             losses, m_alpha, class weights, 2-D projection of bottleneck features
@@ -28,6 +31,7 @@ from .config import AdaptConfig
 from .data import FeatureSet, load_npz
 from .errors import AdaptInputError, AdaptOutputError
 from .io import OutputError, check_output, os_error_text, write_bytes, write_json, write_npy, write_text
+from .safeguard import SafeguardDecision, decide, holdout_split, train_source_only
 from .trainer import AdaptTrainer, EvalResult, StepMetrics
 
 
@@ -56,6 +60,11 @@ class AdaptResult:
     prediction_histogram: Optional[List[int]]
     accuracy: Optional[float]
     absent_class_fraction: Optional[float]
+    deployed: Optional[str]          # model in model.ts: adapted | source_only (None: not finished)
+    deployed_reason: Optional[str]
+    safeguard: Optional[Dict]        # SafeguardDecision.to_dict(): the criteria of both candidates
+    adapted_accuracy: Optional[float]       # evaluation labels only: both candidates' accuracy
+    source_only_accuracy: Optional[float]
     output_dir: str
     predictions_path: Optional[str]
     model_path: Optional[str]
@@ -178,7 +187,9 @@ def _run(config, lab, unl, out, resume, on_step, on_eval, should_stop, log) -> A
     if config.threads > 0:
         torch.set_num_threads(config.threads)
     try:
-        trainer = AdaptTrainer(config, lab, unl)
+        guarded = config.safeguard and config.method != 'source_only'
+        holdout = holdout_split(lab.labels, config.holdout_fraction, config.seed) if guarded else None
+        trainer = AdaptTrainer(config, lab, unl, holdout)
         if resume:
             if not os.path.isfile(latest):
                 raise AdaptInputError(f'cannot resume: {latest} does not exist')
@@ -201,28 +212,46 @@ def _run(config, lab, unl, out, resume, on_step, on_eval, should_stop, log) -> A
                              should_stop=should_stop)
         _ckpt_save(trainer, latest)
         write_metrics(trainer, out)
-        res = None
+        res = decision = companion = accuracies = None
         if done:
             res = last_eval[0] if last_eval and last_eval[0].step == trainer.state.step else trainer.evaluate()
             if not last_eval or last_eval[0] is not res:
                 if trainer.record_eval(res):
                     _ckpt_save(trainer, best)
                 write_metrics(trainer, out)
-            write_npy(os.path.join(out, 'predictions.npy'), res.predictions)
-            export_torchscript(trainer, os.path.join(out, 'model.ts'))
+            deployed = trainer
+            if guarded:
+                log('safeguard: training the source-only model alongside')
+                companion = train_source_only(config, lab, unl, holdout)
+                decision = decide(trainer, companion, holdout, config.safeguard_margin, config.min_agreement)
+                log(f'safeguard: deploying {decision.deployed}: {decision.reason}')
+                if decision.deployed == 'source_only':     # refitted on all labelled rows
+                    companion = train_source_only(config, lab, unl, None)
+                os.makedirs(os.path.join(out, 'candidates'), exist_ok=True)
+                export_torchscript(trainer, os.path.join(out, 'candidates', 'adapted.ts'))
+                export_torchscript(companion, os.path.join(out, 'candidates', 'source_only.ts'))
+                if decision.deployed == 'source_only':
+                    deployed = companion
+            source_res = None if companion is None else companion.evaluate()
+            final = res if deployed is trainer else source_res
+            write_npy(os.path.join(out, 'predictions.npy'), final.predictions)
+            export_torchscript(deployed, os.path.join(out, 'model.ts'))
             if trainer.config.plots:
                 from .plots import write_plots
                 write_plots(trainer, os.path.join(out, 'plots'))
+            accuracies = (res.accuracy, None if source_res is None else source_res.accuracy)
+            res = final
         else:
             log(f'stopped at step {trainer.state.step}; checkpoint {latest}')
-        result = _result(trainer, res, out, latest, best, done)
+        result = _result(trainer, res, out, latest, best, done, decision, *(accuracies if done else (None, None)))
         write_json(result.summary_path, result.to_dict())
         return result
     finally:
         torch.set_num_threads(torch_threads)
 
 
-def _result(tr: AdaptTrainer, res: Optional[EvalResult], out, latest, best, done) -> AdaptResult:
+def _result(tr: AdaptTrainer, res: Optional[EvalResult], out, latest, best, done,
+            decision: Optional[SafeguardDecision], adapted_acc, source_acc) -> AdaptResult:
     cfg, st, k = tr.config, tr.state, tr.num_classes
     # Classes predicted for more than 1/K of the unlabelled rows at the end (hard predictions).
     frac = res.class_fraction if res is not None else st.mu / k
@@ -237,6 +266,13 @@ def _result(tr: AdaptTrainer, res: Optional[EvalResult], out, latest, best, done
         prediction_histogram=None if res is None else np.bincount(res.predictions, minlength=k).tolist(),
         accuracy=None if res is None else res.accuracy,
         absent_class_fraction=None if res is None else res.absent_fraction,
+        deployed=None if not done else (decision.deployed if decision is not None else
+                                         ('source_only' if cfg.method == 'source_only' else 'adapted')),
+        deployed_reason=None if not done else (decision.reason if decision is not None else
+                                                'safeguard off' if cfg.method != 'source_only' else 'method source_only'),
+        safeguard=None if decision is None else decision.to_dict(),
+        adapted_accuracy=adapted_acc if cfg.method != 'source_only' else None,
+        source_only_accuracy=source_acc if cfg.method != 'source_only' else adapted_acc,
         output_dir=out,
         predictions_path=os.path.join(out, 'predictions.npy') if done else None,
         model_path=os.path.join(out, 'model.ts') if done else None,

@@ -33,10 +33,10 @@ from .data import FeatureSet, check_pair
 from .errors import AdaptConfigError, AdaptInputError
 from .models import AdaptedClassifier, PotentialNet, gradient_penalty
 
-CHECKPOINT_VERSION = 2   # 2: tensors and plain values only (torch.load(weights_only=True))
+CHECKPOINT_VERSION = 3   # 2: tensors and plain values only (torch.load(weights_only=True)); 3: norm.scale, holdout
 # Config fields that may differ between a checkpoint and the run that resumes it.
 RESUME_FREE = ('steps', 'device', 'threads', 'plots', 'eval_batch', 'eval_interval', 'checkpoint_interval',
-               'memory_limit_mb')
+               'memory_limit_mb', 'safeguard_margin', 'min_agreement')
 
 
 def resolve_device(name: str) -> torch.device:
@@ -96,9 +96,12 @@ class AdaptTrainer:
         config: validated :class:`AdaptConfig` (the method's fixed settings are applied here).
         labelled: features (N, D) with labels (N,) in 0..K-1.
         unlabelled: features (M, D); labels, if present, are read only by :meth:`evaluate`.
+        holdout: labelled row indices never trained on (the safeguard's validation rows); the
+            input normalisation is still fitted on all labelled rows (it uses no labels).
     """
 
-    def __init__(self, config: AdaptConfig, labelled: FeatureSet, unlabelled: FeatureSet):
+    def __init__(self, config: AdaptConfig, labelled: FeatureSet, unlabelled: FeatureSet,
+                 holdout: Optional[np.ndarray] = None):
         self.user_config = config
         self.config = cfg = config.resolved_method()
         self.labelled, self.unlabelled = labelled, unlabelled
@@ -107,10 +110,10 @@ class AdaptTrainer:
         k = self.num_classes
         torch.manual_seed(cfg.seed)
         self.model = AdaptedClassifier(labelled.dim, k, cfg.bottleneck_dim, cfg.dropout, cfg.input_norm)
-        if cfg.input_norm in ('zscore', 'l2_zscore'):
-            mean, std = _moments(labelled, cfg.eval_batch, l2=cfg.input_norm == 'l2_zscore')
+        if cfg.input_norm not in ('none', 'l2'):
+            mean, scale = fit_input_norm(labelled, cfg.input_norm, cfg.eval_batch)
             self.model.norm.mean.copy_(torch.from_numpy(mean))
-            self.model.norm.std.copy_(torch.from_numpy(std))
+            self.model.norm.scale.copy_(torch.from_numpy(scale))
         self.potential = PotentialNet(cfg.bottleneck_dim, cfg.potential_hidden, nonpositive=cfg.method != 'wgan')
         self.model.to(self.device)
         self.potential.to(self.device)
@@ -119,7 +122,10 @@ class AdaptTrainer:
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self._lr_factor)
         self.rng = np.random.default_rng(cfg.seed)
         self.gen = torch.Generator().manual_seed(cfg.seed + 1)
-        self.by_class = [np.flatnonzero(labelled.labels == c) for c in range(k)]
+        train = np.ones(labelled.n, bool)
+        if holdout is not None:
+            train[np.asarray(holdout, dtype=np.int64)] = False
+        self.by_class = [np.flatnonzero((labelled.labels == c) & train) for c in range(k)]
         self.per_class = max(1, cfg.batch_size // k)
         self.state = TrainerState(mu=np.ones(k), m0=cfg.m0 if cfg.m0 >= 1 else 1.0)
         self.absent = None
@@ -345,9 +351,17 @@ class AdaptTrainer:
             self.state.train_seconds += time.perf_counter() - t0
 
 
-def _moments(fs: FeatureSet, chunk: int, l2: bool = False):
-    """Streaming per-column mean and std (D,) float32 (std floored at 1e-6), of the L2-normalised
-    rows when ``l2``."""
+def fit_input_norm(fs: FeatureSet, mode: str, chunk: int):
+    """Standardisation fitted on the labelled rows: ``(mean, scale)`` (D,) float32 for
+    ``x -> (x - mean) * scale`` (after per-row L2 normalisation for the ``l2_*`` modes).
+
+    ``zscore``: scale = 1 / column std; a column whose std is below 1e-6 of the largest one
+    (constant on the labelled rows) gets scale 0, i.e. it is ignored instead of being divided
+    by ~0 and exploding on unlabelled rows where it varies. ``standard``: one common scale for
+    all columns, 1 / sqrt(mean column variance), so the features keep their geometry: the result
+    is the same (up to rounding) after any rotation, any global scaling and any shift of the inputs,
+    also for rotations into more dimensions, and constant columns are harmless. Streaming (float64)."""
+    l2 = mode.startswith('l2_')
     n, s1, s2 = 0, np.zeros(fs.dim), np.zeros(fs.dim)
     for b in fs.batches(chunk):
         b = b.astype(np.float64)
@@ -357,5 +371,12 @@ def _moments(fs: FeatureSet, chunk: int, l2: bool = False):
         s1 += b.sum(0)
         s2 += (b * b).sum(0)
     mean = s1 / n
-    std = np.sqrt(np.maximum(s2 / n - mean * mean, 0.0))
-    return mean.astype(np.float32), np.maximum(std, 1e-6).astype(np.float32)
+    var = np.maximum(s2 / n - mean * mean, 0.0)
+    std = np.sqrt(var)
+    if mode.endswith('zscore'):
+        ok = std > 1e-6 * max(float(std.max()), 1e-300)
+        scale = np.where(ok, 1.0 / np.where(ok, std, 1.0), 0.0)
+    else:
+        total = float(var.mean())
+        scale = np.full(fs.dim, 1.0 / np.sqrt(total) if total > 0 else 1.0)
+    return mean.astype(np.float32), scale.astype(np.float32)

@@ -116,8 +116,9 @@ def _main(args) -> int:
         print(json.dumps(result.to_dict()))
     else:
         acc = '' if result.accuracy is None else f' accuracy={result.accuracy:.4f}'
+        dep = '' if result.deployed is None else f' deployed={result.deployed}'
         print(f'{"done" if result.completed else "interrupted"}: {result.steps_done}/{result.steps} steps'
-              f'{acc} -> {result.output_dir}', file=sys.stderr)
+              f'{dep}{acc} -> {result.output_dir}', file=sys.stderr)
     return 0 if result.completed else 130
 
 
