@@ -47,6 +47,8 @@ RIVAL_TURN_DEG = 15.0
 RIVAL_MARGIN = 0.05
 #: a rival is distinct when it moves the source points by more than this many gates (RMS)
 RIVAL_DISTINCT = 2.0
+#: fewer judged source points than this cannot vouch for a pose
+MIN_JUDGED = 10
 #: source points used by the check (a random subset of the voxelised moved source)
 CHECK_POINTS = 4000
 #: the judging voxel leaves at most this many voxels with two or more reference points (:func:`judging_voxel`)
@@ -159,13 +161,13 @@ def check_pose(moved: np.ndarray, reference: np.ndarray, voxel: Optional[float] 
     reach = hi - lo
     near = np.isfinite(moved).all(axis=1) & (moved >= lo - reach).all(axis=1) & (moved <= hi + reach).all(axis=1)
     total = max(len(moved), 1)
+    g = 1.5 * voxel
+    if not near.any():
+        return PoseCheck('refused', 'no source point lies near the reference', 0.0, 0.0, 0.0, float('nan'),
+                         float('nan'), voxel, g)
     moved = voxel_downsample(moved[near], voxel)
     if len(moved) > max_points:
         moved = moved[rng.choice(len(moved), max_points, replace=False)]
-    g = 1.5 * voxel
-    if len(moved) == 0:
-        return PoseCheck('refused', 'no source point lies near the reference', 0.0, 0.0, 0.0, float('nan'),
-                         float('nan'), voxel, g)
     d0, _ = reference_tree.query(moved, k=1, distance_upper_bound=g)
     kept = near.sum() / total          # overlaps count the far glitches as unmatched
     overlap = float(np.isfinite(d0).mean()) * kept
@@ -177,7 +179,10 @@ def check_pose(moved: np.ndarray, reference: np.ndarray, voxel: Optional[float] 
     if excess < MIN_EXCESS_OVERLAP:
         return PoseCheck('refused', f'only {overlap:.0%} of the source lies within {g:.3g} of the reference '
                          f'({chance:.0%} would by chance)', overlap, chance, excess, nan, nan, voxel, g)
-    if dim != 3 or not rivals or len(moved) < 10:
+    if len(moved) < MIN_JUDGED:
+        return PoseCheck('refused', f'{len(moved)} source points at the judging voxel {voxel:.3g}: too few to vouch '
+                         f'for a pose (need {MIN_JUDGED})', overlap, chance, excess, nan, nan, voxel, g)
+    if dim != 3 or not rivals:
         return PoseCheck('ok', '', overlap, chance, excess, nan, nan, voxel, g)
     better, rival = (None if r is None else (r[0], r[1] * kept, r[2], r[3])
                      for r in _rivals(moved, reference_tree, g, moved[np.isfinite(d0)].mean(axis=0)))

@@ -66,8 +66,9 @@ class OdometryConfig:
                                    '[0.02, 1.0] m', 0.0, 100.0)
     scan_max_points: int = param(10000, 'cap on points per scan after downsampling (random subset); a keyframe '
                                  'keeps this many', 100, 10_000_000)
-    source_points: int = param(10000, 'points of each scan tracked against the keyframe (random subset; the '
-                               'tracking cost is linear in it)', 100, 10_000_000)
+    source_points: int = param(5000, 'points of each scan tracked against the keyframe (random subset; the '
+                               'tracking cost is linear in it; thousands already fix the 6 degrees of freedom)',
+                               100, 10_000_000)
     pwan_max_points: int = param(1500, "cap on points per set for full PWAN (the core's max_points; its cost is "
                                  'linear in it)', 50, 1_000_000)
     pwan_steps: int = param(400, "maximum transform updates of one full-PWAN registration (the core's steps)",

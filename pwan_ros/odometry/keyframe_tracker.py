@@ -29,7 +29,7 @@ class PreparedCloud:
     tree: 'small_gicp.KdTree'
 
     @classmethod
-    def build(cls, points: np.ndarray, num_threads: int = 1, num_neighbors: int = 10) -> 'PreparedCloud':
+    def build(cls, points: np.ndarray, num_threads: int = 2, num_neighbors: int = 10) -> 'PreparedCloud':
         pts = np.ascontiguousarray(points, dtype=np.float64)
         cloud = small_gicp.PointCloud(pts)
         tree = small_gicp.KdTree(cloud, num_threads=num_threads)
@@ -76,7 +76,7 @@ def match_quality(target: PreparedCloud, points: np.ndarray, transform: np.ndarr
 
 
 def track(target: PreparedCloud, source: PreparedCloud, init: np.ndarray, h: float,
-          max_iterations: int = 30, num_threads: int = 1, capture: float = 0.0) -> TrackResult:
+          max_iterations: int = 30, num_threads: int = 2, capture: float = 0.0) -> TrackResult:
     """Register ``source`` to ``target`` from ``init`` (4x4 T_target_source).
 
     While converging, correspondences are gated at 2h (a wider capture range from a poor

@@ -41,7 +41,7 @@ class Keyframes:
     with the first scan when automatic; default ``scan_voxel_size``); the local map is
     downsampled with it (0: only capped)."""
 
-    def __init__(self, config: OdometryConfig, num_threads: int = 1,
+    def __init__(self, config: OdometryConfig, num_threads: int = 2,
                  voxel_size: Optional[Callable[[], float]] = None):
         self.config = config
         self.num_threads = num_threads

@@ -39,7 +39,7 @@ class ScanPreparer:
     """Range gate, voxel grid (size fixed by the first scan when automatic), isolated-return and
     far-glitch removal, point caps. ``voxel_size`` is 0 until known."""
 
-    def __init__(self, config: OdometryConfig, rng: np.random.Generator, num_threads: int = 1):
+    def __init__(self, config: OdometryConfig, rng: np.random.Generator, num_threads: int = 2):
         self.config = config
         self.rng = rng
         self.num_threads = num_threads

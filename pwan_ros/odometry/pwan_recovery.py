@@ -106,7 +106,7 @@ class Recovery:
 
 
 def recover(aligner: PwanAligner, keyframe: PreparedCloud, scan: PreparedCloud, init: np.ndarray, h: float,
-            yaw_starts: int, good: float, deadline: float, num_threads: int = 1,
+            yaw_starts: int, good: float, deadline: float, num_threads: int = 2,
             use_global: bool = False) -> Recovery:
     """Full PWAN of ``scan`` onto ``keyframe`` from ``init`` (T_keyframe_scan), then from rotations
     of it by k x 360/yaw_starts degrees about the sensor's z axis (REP-103: z up), nearest first,
