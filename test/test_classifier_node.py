@@ -131,18 +131,23 @@ def _wait_for(q, text, timeout, seen):
     return False
 
 
+def _start_node(out, ros_env, monkeypatch, args):
+    """Start the classifier node on ``out``'s model (CPU) with extra ROS ``args``, and give this
+    process the node's DDS environment. Returns (process, its line queue, lines seen)."""
+    proc = subprocess.Popen(NODE + ['--ros-args', '-p', f'model:={out / "model.ts"}', '-p', 'device:=cpu'] + args,
+                            env=ros_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for key in ('ROS_DOMAIN_ID', 'ROS_AUTOMATIC_DISCOVERY_RANGE', 'FASTDDS_BUILTIN_TRANSPORTS', 'ROS_LOG_DIR',
+                'ROS_HOME', 'RMW_IMPLEMENTATION'):
+        monkeypatch.setenv(key, ros_env[key])
+    return proc, _lines(proc), []
+
+
 @pytest.mark.ros
 def test_node_publishes_the_predictions_of_deploy(run_dir, ros_env, monkeypatch):
     """Feature vectors from an rclpy publisher in this process reach the node (remapped topic);
     its class ids / confidences / names are deploy.py's predictions; bad messages are skipped."""
     out, xu = run_dir
-    proc = subprocess.Popen(NODE + ['--ros-args', '-p', f'model:={out / "model.ts"}', '-p', 'device:=cpu',
-                                    '-r', 'features:=/my/features'],
-                            env=ros_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines, seen = _lines(proc), []
-    for key in ('ROS_DOMAIN_ID', 'ROS_AUTOMATIC_DISCOVERY_RANGE', 'FASTDDS_BUILTIN_TRANSPORTS', 'ROS_LOG_DIR',
-                'ROS_HOME', 'RMW_IMPLEMENTATION'):
-        monkeypatch.setenv(key, ros_env[key])
+    proc, lines, seen = _start_node(out, ros_env, monkeypatch, ['-r', 'features:=/my/features'])
     import rclpy
     from std_msgs.msg import Float32, Float32MultiArray, Int32, String
     rclpy.init()
@@ -217,13 +222,7 @@ def _burst(run_dir, ros_env, monkeypatch, extra_params, n=1000, pub_depth=10):
     default); returns (sent rows, predictions received as dicts, the node's whole log)."""
     import json
     out, xu = run_dir
-    proc = subprocess.Popen(NODE + ['--ros-args', '-p', f'model:={out / "model.ts"}', '-p', 'device:=cpu']
-                            + [a for p in extra_params for a in ('-p', p)],
-                            env=ros_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines, seen = _lines(proc), []
-    for key in ('ROS_DOMAIN_ID', 'ROS_AUTOMATIC_DISCOVERY_RANGE', 'FASTDDS_BUILTIN_TRANSPORTS', 'ROS_LOG_DIR',
-                'ROS_HOME', 'RMW_IMPLEMENTATION'):
-        monkeypatch.setenv(key, ros_env[key])
+    proc, lines, seen = _start_node(out, ros_env, monkeypatch, [a for p in extra_params for a in ('-p', p)])
     import rclpy
     from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
     from std_msgs.msg import Float32MultiArray, String

@@ -47,6 +47,10 @@ RIVAL_TURN_DEG = 15.0
 RIVAL_MARGIN = 0.05
 #: a rival is distinct when it moves the source points by more than this many gates (RMS)
 RIVAL_DISTINCT = 2.0
+#: the judging voxel shrinks (by 1.5x, at most MAX_REFINE times) until random places in the source's
+#: box are within the gate of the reference at most this often (a small or sparse cloud)
+MAX_CHANCE = 0.5
+MAX_REFINE = 8
 #: fewer judged source points than this cannot vouch for a pose
 MIN_JUDGED = 10
 #: source points used by the check (a random subset of the voxelised moved source)
@@ -155,25 +159,29 @@ def check_pose(moved: np.ndarray, reference: np.ndarray, voxel: Optional[float] 
     dim = moved.shape[1]
     rng = np.random.default_rng(seed)
     voxel = judging_voxel(reference) if voxel is None else float(voxel)
-    reference_tree = cKDTree(_surface(reference, voxel))
     # source points beyond the reference's box by more than its size (far glitches) cannot overlap
     lo, hi = reference.min(axis=0), reference.max(axis=0)
     reach = hi - lo
     near = np.isfinite(moved).all(axis=1) & (moved >= lo - reach).all(axis=1) & (moved <= hi + reach).all(axis=1)
-    total = max(len(moved), 1)
-    g = 1.5 * voxel
+    kept = near.sum() / max(len(moved), 1)      # overlaps count the far glitches as unmatched
     if not near.any():
         return PoseCheck('refused', 'no source point lies near the reference', 0.0, 0.0, 0.0, float('nan'),
-                         float('nan'), voxel, g)
-    moved = voxel_downsample(moved[near], voxel)
-    if len(moved) > max_points:
-        moved = moved[rng.choice(len(moved), max_points, replace=False)]
-    d0, _ = reference_tree.query(moved, k=1, distance_upper_bound=g)
-    kept = near.sum() / total          # overlaps count the far glitches as unmatched
-    overlap = float(np.isfinite(d0).mean()) * kept
-    probes = rng.uniform(moved.min(axis=0), moved.max(axis=0), size=moved.shape)
-    dp, _ = reference_tree.query(probes, k=1, distance_upper_bound=g)
-    chance = float(np.isfinite(dp).mean())
+                         float('nan'), voxel, 1.5 * voxel)
+    source = moved[near]
+    for attempt in range(MAX_REFINE):
+        voxel = voxel if attempt == 0 else voxel / 1.5   # a gate most of the box lies within tells nothing
+        g = 1.5 * voxel
+        reference_tree = cKDTree(_surface(reference, voxel))
+        moved = voxel_downsample(source, voxel)
+        if len(moved) > max_points:
+            moved = moved[np.random.default_rng(seed).choice(len(moved), max_points, replace=False)]
+        d0, _ = reference_tree.query(moved, k=1, distance_upper_bound=g)
+        overlap = float(np.isfinite(d0).mean()) * kept
+        probes = rng.uniform(moved.min(axis=0), moved.max(axis=0), size=moved.shape)
+        dp, _ = reference_tree.query(probes, k=1, distance_upper_bound=g)
+        chance = float(np.isfinite(dp).mean())
+        if chance <= MAX_CHANCE:
+            break
     excess = (overlap - chance) / (1.0 - chance) if chance < 1.0 else 0.0
     nan = float('nan')
     if excess < MIN_EXCESS_OVERLAP:
