@@ -29,7 +29,8 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from pwan_ros.geometry.se3 import invert, project_rigid, rotation_angle
+from pwan_ros.core.verify import check_pose
+from pwan_ros.geometry.se3 import invert, project_rigid, rotation_angle, transform_points
 from pwan_ros.odometry.config import OdometryConfig
 from pwan_ros.odometry.deskew import deskew, motion_over
 from pwan_ros.odometry.keyframe_tracker import MatchQuality, PreparedCloud, match_quality, track
@@ -214,10 +215,18 @@ class OdometryPipeline:
         best = None
         if self.config.mode in ('adaptive', 'tracking'):
             t0 = time.perf_counter()
-            tr = track(kf.cloud, scan.tracked, init, self.h, num_threads=self.num_threads,
-                       capture=self._capture_range())
+            capture = self._capture_range()
+            tr = track(kf.cloud, scan.tracked, init, self.h, num_threads=self.num_threads, capture=capture)
             timings['track'] = (time.perf_counter() - t0) * 1e3
             best = _Outcome(tr.transform, tr.quality, tr.iterations, reason=self.trust.distrust(tr.quality, self.h))
+            if not best.reason and capture > 2.0 * self.h:
+                # a gap with no velocity to predict from: a wide search can settle on a pose near the
+                # last one ("no motion" on a road); the self-check judges it before it is trusted
+                t1 = time.perf_counter()
+                check = check_pose(transform_points(tr.transform, scan.dense), kf.cloud.points)
+                timings['check'] = (time.perf_counter() - t1) * 1e3
+                if check.status != 'ok':
+                    best.reason = f'tracking across a {capture:.3g} m gap refused by its self-check: {check.reason}'
             if self._scan_index == 1 and kf.is_reference:
                 best.reason = 'start-up against the reference cloud' + (f' ({best.reason})' if best.reason else '')
             if not best.reason or self.config.mode == 'tracking':
