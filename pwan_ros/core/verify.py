@@ -13,8 +13,8 @@ is g = 1.5 judging voxels.
   occupies. ``excess = (overlap - chance) / (1 - chance)`` is the overlap the pose explains, which
   outliers cannot inflate. Below ``MIN_EXCESS_OVERLAP``: refused.
 * **No rival pose** (3-D). GICP (plane-aware, small_gicp), coarse to fine down to g, from starts
-  around the result: moved ``RIVAL_REACH`` gates along each axis and turned ``RIVAL_TURN_DEG``
-  about each axis. A pose the data pins down is where those starts return to. Refused, with the
+  around the result: moved 8 and 32 gates (``RIVAL_REACH``) along each axis and turned
+  ``RIVAL_TURN_DEG`` about each axis. A pose the data pins down is where those starts return to. Refused, with the
   rival's shift and overlap, when a start ends where more than ``RIVAL_MARGIN`` more of the source
   lies on the reference (the result is not the fit its data shows: a slide, "no motion" kept by
   a sampling pattern, an early stop), or at a *distinct* pose (points moved by more than
@@ -40,8 +40,8 @@ __all__ = ['PoseCheck', 'check_pose', 'judging_voxel', 'MIN_EXCESS_OVERLAP', 'RI
 
 #: refuse when less than this fraction of the source lies on the reference beyond chance
 MIN_EXCESS_OVERLAP = 0.05
-#: the rival search: GICP starts this many gates away and turned this much about each axis
-RIVAL_REACH = 8.0
+#: the rival search: GICP starts these many gates away along each axis and turned this much about each
+RIVAL_REACH = (8.0, 32.0)
 RIVAL_TURN_DEG = 15.0
 #: refuse when a distinct rival pose puts at least the result's overlap minus this on the reference
 RIVAL_MARGIN = 0.05
@@ -221,34 +221,36 @@ def _rivals(moved: np.ndarray, reference_tree: cKDTree, g: float, center: np.nda
     source = small_gicp.PointCloud(np.ascontiguousarray(moved))
     small_gicp.estimate_covariances(source, small_gicp.KdTree(source, num_threads=1), num_neighbors=10,
                                     num_threads=1)
-    reach = RIVAL_REACH * g
-    gates = [g]
-    while gates[0] * 2.0 <= reach:
-        gates.insert(0, gates[0] * 2.0)
-    better = rival = None
+    starts = []
     for k in range(3):
         for sign in (1.0, -1.0):
-            shifted = np.eye(4)
-            shifted[k, 3] = sign * reach
+            axis = 'xyz'[k] + ('+' if sign > 0 else '-')
+            for reach in RIVAL_REACH:
+                shifted = np.eye(4)
+                shifted[k, 3] = sign * reach * g
+                starts.append((f'from {reach * g:.3g} along {axis}', shifted, reach * g))
             turned = np.eye(4)
             turned[:3, :3] = Rotation.from_rotvec(np.eye(3)[k] * sign * np.radians(RIVAL_TURN_DEG)).as_matrix()
             turned[:3, 3] = center - turned[:3, :3] @ center
-            axis = 'xyz'[k] + ('+' if sign > 0 else '-')
-            for label, t in ((f'from {reach:.3g} along {axis}', shifted),
-                             (f'from a {RIVAL_TURN_DEG:g} deg turn about {axis}', turned)):
-                for gate in gates:
-                    res = small_gicp.align(target, source, target_tree, init_T_target_source=t,
-                                           registration_type='GICP', max_correspondence_distance=gate,
-                                           num_threads=1, max_iterations=30)
-                    t = np.asarray(res.T_target_source, dtype=np.float64)
-                if not np.isfinite(t).all():
-                    continue
-                alt = moved @ t[:3, :3].T + t[:3, 3]
-                shift = float(np.sqrt(((alt - moved) ** 2).sum(axis=1).mean()))
-                d, _ = reference_tree.query(alt, k=1, distance_upper_bound=g)
-                found = (label, float(np.isfinite(d).mean()), shift, t)
-                if better is None or found[1] > better[1]:
-                    better = found
-                if shift > RIVAL_DISTINCT * g and (rival is None or found[1] > rival[1]):
-                    rival = found
+            starts.append((f'from a {RIVAL_TURN_DEG:g} deg turn about {axis}', turned, RIVAL_REACH[0] * g))
+    better = rival = None
+    for label, t, reach in starts:
+        gates = [g]
+        while gates[0] * 2.0 <= reach:
+            gates.insert(0, gates[0] * 2.0)
+        for gate in gates:
+            res = small_gicp.align(target, source, target_tree, init_T_target_source=t,
+                                   registration_type='GICP', max_correspondence_distance=gate,
+                                   num_threads=1, max_iterations=30)
+            t = np.asarray(res.T_target_source, dtype=np.float64)
+        if not np.isfinite(t).all():
+            continue
+        alt = moved @ t[:3, :3].T + t[:3, 3]
+        shift = float(np.sqrt(((alt - moved) ** 2).sum(axis=1).mean()))
+        d, _ = reference_tree.query(alt, k=1, distance_upper_bound=g)
+        found = (label, float(np.isfinite(d).mean()), shift, t)
+        if better is None or found[1] > better[1]:
+            better = found
+        if shift > RIVAL_DISTINCT * g and (rival is None or found[1] > rival[1]):
+            rival = found
     return better, rival
