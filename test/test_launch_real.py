@@ -13,7 +13,6 @@ import pathlib
 import signal
 import subprocess
 import sys
-import sysconfig
 import time
 
 import psutil
