@@ -35,6 +35,7 @@ import numpy as np
 from scipy.spatial import cKDTree
 
 from .config import GlobalConfig
+from .verify import check_pose
 from .hypotheses import (ROTATION_KEEP, Hypothesis, feature_hypotheses, feature_normals, pose_distance,
                          rotation_hypotheses, voxelised)
 
@@ -222,6 +223,7 @@ def register_global(source, reference, config, reference_cache=None, refine=None
     if out.status != 'ok':      # a best guess only: the candidates' iteration cap, not the dense one's
         final_cfg = final_cfg.replace(finetune=dataclasses.replace(
             final_cfg.finetune, max_iterations=min(final_cfg.finetune.max_iterations, config.start_finetune_iterations)))
+    final_cfg = final_cfg.replace(self_check=False)        # judged below, with the viewpoints
     final = refine(source, reference, init=out.result.transform, config=final_cfg, reference_cache=reference_cache)
     if config.divergence == 'mass' and out.status == 'ok':
         # the candidate was refined on subsets (a few degrees off on a hard pair): its residuals,
@@ -236,10 +238,19 @@ def register_global(source, reference, config, reference_cache=None, refine=None
     timings.update(choose=t2 - t1, finetune=time.perf_counter() - t2)
     overlap = final.matched_ratio if config.divergence == 'distance' else out.overlap
     status, reason = out.status, out.reason
-    if status == 'ok' and final.status != 'ok':      # the self-check of the dense refinement
-        status, reason = final.status, final.reason
+    check = None
+    if config.self_check:
+        # the self-check of the dense refinement; with viewpoints, a rival pose that puts either
+        # cloud where the other sensor saw free space is no rival
+        admissible = None
+        if seen_through is not None:
+            def admissible(t):
+                return seen_through(t @ final.transform) <= cfg.max_free_space
+        check = check_pose(final.transformed_source, ref_f, seed=config.seed, admissible=admissible)
+        if status == 'ok' and check.status != 'ok':
+            status, reason = check.status, check.reason
     return dataclasses.replace(final, time_s=time.perf_counter() - t0, timings=timings, status=status,
-                               reason=reason, overlap=overlap, confidence=out.confidence,
+                               reason=reason, check=check, overlap=overlap, confidence=out.confidence,
                                candidates=[{'origin': o, 'support': sup, 'objective': obj, 'free_space': fs}
                                            for o, sup, obj, fs in out.candidates],
                                distance_threshold=final.distance_threshold)

@@ -28,7 +28,7 @@ validates them on every real data set.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 from scipy.spatial import cKDTree
@@ -149,11 +149,13 @@ def judging_voxel(reference: np.ndarray, target: int = JUDGE_POINTS) -> float:
 
 
 def check_pose(moved: np.ndarray, reference: np.ndarray, voxel: Optional[float] = None, seed: int = 0,
-               max_points: int = CHECK_POINTS, rivals: bool = True) -> PoseCheck:
+               max_points: int = CHECK_POINTS, rivals: bool = True,
+               admissible: Optional[Callable[[np.ndarray], bool]] = None) -> PoseCheck:
     """Check a registration result: ``moved`` (n, d) the source points mapped into the reference
     frame, ``reference`` (m, d), caller units. voxel: the judging voxel (None:
-    :func:`judging_voxel` of the reference). rivals: run the rival search (3-D only). See the
-    module docstring."""
+    :func:`judging_voxel` of the reference). rivals: run the rival search (3-D only).
+    admissible: optional test of a rival, given the (4, 4) transform that moves ``moved`` onto
+    it (e.g. the sensors' free space); rivals it rejects do not count. See the module docstring."""
     moved = np.asarray(moved, dtype=np.float64)
     reference = np.asarray(reference, dtype=np.float64)
     dim = moved.shape[1]
@@ -193,7 +195,7 @@ def check_pose(moved: np.ndarray, reference: np.ndarray, voxel: Optional[float] 
     if dim != 3 or not rivals:
         return PoseCheck('ok', '', overlap, chance, excess, nan, nan, voxel, g)
     better, rival = (None if r is None else (r[0], r[1] * kept, r[2], r[3])
-                     for r in _rivals(moved, reference_tree, g, moved[np.isfinite(d0)].mean(axis=0)))
+                     for r in _rivals(moved, reference_tree, g, moved[np.isfinite(d0)].mean(axis=0), admissible))
     if better is not None and better[1] > overlap + RIVAL_MARGIN:
         label, rival_overlap, shift, rival_t = better
         return PoseCheck('refused', f'a pose {shift:.3g} away (GICP {label}) fits better: {rival_overlap:.0%} of the '
@@ -209,7 +211,8 @@ def check_pose(moved: np.ndarray, reference: np.ndarray, voxel: Optional[float] 
     return PoseCheck('ok', '', overlap, chance, excess, rival_overlap, shift, voxel, g, rival_t)
 
 
-def _rivals(moved: np.ndarray, reference_tree: cKDTree, g: float, center: np.ndarray):
+def _rivals(moved: np.ndarray, reference_tree: cKDTree, g: float, center: np.ndarray,
+            admissible: Optional[Callable[[np.ndarray], bool]] = None):
     """GICP from starts around the result (module docstring). Returns (better, rival): the pose
     of highest overlap any start reaches, and the best *distinct* one (points moved by more than
     ``RIVAL_DISTINCT`` gates RMS), each (start in words, overlap, RMS shift of the points, (4, 4)
@@ -243,7 +246,7 @@ def _rivals(moved: np.ndarray, reference_tree: cKDTree, g: float, center: np.nda
                                    registration_type='GICP', max_correspondence_distance=gate,
                                    num_threads=1, max_iterations=30)
             t = np.asarray(res.T_target_source, dtype=np.float64)
-        if not np.isfinite(t).all():
+        if not np.isfinite(t).all() or (admissible is not None and not admissible(t)):
             continue
         alt = moved @ t[:3, :3].T + t[:3, 3]
         shift = float(np.sqrt(((alt - moved) ** 2).sum(axis=1).mean()))
