@@ -15,7 +15,7 @@ A second block judges the self-check alone: each pair's source at poses a local 
 and from identity), so that both right and wrong poses are judged.
 
   python bench/bench_verify.py [--data ../shared/data] [--outliers 0 0.5 1] [--sets bunny scenes balm nuscenes]
-  python bench/bench_verify.py --check-only
+  python bench/bench_verify.py --check-only | --register-only
 """
 from __future__ import annotations
 
@@ -173,13 +173,15 @@ def main(argv=None) -> int:
     ap.add_argument('--trans-tol', type=float, default=0.01,
                     help="correct: translation error at most this fraction of the reference's diagonal")
     ap.add_argument('--check-only', action='store_true', help='only the self-check block')
+    ap.add_argument('--register-only', action='store_true', help='skip the self-check block')
     ap.add_argument('--no-anchor', dest='anchor', action='store_false', help='skip FPFH+RANSAC+ICP')
     args = ap.parse_args(argv)
     pairs = load_pairs(args.data, args.sets)
     rows = []
     if not args.check_only:
         rows += run_register(pairs, args.outliers, args)
-    rows += check_cases(pairs, args.outliers, args)
+    if not args.register_only:
+        rows += check_cases(pairs, args.outliers, args)
     summary = summarise(rows)
     print_table(summary, ['set', 'outliers', 'method', 'cases', 'solved', 'refused', 'refused_but_right',
                           'wrong_without_warning', 'median_s'],
