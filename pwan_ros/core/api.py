@@ -191,7 +191,9 @@ def register(source, reference, config: Optional[RegistrationConfig] = None, ini
     sensor's position in its own cloud's frame (``'origin'``: both clouds are in their sensors'
     frames, as ROS scans and RGB-D fragments are); candidate poses that put either cloud where the
     other sensor saw free space are rejected (``global_search.max_free_space``, :mod:`free_space`)
-    — what tells a symmetric room's turned halves from the truth.
+    — what tells a symmetric room's turned halves from the truth. Every result carries the
+    self-check (:mod:`verify`, ``config.self_check``): ``status`` 'ok' | 'refused', ``reason``,
+    ``check``; a rigid 3-D result takes a clearly better pose the check finds next to it.
     Raises :class:`PwanInputError` on bad input.
     """
     config = (config or RegistrationConfig()).pinned()

@@ -1,25 +1,26 @@
 """The self-check every registration result gets: can the result itself vouch for its pose?
 
-A pose is judged from what it shows, with no ground truth and no knowledge of the data set. Both
-clouds are first voxelised at one *judging voxel* (the size at which about ``JUDGE_POINTS``
-voxels hold two or more reference points, :func:`judging_voxel`): a sensor's own sampling pattern (lidar rings that coincide at
-"no motion", dense returns near the sensor) then weighs no more than any other surface. The gate
-is g = 1.5 judging voxels.
+A pose is judged from what it shows, with no ground truth and no knowledge of the data set.
+Both clouds are first voxelised at one *judging voxel* (the size at which about
+``JUDGE_POINTS`` voxels hold two or more reference points, :func:`judging_voxel`): a sensor's
+own sampling pattern (lidar rings that coincide at "no motion", dense returns near the sensor)
+then weighs no more than any other surface. The gate is g = 1.5 judging voxels.
 
-* **Overlap beyond chance.** ``overlap`` is the fraction of the (voxelised) source within g of the
-  reference's surfaces (its voxels holding two or more points: a stray return or a uniform outlier
-  rarely shares a voxel). Spurious returns (uniform outliers, clutter) put reference points near a source point
-  by chance; ``chance`` is that rate, measured at random places in the box the moved source
-  occupies. ``excess = (overlap - chance) / (1 - chance)`` is the overlap the pose explains, which
-  outliers cannot inflate. Below ``MIN_EXCESS_OVERLAP``: refused.
+* **Overlap beyond chance.** ``overlap`` is the fraction of the (voxelised) source within g of
+  the reference's surfaces (its voxels holding two or more points: a stray return or a uniform
+  outlier rarely shares a voxel). Spurious returns put reference points near a source point by
+  chance; ``chance`` is that rate, measured at random places in the box the moved source
+  occupies. ``excess = (overlap - chance) / (1 - chance)`` is the overlap the pose explains,
+  which outliers cannot inflate. Below ``MIN_EXCESS_OVERLAP``: refused.
 * **No rival pose** (3-D). GICP (plane-aware, small_gicp), coarse to fine down to g, from starts
   around the result: moved 8 and 32 gates (``RIVAL_REACH``) along each axis and turned
-  ``RIVAL_TURN_DEG`` about each axis. A pose the data pins down is where those starts return to. Refused, with the
-  rival's shift and overlap, when a start ends where more than ``RIVAL_MARGIN`` more of the source
-  lies on the reference (the result is not the fit its data shows: a slide, "no motion" kept by
-  a sampling pattern, an early stop), or at a *distinct* pose (points moved by more than
-  ``RIVAL_DISTINCT`` gates RMS) with at least the result's overlap minus ``RIVAL_MARGIN`` (not the
-  only fit: a plane, a corridor, a featureless road, a symmetric object).
+  ``RIVAL_TURN_DEG`` about each axis. A pose the data pins down is where those starts return
+  to. Refused, with the rival's shift and overlap, when a start ends where more than
+  ``RIVAL_MARGIN`` more of the source lies on the reference (the result is not the fit its data
+  shows: a slide, "no motion" kept by a sampling pattern, an early stop), or at a *distinct* pose
+  (points moved by more than ``RIVAL_DISTINCT`` gates RMS) with at least the result's overlap
+  minus ``RIVAL_MARGIN`` (not the only fit: a plane, a corridor, a featureless road, a
+  symmetric object).
 
 ``status`` is 'refused' with the reason when a test fails. The thresholds are fractions of the
 source and multiples of the judging voxel, never lengths of any scene; ``bench/bench_verify.py``
