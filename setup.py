@@ -7,6 +7,7 @@ ROS 2 itself (rclpy, message packages) comes from a system ROS install or from t
 ROS wheels that ``tools/setup_env.sh`` installs; it is not listed here so that a
 colcon build against a system ROS never tries to pip-install ROS.
 """
+
 import glob
 import os
 
@@ -61,8 +62,16 @@ setup(
     extras_require={
         # colcon builds the package in tests; osrf-pycommon, lark and psutil are what the ROS 2
         # launch tooling (../shared/ros2-launch, not on the index) needs from the index
-        'test': ['pytest>=7', 'hypothesis>=6', 'colcon-core>=0.15', 'colcon-ros>=0.4',
-                 'colcon-python-setup-py>=0.2', 'osrf-pycommon>=2.0', 'lark>=1.1', 'psutil>=5.9'],
+        'test': [
+            'pytest>=7',
+            'hypothesis>=6',
+            'colcon-core>=0.15',
+            'colcon-ros>=0.4',
+            'colcon-python-setup-py>=0.2',
+            'osrf-pycommon>=2.0',
+            'lark>=1.1',
+            'psutil>=5.9',
+        ],
         'bench': ['kiss-icp>=1.0', 'probreg>=0.3', 'pycpd>=2.0', 'scikit-learn>=1.2'],
     },
     zip_safe=True,
@@ -85,6 +94,7 @@ setup(
             'pwan_evaluate = pwan_ros.cli.evaluate:main',
             'pwan_pcd2bag = pwan_ros.cli.pcd2bag:main',
             'pwan_demo = pwan_ros.cli.demo:main',
-        ] + [f'{old} = {target}' for old, target in OLD_EXECUTABLES.items()],
+        ]
+        + [f'{old} = {target}' for old, target in OLD_EXECUTABLES.items()],
     },
 )

@@ -13,6 +13,7 @@ Prints ATE RMSE, RPE (per frame and drift %), and median latency per run.
 
     python bench/bench_deskew.py --scans 80 --speed 10
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,6 +52,7 @@ def run_pwan(scans, deskew: str):
 def run_kiss(scans, deskew: bool, max_range: float):
     from kiss_icp.config import KISSConfig
     from kiss_icp.kiss_icp import KissICP
+
     cfg = KISSConfig()
     cfg.data.max_range = max_range
     cfg.data.deskew = deskew
@@ -67,7 +69,9 @@ def run_kiss(scans, deskew: bool, max_range: float):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument('--results', default='results/deskew')
     p.add_argument('--scans', type=int, default=80)
     p.add_argument('--speed', type=float, default=10.0, help='sensor speed (m/s)')
@@ -76,32 +80,63 @@ def main(argv=None):
     cfg = SimConfig(scans=args.scans, speed=args.speed, sweep=True, seed=args.seed)
     t0 = time.perf_counter()
     scans = list(simulate(cfg))
-    print(f'simulated {len(scans)} scans at {args.speed:g} m/s in {time.perf_counter() - t0:.1f} s', file=sys.stderr)
+    print(
+        f'simulated {len(scans)} scans at {args.speed:g} m/s in {time.perf_counter() - t0:.1f} s',
+        file=sys.stderr,
+    )
     stamps = np.array([sc.stamp_ns * 1e-9 for sc in scans])
     start = cfg.start_time
 
     def gt_at(shift: float) -> Trajectory:
-        return Trajectory(stamps, np.array([ground_truth_pose(s - start + shift, cfg)[0] for s in stamps]))
+        return Trajectory(
+            stamps, np.array([ground_truth_pose(s - start + shift, cfg)[0] for s in stamps])
+        )
 
     sweep_s = 1.0 / cfg.rate_hz
-    runs = [('pwan_ros adaptive, deskew auto', lambda: run_pwan(scans, 'auto'), 0.0),
-            ('pwan_ros adaptive, deskew off', lambda: run_pwan(scans, 'off'), 0.0)]
+    runs = [
+        ('pwan_ros adaptive, deskew auto', lambda: run_pwan(scans, 'auto'), 0.0),
+        ('pwan_ros adaptive, deskew off', lambda: run_pwan(scans, 'off'), 0.0),
+    ]
     if kiss_icp_available():
-        runs += [('KISS-ICP, deskew on', lambda: run_kiss(scans, True, cfg.max_range), 0.5 * sweep_s),
-                 ('KISS-ICP, deskew off', lambda: run_kiss(scans, False, cfg.max_range), 0.0)]
+        runs += [
+            ('KISS-ICP, deskew on', lambda: run_kiss(scans, True, cfg.max_range), 0.5 * sweep_s),
+            ('KISS-ICP, deskew off', lambda: run_kiss(scans, False, cfg.max_range), 0.0),
+        ]
     rows = []
     for name, fn, shift in runs:
         print(f'{name} ...', file=sys.stderr)
         poses, times, deskewed = fn()
         gt = gt_at(shift)
         r = evaluate(Trajectory(stamps, poses), gt)
-        rows.append({'method': name, 'scans': len(poses), 'deskewed': deskewed, 'ate_rmse_m': r.ate_rmse_m,
-                     'rpe_trans_m': r.rpe_trans_m, 'rpe_rot_deg': r.rpe_rot_deg, 'rpe_trans_pct': r.rpe_trans_pct,
-                     'rpe_rot_deg_per_m': r.rpe_rot_deg_per_m, 'latency_median_ms': float(np.median(times[1:]))})
-    print_table(rows, ['method', 'scans', 'deskewed', 'ate_rmse_m', 'rpe_trans_m', 'rpe_rot_deg', 'rpe_trans_pct',
-                       'rpe_rot_deg_per_m', 'latency_median_ms'],
-                f'Deskew: simulated sweep drive, {args.scans} scans at {args.speed:g} m/s, 10 Hz '
-                f'(KISS-ICP deskewed: poses at mid-sweep, ground truth shifted by {0.5 * sweep_s:g} s)')
+        rows.append(
+            {
+                'method': name,
+                'scans': len(poses),
+                'deskewed': deskewed,
+                'ate_rmse_m': r.ate_rmse_m,
+                'rpe_trans_m': r.rpe_trans_m,
+                'rpe_rot_deg': r.rpe_rot_deg,
+                'rpe_trans_pct': r.rpe_trans_pct,
+                'rpe_rot_deg_per_m': r.rpe_rot_deg_per_m,
+                'latency_median_ms': float(np.median(times[1:])),
+            }
+        )
+    print_table(
+        rows,
+        [
+            'method',
+            'scans',
+            'deskewed',
+            'ate_rmse_m',
+            'rpe_trans_m',
+            'rpe_rot_deg',
+            'rpe_trans_pct',
+            'rpe_rot_deg_per_m',
+            'latency_median_ms',
+        ],
+        f'Deskew: simulated sweep drive, {args.scans} scans at {args.speed:g} m/s, 10 Hz '
+        f'(KISS-ICP deskewed: poses at mid-sweep, ground truth shifted by {0.5 * sweep_s:g} s)',
+    )
     write_results(args.results, 'bench_deskew', rows, rows)
 
 

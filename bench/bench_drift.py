@@ -26,6 +26,7 @@ points of the cloud the scans were tracked against (``map_pts``).
   python bench/bench_drift.py --sequences balm --variant keyframe_distance=0.5
   python bench/bench_drift.py --local-map 1 3 5
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,13 +48,27 @@ from pwan_ros.io.trajectory import Trajectory  # noqa: E402
 from pwan_ros.odometry.config import OdometryConfig  # noqa: E402
 from pwan_ros.odometry.pipeline import OdometryPipeline  # noqa: E402
 
-SIM_MAX_RANGE = 60.0     # SimConfig.max_range
+SIM_MAX_RANGE = 60.0  # SimConfig.max_range
 BALM_MAX_RANGE = 50.0
 BALM_SCANS = list(range(26, 36))
 
-COLS = ['sequence', 'method', 'scans', 'path_m', 'ate_rmse_m', 'drift_pct', 'deg_per_m', 'final_err_m',
-        'final_err_pct', 'lat_med_ms', 'lat_max_ms', 'pwan_scans', 'rejected', 'keyframes',
-        'map_pts']
+COLS = [
+    'sequence',
+    'method',
+    'scans',
+    'path_m',
+    'ate_rmse_m',
+    'drift_pct',
+    'deg_per_m',
+    'final_err_m',
+    'final_err_pct',
+    'lat_med_ms',
+    'lat_max_ms',
+    'pwan_scans',
+    'rejected',
+    'keyframes',
+    'map_pts',
+]
 
 
 def load_sim(scans: int, beams: int | None, azimuth_steps: int | None):
@@ -66,7 +81,7 @@ def load_sim(scans: int, beams: int | None, azimuth_steps: int | None):
     cfg = SimConfig(**kw)
     xyz, stamps, poses = [], [], []
     for s in simulate(cfg):
-        xyz.append(s.xyz)                   # float32: 64 beams x 600 scans stay small
+        xyz.append(s.xyz)  # float32: 64 beams x 600 scans stay small
         stamps.append(s.stamp_ns * 1e-9)
         poses.append(s.pose)
     name = f'sim {scans} scans ({cfg.beams} beams x {cfg.azimuth_steps})'
@@ -77,12 +92,16 @@ def load_balm(data: pathlib.Path):
     """(name, [xyz], stamps, gt poses) of BALM seq a; stamps from the pose file's [3, 3] corner."""
     from pwan_ros.io import pointcloud2 as pc2
     from pwan_ros.io.pcd import read_pcd
+
     seq = data / 'lidar' / 'balm_seq_a'
     blocks = np.loadtxt(seq / 'alidarPose.csv', delimiter=',', usecols=range(4)).reshape(-1, 4, 4)
     stamps = blocks[BALM_SCANS, 3, 3].copy()
     poses = blocks[BALM_SCANS].copy()
     poses[:, 3, 3] = 1.0
-    xyz = [np.asarray(pc2.read_xyz(read_pcd(seq / f'full{k}.pcd.gz')), dtype=np.float64) for k in BALM_SCANS]
+    xyz = [
+        np.asarray(pc2.read_xyz(read_pcd(seq / f'full{k}.pcd.gz')), dtype=np.float64)
+        for k in BALM_SCANS
+    ]
     return 'BALM seq a (10 scans)', xyz, stamps - stamps[0], poses
 
 
@@ -113,9 +132,16 @@ def run_pwan(xyz, stamps, cfg: OdometryConfig):
         poses.append(est.pose)
         paths.append(est.path)
         n_kf += bool(est.new_keyframe)
-    return np.array(poses), lat, {'pwan_scans': sum(p == 'pwan' for p in paths),
-                                  'rejected': sum(p == 'rejected' for p in paths), 'keyframes': n_kf,
-                                  'map_pts': int(np.median(map_pts)) if map_pts else '-'}
+    return (
+        np.array(poses),
+        lat,
+        {
+            'pwan_scans': sum(p == 'pwan' for p in paths),
+            'rejected': sum(p == 'rejected' for p in paths),
+            'keyframes': n_kf,
+            'map_pts': int(np.median(map_pts)) if map_pts else '-',
+        },
+    )
 
 
 def run_kiss(xyz, stamps, max_range: float):
@@ -130,16 +156,27 @@ def run_kiss(xyz, stamps, max_range: float):
 
 def score(seq: str, method: str, poses, lat, gt, stamps, extra) -> dict:
     res = evaluate(Trajectory(stamps, poses), Trajectory(stamps, gt), EvalConfig(align='se3'))
-    end = gt[0] @ np.linalg.inv(poses[0]) @ poses[-1]          # first poses coincide
+    end = gt[0] @ np.linalg.inv(poses[0]) @ poses[-1]  # first poses coincide
     final = float(np.linalg.norm(end[:3, 3] - gt[-1][:3, 3]))
-    return {'sequence': seq, 'method': method, 'scans': len(poses), 'path_m': res.path_length_m,
-            'ate_rmse_m': res.ate_rmse_m, 'ate_max_m': res.ate_max_m,
-            'drift_pct': res.rpe_trans_pct, 'deg_per_m': res.rpe_rot_deg_per_m,
-            'rpe_lengths_m': list(res.rpe_lengths_m),
-            'final_err_m': final, 'final_err_pct': 100.0 * final / res.path_length_m,
-            'lat_med_ms': float(np.median(lat[1:])), 'lat_max_ms': float(np.max(lat[1:])),
-            'pwan_scans': extra.get('pwan_scans', '-'), 'rejected': extra.get('rejected', '-'),
-            'keyframes': extra.get('keyframes', '-'), 'map_pts': extra.get('map_pts', '-')}
+    return {
+        'sequence': seq,
+        'method': method,
+        'scans': len(poses),
+        'path_m': res.path_length_m,
+        'ate_rmse_m': res.ate_rmse_m,
+        'ate_max_m': res.ate_max_m,
+        'drift_pct': res.rpe_trans_pct,
+        'deg_per_m': res.rpe_rot_deg_per_m,
+        'rpe_lengths_m': list(res.rpe_lengths_m),
+        'final_err_m': final,
+        'final_err_pct': 100.0 * final / res.path_length_m,
+        'lat_med_ms': float(np.median(lat[1:])),
+        'lat_max_ms': float(np.max(lat[1:])),
+        'pwan_scans': extra.get('pwan_scans', '-'),
+        'rejected': extra.get('rejected', '-'),
+        'keyframes': extra.get('keyframes', '-'),
+        'map_pts': extra.get('map_pts', '-'),
+    }
 
 
 def _parse(pairs):
@@ -153,20 +190,45 @@ def _parse(pairs):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument('--data', default='../shared/data', type=pathlib.Path)
     ap.add_argument('--results', default='results/drift', type=pathlib.Path)
-    ap.add_argument('--sequences', nargs='+', default=['sim', 'balm'], choices=['sim', 'balm', 'nuscenes'])
-    ap.add_argument('--sim-scans', type=int, default=600, help='scans of the simulated drive (10 Hz, 3 m/s)')
-    ap.add_argument('--sim-beams', type=int, nargs='+', default=[SimConfig().beams, 64],
-                    help="simulated drives, one per number of beams (default: SimConfig's 24, and 64)")
-    ap.add_argument('--sim-azimuth-steps', type=int, help="simulated rays per beam (default: SimConfig's)")
-    ap.add_argument('--set', nargs='*', default=[], metavar='KEY=VALUE', help='odometry parameter overrides')
-    ap.add_argument('--variant', nargs='*', default=[], metavar='KEY=VALUE',
-                    help='also run pwan_ros with this one parameter changed (one run per KEY=VALUE)')
-    ap.add_argument('--local-map', type=int, nargs='+', metavar='N',
-                    help='run pwan_ros once per local_map_keyframes value N (side by side) instead of '
-                    'its default')
+    ap.add_argument(
+        '--sequences', nargs='+', default=['sim', 'balm'], choices=['sim', 'balm', 'nuscenes']
+    )
+    ap.add_argument(
+        '--sim-scans', type=int, default=600, help='scans of the simulated drive (10 Hz, 3 m/s)'
+    )
+    ap.add_argument(
+        '--sim-beams',
+        type=int,
+        nargs='+',
+        default=[SimConfig().beams, 64],
+        help="simulated drives, one per number of beams (default: SimConfig's 24, and 64)",
+    )
+    ap.add_argument(
+        '--sim-azimuth-steps', type=int, help="simulated rays per beam (default: SimConfig's)"
+    )
+    ap.add_argument(
+        '--set', nargs='*', default=[], metavar='KEY=VALUE', help='odometry parameter overrides'
+    )
+    ap.add_argument(
+        '--variant',
+        nargs='*',
+        default=[],
+        metavar='KEY=VALUE',
+        help='also run pwan_ros with this one parameter changed (one run per KEY=VALUE)',
+    )
+    ap.add_argument(
+        '--local-map',
+        type=int,
+        nargs='+',
+        metavar='N',
+        help='run pwan_ros once per local_map_keyframes value N (side by side) instead of '
+        'its default',
+    )
     ap.add_argument('--no-kiss', action='store_true', help='skip KISS-ICP')
     args = ap.parse_args(argv)
     overrides = _parse(args.set)
@@ -182,7 +244,11 @@ def main(argv=None) -> int:
     summary = []
     for which, beams in sequences:
         if which == 'sim':
-            print(f'simulating {args.sim_scans} scans, {beams} beams ...', file=sys.stderr, flush=True)
+            print(
+                f'simulating {args.sim_scans} scans, {beams} beams ...',
+                file=sys.stderr,
+                flush=True,
+            )
             seq, xyz, stamps, gt = load_sim(args.sim_scans, beams, args.sim_azimuth_steps)
             max_range = SIM_MAX_RANGE
         else:
@@ -200,9 +266,15 @@ def main(argv=None) -> int:
         if not args.no_kiss:
             print(f'[{seq}] KISS-ICP ...', file=sys.stderr, flush=True)
             poses, lat, extra = run_kiss(xyz, stamps, max_range)
-            summary.append(score(seq, f'KISS-ICP (max range {max_range:g} m)', poses, lat, gt, stamps, extra))
-    print_table(summary, COLS, 'Drift on long drives (ATE se3-aligned; drift: RPE over 10-50 % of the path; '
-                'final error: first poses coincided; latency per scan)')
+            summary.append(
+                score(seq, f'KISS-ICP (max range {max_range:g} m)', poses, lat, gt, stamps, extra)
+            )
+    print_table(
+        summary,
+        COLS,
+        'Drift on long drives (ATE se3-aligned; drift: RPE over 10-50 % of the path; '
+        'final error: first poses coincided; latency per scan)',
+    )
     write_results(str(args.results), 'bench_drift', [], summary)
     print(f'\nresults: {args.results}/bench_drift.json')
     return 0

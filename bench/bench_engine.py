@@ -15,6 +15,7 @@ of the network's shapes (how far from the arithmetic floor it still is).
     python bench/bench_engine.py --baseline /tmp/pwan_a9638ec --repeats 3
     python bench/bench_engine.py --baseline /tmp/pwan_a9638ec --device cuda    # on a GPU machine
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,9 @@ def load_core(checkout: str, name: str = 'pwan_core_baseline'):
     path = os.path.join(os.path.abspath(checkout), 'pwan_ros', 'core')
     if not os.path.isfile(os.path.join(path, '__init__.py')):
         raise SystemExit(f'{checkout}: no pwan_ros/core package there')
-    spec = importlib.util.spec_from_file_location(name, os.path.join(path, '__init__.py'),
-                                                  submodule_search_locations=[path])
+    spec = importlib.util.spec_from_file_location(
+        name, os.path.join(path, '__init__.py'), submodule_search_locations=[path]
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
@@ -61,12 +63,15 @@ def network_flops(config, res, dim: int = 3) -> float:
     warm = max(res.potential_updates - steps * u, 0)
     gp_updates = steps + -(-warm // u)
     tangents = cfg.potential.gp_points * dim
-    return per_point * (3 * rows * res.potential_updates + 3 * tangents * gp_updates + 2 * cfg.batch_size * steps)
+    return per_point * (
+        3 * rows * res.potential_updates + 3 * tangents * gp_updates + 2 * cfg.batch_size * steps
+    )
 
 
 def matmul_gflops(config, device: str, repeats: int = 300) -> float:
     """GFLOP/s of the network's largest batched product (2*h2 -> h2 over 1024 rows) in a loop."""
     import torch
+
     h1, h2 = config.resolved().potential.hidden
     a = torch.randn(1, 1024, 2 * h2, device=device)
     b = torch.randn(1, 2 * h2, h2, device=device)
@@ -83,16 +88,21 @@ def matmul_gflops(config, device: str, repeats: int = 300) -> float:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument('--data', default='../shared/data')
     p.add_argument('--results', default='results/engine')
-    p.add_argument('--baseline', help='checkout whose pwan_ros/core is the baseline (omit: current only)')
+    p.add_argument(
+        '--baseline', help='checkout whose pwan_ros/core is the baseline (omit: current only)'
+    )
     p.add_argument('--cases', nargs='+', default=list(CASES), choices=list(CASES))
     p.add_argument('--points', type=int, default=2000)
     p.add_argument('--repeats', type=int, default=3)
     p.add_argument('--device', default='cpu')
     args = p.parse_args(argv)
     import torch
+
     torch.set_num_threads(1)
     cores = {'current': current}
     if args.baseline:
@@ -106,23 +116,37 @@ def main(argv=None):
             src = src_n[rng.choice(len(src_n), args.points, replace=False)]
             ref = ref_n[rng.choice(len(ref_n), args.points, replace=False)]
             for name, core in cores.items():
-                cfg = core.RegistrationConfig(seed=rep, threads=1, device=args.device, **CASES[case])
+                cfg = core.RegistrationConfig(
+                    seed=rep, threads=1, device=args.device, **CASES[case]
+                )
                 c0, w0 = time.process_time(), time.perf_counter()
                 res = core.register(src, ref, cfg)
                 cpu, wall = time.process_time() - c0, time.perf_counter() - w0
-                row = {'case': case, 'core': name, 'repeat': rep, 'cpu_s': cpu, 'wall_s': wall,
-                       'rot_err_deg': rotation_error_deg(res.transform[:3, :3], gt[:3, :3]),
-                       'steps': res.iterations, 'updates': res.potential_updates,
-                       'adversarial_s': res.timings['adversarial'], 'finetune_s': res.timings['finetune']}
+                row = {
+                    'case': case,
+                    'core': name,
+                    'repeat': rep,
+                    'cpu_s': cpu,
+                    'wall_s': wall,
+                    'rot_err_deg': rotation_error_deg(res.transform[:3, :3], gt[:3, :3]),
+                    'steps': res.iterations,
+                    'updates': res.potential_updates,
+                    'adversarial_s': res.timings['adversarial'],
+                    'finetune_s': res.timings['finetune'],
+                }
                 if name == 'current':
-                    row['gflops'] = network_flops(cfg, res) / max(res.timings['adversarial'], 1e-9) / 1e9
+                    row['gflops'] = (
+                        network_flops(cfg, res) / max(res.timings['adversarial'], 1e-9) / 1e9
+                    )
                 rows.append(row)
                 print(row, flush=True)
         med = {}
         for name in cores:
             sel = [r for r in rows if r['case'] == case and r['core'] == name]
-            med[name] = {k: float(np.median([r[k] for r in sel])) for k in ('cpu_s', 'wall_s', 'rot_err_deg',
-                                                                           'adversarial_s', 'steps', 'updates')}
+            med[name] = {
+                k: float(np.median([r[k] for r in sel]))
+                for k in ('cpu_s', 'wall_s', 'rot_err_deg', 'adversarial_s', 'steps', 'updates')
+            }
             if name == 'current':
                 med[name]['gflops'] = float(np.median([r['gflops'] for r in sel]))
         for name in cores:
@@ -132,10 +156,23 @@ def main(argv=None):
             summary.append(entry)
     cfg = current.RegistrationConfig()
     ref_rate = matmul_gflops(cfg, args.device)
-    print_table(summary, ['case', 'core', 'cpu_s', 'wall_s', 'speedup', 'rot_err_deg', 'steps', 'updates',
-                          'adversarial_s', 'gflops'],
-                f'PWAN engine, bunny 045->000, {args.points} + {args.points} points, 1 thread, {args.device} '
-                f'(median of {args.repeats}); plain bmm of the network shapes: {ref_rate:.1f} GFLOP/s')
+    print_table(
+        summary,
+        [
+            'case',
+            'core',
+            'cpu_s',
+            'wall_s',
+            'speedup',
+            'rot_err_deg',
+            'steps',
+            'updates',
+            'adversarial_s',
+            'gflops',
+        ],
+        f'PWAN engine, bunny 045->000, {args.points} + {args.points} points, 1 thread, {args.device} '
+        f'(median of {args.repeats}); plain bmm of the network shapes: {ref_rate:.1f} GFLOP/s',
+    )
     write_results(args.results, 'bench_engine', rows, summary + [{'matmul_gflops': ref_rate}])
 
 

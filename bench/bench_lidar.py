@@ -17,6 +17,7 @@ both without ``recovery_global``, which an older core does not have).
   python bench/bench_lidar.py [--data ../shared/data] [--results results/lidar] [--quick]
   python bench/bench_lidar.py --pwan-only --baseline /tmp/pwan_a9638ec
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,8 +49,10 @@ def load_sequence(data: pathlib.Path):
     seq = data / 'lidar' / 'balm_seq_a'
     poses = np.loadtxt(seq / 'alidarPose.csv', delimiter=',', usecols=range(4)).reshape(-1, 4, 4)
     poses[:, 3, 3] = 1.0
-    scans = [np.asarray(pc2.read_xyz(read_pcd(seq / f'full{k}.pcd.gz')), dtype=np.float64)
-             for k in SCANS]
+    scans = [
+        np.asarray(pc2.read_xyz(read_pcd(seq / f'full{k}.pcd.gz')), dtype=np.float64)
+        for k in SCANS
+    ]
     return scans, [poses[k] for k in SCANS]
 
 
@@ -78,14 +81,17 @@ def run_pipeline(scans, stamps, **cfg):
 def core_of(module):
     """The odometry pipeline's PWAN registrations done by ``module`` (a core package) meanwhile."""
     import dataclasses
+
     known = {f.name for f in dataclasses.fields(module.RegistrationConfig)}
 
-    def config(**kw):               # fields the other core does not have keep its default
+    def config(**kw):  # fields the other core does not have keep its default
         return module.RegistrationConfig(**{k: v for k, v in kw.items() if k in known})
+
     accepts = set(inspect.signature(module.register).parameters)
 
-    def register(*args, **kw):      # keywords the other core does not have (reference_cache) left out
+    def register(*args, **kw):  # keywords the other core does not have (reference_cache) left out
         return module.register(*args, **{k: v for k, v in kw.items() if k in accepts})
+
     saved = pwan_recovery.register, pwan_recovery.RegistrationConfig
     pwan_recovery.register, pwan_recovery.RegistrationConfig = register, config
     try:
@@ -96,11 +102,19 @@ def core_of(module):
 
 def run_small_gicp(scans, voxel=0.25):
     import small_gicp
+
     rel, times = [], []
     for a, b in zip(scans[:-1], scans[1:]):
         t0 = time.perf_counter()
-        r = small_gicp.align(a, b, np.eye(4), 'GICP', downsampling_resolution=voxel,
-                             max_correspondence_distance=4 * voxel, num_threads=2)
+        r = small_gicp.align(
+            a,
+            b,
+            np.eye(4),
+            'GICP',
+            downsampling_resolution=voxel,
+            max_correspondence_distance=4 * voxel,
+            num_threads=2,
+        )
         times.append((time.perf_counter() - t0) * 1e3)
         rel.append(np.asarray(r.T_target_source))
     return rel, times, None
@@ -108,15 +122,21 @@ def run_small_gicp(scans, voxel=0.25):
 
 def run_open3d(scans, voxel=0.25):
     import open3d as o3d
+
     reg = o3d.pipelines.registration
     rel, times = [], []
     for a, b in zip(scans[:-1], scans[1:]):
         t0 = time.perf_counter()
         pa = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(a)).voxel_down_sample(voxel)
         pb = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(b)).voxel_down_sample(voxel)
-        r = reg.registration_icp(pb, pa, 4 * voxel, np.eye(4),
-                                 reg.TransformationEstimationPointToPoint(),
-                                 reg.ICPConvergenceCriteria(max_iteration=50))
+        r = reg.registration_icp(
+            pb,
+            pa,
+            4 * voxel,
+            np.eye(4),
+            reg.TransformationEstimationPointToPoint(),
+            reg.ICPConvergenceCriteria(max_iteration=50),
+        )
         times.append((time.perf_counter() - t0) * 1e3)
         rel.append(np.asarray(r.transformation))
     return rel, times, None
@@ -125,10 +145,11 @@ def run_open3d(scans, voxel=0.25):
 def run_kiss(scans):
     from kiss_icp.config import KISSConfig
     from kiss_icp.kiss_icp import KissICP
+
     cfg = KISSConfig()
     cfg.data.deskew = False
     cfg.data.max_range = 100.0
-    cfg.mapping.voxel_size = 0.5   # KISS-ICP's rule: max_range / 100, for a ~50 m sensor
+    cfg.mapping.voxel_size = 0.5  # KISS-ICP's rule: max_range / 100, for a ~50 m sensor
     odo = KissICP(cfg)
     poses, times = [], []
     for pts in scans:
@@ -143,11 +164,15 @@ def run_kiss(scans):
 def summarise(name, rel, times, gt_rel, paths=None):
     errs = np.array(pair_errors(rel, gt_rel))
     row = {
-        'method': name, 'pairs': len(errs),
-        'rot_median_deg': float(np.median(errs[:, 0])), 'rot_max_deg': float(errs[:, 0].max()),
-        'trans_median_mm': float(np.median(errs[:, 1])), 'trans_max_mm': float(errs[:, 1].max()),
+        'method': name,
+        'pairs': len(errs),
+        'rot_median_deg': float(np.median(errs[:, 0])),
+        'rot_max_deg': float(errs[:, 0].max()),
+        'trans_median_mm': float(np.median(errs[:, 1])),
+        'trans_max_mm': float(errs[:, 1].max()),
         'success': int(((errs[:, 0] < 0.5) & (errs[:, 1] < 50)).sum()),
-        'latency_median_ms': float(np.median(times)), 'latency_max_ms': float(np.max(times)),
+        'latency_median_ms': float(np.median(times)),
+        'latency_max_ms': float(np.max(times)),
         'per_pair': errs.tolist(),
     }
     if paths is not None:
@@ -158,13 +183,17 @@ def summarise(name, rel, times, gt_rel, paths=None):
 
 def print_table(title, rows):
     print(f'\n== {title}')
-    print(f"{'method':34s} {'rot med':>8s} {'rot max':>8s} {'tr med':>8s} {'tr max':>8s} "
-          f"{'ok':>5s} {'lat med':>8s} {'lat max':>8s} {'pwan':>5s}")
+    print(
+        f"{'method':34s} {'rot med':>8s} {'rot max':>8s} {'tr med':>8s} {'tr max':>8s} "
+        f"{'ok':>5s} {'lat med':>8s} {'lat max':>8s} {'pwan':>5s}"
+    )
     for r in rows:
-        print(f"{r['method']:34s} {r['rot_median_deg']:8.3f} {r['rot_max_deg']:8.3f} "
-              f"{r['trans_median_mm']:8.1f} {r['trans_max_mm']:8.1f} "
-              f"{r['success']:>2d}/{r['pairs']:<2d} {r['latency_median_ms']:8.1f} "
-              f"{r['latency_max_ms']:8.1f} {r.get('pwan_engaged', '-')!s:>5s}")
+        print(
+            f"{r['method']:34s} {r['rot_median_deg']:8.3f} {r['rot_max_deg']:8.3f} "
+            f"{r['trans_median_mm']:8.1f} {r['trans_max_mm']:8.1f} "
+            f"{r['success']:>2d}/{r['pairs']:<2d} {r['latency_median_ms']:8.1f} "
+            f"{r['latency_max_ms']:8.1f} {r.get('pwan_engaged', '-')!s:>5s}"
+        )
     print('   (deg / mm; ok = rot < 0.5 deg and trans < 50 mm; latency ms per scan)')
 
 
@@ -186,9 +215,16 @@ def latency_scaling(scans, sizes, pwan_sizes):
         pipe.process(scans[0], 0.0)
         t0 = time.perf_counter()
         est = pipe.process(scans[1], 0.5)
-        rows.append({'path': 'track', 'points': est.num_points,
-                     'ms': (time.perf_counter() - t0) * 1e3, 'timings_ms': est.timings_ms})
+        rows.append(
+            {
+                'path': 'track',
+                'points': est.num_points,
+                'ms': (time.perf_counter() - t0) * 1e3,
+                'timings_ms': est.timings_ms,
+            }
+        )
     from pwan_ros.odometry.pwan_recovery import PwanAligner
+
     for n in pwan_sizes:
         al = PwanAligner(OdometryConfig(pwan_max_points=n, scan_voxel_size=0.25))
         t0 = time.perf_counter()
@@ -202,14 +238,25 @@ def main(argv=None) -> int:
     ap.add_argument('--data', default='../shared/data', type=pathlib.Path)
     ap.add_argument('--results', default='results/lidar', type=pathlib.Path)
     ap.add_argument('--quick', action='store_true', help='skip pwan mode and the scaling runs')
-    ap.add_argument('--pwan-only', action='store_true', help='pwan mode only (with --baseline: both cores)')
-    ap.add_argument('--baseline', help='checkout whose pwan_ros/core also runs pwan mode (side by side)')
-    ap.add_argument('--baseline-set', nargs='*', default=[], metavar='KEY=VALUE',
-                    help="odometry parameters of the baseline run (its checkout's defaults, e.g. "
-                         "potential_updates=5 for a9638ec)")
+    ap.add_argument(
+        '--pwan-only', action='store_true', help='pwan mode only (with --baseline: both cores)'
+    )
+    ap.add_argument(
+        '--baseline', help='checkout whose pwan_ros/core also runs pwan mode (side by side)'
+    )
+    ap.add_argument(
+        '--baseline-set',
+        nargs='*',
+        default=[],
+        metavar='KEY=VALUE',
+        help="odometry parameters of the baseline run (its checkout's defaults, e.g. "
+        "potential_updates=5 for a9638ec)",
+    )
     args = ap.parse_args(argv)
     baseline = load_core(args.baseline) if args.baseline else None
-    baseline_cfg = {k: yaml.safe_load(v) for k, v in (kv.split('=', 1) for kv in args.baseline_set)}
+    baseline_cfg = {
+        k: yaml.safe_load(v) for k, v in (kv.split('=', 1) for kv in args.baseline_set)
+    }
     if not (args.data / 'lidar' / 'balm_seq_a').is_dir():
         print(f'error: {args.data}/lidar/balm_seq_a not found (--data)', file=sys.stderr)
         return 2
@@ -218,8 +265,10 @@ def main(argv=None) -> int:
     stamps = [0.5 * i for i in range(len(scans))]
     report = {}
 
-    for label, seq_idx, ratio in (('clean', list(range(10)), 0.0),
-                                  ('robust', [0, 1, 2, 3, 7, 8, 9], 0.5)):
+    for label, seq_idx, ratio in (
+        ('clean', list(range(10)), 0.0),
+        ('robust', [0, 1, 2, 3, 7, 8, 9], 0.5),
+    ):
         s = [scans[i] for i in seq_idx]
         if ratio:
             s = with_outliers(s, ratio)
@@ -238,13 +287,21 @@ def main(argv=None) -> int:
             same = {'recovery_global': False} if baseline is not None else {}
             print(f'[{label}] pwan_ros pwan mode ...', file=sys.stderr)
             rel, times, paths = run_pipeline(s, st, scan_voxel_size=0.25, mode='pwan', **same)
-            rows.append(summarise('pwan_ros pwan mode (CPU)' + (', no global recovery' if same else ''),
-                                  rel, times, gt_rel, paths))
+            rows.append(
+                summarise(
+                    'pwan_ros pwan mode (CPU)' + (', no global recovery' if same else ''),
+                    rel,
+                    times,
+                    gt_rel,
+                    paths,
+                )
+            )
             if baseline is not None:
                 print(f'[{label}] pwan_ros pwan mode, baseline core ...', file=sys.stderr)
                 with core_of(baseline):
-                    rel, times, paths = run_pipeline(s, st, scan_voxel_size=0.25, mode='pwan',
-                                                     **{**baseline_cfg, **same})
+                    rel, times, paths = run_pipeline(
+                        s, st, scan_voxel_size=0.25, mode='pwan', **{**baseline_cfg, **same}
+                    )
                 name = ' '.join([f'core of {args.baseline}'] + args.baseline_set)
                 rows.append(summarise(f'pwan mode, {name}', rel, times, gt_rel, paths))
         if not args.pwan_only:
@@ -252,13 +309,17 @@ def main(argv=None) -> int:
             rows.append(summarise('small_gicp GICP (pairwise)', *run_small_gicp(s)[:2], gt_rel))
             rows.append(summarise('Open3D ICP p2p (pairwise)', *run_open3d(s)[:2], gt_rel))
             rows.append(summarise('KISS-ICP (sequential)', *run_kiss(s)[:2], gt_rel))
-        print_table(f'{label}: BALM seq a, scans {[SCANS[i] for i in seq_idx]}'
-                    + (f', {int(ratio * 100)} % outliers' if ratio else ''), rows)
+        print_table(
+            f'{label}: BALM seq a, scans {[SCANS[i] for i in seq_idx]}'
+            + (f', {int(ratio * 100)} % outliers' if ratio else ''),
+            rows,
+        )
         report[label] = rows
 
     if not args.quick and not args.pwan_only:
-        scaling = latency_scaling(scans, [1000, 5000, 10000, 30000, 60000],
-                                  [500, 1000, 2000, 5000])
+        scaling = latency_scaling(
+            scans, [1000, 5000, 10000, 30000, 60000], [500, 1000, 2000, 5000]
+        )
         print('\n== latency vs points (one scan)')
         for r in scaling:
             print(f"{r['path']:6s} {r['points']:7d} points  {r['ms']:9.1f} ms")

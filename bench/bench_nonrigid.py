@@ -14,6 +14,7 @@ not truly non-rigid).
     python bench/bench_nonrigid.py --data ../shared/data --results results/nonrigid --protocol a
     python bench/bench_nonrigid.py --data ../shared/data --results results/nonrigid --protocol b
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,8 @@ from pwan_ros.core import RegistrationConfig, register  # noqa: E402
 
 def load_pair(data_dir, shape):
     d = os.path.join(data_dir, 'nonrigid', 'bcpd')
-    y = np.loadtxt(os.path.join(d, f'{shape}-y.txt'))   # source (moves)
-    x = np.loadtxt(os.path.join(d, f'{shape}-x.txt'))   # reference
+    y = np.loadtxt(os.path.join(d, f'{shape}-y.txt'))  # source (moves)
+    x = np.loadtxt(os.path.join(d, f'{shape}-x.txt'))  # reference
     return y, x
 
 
@@ -48,7 +49,7 @@ def similarity_oracle(src, ref):
     d = np.ones(src.shape[1])
     d[-1] = np.sign(np.linalg.det(u @ vt))
     r = u @ np.diag(d) @ vt
-    scale = (s * d).sum() / (a ** 2).sum()
+    scale = (s * d).sum() / (a**2).sum()
     moved = scale * a @ r.T + mr
     return moved
 
@@ -63,7 +64,9 @@ def run_method(method, src, ref, pwan_cfg):
         return res.transformed_source
     if method == 'd-pwan':
         # the paper's d-PWAN setting for partial overlap: h = 0.05 in the standardised units
-        res = register(src, ref, pwan_cfg.replace(divergence='distance', mass=None, distance_threshold=0.05))
+        res = register(
+            src, ref, pwan_cfg.replace(divergence='distance', mass=None, distance_threshold=0.05)
+        )
         return res.transformed_source
     if method == 'pycpd':
         return anchors.pycpd_deformable(src, ref)
@@ -75,18 +78,33 @@ def run_method(method, src, ref, pwan_cfg):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument('--data', default='../shared/data')
     p.add_argument('--results', default='results/nonrigid')
     p.add_argument('--protocol', choices=('a', 'b'), default='a')
     p.add_argument('--shapes', nargs='+', default=['fish', 'bunny', 'monkey'])
-    p.add_argument('--ratios', type=float, nargs='+', help='(a) outlier ratios, default 0.2 0.6 1.0 1.2; '
-                                                            '(b) retained fraction s, default 0.7 0.85 1.0')
+    p.add_argument(
+        '--ratios',
+        type=float,
+        nargs='+',
+        help='(a) outlier ratios, default 0.2 0.6 1.0 1.2; '
+        '(b) retained fraction s, default 0.7 0.85 1.0',
+    )
     p.add_argument('--runs', type=int, default=3, help='random draws per setting')
-    p.add_argument('--methods', nargs='+', default=['pwan', 'pycpd', 'probreg-cpd', 'oracle-similarity'])
-    p.add_argument('--starts', type=int, default=24,
-                   help='multi-start count of the rigid pre-alignment (the bcpd pairs are rotated 59-93 deg)')
-    p.add_argument('--start-steps', type=int, default=60, help='tournament short-run steps (start_steps)')
+    p.add_argument(
+        '--methods', nargs='+', default=['pwan', 'pycpd', 'probreg-cpd', 'oracle-similarity']
+    )
+    p.add_argument(
+        '--starts',
+        type=int,
+        default=24,
+        help='multi-start count of the rigid pre-alignment (the bcpd pairs are rotated 59-93 deg)',
+    )
+    p.add_argument(
+        '--start-steps', type=int, default=60, help='tournament short-run steps (start_steps)'
+    )
     p.add_argument('--set', nargs='*', default=[], help='PWAN config overrides key=value')
     args = p.parse_args(argv)
     ratios = args.ratios or ([0.2, 0.6, 1.0, 1.2] if args.protocol == 'a' else [0.7, 0.85, 1.0])
@@ -123,14 +141,23 @@ def main(argv=None):
                         nrm = rng.normal(size=p.shape[1])
                         proj = p @ nrm
                         return proj <= np.quantile(proj, s)
+
                     ms, mr = cut(src0, ratio), cut(ref0, ratio)
                     keep_s = np.flatnonzero(ms)
                     src, ref_all = src0[ms], ref0[mr]
                     both = ms & mr
                     overlap = max(3, int(both.sum()))
-                    cfg = {'transform': 'nonrigid', 'mass': float(min(overlap, len(src), len(ref_all)))}
+                    cfg = {
+                        'transform': 'nonrigid',
+                        'mass': float(min(overlap, len(src), len(ref_all))),
+                    }
                     ref = None
-                cfg.update({'starts': args.starts, 'start_steps': args.start_steps if args.starts > 1 else 0})
+                cfg.update(
+                    {
+                        'starts': args.starts,
+                        'start_steps': args.start_steps if args.starts > 1 else 0,
+                    }
+                )
                 cfg.update(overrides)
                 pcfg = RegistrationConfig.from_dict(cfg)
                 for m in args.methods:
@@ -155,15 +182,39 @@ def main(argv=None):
                             err = mse(moved[[pos[j] for j in both_idx]], ref0[both_idx])
                     errs[m].append(err)
                     times[m].append(tm.s)
-                    rows.append({'protocol': args.protocol, 'shape': shape, 'ratio': ratio, 'run': run, 'method': m,
-                                 'mse': err, 'time_s': tm.s})
-                    print(f'{shape} ratio {ratio} run {run} {m}: MSE {err:.4f} ({tm.s:.1f} s)', flush=True)
+                    rows.append(
+                        {
+                            'protocol': args.protocol,
+                            'shape': shape,
+                            'ratio': ratio,
+                            'run': run,
+                            'method': m,
+                            'mse': err,
+                            'time_s': tm.s,
+                        }
+                    )
+                    print(
+                        f'{shape} ratio {ratio} run {run} {m}: MSE {err:.4f} ({tm.s:.1f} s)',
+                        flush=True,
+                    )
             for m in args.methods:
                 e = np.array(errs[m])
-                summary.append({'shape': shape, 'ratio': ratio, 'method': m, 'median': float(np.median(e)),
-                                'std': float(np.std(e)), 'n': int(e.size), 'time_s': float(np.mean(times[m]))})
-    print_table(summary, ['shape', 'ratio', 'method', 'median', 'std', 'time_s', 'n'],
-                f'bcpd non-rigid pairs, protocol ({args.protocol}): MSE (normalised units)')
+                summary.append(
+                    {
+                        'shape': shape,
+                        'ratio': ratio,
+                        'method': m,
+                        'median': float(np.median(e)),
+                        'std': float(np.std(e)),
+                        'n': int(e.size),
+                        'time_s': float(np.mean(times[m])),
+                    }
+                )
+    print_table(
+        summary,
+        ['shape', 'ratio', 'method', 'median', 'std', 'time_s', 'n'],
+        f'bcpd non-rigid pairs, protocol ({args.protocol}): MSE (normalised units)',
+    )
     write_results(args.results, f'bench_nonrigid_{args.protocol}', rows, summary)
 
 

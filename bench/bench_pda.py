@@ -23,6 +23,7 @@ decision function unchanged: ``rot4096`` (a random orthonormal map into 4096-d),
   python bench/bench_pda.py --features surf --seeds 0 --out results/pda_surf.json
   python bench/bench_pda.py --merge results/pda_googlenet.json results/pda_surf.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,10 +42,18 @@ from pwan_ros.adaptation.safeguard import adapt_with_safeguard
 from pwan_ros.adaptation.trainer import fit_input_norm
 
 SETS = {
-    'googlenet': ('office_caltech10_googlenet', '{}.mat', ('amazon', 'dslr', 'webcam'),
-                  ['A>W', 'A>D', 'W>A', 'D>A', 'D>W', 'W>D']),
-    'surf': ('office_caltech10_surf', '{}_SURF_L10.mat', ('amazon', 'Caltech10', 'dslr', 'webcam'),
-             [f'{a}>{b}' for a, b in itertools.permutations('ACDW', 2)]),
+    'googlenet': (
+        'office_caltech10_googlenet',
+        '{}.mat',
+        ('amazon', 'dslr', 'webcam'),
+        ['A>W', 'A>D', 'W>A', 'D>A', 'D>W', 'W>D'],
+    ),
+    'surf': (
+        'office_caltech10_surf',
+        '{}_SURF_L10.mat',
+        ('amazon', 'Caltech10', 'dslr', 'webcam'),
+        [f'{a}>{b}' for a, b in itertools.permutations('ACDW', 2)],
+    ),
 }
 LETTER = {'A': 'amazon', 'C': 'Caltech10', 'D': 'dslr', 'W': 'webcam'}
 KEEP = 5  # the unlabelled domain keeps classes 0..KEEP-1
@@ -105,14 +114,25 @@ def run_method(lab, unl, method, seed, overrides):
         deployed, adapted, source, decision = adapt_with_safeguard(cfg, lab, unl)
         dt = time.perf_counter() - t0
         d = decision.to_dict()
-        extra = {'decision': d['deployed'], 'reason': d['reason'], 'criteria': {k: d[k] for k in ('adapted', 'source_only')},
-                 'companion': _scores(source)}
-        return [dict(method='pwan', seconds=dt, **_scores(adapted), **extra),
-                dict(method='deployed', seconds=dt, **_scores(deployed), decision=d['deployed'])]
+        extra = {
+            'decision': d['deployed'],
+            'reason': d['reason'],
+            'criteria': {k: d[k] for k in ('adapted', 'source_only')},
+            'companion': _scores(source),
+        }
+        return [
+            dict(method='pwan', seconds=dt, **_scores(adapted), **extra),
+            dict(method='deployed', seconds=dt, **_scores(deployed), decision=d['deployed']),
+        ]
     tr = AdaptTrainer(cfg, lab, unl)
     tr.train()
-    return [dict(method=method if method != 'source_only' else 'mlp', seconds=time.perf_counter() - t0,
-                 **_scores(tr))]
+    return [
+        dict(
+            method=method if method != 'source_only' else 'mlp',
+            seconds=time.perf_counter() - t0,
+            **_scores(tr),
+        )
+    ]
 
 
 def run_logreg(lab, unl, seed, c_reg=1.0):
@@ -125,27 +145,44 @@ def run_logreg(lab, unl, seed, c_reg=1.0):
     k = int(lab.labels.max()) + 1
     w = torch.zeros(x.shape[1], k, dtype=torch.float64, requires_grad=True)
     b = torch.zeros(k, dtype=torch.float64, requires_grad=True)
-    opt = torch.optim.LBFGS([w, b], lr=1, max_iter=500, tolerance_grad=1e-8, line_search_fn='strong_wolfe')
+    opt = torch.optim.LBFGS(
+        [w, b], lr=1, max_iter=500, tolerance_grad=1e-8, line_search_fn='strong_wolfe'
+    )
 
     def closure():
         opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(x @ w + b, y, reduction='sum') + (w * w).sum() / (2 * c_reg)
+        loss = torch.nn.functional.cross_entropy(x @ w + b, y, reduction='sum') + (w * w).sum() / (
+            2 * c_reg
+        )
         loss.backward()
         return loss
+
     opt.step(closure)
     xt = torch.from_numpy((unl.features - mean) * scale).double()
     with torch.no_grad():
         pred = (xt @ w + b).argmax(1).numpy()
-    return [{'method': 'logreg', 'accuracy': float((pred == unl.labels).mean()),
-             'absent': float((pred >= KEEP).mean()), 'seconds': time.perf_counter() - t0}]
+    return [
+        {
+            'method': 'logreg',
+            'accuracy': float((pred == unl.labels).mean()),
+            'absent': float((pred >= KEEP).mean()),
+            'seconds': time.perf_counter() - t0,
+        }
+    ]
 
 
 def print_table(rows, methods):
     """Markdown table per (features, copy, task): mean accuracy over seeds (abs = absent-class
     prediction rate); deployed - mlp in points; which model the safeguard deployed."""
     methods = [m for m in methods if any(r['method'] == m for r in rows)]
-    keys = list(dict.fromkeys((r.get('features', ''), r.get('copy', 'orig'), r['task']) for r in rows))
-    print('\n| features | copy | task | ' + ' | '.join(methods) + ' | deployed - mlp | safeguard chose |')
+    keys = list(
+        dict.fromkeys((r.get('features', ''), r.get('copy', 'orig'), r['task']) for r in rows)
+    )
+    print(
+        '\n| features | copy | task | '
+        + ' | '.join(methods)
+        + ' | deployed - mlp | safeguard chose |'
+    )
     print('|---|---|---|' + '---|' * (len(methods) + 2))
     means = {m: [] for m in methods}
     for key in keys:
@@ -159,10 +196,20 @@ def print_table(rows, methods):
             acc[m] = np.mean([r['accuracy'] for r in rs])
             means[m].append(acc[m])
             cells.append(f"{acc[m]:.3f} (abs {np.mean([r['absent'] for r in rs]):.3f})")
-        diff = f"{100 * (acc['deployed'] - acc['mlp']):+.1f}" if 'deployed' in acc and 'mlp' in acc else '-'
+        diff = (
+            f"{100 * (acc['deployed'] - acc['mlp']):+.1f}"
+            if 'deployed' in acc and 'mlp' in acc
+            else '-'
+        )
         chose = ', '.join(r['decision'] for r in sel if r['method'] == 'deployed') or '-'
-        print(f'| {key[0]} | {key[1]} | {key[2]} | ' + ' | '.join(cells) + f' | {diff} | {chose} |')
-    print('| mean | | | ' + ' | '.join(f'{np.mean(means[m]):.3f}' if means[m] else '-' for m in methods) + ' | | |')
+        print(
+            f'| {key[0]} | {key[1]} | {key[2]} | ' + ' | '.join(cells) + f' | {diff} | {chose} |'
+        )
+    print(
+        '| mean | | | '
+        + ' | '.join(f'{np.mean(means[m]):.3f}' if means[m] else '-' for m in methods)
+        + ' | | |'
+    )
     secs = {m: np.mean([r['seconds'] for r in rows if r['method'] == m]) for m in methods}
     print('\nmean seconds per run: ' + ', '.join(f'{m} {v:.1f}' for m, v in secs.items()))
 
@@ -178,18 +225,29 @@ def merge(paths):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument('--data', default='../shared/data/pda')
     ap.add_argument('--features', choices=sorted(SETS), default='googlenet')
     ap.add_argument('--tasks', nargs='*', help='subset of tasks, e.g. A>W D>A')
     ap.add_argument('--copies', nargs='*', default=['orig'], choices=COPIES)
-    ap.add_argument('--methods', nargs='*', default=['logreg', 'mlp', 'pwan'],
-                    choices=['logreg', 'mlp', 'pwan', 'wgan'], help='pwan also gives the deployed column')
+    ap.add_argument(
+        '--methods',
+        nargs='*',
+        default=['logreg', 'mlp', 'pwan'],
+        choices=['logreg', 'mlp', 'pwan', 'wgan'],
+        help='pwan also gives the deployed column',
+    )
     ap.add_argument('--seeds', nargs='*', type=int, default=[0])
-    ap.add_argument('--set', nargs='*', default=[], metavar='KEY=VALUE', help='AdaptConfig overrides')
+    ap.add_argument(
+        '--set', nargs='*', default=[], metavar='KEY=VALUE', help='AdaptConfig overrides'
+    )
     ap.add_argument('--threads', type=int, default=1)
     ap.add_argument('--out', help='write all results as JSON here')
-    ap.add_argument('--merge', nargs='*', metavar='JSON', help='only print the table of earlier --out files')
+    ap.add_argument(
+        '--merge', nargs='*', metavar='JSON', help='only print the table of earlier --out files'
+    )
     args = ap.parse_args(argv)
     if args.merge:
         return merge(args.merge)
@@ -202,17 +260,27 @@ def main(argv=None):
         overrides[k] = (v.lower() in ('1', 'true', 'yes')) if typ is bool else typ(v)
     tasks = args.tasks or SETS[args.features][3]
     rows = []
-    label = ' '.join([args.features] + args.set)     # e.g. 'surf input_norm=l2' in the table
-    print(f'# {args.features}  copies={args.copies}  overrides={overrides}  seeds={args.seeds}', flush=True)
+    label = ' '.join([args.features] + args.set)  # e.g. 'surf input_norm=l2' in the table
+    print(
+        f'# {args.features}  copies={args.copies}  overrides={overrides}  seeds={args.seeds}',
+        flush=True,
+    )
     for task, copy in itertools.product(tasks, args.copies):
         lab, unl = task_sets(args.data, args.features, task, copy)
         for method, seed in itertools.product(args.methods, args.seeds):
-            out = run_logreg(lab, unl, seed) if method == 'logreg' else run_method(lab, unl, method, seed, overrides)
+            out = (
+                run_logreg(lab, unl, seed)
+                if method == 'logreg'
+                else run_method(lab, unl, method, seed, overrides)
+            )
             for r in out:
                 rows.append(dict(features=label, copy=copy, task=task, seed=seed, **r))
-                print(f"{task:5s} {copy:8s} {r['method']:9s} seed={seed} acc={r['accuracy']:.4f} "
-                      f"absent={r['absent']:.4f} t={r['seconds']:.1f}s {r.get('decision', '')}", flush=True)
-        if args.out:   # after every task: a long run that is cut short keeps what it did
+                print(
+                    f"{task:5s} {copy:8s} {r['method']:9s} seed={seed} acc={r['accuracy']:.4f} "
+                    f"absent={r['absent']:.4f} t={r['seconds']:.1f}s {r.get('decision', '')}",
+                    flush=True,
+                )
+        if args.out:  # after every task: a long run that is cut short keeps what it did
             _save(args, overrides, rows)
     print_table(rows, ['logreg', 'mlp', 'wgan', 'pwan', 'deployed'])
     return 0
@@ -220,6 +288,7 @@ def main(argv=None):
 
 def _save(args, overrides, rows):
     from pwan_ros.io.atomic import write_json
+
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     write_json(args.out, {'features': args.features, 'overrides': overrides, 'rows': rows})
 

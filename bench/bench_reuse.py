@@ -10,6 +10,7 @@ nearest-neighbour search (one query of every keyframe point against the keyframe
 
   python bench/bench_reuse.py [--data ../shared/data] [--repeats 3] [--robust]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,7 +34,10 @@ from pwan_ros.odometry.pipeline import OdometryPipeline  # noqa: E402
 
 def run_side_by_side(scans, stamps, **cfg):
     """{label: (poses, per-scan ms, pwan ms)} for the pipeline with and without reuse."""
-    pipes = {'reuse': OdometryPipeline(OdometryConfig(**cfg)), 'rebuild': OdometryPipeline(OdometryConfig(**cfg))}
+    pipes = {
+        'reuse': OdometryPipeline(OdometryConfig(**cfg)),
+        'rebuild': OdometryPipeline(OdometryConfig(**cfg)),
+    }
     pipes['rebuild'].pwan.reference_cache = None
     out = {k: ([], [], []) for k in pipes}
     for i, (pts, t) in enumerate(zip(scans, stamps)):
@@ -51,6 +55,7 @@ def run_side_by_side(scans, stamps, **cfg):
 def prepare_cost(points, repeats=5):
     """ms to prepare a keyframe as a registration does (fine-tune tree + normals + fit tree)."""
     from pwan_ros.core.preprocess import make_normaliser
+
     norm = make_normaliser(points, points, True)
     ms = []
     for _ in range(repeats):
@@ -65,11 +70,12 @@ def prepare_cost(points, repeats=5):
 def search_cost(points, device, repeats=5):
     """ms per query of all ``points`` against themselves (k = 1)."""
     from scipy.spatial import cKDTree
+
     if device == 'kdtree':
         s = cKDTree(points)
     else:
         s = TorchNearest(points, device)
-    s.query(points)                                   # warm-up (CUDA context, kernels)
+    s.query(points)  # warm-up (CUDA context, kernels)
     ms = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -81,9 +87,14 @@ def search_cost(points, device, repeats=5):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('--data', default='../shared/data', type=pathlib.Path)
-    ap.add_argument('--robust', action='store_true',
-                    help="bench_lidar's robust set: 50 %% uniform outliers, scans 30-32 dropped (a ~60 deg jump)")
-    ap.add_argument('--repeats', type=int, default=1, help='side-by-side runs (fresh pipelines each)')
+    ap.add_argument(
+        '--robust',
+        action='store_true',
+        help="bench_lidar's robust set: 50 %% uniform outliers, scans 30-32 dropped (a ~60 deg jump)",
+    )
+    ap.add_argument(
+        '--repeats', type=int, default=1, help='side-by-side runs (fresh pipelines each)'
+    )
     args = ap.parse_args(argv)
     if not (args.data / 'lidar' / 'balm_seq_a').is_dir():
         print(f'error: {args.data}/lidar/balm_seq_a not found (--data)', file=sys.stderr)
@@ -101,27 +112,43 @@ def main(argv=None) -> int:
         out, (builds, hits) = run_side_by_side(scans, stamps, scan_voxel_size=0.25, mode='pwan')
         for k, (est, ms, pwan_ms) in out.items():
             rel = [invert(a) @ b for a, b in zip(est[:-1], est[1:])]
-            rows[k] = summarise(k, rel, ms[1:], gt_rel)          # the same poses every run
+            rows[k] = summarise(k, rel, ms[1:], gt_rel)  # the same poses every run
             times[k][0].extend(ms[1:])
             times[k][1].extend(pwan_ms[1:])
         paired.extend(np.subtract(out['rebuild'][1][1:], out['reuse'][1][1:]))
-        diff = max([diff] + [float(np.abs(a - b).max()) for a, b in zip(out['reuse'][0], out['rebuild'][0])])
-    print(f'\n== pwan mode, BALM seq a, scans {idx}' + (', 50 % outliers' if args.robust else '')
-          + f', {args.repeats} run(s)')
-    print(f"{'keyframe reference':20s} {'scan med':>9s} {'pwan med':>9s} {'rot med':>8s} {'rot max':>8s} "
-          f"{'tr med':>7s} {'tr max':>7s} {'ok':>5s}")
+        diff = max(
+            [diff]
+            + [float(np.abs(a - b).max()) for a, b in zip(out['reuse'][0], out['rebuild'][0])]
+        )
+    print(
+        f'\n== pwan mode, BALM seq a, scans {idx}'
+        + (', 50 % outliers' if args.robust else '')
+        + f', {args.repeats} run(s)'
+    )
+    print(
+        f"{'keyframe reference':20s} {'scan med':>9s} {'pwan med':>9s} {'rot med':>8s} {'rot max':>8s} "
+        f"{'tr med':>7s} {'tr max':>7s} {'ok':>5s}"
+    )
     for k, r in rows.items():
-        print(f"{k:20s} {np.median(times[k][0]):9.1f} {np.median(times[k][1]):9.1f} {r['rot_median_deg']:8.3f} "
-              f"{r['rot_max_deg']:8.3f} {r['trans_median_mm']:7.1f} {r['trans_max_mm']:7.1f} "
-              f"{r['success']:>2d}/{r['pairs']:<2d}")
-    print(f'   (ms per scan; deg / mm per consecutive pair; per run: {builds} keyframe preparations, {hits} reuses)')
-    print(f'per-scan time saved (rebuild - reuse, same scan and run): median {np.median(paired):.1f} ms, '
-          f'mean {np.mean(paired):.1f} ms; largest pose difference {diff:.1e}')
+        print(
+            f"{k:20s} {np.median(times[k][0]):9.1f} {np.median(times[k][1]):9.1f} {r['rot_median_deg']:8.3f} "
+            f"{r['rot_max_deg']:8.3f} {r['trans_median_mm']:7.1f} {r['trans_max_mm']:7.1f} "
+            f"{r['success']:>2d}/{r['pairs']:<2d}"
+        )
+    print(
+        f'   (ms per scan; deg / mm per consecutive pair; per run: {builds} keyframe preparations, {hits} reuses)'
+    )
+    print(
+        f'per-scan time saved (rebuild - reuse, same scan and run): median {np.median(paired):.1f} ms, '
+        f'mean {np.mean(paired):.1f} ms; largest pose difference {diff:.1e}'
+    )
     kf = OdometryPipeline(OdometryConfig(scan_voxel_size=0.25))
     kf.process(scans[0], 0.0)
     pts = kf.keyframe.cloud.points
-    print(f'\npreparing one keyframe ({len(pts)} points: fine-tune tree + normals + tree of the result): '
-          f'{prepare_cost(pts):.1f} ms')
+    print(
+        f'\npreparing one keyframe ({len(pts)} points: fine-tune tree + normals + tree of the result): '
+        f'{prepare_cost(pts):.1f} ms'
+    )
     print(f'\n== nearest-neighbour query of {len(pts)} points against the keyframe (k = 1)')
     devices = ['kdtree', 'cpu'] + (['cuda'] if torch.cuda.is_available() else [])
     for d in devices:

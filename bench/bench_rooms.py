@@ -9,6 +9,7 @@ fraction of b's points within 5 cm of a's.
 
     python bench/bench_rooms.py --rooms furnished box
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,19 +29,38 @@ from pwan_ros.geometry.se3 import invert, rotation_angle  # noqa: E402
 
 #: camera positions (m) per room; the box room's are point-symmetric about its centre, so a half
 #: turn of the room maps one camera onto the other (its hardest case)
-POSITIONS = {'furnished': ((-1.5, -0.5, 1.4), (1.5, 0.8, 1.4)), 'box': ((-1.0, -0.5, 1.4), (1.0, 0.5, 1.4))}
-YAWS = ((0, 90), (30, 150), (-30, 120), (-60, 45), (90, 180), (180, 0), (-120, 60), (150, -90), (0, 100))
+POSITIONS = {
+    'furnished': ((-1.5, -0.5, 1.4), (1.5, 0.8, 1.4)),
+    'box': ((-1.0, -0.5, 1.4), (1.0, 0.5, 1.4)),
+}
+YAWS = (
+    (0, 90),
+    (30, 150),
+    (-30, 120),
+    (-60, 45),
+    (90, 180),
+    (180, 0),
+    (-120, 60),
+    (150, -90),
+    (0, 100),
+)
 
 
 def verdict(res, gt) -> str:
     err = invert(gt) @ res.transform
     if res.status != 'ok':
         return 'refused'
-    return 'correct' if np.degrees(rotation_angle(err)) < 2.0 and np.linalg.norm(err[:3, 3]) < 0.1 else 'WRONG'
+    return (
+        'correct'
+        if np.degrees(rotation_angle(err)) < 2.0 and np.linalg.norm(err[:3, 3]) < 0.1
+        else 'WRONG'
+    )
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument('--rooms', nargs='+', default=list(ROOMS), choices=ROOMS)
     p.add_argument('--results', default='results/rooms')
     args = p.parse_args(argv)
@@ -50,8 +70,13 @@ def main(argv=None):
         counts = {}
         for ya, yb in YAWS:
             a, b, gt = view_pair(kind, (pa, ya), (pb, yb))
-            row = {'room': kind, 'yaws': f'{ya}/{yb}',
-                   'overlap': float((cKDTree(a).query(b @ gt[:3, :3].T + gt[:3, 3])[0] < 0.05).mean())}
+            row = {
+                'room': kind,
+                'yaws': f'{ya}/{yb}',
+                'overlap': float(
+                    (cKDTree(a).query(b @ gt[:3, :3].T + gt[:3, 3])[0] < 0.05).mean()
+                ),
+            }
             for label, views in (('geometry', None), ('viewpoints', 'origin')):
                 t0 = time.perf_counter()
                 res = register(b, a, RegistrationConfig(), init='global', viewpoints=views)
@@ -61,13 +86,24 @@ def main(argv=None):
             rows.append(row)
             print(row, flush=True)
         for label in ('geometry', 'viewpoints'):
-            summary.append({'room': kind, 'input': label, **{v: counts.get((label, v), 0)
-                                                             for v in ('correct', 'refused', 'WRONG')},
-                            'mean_s': float(np.mean([r[label + '_s'] for r in rows if r['room'] == kind]))})
-    print_table(rows, ['room', 'yaws', 'overlap', 'geometry', 'viewpoints', 'geometry_s', 'viewpoints_s'],
-                'Global registration of two room views, per pair')
-    print_table(summary, ['room', 'input', 'correct', 'refused', 'WRONG', 'mean_s'],
-                f'Global registration of two room views ({len(YAWS)} pairs per room)')
+            summary.append(
+                {
+                    'room': kind,
+                    'input': label,
+                    **{v: counts.get((label, v), 0) for v in ('correct', 'refused', 'WRONG')},
+                    'mean_s': float(np.mean([r[label + '_s'] for r in rows if r['room'] == kind])),
+                }
+            )
+    print_table(
+        rows,
+        ['room', 'yaws', 'overlap', 'geometry', 'viewpoints', 'geometry_s', 'viewpoints_s'],
+        'Global registration of two room views, per pair',
+    )
+    print_table(
+        summary,
+        ['room', 'input', 'correct', 'refused', 'WRONG', 'mean_s'],
+        f'Global registration of two room views ({len(YAWS)} pairs per room)',
+    )
     write_results(args.results, 'bench_rooms', rows, summary)
 
 

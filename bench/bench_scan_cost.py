@@ -19,6 +19,7 @@ ATE and drift (first repeat) as in bench_drift.py, to check that speed did not c
 
   python bench/bench_scan_cost.py [--data ../shared/data] [--sequences nuscenes balm sim] [--repeats 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,15 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_drift import (BALM_MAX_RANGE, NUSCENES_MAX_RANGE, SIM_MAX_RANGE, load_balm,  # noqa: E402
-                         load_nuscenes, load_sim, score)
+from bench_drift import (
+    BALM_MAX_RANGE,
+    NUSCENES_MAX_RANGE,
+    SIM_MAX_RANGE,
+    load_balm,  # noqa: E402
+    load_nuscenes,
+    load_sim,
+    score,
+)
 from common import print_table, write_results  # noqa: E402
 
 from pwan_ros.evaluation.lidar_sim import SimConfig  # noqa: E402
@@ -40,13 +48,33 @@ from pwan_ros.odometry.config import OdometryConfig  # noqa: E402
 from pwan_ros.odometry.pipeline import OdometryPipeline  # noqa: E402
 
 STAGES = ('preprocess', 'track', 'map')
-COLS = ['sequence', 'points', 'preprocess_ms', 'track_ms', 'map_ms', 'map_kf_ms', 'total_ms', 'max_ms', 'kiss_ms',
-        'kiss_max_ms', 'ratio', 'period_ms', 'ate_m', 'drift_pct', 'kiss_ate_m', 'kiss_drift_pct']
+COLS = [
+    'sequence',
+    'points',
+    'preprocess_ms',
+    'track_ms',
+    'map_ms',
+    'map_kf_ms',
+    'total_ms',
+    'max_ms',
+    'kiss_ms',
+    'kiss_max_ms',
+    'ratio',
+    'period_ms',
+    'ate_m',
+    'drift_pct',
+    'kiss_ate_m',
+    'kiss_drift_pct',
+]
 
 
 def run_pwan(xyz, stamps, cfg: OdometryConfig, num_threads: int | None = None):
     """(poses (S, 4, 4), {stage: [ms per scan]}) of one run; scans after the first."""
-    pipe = OdometryPipeline(cfg) if num_threads is None else OdometryPipeline(cfg, num_threads=num_threads)
+    pipe = (
+        OdometryPipeline(cfg)
+        if num_threads is None
+        else OdometryPipeline(cfg, num_threads=num_threads)
+    )
     poses, cost = [], {k: [] for k in STAGES + ('total',)}
     for i, (pts, t) in enumerate(zip(xyz, stamps)):
         t0 = time.perf_counter()
@@ -72,22 +100,36 @@ def run_kiss(xyz, stamps, max_range: float):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument('--data', default='../shared/data', type=pathlib.Path)
     ap.add_argument('--results', default='results/scan_cost', type=pathlib.Path)
-    ap.add_argument('--sequences', nargs='+', default=['nuscenes', 'balm', 'sim'],
-                    choices=['sim', 'balm', 'nuscenes'])
-    ap.add_argument('--sim-scans', type=int, default=300, help='scans of the simulated drive (10 Hz, 3 m/s)')
+    ap.add_argument(
+        '--sequences',
+        nargs='+',
+        default=['nuscenes', 'balm', 'sim'],
+        choices=['sim', 'balm', 'nuscenes'],
+    )
+    ap.add_argument(
+        '--sim-scans', type=int, default=300, help='scans of the simulated drive (10 Hz, 3 m/s)'
+    )
     ap.add_argument('--sim-beams', type=int, nargs='+', default=[SimConfig().beams, 64])
     ap.add_argument('--threads', type=int, help="pwan_ros's num_threads (default: the pipeline's)")
-    ap.add_argument('--repeats', type=int, default=3, help='alternate runs of each method per sequence')
+    ap.add_argument(
+        '--repeats', type=int, default=3, help='alternate runs of each method per sequence'
+    )
     args = ap.parse_args(argv)
 
     rows = []
     for which in args.sequences:
-        for beams in (args.sim_beams if which == 'sim' else [None]):
+        for beams in args.sim_beams if which == 'sim' else [None]:
             if which == 'sim':
-                print(f'simulating {args.sim_scans} scans, {beams} beams ...', file=sys.stderr, flush=True)
+                print(
+                    f'simulating {args.sim_scans} scans, {beams} beams ...',
+                    file=sys.stderr,
+                    flush=True,
+                )
                 seq, xyz, stamps, gt = load_sim(args.sim_scans, beams, None)
                 max_range = SIM_MAX_RANGE
             else:
@@ -111,16 +153,29 @@ def main(argv=None) -> int:
                     kacc = score(seq, 'KISS-ICP', kposes, [0.0, 0.0], gt, stamps, {})
             med = {k: float(np.median(v)) for k, v in cost.items()}
             kf = [v for v in cost['map'] if v > 0.0]
-            rows.append({'sequence': seq, 'points': int(np.median([len(x) for x in xyz])),
-                         **{f'{k}_ms': med[k] for k in med},
-                         'map_kf_ms': float(np.median(kf)) if kf else '-', 'max_ms': float(np.max(cost['total'])),
-                         'kiss_ms': float(np.median(kiss)), 'kiss_max_ms': float(np.max(kiss)),
-                         'ratio': med['total'] / float(np.median(kiss)),
-                         'period_ms': 1e3 * float(np.median(np.diff(stamps))),
-                         'ate_m': acc['ate_rmse_m'], 'drift_pct': acc['drift_pct'],
-                         'kiss_ate_m': kacc['ate_rmse_m'], 'kiss_drift_pct': kacc['drift_pct']})
-    print_table(rows, COLS, f'Per-scan cost, median over scans x {args.repeats} alternate runs (ms); '
-                'ratio = pwan_ros total / KISS-ICP')
+            rows.append(
+                {
+                    'sequence': seq,
+                    'points': int(np.median([len(x) for x in xyz])),
+                    **{f'{k}_ms': med[k] for k in med},
+                    'map_kf_ms': float(np.median(kf)) if kf else '-',
+                    'max_ms': float(np.max(cost['total'])),
+                    'kiss_ms': float(np.median(kiss)),
+                    'kiss_max_ms': float(np.max(kiss)),
+                    'ratio': med['total'] / float(np.median(kiss)),
+                    'period_ms': 1e3 * float(np.median(np.diff(stamps))),
+                    'ate_m': acc['ate_rmse_m'],
+                    'drift_pct': acc['drift_pct'],
+                    'kiss_ate_m': kacc['ate_rmse_m'],
+                    'kiss_drift_pct': kacc['drift_pct'],
+                }
+            )
+    print_table(
+        rows,
+        COLS,
+        f'Per-scan cost, median over scans x {args.repeats} alternate runs (ms); '
+        'ratio = pwan_ros total / KISS-ICP',
+    )
     write_results(str(args.results), 'bench_scan_cost', [], rows)
     print(f'\nresults: {args.results}/bench_scan_cost.json')
     return 0

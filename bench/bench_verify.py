@@ -17,6 +17,7 @@ and from identity), so that both right and wrong poses are judged.
   python bench/bench_verify.py [--data ../shared/data] [--outliers 0 0.5 1] [--sets bunny scenes balm nuscenes]
   python bench/bench_verify.py --check-only | --register-only
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,18 +42,28 @@ def load_pairs(data: str, sets) -> list:
     """[(set, name, source, reference, T_reference_source)] in metres."""
     from bench_drift import load_balm, load_nuscenes
     from bench_rigid import load_scenes
+
     out = []
     if 'bunny' in sets:
         poses = bunny_poses(data)
         for s, r in BUNNY_PAIRS:
-            out.append(('bunny', f'{s}->{r}', load_bunny(data, s), load_bunny(data, r),
-                        np.linalg.inv(poses[r]) @ poses[s]))
+            out.append(
+                (
+                    'bunny',
+                    f'{s}->{r}',
+                    load_bunny(data, s),
+                    load_bunny(data, r),
+                    np.linalg.inv(poses[r]) @ poses[s],
+                )
+            )
     if 'scenes' in sets:
         out += [('scenes', n, s, r, t) for n, s, r, t in load_scenes(data)]
     if 'balm' in sets:
         _, xyz, _, poses = load_balm(pathlib.Path(data))
         for k in range(0, 9, 2):
-            out.append(('balm', f'{k}->{k + 1}', xyz[k + 1], xyz[k], invert(poses[k]) @ poses[k + 1]))
+            out.append(
+                ('balm', f'{k}->{k + 1}', xyz[k + 1], xyz[k], invert(poses[k]) @ poses[k + 1])
+            )
     if 'nuscenes' in sets:
         _, xyz, _, poses = load_nuscenes(pathlib.Path(data))
         for k in range(0, 38, 6):
@@ -76,6 +87,7 @@ def errors(t: np.ndarray, gt: np.ndarray) -> tuple:
 
 def fpfh_ransac_icp(src, ref, voxel):
     import anchors
+
     return anchors.fpfh_ransac_icp(src, ref, voxel)
 
 
@@ -92,28 +104,56 @@ def run_register(pairs, ratios, args) -> list:
             dt = time.perf_counter() - t0
             r_err, t_err = errors(res.transform, gt)
             ok = r_err <= args.rot_tol and t_err <= args.trans_tol * diag
-            rows.append(dict(set=kind, pair=name, outliers=ratio, method='pwan_ros register', status=res.status,
-                             correct=ok, rot_deg=r_err, trans=t_err, time_s=dt, reason=res.reason[:90]))
-            print(f'  [{ratio:g}] {kind} {name}: {res.status} rot {r_err:.2f} deg, trans {t_err:.3g} '
-                  f'({"correct" if ok else "WRONG"}) {dt:.1f} s', flush=True)
+            rows.append(
+                dict(
+                    set=kind,
+                    pair=name,
+                    outliers=ratio,
+                    method='pwan_ros register',
+                    status=res.status,
+                    correct=ok,
+                    rot_deg=r_err,
+                    trans=t_err,
+                    time_s=dt,
+                    reason=res.reason[:90],
+                )
+            )
+            print(
+                f'  [{ratio:g}] {kind} {name}: {res.status} rot {r_err:.2f} deg, trans {t_err:.3g} '
+                f'({"correct" if ok else "WRONG"}) {dt:.1f} s',
+                flush=True,
+            )
             if args.anchor:
                 t0 = time.perf_counter()
                 vox = judging_voxel(ref0) * 2.0
                 try:
                     t_a = fpfh_ransac_icp(src, ref, vox)
                     r_a, tr_a = errors(t_a, gt)
-                except Exception as exc:        # an anchor's failure is a row, not a crash
+                except Exception as exc:  # an anchor's failure is a row, not a crash
                     print(f'    FPFH+RANSAC+ICP failed: {exc}')
                     r_a, tr_a = float('inf'), float('inf')
                 ok_a = r_a <= args.rot_tol and tr_a <= args.trans_tol * diag
-                rows.append(dict(set=kind, pair=name, outliers=ratio, method='FPFH+RANSAC+ICP', status='ok',
-                                 correct=ok_a, rot_deg=r_a, trans=tr_a, time_s=time.perf_counter() - t0, reason=''))
+                rows.append(
+                    dict(
+                        set=kind,
+                        pair=name,
+                        outliers=ratio,
+                        method='FPFH+RANSAC+ICP',
+                        status='ok',
+                        correct=ok_a,
+                        rot_deg=r_a,
+                        trans=tr_a,
+                        time_s=time.perf_counter() - t0,
+                        reason='',
+                    )
+                )
     return rows
 
 
 def check_cases(pairs, ratios, args) -> list:
     """The self-check alone on poses a local method leaves (module docstring)."""
     import small_gicp
+
     rows = []
     rng = np.random.default_rng(0)
     for ratio in ratios:
@@ -135,46 +175,88 @@ def check_cases(pairs, ratios, args) -> list:
                 t[:3, :3], t[:3, 3] = r, c - r @ c
                 starts.append((f'turned {deg} deg', gt @ t))
             for label, t in starts:
-                res = small_gicp.align(ref, src, init_T_target_source=t, registration_type='GICP',
-                                       downsampling_resolution=vox, max_correspondence_distance=2 * vox)
+                res = small_gicp.align(
+                    ref,
+                    src,
+                    init_T_target_source=t,
+                    registration_type='GICP',
+                    downsampling_resolution=vox,
+                    max_correspondence_distance=2 * vox,
+                )
                 pose = np.asarray(res.T_target_source)
                 c = check_pose(src @ pose[:3, :3].T + pose[:3, 3], ref)
                 r_err, t_err = errors(pose, gt)
                 ok = r_err <= args.rot_tol and t_err <= args.trans_tol * diag
-                rows.append(dict(set=kind, pair=name, outliers=ratio, method=f'GICP {label} + check',
-                                 status=c.status, correct=ok, rot_deg=r_err, trans=t_err, time_s=0.0,
-                                 reason=c.reason[:90]))
+                rows.append(
+                    dict(
+                        set=kind,
+                        pair=name,
+                        outliers=ratio,
+                        method=f'GICP {label} + check',
+                        status=c.status,
+                        correct=ok,
+                        rot_deg=r_err,
+                        trans=t_err,
+                        time_s=0.0,
+                        reason=c.reason[:90],
+                    )
+                )
             print(f'  [{ratio:g}] {kind} {name}: checked {len(starts)} poses', flush=True)
     return rows
 
 
 def summarise(rows) -> list:
     out = []
-    keys = sorted({(r['set'], r['outliers'], r['method']) for r in rows}, key=lambda k: (k[0], k[1], k[2]))
+    keys = sorted(
+        {(r['set'], r['outliers'], r['method']) for r in rows}, key=lambda k: (k[0], k[1], k[2])
+    )
     for kind, ratio, method in keys:
         sel = [r for r in rows if (r['set'], r['outliers'], r['method']) == (kind, ratio, method)]
-        out.append({'set': kind, 'outliers': ratio, 'method': method, 'cases': len(sel),
-                    'solved': sum(r['status'] == 'ok' and r['correct'] for r in sel),
-                    'refused': sum(r['status'] != 'ok' for r in sel),
-                    'refused_but_right': sum(r['status'] != 'ok' and r['correct'] for r in sel),
-                    'wrong_without_warning': sum(r['status'] == 'ok' and not r['correct'] for r in sel),
-                    'median_s': float(np.median([r['time_s'] for r in sel]))})
+        out.append(
+            {
+                'set': kind,
+                'outliers': ratio,
+                'method': method,
+                'cases': len(sel),
+                'solved': sum(r['status'] == 'ok' and r['correct'] for r in sel),
+                'refused': sum(r['status'] != 'ok' for r in sel),
+                'refused_but_right': sum(r['status'] != 'ok' and r['correct'] for r in sel),
+                'wrong_without_warning': sum(
+                    r['status'] == 'ok' and not r['correct'] for r in sel
+                ),
+                'median_s': float(np.median([r['time_s'] for r in sel])),
+            }
+        )
     return out
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument('--data', default='../shared/data')
     ap.add_argument('--results', default='results/verify')
-    ap.add_argument('--sets', nargs='+', default=['bunny', 'scenes', 'balm', 'nuscenes'],
-                    choices=['bunny', 'scenes', 'balm', 'nuscenes'])
+    ap.add_argument(
+        '--sets',
+        nargs='+',
+        default=['bunny', 'scenes', 'balm', 'nuscenes'],
+        choices=['bunny', 'scenes', 'balm', 'nuscenes'],
+    )
     ap.add_argument('--outliers', nargs='+', type=float, default=[0.0, 0.5, 1.0])
-    ap.add_argument('--rot-tol', type=float, default=2.0, help='correct: rotation error (deg) at most this')
-    ap.add_argument('--trans-tol', type=float, default=0.01,
-                    help="correct: translation error at most this fraction of the reference's diagonal")
+    ap.add_argument(
+        '--rot-tol', type=float, default=2.0, help='correct: rotation error (deg) at most this'
+    )
+    ap.add_argument(
+        '--trans-tol',
+        type=float,
+        default=0.01,
+        help="correct: translation error at most this fraction of the reference's diagonal",
+    )
     ap.add_argument('--check-only', action='store_true', help='only the self-check block')
     ap.add_argument('--register-only', action='store_true', help='skip the self-check block')
-    ap.add_argument('--no-anchor', dest='anchor', action='store_false', help='skip FPFH+RANSAC+ICP')
+    ap.add_argument(
+        '--no-anchor', dest='anchor', action='store_false', help='skip FPFH+RANSAC+ICP'
+    )
     args = ap.parse_args(argv)
     pairs = load_pairs(args.data, args.sets)
     rows = []
@@ -183,10 +265,22 @@ def main(argv=None) -> int:
     if not args.register_only:
         rows += check_cases(pairs, args.outliers, args)
     summary = summarise(rows)
-    print_table(summary, ['set', 'outliers', 'method', 'cases', 'solved', 'refused', 'refused_but_right',
-                          'wrong_without_warning', 'median_s'],
-                f'Self-check across real data (correct: <= {args.rot_tol:g} deg and <= {args.trans_tol:.1%} '
-                'of the diagonal)')
+    print_table(
+        summary,
+        [
+            'set',
+            'outliers',
+            'method',
+            'cases',
+            'solved',
+            'refused',
+            'refused_but_right',
+            'wrong_without_warning',
+            'median_s',
+        ],
+        f'Self-check across real data (correct: <= {args.rot_tol:g} deg and <= {args.trans_tol:.1%} '
+        'of the diagonal)',
+    )
     write_results(args.results, 'bench_verify', rows, summary)
     return 0
 

@@ -2,6 +2,7 @@
 
 Not part of the package; the data directory is always an argument (default ../shared/data).
 """
+
 from __future__ import annotations
 
 import csv
@@ -17,8 +18,16 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), '..')
 
 from pwan_ros.io.point_files import read_points  # noqa: E402
 
-BUNNY_PAIRS = [('bun000', 'bun045'), ('bun045', 'bun090'), ('bun090', 'bun180'), ('bun180', 'bun270'),
-               ('bun270', 'bun315'), ('bun315', 'bun000'), ('chin', 'bun000'), ('bun180', 'bun315')]
+BUNNY_PAIRS = [
+    ('bun000', 'bun045'),
+    ('bun045', 'bun090'),
+    ('bun090', 'bun180'),
+    ('bun180', 'bun270'),
+    ('bun270', 'bun315'),
+    ('bun315', 'bun000'),
+    ('chin', 'bun000'),
+    ('bun180', 'bun315'),
+]
 
 
 def quat_matrix(qx, qy, qz, qw):
@@ -26,9 +35,13 @@ def quat_matrix(qx, qy, qz, qw):
     q = np.array([qw, qx, qy, qz], dtype=float)
     q /= np.linalg.norm(q)
     w, x, y, z = q
-    return np.array([[1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
-                     [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
-                     [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)]])
+    return np.array(
+        [
+            [1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
+            [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
+            [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)],
+        ]
+    )
 
 
 def bunny_poses(data_dir: str) -> Dict[str, np.ndarray]:
@@ -59,13 +72,19 @@ def rotation_error_deg(r_est: np.ndarray, r_true: np.ndarray) -> float:
 
 def voxel(points: np.ndarray, size: float) -> np.ndarray:
     from pwan_ros.core.preprocess import voxel_downsample
+
     return voxel_downsample(points, size)
 
 
 def summarise(errors: Sequence[float], times: Sequence[float], success: float) -> Dict[str, float]:
     e = np.asarray(errors, dtype=float)
-    return {'median': float(np.median(e)), 'std': float(np.std(e)), 'success': float(np.mean(e < success)),
-            'n': int(e.size), 'time_s': float(np.mean(times))}
+    return {
+        'median': float(np.median(e)),
+        'std': float(np.std(e)),
+        'success': float(np.mean(e < success)),
+        'n': int(e.size),
+        'time_s': float(np.mean(times)),
+    }
 
 
 def write_results(out_dir: str, name: str, rows: List[dict], summary: List[dict]) -> None:

@@ -8,6 +8,7 @@ the run recorded class names, ``class_name`` (std_msgs/String) for every valid m
 ``prediction`` (std_msgs/String, JSON naming the input it answers); counts of received, classified,
 skipped and dropped inputs go to /diagnostics.
 """
+
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument
 from launch.substitutions import LaunchConfiguration
@@ -16,15 +17,27 @@ from launch_ros.actions import Node
 
 def generate_launch_description():
     args = [
-        DeclareLaunchArgument('model', description='model.ts written by pwan_adapt / pwan_adapt_node'),
-        DeclareLaunchArgument('features', default_value='features',
-                              description='input std_msgs/Float32MultiArray topic'),
-        DeclareLaunchArgument('device', default_value='auto', description='auto | cpu | cuda | cuda:N'),
+        DeclareLaunchArgument(
+            'model', description='model.ts written by pwan_adapt / pwan_adapt_node'
+        ),
+        DeclareLaunchArgument(
+            'features',
+            default_value='features',
+            description='input std_msgs/Float32MultiArray topic',
+        ),
+        DeclareLaunchArgument(
+            'device', default_value='auto', description='auto | cpu | cuda | cuda:N'
+        ),
     ]
     node = Node(
-        package='pwan_ros', executable='pwan_classifier_node', name='pwan_classifier', output='screen',
+        package='pwan_ros',
+        executable='pwan_classifier_node',
+        name='pwan_classifier',
+        output='screen',
         emulate_tty=True,
-        parameters=[{'model': LaunchConfiguration('model'), 'device': LaunchConfiguration('device')}],
+        parameters=[
+            {'model': LaunchConfiguration('model'), 'device': LaunchConfiguration('device')}
+        ],
         remappings=[('features', LaunchConfiguration('features'))],
     )
     return LaunchDescription(args + [node])

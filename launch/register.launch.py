@@ -33,11 +33,17 @@ passed only when given, so the file's values hold under launch. KISS-ICP users: 
 ``points`` here, ``visualize`` is ``rviz``, ``lidar_odom_frame`` is ``odom_frame``,
 ``publish_odom_tf`` is ``publish_tf``, ``config_file`` is ``params_file``.
 """
+
 import os
 
 from ament_index_python.packages import get_package_share_directory
 from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument, ExecuteProcess, OpaqueFunction, SetEnvironmentVariable
+from launch.actions import (
+    DeclareLaunchArgument,
+    ExecuteProcess,
+    OpaqueFunction,
+    SetEnvironmentVariable,
+)
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
@@ -66,7 +72,7 @@ def _installed(package):
     try:
         get_package_share_directory(package)
         return True
-    except LookupError:     # ament_index_python's PackageNotFoundError is a KeyError
+    except LookupError:  # ament_index_python's PackageNotFoundError is a KeyError
         return False
 
 
@@ -76,10 +82,13 @@ def _bag_records_clock(bagfile):
     if not os.path.isfile(metadata):
         return False
     import yaml
+
     with open(metadata, encoding='utf-8') as f:
         info = (yaml.safe_load(f) or {}).get('rosbag2_bagfile_information', {})
-    return any(t.get('topic_metadata', {}).get('name') == '/clock'
-               for t in info.get('topics_with_message_count', []))
+    return any(
+        t.get('topic_metadata', {}).get('name') == '/clock'
+        for t in info.get('topics_with_message_count', [])
+    )
 
 
 def _check(context, bagfile):
@@ -87,11 +96,14 @@ def _check(context, bagfile):
     if bagfile and not os.path.exists(bagfile):
         raise RuntimeError(f'bagfile:={bagfile}: no such bag')
     if bagfile and not _installed('ros2bag'):
-        raise RuntimeError(f'bagfile:={bagfile} needs `ros2 bag` (package ros2bag), which is not '
-                           'installed; play the bag another way (e.g. pwan_replay) or install it')
+        raise RuntimeError(
+            f'bagfile:={bagfile} needs `ros2 bag` (package ros2bag), which is not '
+            'installed; play the bag another way (e.g. pwan_replay) or install it'
+        )
     if _flag(context, 'rviz') and not _installed('rviz2'):
-        raise RuntimeError('rviz:=true needs rviz2, which is not installed; launch without it or '
-                           'install it')
+        raise RuntimeError(
+            'rviz:=true needs rviz2, which is not installed; launch without it or install it'
+        )
 
 
 def _actions(context):
@@ -109,53 +121,90 @@ def _actions(context):
     if _arg(context, 'publish_tf'):
         overrides['publish_tf'] = _flag(context, 'publish_tf')
 
-    actions = [Node(
-        package=PACKAGE,
-        executable='pwan_odometry_node',
-        name='pwan_odometry',
-        output='screen',
-        parameters=[_arg(context, 'params_file'), overrides],
-        remappings=[('points', _arg(context, 'points'))],
-    )]
+    actions = [
+        Node(
+            package=PACKAGE,
+            executable='pwan_odometry_node',
+            name='pwan_odometry',
+            output='screen',
+            parameters=[_arg(context, 'params_file'), overrides],
+            remappings=[('points', _arg(context, 'points'))],
+        )
+    ]
     if bagfile:
         play = ['ros2', 'bag', 'play', bagfile]
-        if not _bag_records_clock(bagfile):     # one /clock: the bag's own, else the player's
+        if not _bag_records_clock(bagfile):  # one /clock: the bag's own, else the player's
             play.append('--clock')
         actions.append(ExecuteProcess(cmd=play, output='screen'))
     if _flag(context, 'rviz'):
         rviz_args = ['-d', os.path.join(share, 'rviz', 'pwan_odometry.rviz')]
         if 'odom_frame' in overrides:
             rviz_args += ['-f', overrides['odom_frame']]
-        actions.append(Node(package='rviz2', executable='rviz2', name='rviz2', output='screen',
-                            arguments=rviz_args, parameters=[{'use_sim_time': use_sim_time}]))
+        actions.append(
+            Node(
+                package='rviz2',
+                executable='rviz2',
+                name='rviz2',
+                output='screen',
+                arguments=rviz_args,
+                parameters=[{'use_sim_time': use_sim_time}],
+            )
+        )
     return actions
 
 
 def generate_launch_description():
     default_config = os.path.join(get_package_share_directory(PACKAGE), 'config', 'odometry.yaml')
     keep = "; '' (default) = the params file's value"
-    return LaunchDescription([
-        DeclareLaunchArgument('params_file', default_value=default_config,
-                              description='ROS parameter file of the pwan_odometry node'),
-        DeclareLaunchArgument('points', default_value='/points',
-                              description='input sensor_msgs/PointCloud2 topic'),
-        DeclareLaunchArgument('base_frame', default_value='',
-                              description='moving frame of the published pose' + keep),
-        DeclareLaunchArgument('odom_frame', default_value='',
-                              description='fixed frame of the published pose' + keep),
-        DeclareLaunchArgument('publish_tf', default_value='',
-                              description='broadcast odom_frame -> base_frame on /tf: true | false' + keep),
-        DeclareLaunchArgument('device', default_value='',
-                              description='auto | cpu | cuda | cuda:N' + keep),
-        DeclareLaunchArgument('use_sim_time', default_value='',
-                              description="use /clock: true | false; '' (default) = true when bagfile is given"),
-        DeclareLaunchArgument('bagfile', default_value='',
-                              description="rosbag2 to play with `ros2 bag play BAGFILE` (--clock unless it records "
-                                          "/clock); '' = none"),
-        DeclareLaunchArgument('rviz', default_value='false',
-                              description='start rviz2 with rviz/pwan_odometry.rviz: true | false'),
-        # Large clouds between processes: Fast DDS's large-data transports for everything
-        # launched below (node, bag player, rviz2); no effect on other middlewares.
-        SetEnvironmentVariable('FASTDDS_BUILTIN_TRANSPORTS', 'LARGE_DATA'),
-        OpaqueFunction(function=_actions),
-    ])
+    return LaunchDescription(
+        [
+            DeclareLaunchArgument(
+                'params_file',
+                default_value=default_config,
+                description='ROS parameter file of the pwan_odometry node',
+            ),
+            DeclareLaunchArgument(
+                'points',
+                default_value='/points',
+                description='input sensor_msgs/PointCloud2 topic',
+            ),
+            DeclareLaunchArgument(
+                'base_frame',
+                default_value='',
+                description='moving frame of the published pose' + keep,
+            ),
+            DeclareLaunchArgument(
+                'odom_frame',
+                default_value='',
+                description='fixed frame of the published pose' + keep,
+            ),
+            DeclareLaunchArgument(
+                'publish_tf',
+                default_value='',
+                description='broadcast odom_frame -> base_frame on /tf: true | false' + keep,
+            ),
+            DeclareLaunchArgument(
+                'device', default_value='', description='auto | cpu | cuda | cuda:N' + keep
+            ),
+            DeclareLaunchArgument(
+                'use_sim_time',
+                default_value='',
+                description="use /clock: true | false; '' (default) = true when bagfile is given",
+            ),
+            DeclareLaunchArgument(
+                'bagfile',
+                default_value='',
+                description="rosbag2 to play with `ros2 bag play BAGFILE` (--clock unless it records "
+                "/clock); '' = none",
+            ),
+            DeclareLaunchArgument(
+                'rviz',
+                default_value='false',
+                description='start rviz2 with rviz/pwan_odometry.rviz: true | false',
+            ),
+            # Large clouds between processes: Fast DDS's large-data transports for everything
+            # launched below (node, bag player, rviz2); no effect on other middlewares.
+            SetEnvironmentVariable('FASTDDS_BUILTIN_TRANSPORTS', 'LARGE_DATA'),
+            OpaqueFunction(function=_actions),
+        ]
+    )

@@ -1,4 +1,5 @@
 """Synthetic shapes for the core tests (made by the tests, no data files)."""
+
 import numpy as np
 
 
@@ -31,6 +32,7 @@ def curve2d(n, seed=0):
 
 def rot3(ax, ay, az):
     from scipy.spatial.transform import Rotation
+
     return Rotation.from_euler('xyz', [ax, ay, az], degrees=True).as_matrix()
 
 

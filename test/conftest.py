@@ -1,4 +1,5 @@
 """Shared fixtures: an isolated ROS 2 environment for tests that start real ROS processes."""
+
 import os
 import pathlib
 import random
@@ -18,10 +19,15 @@ os.environ.setdefault('AMENT_PREFIX_PATH', sys.prefix)
 def pytest_collection_modifyitems(config, items):
     """A test that takes the ``ros_env`` fixture starts ROS processes: it must carry the ``ros``
     marker, so that ``make test-unit`` (``-m "not ros ..."``) really runs no DDS."""
-    unmarked = [i.nodeid for i in items if 'ros_env' in getattr(i, 'fixturenames', ()) and
-                i.get_closest_marker('ros') is None]
+    unmarked = [
+        i.nodeid
+        for i in items
+        if 'ros_env' in getattr(i, 'fixturenames', ()) and i.get_closest_marker('ros') is None
+    ]
     if unmarked:
-        raise pytest.UsageError('tests using ros_env without @pytest.mark.ros: ' + ', '.join(unmarked))
+        raise pytest.UsageError(
+            'tests using ros_env without @pytest.mark.ros: ' + ', '.join(unmarked)
+        )
 
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -35,10 +41,28 @@ def colcon_install(tmp_path_factory):
     work = tmp_path_factory.mktemp('colcon')
     env = dict(os.environ, COLCON_HOME=str(work / 'colcon_home'))
     proc = subprocess.run(
-        [colcon, '--log-base', str(work / 'log'), 'build', '--base-paths', str(ROOT),
-         '--packages-select', 'pwan_ros', '--build-base', str(work / 'build'),
-         '--install-base', str(work / 'install'), '--event-handlers', 'console_direct-'],
-        cwd=work, env=env, capture_output=True, text=True, timeout=300)
+        [
+            colcon,
+            '--log-base',
+            str(work / 'log'),
+            'build',
+            '--base-paths',
+            str(ROOT),
+            '--packages-select',
+            'pwan_ros',
+            '--build-base',
+            str(work / 'build'),
+            '--install-base',
+            str(work / 'install'),
+            '--event-handlers',
+            'console_direct-',
+        ],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return work / 'install'
 

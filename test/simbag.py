@@ -1,4 +1,5 @@
 """Small simulated bags shared by the bag/replay/evaluation tests (generated per test module)."""
+
 import pytest
 
 from pwan_ros.evaluation.lidar_sim import SimConfig, write_sim_bag

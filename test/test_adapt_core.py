@@ -1,5 +1,6 @@
 """Adaptation core: config validation, input checks, the PWAN objective on synthetic Gaussian
 classes, exact resume, TorchScript export and the pwan_adapt CLI end to end."""
+
 import dataclasses
 import io
 import json
@@ -15,8 +16,16 @@ import pytest
 import torch
 import yaml
 
-from pwan_ros.adaptation import (AdaptConfig, AdaptConfigError, AdaptInputError, AdaptTrainer, FeatureSet,
-                                 load_npz, run_adaptation, save_npz)
+from pwan_ros.adaptation import (
+    AdaptConfig,
+    AdaptConfigError,
+    AdaptInputError,
+    AdaptTrainer,
+    FeatureSet,
+    load_npz,
+    run_adaptation,
+    save_npz,
+)
 from pwan_ros.cli.adapt import main as adapt_main
 from pwan_ros.adaptation.config import split_yaml
 from pwan_ros.adaptation.data import check_pair
@@ -35,13 +44,31 @@ def gaussian_domains(seed=0, k=6, d=32, n_per=60, shift=0.9, sigma=0.8):
     lab = np.concatenate([means[c] + sigma * rng.normal(size=(n_per, d)) for c in range(k)]) + 3.0
     delta = rng.normal(size=d)
     delta *= shift * 4.0 / np.linalg.norm(delta)
-    unl = np.concatenate([means[c] + delta + sigma * rng.normal(size=(n_per, d)) for c in range(k // 2)]) + 3.0
-    return (lab.astype(np.float32), np.repeat(np.arange(k), n_per),
-            unl.astype(np.float32), np.repeat(np.arange(k // 2), n_per))
+    unl = (
+        np.concatenate(
+            [means[c] + delta + sigma * rng.normal(size=(n_per, d)) for c in range(k // 2)]
+        )
+        + 3.0
+    )
+    return (
+        lab.astype(np.float32),
+        np.repeat(np.arange(k), n_per),
+        unl.astype(np.float32),
+        np.repeat(np.arange(k // 2), n_per),
+    )
 
 
-SYN = dict(steps=250, warmup_steps=50, weight_interval=50, batch_size=36, potential_updates=2, eval_interval=50,
-           checkpoint_interval=100, device='cpu', plots=False)
+SYN = dict(
+    steps=250,
+    warmup_steps=50,
+    weight_interval=50,
+    batch_size=36,
+    potential_updates=2,
+    eval_interval=50,
+    checkpoint_interval=100,
+    device='cpu',
+    plots=False,
+)
 
 
 def write_pair(tmp_path, seed=0):
@@ -56,10 +83,15 @@ def write_pair(tmp_path, seed=0):
 def test_config_validation_and_yaml(tmp_path):
     cfg = AdaptConfig()
     assert cfg.method == 'pwan' and cfg.bottleneck_dim == 256
-    for bad, msg in [({'steps': 0}, 'below the minimum'), ({'method': 'dann'}, 'not one of'),
-                     ({'lambda1': float('nan')}, 'finite'), ({'m0': 0.5}, '>= 1'),
-                     ({'device': 'gpu7'}, 'device'), ({'steps': 1.5}, 'expected int'),
-                     ({'no_such': 1}, 'unknown')]:
+    for bad, msg in [
+        ({'steps': 0}, 'below the minimum'),
+        ({'method': 'dann'}, 'not one of'),
+        ({'lambda1': float('nan')}, 'finite'),
+        ({'m0': 0.5}, '>= 1'),
+        ({'device': 'gpu7'}, 'device'),
+        ({'steps': 1.5}, 'expected int'),
+        ({'no_such': 1}, 'unknown'),
+    ]:
         with pytest.raises(AdaptConfigError, match=msg):
             AdaptConfig.from_mapping(bad)
     assert AdaptConfig.from_mapping({'lambda1': 1}).lambda1 == 1.0  # ints are accepted for floats
@@ -121,7 +153,10 @@ def test_bad_inputs_are_clear_errors(tmp_path):
     with pytest.raises(AdaptInputError, match=r'class\(es\) \[1\] have no rows'):
         check_pair(load_npz(lp('gap.npz', features=x, labels=y * 2)), lab)
     with pytest.raises(AdaptInputError, match='out of range for 2 class_names'):
-        check_pair(load_npz(lp('names.npz', features=x, labels=y * 2, class_names=np.array(['a', 'b']))), lab)
+        check_pair(
+            load_npz(lp('names.npz', features=x, labels=y * 2, class_names=np.array(['a', 'b']))),
+            lab,
+        )
 
 
 def test_large_sets_are_memory_mapped(tmp_path):
@@ -176,22 +211,26 @@ def test_pwan_beats_source_only_and_complete_alignment():
 def test_resume_reproduces_uninterrupted_run():
     torch.set_num_threads(1)
     xl, yl, xu, yu = gaussian_domains(3)
-    cfg = AdaptConfig.from_mapping(dict(SYN, steps=60, warmup_steps=20, weight_interval=15, potential_updates=2,
-                                        dropout=0.3))
+    cfg = AdaptConfig.from_mapping(
+        dict(SYN, steps=60, warmup_steps=20, weight_interval=15, potential_updates=2, dropout=0.3)
+    )
     from pwan_ros.adaptation.safeguard import holdout_split
-    ho = holdout_split(yl, cfg.holdout_fraction, cfg.seed)          # as run_adaptation trains it
+
+    ho = holdout_split(yl, cfg.holdout_fraction, cfg.seed)  # as run_adaptation trains it
     full = AdaptTrainer(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu), ho)
     full.train()
     first = AdaptTrainer(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu), ho)
     first.train(until=33)
-    buf = io.BytesIO()                  # through the file format resume reads (weights only)
+    buf = io.BytesIO()  # through the file format resume reads (weights only)
     torch.save(first.state_dict(), buf)
     path = pathlib.Path(tempfile.mkdtemp()) / 'latest.pt'
     path.write_bytes(buf.getvalue())
     ckpt = load_checkpoint(str(path))
     torch.manual_seed(12345)  # the checkpoint must restore every RNG it relies on
     np.random.seed(7)
-    resumed = AdaptTrainer(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu), holdout_split(yl, cfg.holdout_fraction, 0))
+    resumed = AdaptTrainer(
+        cfg, FeatureSet(xl, yl), FeatureSet(xu, yu), holdout_split(yl, cfg.holdout_fraction, 0)
+    )
     resumed.load_state_dict(ckpt)
     resumed.train()
     for a, b in zip(full.model.state_dict().values(), resumed.model.state_dict().values()):
@@ -200,7 +239,9 @@ def test_resume_reproduces_uninterrupted_run():
         assert torch.equal(a, b)
     np.testing.assert_array_equal(full.state.mu, resumed.state.mu)
     assert full.m_alpha() == resumed.m_alpha() and full.state.history == resumed.state.history
-    other = AdaptTrainer(dataclasses.replace(cfg, lambda1=0.5), FeatureSet(xl, yl), FeatureSet(xu, yu))
+    other = AdaptTrainer(
+        dataclasses.replace(cfg, lambda1=0.5), FeatureSet(xl, yl), FeatureSet(xu, yu)
+    )
     with pytest.raises(AdaptConfigError, match='lambda1=1.0'):
         other.load_state_dict(ckpt)
 
@@ -210,10 +251,34 @@ def test_resume_reproduces_uninterrupted_run():
 def test_cli_outputs_torchscript_and_resume(tmp_path, capsys):
     lp, up = write_pair(tmp_path)
     out = tmp_path / 'out'
-    args = [str(CLI), '--labelled', str(lp), '--unlabelled', str(up), '--output', str(out), '--json',
-            '--steps', '120', '--warmup-steps', '40', '--weight-interval', '40', '--batch-size', '36',
-            '--potential-updates', '2', '--eval-interval', '40', '--checkpoint-interval', '50',
-            '--device', 'cpu', '--threads', '1']
+    args = [
+        str(CLI),
+        '--labelled',
+        str(lp),
+        '--unlabelled',
+        str(up),
+        '--output',
+        str(out),
+        '--json',
+        '--steps',
+        '120',
+        '--warmup-steps',
+        '40',
+        '--weight-interval',
+        '40',
+        '--batch-size',
+        '36',
+        '--potential-updates',
+        '2',
+        '--eval-interval',
+        '40',
+        '--checkpoint-interval',
+        '50',
+        '--device',
+        'cpu',
+        '--threads',
+        '1',
+    ]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
@@ -224,9 +289,19 @@ def test_cli_outputs_torchscript_and_resume(tmp_path, capsys):
     assert pred.shape == yu.shape and pred.dtype == np.int64
     assert summary['accuracy'] == pytest.approx(float((pred == yu).mean()))
     assert summary['absent_class_fraction'] == pytest.approx(float((pred >= 3).mean()))
-    for f in ('checkpoints/latest.pt', 'checkpoints/best.pt', 'model.ts', 'metrics.csv', 'evals.csv',
-              'metrics.json', 'summary.json', 'plots/losses.png', 'plots/m_alpha.png',
-              'plots/class_weights.png', 'plots/projection.png'):
+    for f in (
+        'checkpoints/latest.pt',
+        'checkpoints/best.pt',
+        'model.ts',
+        'metrics.csv',
+        'evals.csv',
+        'metrics.json',
+        'summary.json',
+        'plots/losses.png',
+        'plots/m_alpha.png',
+        'plots/class_weights.png',
+        'plots/projection.png',
+    ):
         assert (out / f).stat().st_size > 0, f
     assert not [p for p in out.rglob('*.tmp')]
     assert len((out / 'metrics.csv').read_text().splitlines()) == 121
@@ -247,7 +322,14 @@ def test_cli_bad_input_writes_nothing(tmp_path, capsys):
     np.savez(tmp_path / 'l.npz', features=x, labels=np.arange(10) % 2)
     np.savez(tmp_path / 'u.npz', features=np.ones((5, 3), np.float32))
     out = tmp_path / 'out'
-    base = ['--labelled', str(tmp_path / 'l.npz'), '--unlabelled', str(tmp_path / 'u.npz'), '--output', str(out)]
+    base = [
+        '--labelled',
+        str(tmp_path / 'l.npz'),
+        '--unlabelled',
+        str(tmp_path / 'u.npz'),
+        '--output',
+        str(out),
+    ]
     assert adapt_main(base) == 2
     err = capsys.readouterr().err
     assert 'feature dimensions differ' in err and 'Traceback' not in err
@@ -262,10 +344,17 @@ def test_run_adaptation_stop_writes_checkpoint(tmp_path):
     xl, yl, xu, yu = gaussian_domains(0)
     cfg = AdaptConfig.from_mapping(dict(SYN, steps=50, potential_updates=1))
     calls = []
-    res = run_adaptation(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu), tmp_path / 'o',
-                         should_stop=lambda: calls.append(1) or len(calls) > 10)
+    res = run_adaptation(
+        cfg,
+        FeatureSet(xl, yl),
+        FeatureSet(xu, yu),
+        tmp_path / 'o',
+        should_stop=lambda: calls.append(1) or len(calls) > 10,
+    )
     assert not res.completed and res.steps_done == 10 and res.predictions_path is None
-    assert os.path.isfile(res.checkpoint_path) and not (tmp_path / 'o' / 'predictions.npy').exists()
+    assert (
+        os.path.isfile(res.checkpoint_path) and not (tmp_path / 'o' / 'predictions.npy').exists()
+    )
     res = run_adaptation(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu), tmp_path / 'o', resume=True)
     assert res.completed and res.steps_done == 50
 
@@ -289,13 +378,27 @@ def test_resume_refuses_unsafe_or_broken_checkpoints(tmp_path, capsys, kind):
     np.savez(tmp_path / 'l.npz', features=xl, labels=yl)
     np.savez(tmp_path / 'u.npz', features=xu)
     out = tmp_path / 'out'
-    args = ['--labelled', str(tmp_path / 'l.npz'), '--unlabelled', str(tmp_path / 'u.npz'), '--output', str(out),
-            '--steps', '20', '--warmup-steps', '5', '--device', 'cpu', '--plots', 'false']
+    args = [
+        '--labelled',
+        str(tmp_path / 'l.npz'),
+        '--unlabelled',
+        str(tmp_path / 'u.npz'),
+        '--output',
+        str(out),
+        '--steps',
+        '20',
+        '--warmup-steps',
+        '5',
+        '--device',
+        'cpu',
+        '--plots',
+        'false',
+    ]
     latest = out / 'checkpoints' / 'latest.pt'
     marker = tmp_path / 'pwned'
     if kind in ('truncated',):
         assert adapt_main(args) == 0
-        latest.write_bytes(latest.read_bytes()[:len(latest.read_bytes()) // 2])
+        latest.write_bytes(latest.read_bytes()[: len(latest.read_bytes()) // 2])
     else:
         latest.parent.mkdir(parents=True)
         buf = io.BytesIO()
@@ -319,6 +422,7 @@ def test_standardisation_is_fitted_on_the_labelled_rows_and_robust():
     scalings and shifts of the inputs give the same standardised geometry (inner products / D: the
     scale a bottleneck layer initialised with variance ~ 1/D sees)."""
     from pwan_ros.adaptation.trainer import fit_input_norm
+
     xl, yl, _, _ = gaussian_domains(0)
     xl = xl.astype(np.float64)
     xl[:, 5] = 7.0
@@ -331,7 +435,10 @@ def test_standardisation_is_fitted_on_the_labelled_rows_and_robust():
         m, s = fit_input_norm(FeatureSet(x.astype(np.float32), yl), 'standard', 100)
         z = (x - m.astype(np.float64)) * s.astype(np.float64)
         return z @ z.T / x.shape[1]
-    q, _ = np.linalg.qr(np.random.default_rng(1).normal(size=(128, 32)))   # 32-d -> 128-d, orthonormal
+
+    q, _ = np.linalg.qr(
+        np.random.default_rng(1).normal(size=(128, 32))
+    )  # 32-d -> 128-d, orthonormal
     ref = gram(xl)
     for copy in (xl @ q.T, xl * 1e-2, xl * 1e2, xl + 50.0):
         np.testing.assert_allclose(gram(copy), ref, rtol=1e-3, atol=1e-3 * np.abs(ref).max())
@@ -342,9 +449,15 @@ def test_saved_model_carries_its_standardisation(tmp_path):
     1e3 with an offset) exactly as the trainer does; the summary says which model it is."""
     xl, yl, xu, yu = gaussian_domains(0)
     xl, xu = xl * 1e3 + 5e3, xu * 1e3 + 5e3
-    cfg = AdaptConfig.from_mapping(dict(SYN, steps=40, warmup_steps=10, potential_updates=1, safeguard=False))
+    cfg = AdaptConfig.from_mapping(
+        dict(SYN, steps=40, warmup_steps=10, potential_updates=1, safeguard=False)
+    )
     res = run_adaptation(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu), tmp_path / 'o')
-    assert res.deployed == 'adapted' and res.deployed_reason == 'safeguard off' and res.safeguard is None
+    assert (
+        res.deployed == 'adapted'
+        and res.deployed_reason == 'safeguard off'
+        and res.safeguard is None
+    )
     with warnings.catch_warnings():
         warnings.simplefilter('ignore', DeprecationWarning)
         ts = torch.jit.load(res.model_path)
@@ -363,14 +476,22 @@ def test_safeguard_deploys_source_only_when_adaptation_hurts(tmp_path):
     xl, yl, xu, yu = gaussian_domains(0)
     cfg = AdaptConfig.from_mapping(dict(SYN, method='wgan', lambda1=5.0, potential_updates=1))
     res = run_adaptation(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu), tmp_path / 'o')
-    assert res.adapted_accuracy < res.source_only_accuracy - 0.1, res     # adaptation did hurt
-    assert res.deployed == 'source_only' and 'not predicted to be better' in res.deployed_reason, res
+    assert res.adapted_accuracy < res.source_only_accuracy - 0.1, res  # adaptation did hurt
+    assert res.deployed == 'source_only' and 'not predicted to be better' in res.deployed_reason, (
+        res
+    )
     assert res.accuracy == res.source_only_accuracy
     sg = res.safeguard
-    assert sg['deployed'] == 'source_only' and sg['n_holdout'] == 36 and sg['present_classes'] == [0, 1, 2]
+    assert (
+        sg['deployed'] == 'source_only'
+        and sg['n_holdout'] == 36
+        and sg['present_classes'] == [0, 1, 2]
+    )
     assert sg['adapted']['outlier_mass'] > sg['source_only']['outlier_mass']
     summary = json.loads(pathlib.Path(res.summary_path).read_text())
-    assert summary['deployed'] == 'source_only' and summary['deployed_reason'] == res.deployed_reason
+    assert (
+        summary['deployed'] == 'source_only' and summary['deployed_reason'] == res.deployed_reason
+    )
     with warnings.catch_warnings():
         warnings.simplefilter('ignore', DeprecationWarning)
         deployed = torch.jit.load(res.model_path)

@@ -1,5 +1,6 @@
 """adapt_node as a real ROS 2 process: parameters from --ros-args, progress over DDS on
 /diagnostics (received by a separate listener process), outputs, SIGINT and bad parameters."""
+
 import json
 import pathlib
 import signal
@@ -52,9 +53,22 @@ def _inputs(tmp_path):
 
 def _params(tmp_path, **extra):
     lab, unl = _inputs(tmp_path)
-    p = dict(labelled=str(lab), unlabelled=str(unl), output=str(tmp_path / 'out'), device='cpu', threads=1,
-             batch_size=36, warmup_steps=40, weight_interval=40, potential_updates=2, eval_interval=40,
-             checkpoint_interval=1000, plots=False, progress_interval=10, input_norm='zscore')
+    p = dict(
+        labelled=str(lab),
+        unlabelled=str(unl),
+        output=str(tmp_path / 'out'),
+        device='cpu',
+        threads=1,
+        batch_size=36,
+        warmup_steps=40,
+        weight_interval=40,
+        potential_updates=2,
+        eval_interval=40,
+        checkpoint_interval=1000,
+        plots=False,
+        progress_interval=10,
+        input_norm='zscore',
+    )
     p.update(extra)
     args = ['--ros-args']
     for k, v in p.items():
@@ -68,8 +82,12 @@ def _listen(tmp_path, env, timeout):
     script = tmp_path / 'listener.py'
     script.write_text(LISTENER)
     out = tmp_path / 'status.json'
-    proc = subprocess.Popen([sys.executable, str(script), str(out), str(timeout)], env=env,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(out), str(timeout)],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout.readline().strip() == 'ready'
     return proc, out
 
@@ -78,8 +96,13 @@ def _listen(tmp_path, env, timeout):
 def test_node_trains_publishes_and_exits(tmp_path, ros_env):
     listener, status = _listen(tmp_path, ros_env, 90)
     time.sleep(1.0)  # discovery
-    node = subprocess.run([str(NODE)] + _params(tmp_path, steps=200), env=ros_env, capture_output=True,
-                          text=True, timeout=120)
+    node = subprocess.run(
+        [str(NODE)] + _params(tmp_path, steps=200),
+        env=ros_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert node.returncode == 0, node.stderr
     listener.wait(timeout=30)
     got = json.loads(status.read_text())
@@ -93,8 +116,13 @@ def test_node_trains_publishes_and_exits(tmp_path, ros_env):
     summary = json.loads(pathlib.Path(final['summary']).read_text())
     assert summary['completed'] and summary['steps_done'] == 200
     assert float(final['accuracy']) == pytest.approx(summary['accuracy'], abs=1e-5)
-    assert final['deployed'] == summary['deployed'] in ('adapted', 'source_only')   # the safeguard's choice
-    assert final['deployed_reason'] == summary['deployed_reason'] and summary['safeguard']['n_holdout'] > 0
+    assert (
+        final['deployed'] == summary['deployed'] in ('adapted', 'source_only')
+    )  # the safeguard's choice
+    assert (
+        final['deployed_reason'] == summary['deployed_reason']
+        and summary['safeguard']['n_holdout'] > 0
+    )
     pred = np.load(final['predictions'])
     assert pred.shape == (180,) and (tmp_path / 'out' / 'model.ts').stat().st_size > 0
 
@@ -103,8 +131,13 @@ def test_node_trains_publishes_and_exits(tmp_path, ros_env):
 def test_node_sigint_checkpoints_and_exits_cleanly(tmp_path, ros_env):
     listener, status = _listen(tmp_path, ros_env, 90)
     time.sleep(1.0)
-    node = subprocess.Popen([str(NODE)] + _params(tmp_path, steps=100000, checkpoint_interval=30), env=ros_env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    node = subprocess.Popen(
+        [str(NODE)] + _params(tmp_path, steps=100000, checkpoint_interval=30),
+        env=ros_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     latest = tmp_path / 'out' / 'checkpoints' / 'latest.pt'
     deadline = time.monotonic() + 60
     while not latest.exists() and time.monotonic() < deadline and node.poll() is None:
@@ -122,6 +155,7 @@ def test_node_sigint_checkpoints_and_exits_cleanly(tmp_path, ros_env):
     summary = json.loads((tmp_path / 'out' / 'summary.json').read_text())
     assert not summary['completed'] and summary['steps_done'] == stopped
     import torch
+
     ckpt = torch.load(tmp_path / 'out' / 'checkpoints' / 'latest.pt', weights_only=False)
     assert ckpt['state']['step'] == stopped
     assert not (tmp_path / 'out' / 'predictions.npy').exists()
@@ -130,25 +164,49 @@ def test_node_sigint_checkpoints_and_exits_cleanly(tmp_path, ros_env):
 @pytest.mark.ros
 def test_node_rejects_invalid_parameters(tmp_path, ros_env):
     """All problems are reported at once, before anything is written."""
-    node = subprocess.run([str(NODE)] + _params(tmp_path, steps=10, lambda1=1, gp_weight=-2.0, method='dann',
-                                                output=None), env=ros_env, capture_output=True, text=True,
-                          timeout=60)
+    node = subprocess.run(
+        [str(NODE)]
+        + _params(tmp_path, steps=10, lambda1=1, gp_weight=-2.0, method='dann', output=None),
+        env=ros_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert node.returncode == 2, node.stderr
-    for msg in ("invalid parameter 'lambda1': expects a double (write e.g. 1.0, not 1)",
-                "invalid parameter 'gp_weight': out of range [0.0, 1000000.0]",
-                "invalid parameter 'method': method: 'dann' is not one of pwan, source_only, wgan", "parameter 'output' is required"):
+    for msg in (
+        "invalid parameter 'lambda1': expects a double (write e.g. 1.0, not 1)",
+        "invalid parameter 'gp_weight': out of range [0.0, 1000000.0]",
+        "invalid parameter 'method': method: 'dann' is not one of pwan, source_only, wgan",
+        "parameter 'output' is required",
+    ):
         assert msg in node.stderr, (msg, node.stderr)
     assert 'Traceback' not in node.stderr
-    node = subprocess.run([str(NODE)] + _params(tmp_path, steps=10, lambda1=-2.0), env=ros_env,
-                          capture_output=True, text=True, timeout=60)
+    node = subprocess.run(
+        [str(NODE)] + _params(tmp_path, steps=10, lambda1=-2.0),
+        env=ros_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert node.returncode == 2 and "'lambda1'" in node.stderr and 'Traceback' not in node.stderr
     assert not (tmp_path / 'out').exists()
-    node = subprocess.run([str(NODE), '--ros-args', '-p', 'output:='], env=ros_env, capture_output=True,
-                          text=True, timeout=60)
-    assert node.returncode == 2 and 'invalid ROS arguments' in node.stderr and 'Traceback' not in node.stderr
+    node = subprocess.run(
+        [str(NODE), '--ros-args', '-p', 'output:='],
+        env=ros_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (
+        node.returncode == 2
+        and 'invalid ROS arguments' in node.stderr
+        and 'Traceback' not in node.stderr
+    )
     # Unreadable input: clear error, nothing written.
     bad = _params(tmp_path, steps=10, unlabelled=str(tmp_path / 'nope.npz'))
-    node = subprocess.run([str(NODE)] + bad, env=ros_env, capture_output=True, text=True, timeout=60)
+    node = subprocess.run(
+        [str(NODE)] + bad, env=ros_env, capture_output=True, text=True, timeout=60
+    )
     assert node.returncode == 2 and 'does not exist' in node.stderr
     assert not (tmp_path / 'out').exists()
 
@@ -158,8 +216,16 @@ def test_launch_file_and_params_file_agree_with_node():
     are exactly the node's parameters (launch_ros is not installable here: checked statically)."""
     src = (ROOT / 'launch' / 'adapt.launch.py').read_text()
     assert "executable='pwan_adapt_node'" in src and "'adapt.yaml'" in src
-    params = yaml.safe_load((ROOT / 'config' / 'adapt.yaml').read_text())['adapt_node']['ros__parameters']
+    params = yaml.safe_load((ROOT / 'config' / 'adapt.yaml').read_text())['adapt_node'][
+        'ros__parameters'
+    ]
     from pwan_ros.adaptation import AdaptConfig
-    assert set(params) == set(AdaptConfig.specs()) | {'labelled', 'unlabelled', 'output', 'resume',
-                                                      'progress_interval'}
+
+    assert set(params) == set(AdaptConfig.specs()) | {
+        'labelled',
+        'unlabelled',
+        'output',
+        'resume',
+        'progress_interval',
+    }
     compile(src, 'adapt.launch.py', 'exec')

@@ -1,5 +1,6 @@
 """Slow tests on real data (../shared/data/pda, Office-Caltech10 GoogLeNet features) and on a large
 memory-mapped unlabelled set. They fail (never skip) when the data is missing."""
+
 import json
 import pathlib
 import subprocess
@@ -15,8 +16,18 @@ from pwan_ros.adaptation import AdaptConfig, AdaptTrainer, FeatureSet, load_npz,
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PDA = ROOT.parent / 'shared' / 'data' / 'pda' / 'office_caltech10_googlenet'
 CLI = pathlib.Path(sys.executable).parent / 'pwan_adapt'
-NAMES = ['back_pack', 'bike', 'calculator', 'headphones', 'keyboard', 'laptop', 'monitor', 'mouse', 'mug',
-         'projector']
+NAMES = [
+    'back_pack',
+    'bike',
+    'calculator',
+    'headphones',
+    'keyboard',
+    'laptop',
+    'monitor',
+    'mouse',
+    'mug',
+    'projector',
+]
 
 
 def domain(name):
@@ -52,10 +63,27 @@ def test_real_cli_end_to_end(tmp_path):
     keep = lt < 5
     save_npz(tmp_path / 'amazon.npz', xs, ls, NAMES)
     save_npz(tmp_path / 'dslr.npz', xt[keep], lt[keep])
-    proc = subprocess.run([str(CLI), '--labelled', str(tmp_path / 'amazon.npz'), '--unlabelled',
-                           str(tmp_path / 'dslr.npz'), '--config', str(ROOT / 'config' / 'adapt.yaml'),
-                           '--output', str(tmp_path / 'out'), '--device', 'cpu', '--threads', '1', '--json'],
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            str(CLI),
+            '--labelled',
+            str(tmp_path / 'amazon.npz'),
+            '--unlabelled',
+            str(tmp_path / 'dslr.npz'),
+            '--config',
+            str(ROOT / 'config' / 'adapt.yaml'),
+            '--output',
+            str(tmp_path / 'out'),
+            '--device',
+            'cpu',
+            '--threads',
+            '1',
+            '--json',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr
     s = json.loads(proc.stdout)
     assert s['completed'] and s['class_names'] == NAMES and s['steps_done'] == AdaptConfig().steps
@@ -73,17 +101,22 @@ def test_large_unlabelled_set_is_streamed(tmp_path):
     rng = np.random.default_rng(0)
     k, d, n = 4, 64, 1_500_000
     means = rng.normal(size=(k, d)) * 2
-    xl = np.concatenate([means[c] + rng.normal(size=(200, d)) for c in range(k)]).astype(np.float32)
+    xl = np.concatenate([means[c] + rng.normal(size=(200, d)) for c in range(k)]).astype(
+        np.float32
+    )
     save_npz(tmp_path / 'lab.npz', xl, np.repeat(np.arange(k), 200))
-    big = np.lib.format.open_memmap(tmp_path / 'features.npy', mode='w+', dtype=np.float32, shape=(n, d))
+    big = np.lib.format.open_memmap(
+        tmp_path / 'features.npy', mode='w+', dtype=np.float32, shape=(n, d)
+    )
     yl = np.empty(n, np.int64)
     for s in range(0, n, 250_000):
         lab = rng.integers(0, 2, 250_000)
-        big[s:s + 250_000] = means[lab] + 0.5 + rng.normal(size=(250_000, d))
-        yl[s:s + 250_000] = lab
+        big[s : s + 250_000] = means[lab] + 0.5 + rng.normal(size=(250_000, d))
+        yl[s : s + 250_000] = lab
     big.flush()
     del big
     import zipfile
+
     with zipfile.ZipFile(tmp_path / 'unl.npz', 'w', zipfile.ZIP_STORED) as zf:
         zf.write(tmp_path / 'features.npy', 'features.npy')
         with zf.open('labels.npy', 'w') as fh:
@@ -92,11 +125,35 @@ def test_large_unlabelled_set_is_streamed(tmp_path):
     fs = load_npz(tmp_path / 'unl.npz', 'unlabelled', max_memory_mb=64)
     assert isinstance(fs.features, np.memmap) and fs.n == n
     fs.close()
-    proc = subprocess.run([str(CLI), '--labelled', str(tmp_path / 'lab.npz'), '--unlabelled', str(tmp_path / 'unl.npz'),
-                           '--output', str(tmp_path / 'out'), '--steps', '60', '--warmup-steps', '30',
-                           '--eval-interval', '1000', '--memory-limit-mb', '64', '--eval-batch', '65536',
-                           '--device', 'cpu', '--plots', 'false', '--json'],
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            str(CLI),
+            '--labelled',
+            str(tmp_path / 'lab.npz'),
+            '--unlabelled',
+            str(tmp_path / 'unl.npz'),
+            '--output',
+            str(tmp_path / 'out'),
+            '--steps',
+            '60',
+            '--warmup-steps',
+            '30',
+            '--eval-interval',
+            '1000',
+            '--memory-limit-mb',
+            '64',
+            '--eval-batch',
+            '65536',
+            '--device',
+            'cpu',
+            '--plots',
+            'false',
+            '--json',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr
     s = json.loads(proc.stdout)
     pred = np.load(s['predictions_path'], mmap_mode='r')

@@ -1,4 +1,5 @@
 """bag_io: trajectories from every supported message type, both storages, clear errors."""
+
 import numpy as np
 import pytest
 from rosbags.rosbag2 import StoragePlugin, Writer
@@ -13,19 +14,25 @@ T = bag_io.typestore().types
 
 
 def poses(n=4):
-    return pose_from_tq([[k, 0.5 * k, 0.1] for k in range(n)],
-                        [[0, 0, np.sin(0.1 * k), np.cos(0.1 * k)] for k in range(n)])
+    return pose_from_tq(
+        [[k, 0.5 * k, 0.1] for k in range(n)],
+        [[0, 0, np.sin(0.1 * k), np.cos(0.1 * k)] for k in range(n)],
+    )
 
 
 def transform(stamp_ns, pose, parent, child):
     t = pose[:3, 3]
     from pwan_ros.io.trajectory import tq_from_pose
+
     _, q = tq_from_pose(pose)
     return T['geometry_msgs/msg/TransformStamped'](
-        header=bag_io.header(stamp_ns, parent), child_frame_id=child,
+        header=bag_io.header(stamp_ns, parent),
+        child_frame_id=child,
         transform=T['geometry_msgs/msg/Transform'](
             translation=T['geometry_msgs/msg/Vector3'](x=t[0], y=t[1], z=t[2]),
-            rotation=T['geometry_msgs/msg/Quaternion'](x=q[0, 0], y=q[0, 1], z=q[0, 2], w=q[0, 3])))
+            rotation=T['geometry_msgs/msg/Quaternion'](x=q[0, 0], y=q[0, 1], z=q[0, 2], w=q[0, 3]),
+        ),
+    )
 
 
 @pytest.mark.parametrize('storage', ['mcap', 'sqlite3'])
@@ -36,16 +43,40 @@ def test_trajectories_from_all_pose_types(tmp_path, storage):
         for ns, p in zip(stamps, ps):
             w.write('/odom', ns, bag_io.odometry(ns, p, 'odom', 'base_link'))
             pose_msg = bag_io.odometry(ns, p, 'map', 'x').pose.pose
-            w.write('/pose', ns, T['geometry_msgs/msg/PoseStamped'](header=bag_io.header(ns, 'map'), pose=pose_msg))
-            w.write('/pose_cov', ns, T['geometry_msgs/msg/PoseWithCovarianceStamped'](
-                header=bag_io.header(ns, 'map'),
-                pose=T['geometry_msgs/msg/PoseWithCovariance'](pose=pose_msg, covariance=np.zeros(36))))
-            w.write('/tf', ns, T['tf2_msgs/msg/TFMessage'](transforms=[
-                transform(ns, np.eye(4), 'base_link', 'lidar'), transform(ns, p, 'map', 'base_link')]))
+            w.write(
+                '/pose',
+                ns,
+                T['geometry_msgs/msg/PoseStamped'](header=bag_io.header(ns, 'map'), pose=pose_msg),
+            )
+            w.write(
+                '/pose_cov',
+                ns,
+                T['geometry_msgs/msg/PoseWithCovarianceStamped'](
+                    header=bag_io.header(ns, 'map'),
+                    pose=T['geometry_msgs/msg/PoseWithCovariance'](
+                        pose=pose_msg, covariance=np.zeros(36)
+                    ),
+                ),
+            )
+            w.write(
+                '/tf',
+                ns,
+                T['tf2_msgs/msg/TFMessage'](
+                    transforms=[
+                        transform(ns, np.eye(4), 'base_link', 'lidar'),
+                        transform(ns, p, 'map', 'base_link'),
+                    ]
+                ),
+            )
     assert (tmp_path / 'bag' / 'metadata.yaml').exists()
     expected_stamps = np.array(stamps) * 1e-9
-    for topic, kwargs in [('/odom', {}), ('/pose', {}), ('/pose_cov', {}), ('/tf', {'frame': 'base_link'}),
-                          ('/tf', {'frame': 'base_link', 'parent': 'map'})]:
+    for topic, kwargs in [
+        ('/odom', {}),
+        ('/pose', {}),
+        ('/pose_cov', {}),
+        ('/tf', {'frame': 'base_link'}),
+        ('/tf', {'frame': 'base_link', 'parent': 'map'}),
+    ]:
         traj = read_trajectory(tmp_path / 'bag', topic, **kwargs)
         np.testing.assert_allclose(traj.poses, ps, atol=1e-12)
         np.testing.assert_allclose(traj.stamps, expected_stamps)
@@ -60,9 +91,13 @@ def test_trajectories_from_all_pose_types(tmp_path, storage):
 
 
 def test_missing_wrong_and_empty_topics(tmp_path, small_bag):
-    with pytest.raises(BagError, match="has no topic '/velodyne_points'; topics: .*/points \\[sensor_msgs"):
+    with pytest.raises(
+        BagError, match="has no topic '/velodyne_points'; topics: .*/points \\[sensor_msgs"
+    ):
         bag_io.require_topic(small_bag, '/velodyne_points')
-    with pytest.raises(BagError, match="'/points' .* has type sensor_msgs/msg/PointCloud2; expected"):
+    with pytest.raises(
+        BagError, match="'/points' .* has type sensor_msgs/msg/PointCloud2; expected"
+    ):
         read_trajectory(small_bag, '/points')
     empty = tmp_path / 'empty'
     writer = Writer(empty, version=8, storage_plugin=StoragePlugin.MCAP)

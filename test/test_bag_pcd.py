@@ -1,4 +1,5 @@
 """PCD folders + pose files -> rosbag2, and the real BALM sequence end to end (slow)."""
+
 import gzip
 import json
 import pathlib
@@ -17,10 +18,14 @@ from pwan_ros.evaluation.pcd_to_bag import ConvertConfig, convert
 from pwan_ros.io.pointcloud2 import read_cloud
 from pwan_ros.io.trajectory import Trajectory, pose_from_tq, write_kitti, write_tum
 
-BALM = pathlib.Path(__file__).resolve().parents[1] / '..' / 'shared' / 'data' / 'lidar' / 'balm_seq_a'
-HEADER = ('# .PCD v0.7 - Point Cloud Data file format\nVERSION 0.7\nFIELDS x y z intensity _ ring normal\n'
-          'SIZE 4 4 4 4 1 2 4\nTYPE F F F F U U F\nCOUNT 1 1 1 1 2 1 3\nWIDTH {n}\nHEIGHT 1\n'
-          'VIEWPOINT 0 0 0 1 0 0 0\nPOINTS {n}\nDATA {kind}\n')
+BALM = (
+    pathlib.Path(__file__).resolve().parents[1] / '..' / 'shared' / 'data' / 'lidar' / 'balm_seq_a'
+)
+HEADER = (
+    '# .PCD v0.7 - Point Cloud Data file format\nVERSION 0.7\nFIELDS x y z intensity _ ring normal\n'
+    'SIZE 4 4 4 4 1 2 4\nTYPE F F F F U U F\nCOUNT 1 1 1 1 2 1 3\nWIDTH {n}\nHEIGHT 1\n'
+    'VIEWPOINT 0 0 0 1 0 0 0\nPOINTS {n}\nDATA {kind}\n'
+)
 
 
 def points(k, n=5):
@@ -32,7 +37,9 @@ def write_pcd(path, pts, kind):
     if kind == 'binary':
         body = b''.join(struct.pack('<ffff2xHfff', *p) for p in pts)
     else:
-        body = ''.join(f'{p[0]} {p[1]} {p[2]} {p[3]} 0 0 {p[4]} {p[5]} {p[6]} {p[7]}\n' for p in pts).encode()
+        body = ''.join(
+            f'{p[0]} {p[1]} {p[2]} {p[3]} 0 0 {p[4]} {p[5]} {p[6]} {p[7]}\n' for p in pts
+        ).encode()
     data = head + body
     path.write_bytes(gzip.compress(data) if path.suffix == '.gz' else data)
 
@@ -58,32 +65,75 @@ def test_convert_folder_with_tum_and_kitti_poses(tmp_path, capsys):
     scans.mkdir()
     for k in (3, 1, 2):  # pose index from the file name (BALM convention)
         write_pcd(scans / f'scan{k}.pcd', points(k), 'binary')
-    traj = Trajectory(50.0 + 0.5 * np.arange(5),
-                      pose_from_tq([[k, 2.0 * k, 0.0] for k in range(5)], [[0, 0, 0, 1]] * 5))
+    traj = Trajectory(
+        50.0 + 0.5 * np.arange(5),
+        pose_from_tq([[k, 2.0 * k, 0.0] for k in range(5)], [[0, 0, 0, 1]] * 5),
+    )
     write_tum(tmp_path / 'poses.tum', traj)
-    res = convert(ConvertConfig(scans=str(scans), poses=str(tmp_path / 'poses.tum'), output=str(tmp_path / 'bag'),
-                                frame_id='lidar'), log=lambda *a: None)
+    res = convert(
+        ConvertConfig(
+            scans=str(scans),
+            poses=str(tmp_path / 'poses.tum'),
+            output=str(tmp_path / 'bag'),
+            frame_id='lidar',
+        ),
+        log=lambda *a: None,
+    )
     assert res.scans == 3 and res.duration_s == pytest.approx(1.0)
-    clouds = [(t, deserialize_message(raw, PointCloud2)) for _, _, t, raw in bag_io.iter_raw(tmp_path / 'bag', ['/points'])]
+    clouds = [
+        (t, deserialize_message(raw, PointCloud2))
+        for _, _, t, raw in bag_io.iter_raw(tmp_path / 'bag', ['/points'])
+    ]
     assert [t for t, _ in clouds] == [50_500_000_000, 51_000_000_000, 51_500_000_000]
     for k, (_, msg) in zip((1, 2, 3), clouds):
         assert msg.header.frame_id == 'lidar'
-        np.testing.assert_array_equal(read_cloud(msg).xyz[:, 0], np.arange(k, k + 5, dtype=np.float32))
+        np.testing.assert_array_equal(
+            read_cloud(msg).xyz[:, 0], np.arange(k, k + 5, dtype=np.float32)
+        )
     gt = bag_io.read_trajectory(tmp_path / 'bag', '/ground_truth', frame='lidar')
     np.testing.assert_allclose(gt.poses, traj.poses[1:4])
     # KITTI poses have no stamps: --rate-hz makes them; --match order pairs sorted files with poses 0..2
     write_kitti(tmp_path / 'poses.kitti', traj)
-    rc = pcd2bag_cli.main(['--scans', str(scans), '--poses', str(tmp_path / 'poses.kitti'), '--output',
-                          str(tmp_path / 'bag2'), '--match', 'order', '--rate-hz', '4'])
+    rc = pcd2bag_cli.main(
+        [
+            '--scans',
+            str(scans),
+            '--poses',
+            str(tmp_path / 'poses.kitti'),
+            '--output',
+            str(tmp_path / 'bag2'),
+            '--match',
+            'order',
+            '--rate-hz',
+            '4',
+        ]
+    )
     assert rc == 0 and 'wrote' in capsys.readouterr().out
     gt2 = bag_io.read_trajectory(tmp_path / 'bag2', '/ground_truth')
     np.testing.assert_allclose(gt2.stamps, [0.0, 0.25, 0.5])
     np.testing.assert_allclose(gt2.poses, traj.poses[:3], atol=1e-9)
-    rc = pcd2bag_cli.main(['--scans', str(tmp_path / 'none'), '--poses', str(tmp_path / 'poses.tum'),
-                          '--output', str(tmp_path / 'bag3')])
+    rc = pcd2bag_cli.main(
+        [
+            '--scans',
+            str(tmp_path / 'none'),
+            '--poses',
+            str(tmp_path / 'poses.tum'),
+            '--output',
+            str(tmp_path / 'bag3'),
+        ]
+    )
     assert rc == 2 and 'does not exist' in capsys.readouterr().err
     write_pcd(scans / 'scan9.pcd', points(9), 'binary')
-    rc = pcd2bag_cli.main(['--scans', str(scans), '--poses', str(tmp_path / 'poses.tum'), '--output', str(tmp_path / 'b4')])
+    rc = pcd2bag_cli.main(
+        [
+            '--scans',
+            str(scans),
+            '--poses',
+            str(tmp_path / 'poses.tum'),
+            '--output',
+            str(tmp_path / 'b4'),
+        ]
+    )
     assert rc == 2 and 'scan9.pcd: pose index beyond the 5 poses' in capsys.readouterr().err
 
 
@@ -91,14 +141,37 @@ def test_convert_folder_with_tum_and_kitti_poses(tmp_path, capsys):
 def test_balm_sequence_to_bag_and_offline_evaluation(tmp_path, capsys):
     """The real BALM scans (../shared/data) through the converter and the offline ICP baseline."""
     bag = tmp_path / 'balm_bag'
-    assert pcd2bag_cli.main(['--scans', str(BALM), '--poses', str(BALM / 'alidarPose.csv'),
-                            '--output', str(bag), '--frame-id', 'lidar']) == 0
+    assert (
+        pcd2bag_cli.main(
+            [
+                '--scans',
+                str(BALM),
+                '--poses',
+                str(BALM / 'alidarPose.csv'),
+                '--output',
+                str(bag),
+                '--frame-id',
+                'lidar',
+            ]
+        )
+        == 0
+    )
     topics = bag_io.bag_topics(bag)
     assert topics['/points'].count == 10 and topics['/ground_truth'].count == 10
     first = next(m for _, m in bag_io.iter_decoded(bag, '/points'))
-    assert 76000 < first.width < 91000 and [f.name for f in first.fields][:4] == ['x', 'y', 'z', 'intensity']
+    assert 76000 < first.width < 91000 and [f.name for f in first.fields][:4] == [
+        'x',
+        'y',
+        'z',
+        'intensity',
+    ]
     out = tmp_path / 'eval'
-    assert evaluate_cli.main(['--offline', '--bag', str(bag), '--output', str(out), '--frame', 'lidar']) == 0
+    assert (
+        evaluate_cli.main(
+            ['--offline', '--bag', str(bag), '--output', str(out), '--frame', 'lidar']
+        )
+        == 0
+    )
     assert capsys.readouterr().out.strip().splitlines()[-1] == f'summary: {out / "summary.json"}'
     summary = json.loads((out / 'summary.json').read_text())
     assert summary['scans'] == 10 and summary['scans_dropped'] == 0

@@ -1,5 +1,6 @@
 """Deploying the adapted classifier: :mod:`pwan_ros.adaptation.deploy` on a model.ts trained by the
 project's own runner, and the ``pwan_classifier`` node in a subprocess fed over DDS."""
+
 import pathlib
 import queue
 import subprocess
@@ -13,14 +14,26 @@ import torch
 
 import test_params
 from conftest import assert_one_line_failure
-from pwan_ros.adaptation import AdaptConfig, AdaptConfigError, AdaptInputError, run_adaptation, save_npz
+from pwan_ros.adaptation import (
+    AdaptConfig,
+    AdaptConfigError,
+    AdaptInputError,
+    run_adaptation,
+    save_npz,
+)
 from pwan_ros.adaptation.deploy import ClassifierConfig, Prediction, load_classifier
 from test_adapt_core import gaussian_domains
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-NODE = [sys.executable, '-m', 'pwan_ros.ros.classifier_node']   # = the pwan_classifier_node executable
+NODE = [
+    sys.executable,
+    '-m',
+    'pwan_ros.ros.classifier_node',
+]  # = the pwan_classifier_node executable
 NAMES = [f'c{i}' for i in range(6)]
-pytestmark = pytest.mark.filterwarnings('ignore:`torch.jit:DeprecationWarning')   # the format model.ts has
+pytestmark = pytest.mark.filterwarnings(
+    'ignore:`torch.jit:DeprecationWarning'
+)  # the format model.ts has
 
 
 @pytest.fixture(scope='module')
@@ -30,9 +43,20 @@ def run_dir(tmp_path_factory):
     xl, yl, xu, yu = gaussian_domains(0)
     save_npz(tmp / 'lab.npz', xl, yl, NAMES)
     save_npz(tmp / 'unl.npz', xu, yu)
-    cfg = AdaptConfig(steps=30, warmup_steps=10, weight_interval=10, eval_interval=10, checkpoint_interval=1000,
-                      batch_size=36, potential_updates=1, bottleneck_dim=16, potential_hidden=16, device='cpu',
-                      threads=1, plots=False)
+    cfg = AdaptConfig(
+        steps=30,
+        warmup_steps=10,
+        weight_interval=10,
+        eval_interval=10,
+        checkpoint_interval=1000,
+        batch_size=36,
+        potential_updates=1,
+        bottleneck_dim=16,
+        potential_hidden=16,
+        device='cpu',
+        threads=1,
+        plots=False,
+    )
     result = run_adaptation(cfg, tmp / 'lab.npz', tmp / 'unl.npz', tmp / 'out')
     assert result.completed
     return tmp / 'out', xu
@@ -58,10 +82,15 @@ def test_predictions_are_the_models_argmax_and_softmax(run_dir):
     assert all(p.class_name == NAMES[p.class_id] for p in preds)
     # the deployed model reproduces the run's own predictions of the unlabelled rows
     assert [p.class_id for p in preds] == np.load(out / 'predictions.npy').tolist()
-    one = clf.classify(xu[7].astype(np.float64))       # one vector (D,) -> one Prediction
+    one = clf.classify(xu[7].astype(np.float64))  # one vector (D,) -> one Prediction
     assert isinstance(one, Prediction) and one == preds[7]
     assert clf.classify(np.zeros((0, 32), np.float32)) == []
-    assert load_classifier(out / 'model.ts', 'auto', class_names=list('abcdef')).classify(xu[7]).class_name == 'b'
+    assert (
+        load_classifier(out / 'model.ts', 'auto', class_names=list('abcdef'))
+        .classify(xu[7])
+        .class_name
+        == 'b'
+    )
 
 
 def test_unusable_models_and_features_are_one_line_errors(run_dir, tmp_path):
@@ -70,10 +99,13 @@ def test_unusable_models_and_features_are_one_line_errors(run_dir, tmp_path):
     garbage.write_bytes(b'not a model')
     identity = tmp_path / 'identity.ts'
     torch.jit.save(torch.jit.script(torch.nn.Identity()), str(identity))
-    for path, words in [(tmp_path / 'nope.ts', 'does not exist'), (out, 'is a directory'),
-                        (garbage, 'is not a TorchScript model'),
-                        (out / 'checkpoints' / 'latest.pt', 'is not a TorchScript model'),
-                        (identity, 'is not a classifier')]:
+    for path, words in [
+        (tmp_path / 'nope.ts', 'does not exist'),
+        (out, 'is a directory'),
+        (garbage, 'is not a TorchScript model'),
+        (out / 'checkpoints' / 'latest.pt', 'is not a TorchScript model'),
+        (identity, 'is not a classifier'),
+    ]:
         with pytest.raises(AdaptInputError, match=words) as err:
             load_classifier(path)
         assert '\n' not in str(err.value) and str(path) in str(err.value)
@@ -85,9 +117,12 @@ def test_unusable_models_and_features_are_one_line_errors(run_dir, tmp_path):
     clf = load_classifier(out / 'model.ts')
     bad = xu[:3].copy()
     bad[1, 4] = np.nan
-    for features, words in [(xu[:, :31], 'has length 31; the model expects 32'),
-                            (xu[0, :10], 'has length 10'), (np.zeros((2, 2, 32)), 'shape'),
-                            (bad, r'NaN or infinite values \(row 1\)')]:
+    for features, words in [
+        (xu[:, :31], 'has length 31; the model expects 32'),
+        (xu[0, :10], 'has length 10'),
+        (np.zeros((2, 2, 32)), 'shape'),
+        (bad, r'NaN or infinite values \(row 1\)'),
+    ]:
         with pytest.raises(AdaptInputError, match=words):
             clf.classify(features)
 
@@ -112,6 +147,7 @@ def _lines(proc):
         for line in proc.stdout:
             q.put(line)
         q.put(None)
+
     threading.Thread(target=pump, daemon=True).start()
     return q
 
@@ -134,10 +170,21 @@ def _wait_for(q, text, timeout, seen):
 def _start_node(out, ros_env, monkeypatch, args):
     """Start the classifier node on ``out``'s model (CPU) with extra ROS ``args``, and give this
     process the node's DDS environment. Returns (process, its line queue, lines seen)."""
-    proc = subprocess.Popen(NODE + ['--ros-args', '-p', f'model:={out / "model.ts"}', '-p', 'device:=cpu'] + args,
-                            env=ros_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for key in ('ROS_DOMAIN_ID', 'ROS_AUTOMATIC_DISCOVERY_RANGE', 'FASTDDS_BUILTIN_TRANSPORTS', 'ROS_LOG_DIR',
-                'ROS_HOME', 'RMW_IMPLEMENTATION'):
+    proc = subprocess.Popen(
+        NODE + ['--ros-args', '-p', f'model:={out / "model.ts"}', '-p', 'device:=cpu'] + args,
+        env=ros_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    for key in (
+        'ROS_DOMAIN_ID',
+        'ROS_AUTOMATIC_DISCOVERY_RANGE',
+        'FASTDDS_BUILTIN_TRANSPORTS',
+        'ROS_LOG_DIR',
+        'ROS_HOME',
+        'RMW_IMPLEMENTATION',
+    ):
         monkeypatch.setenv(key, ros_env[key])
     return proc, _lines(proc), []
 
@@ -150,21 +197,33 @@ def test_node_publishes_the_predictions_of_deploy(run_dir, ros_env, monkeypatch)
     proc, lines, seen = _start_node(out, ros_env, monkeypatch, ['-r', 'features:=/my/features'])
     import rclpy
     from std_msgs.msg import Float32, Float32MultiArray, Int32, String
+
     rclpy.init()
     try:
         assert _wait_for(lines, 'pwan_classifier ready', 30, seen), ''.join(seen)[-3000:]
         node = rclpy.create_node('classifier_probe')
         got = {'class_id': [], 'confidence': [], 'class_name': []}
-        subs = [node.create_subscription(kind, f'/{topic}', lambda m, t=topic: got[t].append(m.data), 10)
-                for topic, kind in (('class_id', Int32), ('confidence', Float32), ('class_name', String))]
+        subs = [
+            node.create_subscription(
+                kind, f'/{topic}', lambda m, t=topic: got[t].append(m.data), 10
+            )
+            for topic, kind in (
+                ('class_id', Int32),
+                ('confidence', Float32),
+                ('class_name', String),
+            )
+        ]
         pub = node.create_publisher(Float32MultiArray, '/my/features', 10)
-        end = time.monotonic() + 15      # DDS discovery: every output matched, the input subscribed
-        while time.monotonic() < end and not (pub.get_subscription_count() and
-                                              all(s.get_publisher_count() for s in subs)):
+        end = time.monotonic() + 15  # DDS discovery: every output matched, the input subscribed
+        while time.monotonic() < end and not (
+            pub.get_subscription_count() and all(s.get_publisher_count() for s in subs)
+        ):
             rclpy.spin_once(node, timeout_sec=0.05)
         assert pub.get_subscription_count() == 1, 'the node did not subscribe /my/features'
-        assert all(s.get_publisher_count() == 1 for s in subs), 'the node does not publish its outputs'
-        rows = xu[::30]                                            # 6 rows, 2 of each present class
+        assert all(s.get_publisher_count() == 1 for s in subs), (
+            'the node does not publish its outputs'
+        )
+        rows = xu[::30]  # 6 rows, 2 of each present class
         nan = rows[0].copy()
         nan[3] = np.nan
         sent = [rows[0], rows[1], rows[2, :20], rows[2], nan, rows[3], rows[4], rows[5]]
@@ -183,7 +242,7 @@ def test_node_publishes_the_predictions_of_deploy(run_dir, ros_env, monkeypatch)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    _wait_for(lines, '\0', 5, seen)                           # the rest of the output
+    _wait_for(lines, '\0', 5, seen)  # the rest of the output
     log = ''.join(seen)
     expected = load_classifier(out / 'model.ts').classify(rows)
     assert got['class_id'] == [p.class_id for p in expected], log[-3000:]
@@ -191,18 +250,23 @@ def test_node_publishes_the_predictions_of_deploy(run_dir, ros_env, monkeypatch)
     assert got['class_name'] == [p.class_name for p in expected]
     # the wrong-length and the NaN message: skipped, warned about (throttled: one line), no crash
     assert proc.returncode == 0 and 'Traceback' not in log, log[-3000:]
-    assert log.count(' skipped: ') == 1 and 'message 2 skipped: feature vector has length 20; the model expects 32' \
-        in log, log
+    assert (
+        log.count(' skipped: ') == 1
+        and 'message 2 skipped: feature vector has length 20; the model expects 32' in log
+    ), log
     assert 'received 8, classified 6, skipped 2, dropped 0' in log, log
 
 
 @pytest.mark.ros
 def test_node_without_a_usable_model_exits_2_with_one_line(tmp_path, ros_env):
-    for params, words in [(['model:=' + str(tmp_path / 'missing.ts')], ('pwan_classifier', 'does not exist')),
-                          (['device:=cpu'], ("parameter 'model' is required",))]:
+    for params, words in [
+        (['model:=' + str(tmp_path / 'missing.ts')], ('pwan_classifier', 'does not exist')),
+        (['device:=cpu'], ("parameter 'model' is required",)),
+    ]:
         args = [a for p in params for a in ('-p', p)]
-        proc = subprocess.run(NODE + ['--ros-args'] + args, env=ros_env, capture_output=True, text=True,
-                              timeout=60)
+        proc = subprocess.run(
+            NODE + ['--ros-args'] + args, env=ros_env, capture_output=True, text=True, timeout=60
+        )
         assert_one_line_failure(proc, 2, words)
         assert 'ready' not in proc.stdout + proc.stderr
 
@@ -221,22 +285,32 @@ def _burst(run_dir, ros_env, monkeypatch, extra_params, n=1000, pub_depth=10):
     messages back to back from a reliable depth-10 publisher (what ``ros2 bag play`` offers by
     default); returns (sent rows, predictions received as dicts, the node's whole log)."""
     import json
+
     out, xu = run_dir
-    proc, lines, seen = _start_node(out, ros_env, monkeypatch, [a for p in extra_params for a in ('-p', p)])
+    proc, lines, seen = _start_node(
+        out, ros_env, monkeypatch, [a for p in extra_params for a in ('-p', p)]
+    )
     import rclpy
     from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
     from std_msgs.msg import Float32MultiArray, String
+
     rclpy.init()
     got = []
-    rows = np.concatenate([xu] * (n // len(xu) + 1))[:n + 1]
+    rows = np.concatenate([xu] * (n // len(xu) + 1))[: n + 1]
     try:
         assert _wait_for(lines, 'pwan_classifier ready', 30, seen), ''.join(seen)[-3000:]
         node = rclpy.create_node('burst_probe')
-        deep = QoSProfile(depth=n + 100, history=HistoryPolicy.KEEP_LAST, reliability=ReliabilityPolicy.RELIABLE)
-        sub = node.create_subscription(String, '/prediction', lambda m: got.append(json.loads(m.data)), deep)
+        deep = QoSProfile(
+            depth=n + 100, history=HistoryPolicy.KEEP_LAST, reliability=ReliabilityPolicy.RELIABLE
+        )
+        sub = node.create_subscription(
+            String, '/prediction', lambda m: got.append(json.loads(m.data)), deep
+        )
         pub = node.create_publisher(Float32MultiArray, '/features', pub_depth)
         end = time.monotonic() + 15
-        while time.monotonic() < end and not (pub.get_subscription_count() and sub.get_publisher_count()):
+        while time.monotonic() < end and not (
+            pub.get_subscription_count() and sub.get_publisher_count()
+        ):
             rclpy.spin_once(node, timeout_sec=0.05)
         pub.publish(Float32MultiArray(data=rows[0].tolist()))
         end = time.monotonic() + 10
@@ -247,7 +321,7 @@ def _burst(run_dir, ros_env, monkeypatch, extra_params, n=1000, pub_depth=10):
         for m in msgs:
             pub.publish(m)
         end, last = time.monotonic() + 30, -1
-        while time.monotonic() < end and len(got) < n + 1:      # until all answered, or 3 s of silence
+        while time.monotonic() < end and len(got) < n + 1:  # until all answered, or 3 s of silence
             rclpy.spin_once(node, timeout_sec=0.1)
             if len(got) != last:
                 last, quiet = len(got), time.monotonic() + 3
@@ -276,11 +350,15 @@ def test_a_burst_is_answered_in_full_and_outputs_name_their_input(run_dir, ros_e
     assert len(got) == len(rows), f'{len(got)} of {len(rows)} answered\n' + log[-3000:]
     assert [g['index'] for g in got] == list(range(len(rows)))
     seqs = [g['seq'] for g in got]
-    assert seqs == list(range(seqs[0], seqs[0] + len(rows))), 'publisher sequence numbers are not consecutive'
+    assert seqs == list(range(seqs[0], seqs[0] + len(rows))), (
+        'publisher sequence numbers are not consecutive'
+    )
     expected = load_classifier(out / 'model.ts').classify(rows)
     assert [g['class_id'] for g in got] == [p.class_id for p in expected]
     assert all(isinstance(g['stamp_ns'], int) and g['stamp_ns'] > 0 for g in got)
-    assert f'received {len(rows)}, classified {len(rows)}, skipped 0, dropped 0' in log, log[-3000:]
+    assert f'received {len(rows)}, classified {len(rows)}, skipped 0, dropped 0' in log, log[
+        -3000:
+    ]
 
 
 @pytest.mark.ros
@@ -290,6 +368,7 @@ def test_messages_lost_in_a_burst_are_counted_and_reported(run_dir, ros_env, mon
     out, _ = run_dir
     rows, got, log = _burst(run_dir, ros_env, monkeypatch, ['queue_depth:=2'])
     import re
+
     m = re.search(r'received (\d+), classified (\d+), skipped 0, dropped (\d+)', log)
     assert m, log[-3000:]
     received, classified, dropped = map(int, m.groups())

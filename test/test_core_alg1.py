@@ -1,6 +1,7 @@
 """Alg. 1 (core/alg1.py): the hand-written gradients equal autograd's (incl. the gradient penalty's
 double backward), member states map exactly onto PotentialNet, starts do not interact, the fused
 Adam is torch's Adam, and both gradient functions compile whole (fullgraph, no graph break)."""
+
 import numpy as np
 import pytest
 import torch
@@ -9,13 +10,21 @@ from _core_shapes import blob, rot3
 from pwan_ros.core import RegistrationConfig
 from pwan_ros.core.alg1 import FusedAdam, potential_grads, run_alg1, transform_input_grad
 from pwan_ros.core.config import PotentialConfig
-from pwan_ros.core.potential import BatchedPotential, PotentialNet, gradient_penalty, split, tangent_rows
+from pwan_ros.core.potential import (
+    BatchedPotential,
+    PotentialNet,
+    gradient_penalty,
+    split,
+    tangent_rows,
+)
 from pwan_ros.core.transforms import BatchedTransform
 from pwan_ros.core.preprocess import make_normaliser
 
 
 def _net(count=2, hidden=(32, 32), seed=1):
-    net = BatchedPotential(count, 3, PotentialConfig(hidden=hidden), torch.Generator().manual_seed(seed))
+    net = BatchedPotential(
+        count, 3, PotentialConfig(hidden=hidden), torch.Generator().manual_seed(seed)
+    )
     with torch.no_grad():
         net.h.copy_(torch.linspace(0.4, 0.9, count))
     return net
@@ -34,8 +43,21 @@ def test_potential_gradient_equals_autograd_with_double_backward(closed_form, hi
     coef = torch.tensor([40 / 30, (20 - 30) / 30])
     gi = torch.randint(70, (16,))
     ws, bs = net.views()
-    flat = potential_grads(ws, bs, net.h, net.length, xb, zb, coef, tangent_rows(16, 3, torch.float32, 'cpu'), gi,
-                           net.slope, 10.0, closed_form, not closed_form)
+    flat = potential_grads(
+        ws,
+        bs,
+        net.h,
+        net.length,
+        xb,
+        zb,
+        coef,
+        tangent_rows(16, 3, torch.float32, 'cpu'),
+        gi,
+        net.slope,
+        10.0,
+        closed_form,
+        not closed_form,
+    )
     gw, gb = split(flat, [w.shape for w in ws])
     for i in range(s):
         ref = PotentialNet(3, PotentialConfig(hidden=hidden))
@@ -73,6 +95,7 @@ def test_workspace_reuses_its_buffers_and_changes_nothing():
     """With a Workspace (Alg. 1's eager loop) both gradient functions return what the allocating
     form returns, call after call, while every large intermediate lives in one kept buffer."""
     from pwan_ros.core.potential import Workspace
+
     torch.manual_seed(3)
     net = _net(3, (16, 16))
     ws, bs = net.views()
@@ -84,12 +107,32 @@ def test_workspace_reuses_its_buffers_and_changes_nothing():
         xb = torch.randn(1, 40, 3).expand(3, -1, -1)
         zb = torch.randn(3, 30, 3)
         gi = torch.randint(70, (16,))
-        args = (ws, bs, net.h, net.length, xb, zb, coef, tangents, gi, net.slope, 10.0, False, True)
-        torch.testing.assert_close(potential_grads(*args, work=work), potential_grads(*args), rtol=0, atol=0)
-        torch.testing.assert_close(transform_input_grad(ws, bs, net.h, net.length, zb, net.slope, work=work),
-                                   transform_input_grad(ws, bs, net.h, net.length, zb, net.slope), rtol=0, atol=0)
+        args = (
+            ws,
+            bs,
+            net.h,
+            net.length,
+            xb,
+            zb,
+            coef,
+            tangents,
+            gi,
+            net.slope,
+            10.0,
+            False,
+            True,
+        )
+        torch.testing.assert_close(
+            potential_grads(*args, work=work), potential_grads(*args), rtol=0, atol=0
+        )
+        torch.testing.assert_close(
+            transform_input_grad(ws, bs, net.h, net.length, zb, net.slope, work=work),
+            transform_input_grad(ws, bs, net.h, net.length, zb, net.slope),
+            rtol=0,
+            atol=0,
+        )
         ptrs = {k: v.data_ptr() for k, v in work._bufs.items()}
-        assert seen is None or ptrs == seen        # the same buffers every call: nothing allocated
+        assert seen is None or ptrs == seen  # the same buffers every call: nothing allocated
         seen = ptrs
     assert len(seen) > 20
 
@@ -102,7 +145,7 @@ def test_member_state_is_a_potentialnet_with_identical_values():
         single = PotentialNet(3, PotentialConfig(hidden=(32, 32)))
         single.load_state_dict(net.state(i))
         torch.testing.assert_close(single.raw(x[i]), g[i], rtol=1e-5, atol=1e-6)
-    net.load_state(1, single.state())          # and back: member 1 becomes that network
+    net.load_state(1, single.state())  # and back: member 1 becomes that network
     torch.testing.assert_close(net(x)[1], single.raw(x[1]), rtol=1e-5, atol=1e-6)
 
 
@@ -141,8 +184,28 @@ def test_starts_do_not_interact():
     element-wise Adam)."""
     ys, xs = _sets(rot3(20, 0, 0))
     cfg = RegistrationConfig(warmup_updates=20).resolved()
-    a = run_alg1(cfg, torch.device('cpu'), ys, xs, 0.8 * len(ys), None, [np.eye(3), rot3(90, 0, 0)], 15, seed=4)
-    b = run_alg1(cfg, torch.device('cpu'), ys, xs, 0.8 * len(ys), None, [np.eye(3), rot3(0, 120, 0)], 15, seed=4)
+    a = run_alg1(
+        cfg,
+        torch.device('cpu'),
+        ys,
+        xs,
+        0.8 * len(ys),
+        None,
+        [np.eye(3), rot3(90, 0, 0)],
+        15,
+        seed=4,
+    )
+    b = run_alg1(
+        cfg,
+        torch.device('cpu'),
+        ys,
+        xs,
+        0.8 * len(ys),
+        None,
+        [np.eye(3), rot3(0, 120, 0)],
+        15,
+        seed=4,
+    )
     np.testing.assert_allclose(a.starts[0].a, b.starts[0].a, atol=1e-5)
     np.testing.assert_allclose(a.starts[0].t, b.starts[0].t, atol=1e-5)
     assert not np.allclose(a.starts[1].a, b.starts[1].a, atol=1e-2)
@@ -159,8 +222,21 @@ def test_gradient_functions_compile_whole(fn):
     xb = torch.randn(1, 64, 3).expand(2, -1, -1)
     zb = torch.randn(2, 64, 3)
     if fn == 'potential':
-        args = (ws, bs, net.h, net.length, xb, zb, torch.tensor([1.0, -0.2]), tangent_rows(8, 3, torch.float32, 'cpu'),
-                torch.randint(128, (8,)), net.slope, 10.0, False, True)
+        args = (
+            ws,
+            bs,
+            net.h,
+            net.length,
+            xb,
+            zb,
+            torch.tensor([1.0, -0.2]),
+            tangent_rows(8, 3, torch.float32, 'cpu'),
+            torch.randint(128, (8,)),
+            net.slope,
+            10.0,
+            False,
+            True,
+        )
         f = potential_grads
     else:
         args = (ws, bs, net.h, net.length, zb, net.slope)
@@ -175,6 +251,7 @@ def test_register_with_the_compiled_step_on_cpu():
     """compile='on' on CPU (inductor code generation, tens of seconds): the registration runs the
     compiled gradient functions and solves what the eager one solves, to the same pose."""
     from pwan_ros.core import register
+
     torch._dynamo.reset()
     rot = rot3(25, -10, 15)
     src = blob(800, 1)
@@ -182,5 +259,10 @@ def test_register_with_the_compiled_step_on_cpu():
     eager = register(src, ref, RegistrationConfig(seed=0, compile='off'))
     comp = register(src, ref, RegistrationConfig(seed=0, compile='on'))
     for res in (eager, comp):
-        assert np.degrees(np.arccos(np.clip((np.trace(res.transform[:3, :3] @ rot.T) - 1) / 2, -1, 1))) < 1.0
+        assert (
+            np.degrees(
+                np.arccos(np.clip((np.trace(res.transform[:3, :3] @ rot.T) - 1) / 2, -1, 1))
+            )
+            < 1.0
+        )
     np.testing.assert_allclose(comp.transform, eager.transform, atol=2e-3)

@@ -1,7 +1,14 @@
 """Configuration validation of the PWAN core."""
+
 import pytest
 
-from pwan_ros.core import CoherenceConfig, FineTuneConfig, PotentialConfig, PwanInputError, RegistrationConfig
+from pwan_ros.core import (
+    CoherenceConfig,
+    FineTuneConfig,
+    PotentialConfig,
+    PwanInputError,
+    RegistrationConfig,
+)
 
 
 def test_defaults_are_valid_and_frozen():
@@ -12,12 +19,26 @@ def test_defaults_are_valid_and_frozen():
         cfg.steps = 3  # frozen
 
 
-@pytest.mark.parametrize('kwargs', [
-    {'transform': 'similarity'}, {'divergence': 'kl'}, {'mass': -1.0}, {'mass_ratio': 0.0},
-    {'mass_ratio': 1.5}, {'distance_threshold': 0.0}, {'distance_threshold': float('nan')},
-    {'voxel_size': -0.1}, {'steps': -1}, {'potential_updates': 0}, {'max_points': 2},
-    {'mass': 10.0, 'mass_ratio': 0.5}, {'seed': -3}, {'starts': 0}, {'lr_transform': 0.0},
-])
+@pytest.mark.parametrize(
+    'kwargs',
+    [
+        {'transform': 'similarity'},
+        {'divergence': 'kl'},
+        {'mass': -1.0},
+        {'mass_ratio': 0.0},
+        {'mass_ratio': 1.5},
+        {'distance_threshold': 0.0},
+        {'distance_threshold': float('nan')},
+        {'voxel_size': -0.1},
+        {'steps': -1},
+        {'potential_updates': 0},
+        {'max_points': 2},
+        {'mass': 10.0, 'mass_ratio': 0.5},
+        {'seed': -3},
+        {'starts': 0},
+        {'lr_transform': 0.0},
+    ],
+)
 def test_invalid_values_raise(kwargs):
     with pytest.raises(PwanInputError):
         RegistrationConfig(**kwargs)
@@ -35,10 +56,18 @@ def test_sub_configs_validate():
 
 
 def test_from_dict_nested_and_unknown_keys():
-    cfg = RegistrationConfig.from_dict({'transform': 'affine', 'potential.lr': 1e-3,
-                                        'coherence': {'rho': 1.0}, 'finetune.max_iterations': 5})
+    cfg = RegistrationConfig.from_dict(
+        {
+            'transform': 'affine',
+            'potential.lr': 1e-3,
+            'coherence': {'rho': 1.0},
+            'finetune.max_iterations': 5,
+        }
+    )
     assert cfg.transform == 'affine'
-    assert cfg.potential.lr == 1e-3 and cfg.coherence.rho == 1.0 and cfg.finetune.max_iterations == 5
+    assert (
+        cfg.potential.lr == 1e-3 and cfg.coherence.rho == 1.0 and cfg.finetune.max_iterations == 5
+    )
     assert cfg.replace(seed=4).seed == 4
     with pytest.raises(PwanInputError, match='unknown'):
         RegistrationConfig.from_dict({'stepz': 3})

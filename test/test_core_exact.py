@@ -1,10 +1,16 @@
 """Exact (LP) PW discrepancies: identities that pin down their definitions."""
+
 import numpy as np
 import ot
 import pytest
 from scipy.spatial.distance import cdist
 
-from pwan_ros.core import PwanInputError, exact_distance_discrepancy, exact_mass_discrepancy, exact_w1
+from pwan_ros.core import (
+    PwanInputError,
+    exact_distance_discrepancy,
+    exact_mass_discrepancy,
+    exact_w1,
+)
 
 
 def _sets(seed=0):

@@ -1,4 +1,5 @@
 """Fine-tune stage (eq. fine_tune): the bounded nearest-neighbour search changes no result."""
+
 import numpy as np
 import pytest
 from scipy.spatial import cKDTree
@@ -29,8 +30,10 @@ def _partial_pair(seed=0):
     return src @ rot.T + np.array([0.05, -0.03, 0.02]), ref
 
 
-@pytest.mark.parametrize('divergence,count,h,plane', [('mass', 900, 0.0, True), ('mass', 900, 0.0, False),
-                                                      ('distance', 0, 0.08, True)])
+@pytest.mark.parametrize(
+    'divergence,count,h,plane',
+    [('mass', 900, 0.0, True), ('mass', 900, 0.0, False), ('distance', 0, 0.08, True)],
+)
 def test_bounded_search_gives_the_exact_finetune(divergence, count, h, plane):
     src, ref = _partial_pair()
     tree = cKDTree(ref)
@@ -42,7 +45,9 @@ def test_bounded_search_gives_the_exact_finetune(divergence, count, h, plane):
     np.testing.assert_allclose(bounded.a, exact.a, atol=1e-12)
     np.testing.assert_allclose(bounded.t, exact.t, atol=1e-12)
     np.testing.assert_array_equal(bounded.selected, exact.selected)
-    np.testing.assert_allclose(bounded.distances[bounded.selected], exact.distances[exact.selected])
+    np.testing.assert_allclose(
+        bounded.distances[bounded.selected], exact.distances[exact.selected]
+    )
     # the search radius did act: points outside the overlap were never searched exactly
     assert np.isinf(bounded.distances).any()
 
@@ -62,6 +67,7 @@ def test_nearest_widens_a_too_small_radius():
 
 def test_selection_sample_keeps_each_reference_normal_with_its_point():
     from pwan_ros.core.finetune_stage import SAMPLE_REF_FACTOR, FineTuneData
+
     src, ref = _partial_pair(2)
     tree = cKDTree(ref)
     data = FineTuneData(src, ref, tree, estimate_normals(ref, tree))
@@ -85,9 +91,9 @@ def _metric_sets(seed=0):
     rng = np.random.default_rng(seed)
     offset = np.array([4.2e3, -1.3e3, 35.0])
     ref = rng.uniform(-40, 40, size=(3000, 3)) + offset
-    ref = np.vstack((ref, ref[:50]))                               # exact duplicates: ties
+    ref = np.vstack((ref, ref[:50]))  # exact duplicates: ties
     near = ref[rng.choice(3000, 1500)] + rng.normal(0, 0.05, (1500, 3))
-    mid = 0.5 * (ref[100:150] + ref[150:200])                      # equidistant from two points
+    mid = 0.5 * (ref[100:150] + ref[150:200])  # equidistant from two points
     far = offset + rng.uniform(-400, 400, size=(300, 3))
     return ref, np.vstack((near, ref[:20], mid, far))
 
@@ -96,23 +102,26 @@ def _metric_sets(seed=0):
 @pytest.mark.parametrize('bound', [np.inf, 2.0, 0.05])
 def test_torch_nearest_equals_the_kd_tree(chunk, bound):
     from pwan_ros.core.nearest import TorchNearest
+
     ref, q = _metric_sets()
     tree = cKDTree(ref)
-    tn = TorchNearest(ref, 'cpu', chunk_elements=chunk)     # 2^16: rows and references in blocks
+    tn = TorchNearest(ref, 'cpu', chunk_elements=chunk)  # 2^16: rows and references in blocks
     assert tn.n == tree.n
     d0, i0 = tree.query(q, distance_upper_bound=bound)
     d1, i1 = tn.query(q, distance_upper_bound=bound)
     assert d1.shape == (q.shape[0],) and d1.dtype == np.float64 and i1.dtype == np.int64
     found = np.isfinite(d0)
     np.testing.assert_array_equal(np.isfinite(d1), found)
-    np.testing.assert_array_equal(i1[~found], tree.n)          # beyond the bound: inf and index n
+    np.testing.assert_array_equal(i1[~found], tree.n)  # beyond the bound: inf and index n
     if np.isfinite(bound):
         assert (~found).any() and (d1[found] < bound).all()
     np.testing.assert_allclose(d1[found], d0[found], rtol=1e-12)
     # the same index except on ties, where the index returned is at the same (exact) distance
-    np.testing.assert_allclose(np.linalg.norm(q[found] - ref[i1[found]], axis=1), d1[found], rtol=1e-12)
+    np.testing.assert_allclose(
+        np.linalg.norm(q[found] - ref[i1[found]], axis=1), d1[found], rtol=1e-12
+    )
     tie = i0 != i1
-    assert tie.sum() <= 70, tie.sum()                          # duplicates + midpoints only
+    assert tie.sum() <= 70, tie.sum()  # duplicates + midpoints only
     # k > 1 (normals, spacing): the k nearest, nearest first
     d0, i0 = tree.query(q[:500], k=4)
     d1, i1 = tn.query(q[:500], k=4)
@@ -123,6 +132,7 @@ def test_torch_nearest_equals_the_kd_tree(chunk, bound):
 
 def test_torch_nearest_fewer_points_than_k_pads_as_the_tree():
     from pwan_ros.core.nearest import TorchNearest
+
     ref = np.array([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
     d, i = TorchNearest(ref).query(np.array([[0.2, 0.0, 0.0]]), k=3)
     np.testing.assert_allclose(d[0, :2], [0.2, 0.8])
@@ -131,6 +141,7 @@ def test_torch_nearest_fewer_points_than_k_pads_as_the_tree():
 
 def test_finetune_with_the_torch_search_equals_the_kd_tree():
     from pwan_ros.core.nearest import TorchNearest
+
     src, ref = _partial_pair(3)
     tree = cKDTree(ref)
     normals = estimate_normals(ref, tree)
@@ -151,15 +162,19 @@ def test_register_with_the_torch_search_forced_on_cpu(transform, monkeypatch):
     from pwan_ros.core import RegistrationConfig, register
     from pwan_ros.core.config import FineTuneConfig
     from pwan_ros.core.nearest import TorchNearest
+
     calls = []
     query = TorchNearest.query
-    monkeypatch.setattr(TorchNearest, 'query', lambda self, *a, **k: calls.append(1) or query(self, *a, **k))
-    src = blob(600, 1) * 20.0                                      # metres
+    monkeypatch.setattr(
+        TorchNearest, 'query', lambda self, *a, **k: calls.append(1) or query(self, *a, **k)
+    )
+    src = blob(600, 1) * 20.0  # metres
     ref = (blob(600, 0) * 20.0) @ rot3(10, -5, 8).T + np.array([3.0, -2.0, 1.0])
     res = {}
     for nn in ('kdtree', 'torch'):
-        cfg = RegistrationConfig(transform=transform, seed=0, device='cpu', steps=80,
-                                 finetune=FineTuneConfig(nn=nn))
+        cfg = RegistrationConfig(
+            transform=transform, seed=0, device='cpu', steps=80, finetune=FineTuneConfig(nn=nn)
+        )
         res[nn] = register(src, ref, cfg)
         assert (len(calls) > 0) == (nn == 'torch')
     assert res['torch'].device == 'cpu'
@@ -172,6 +187,7 @@ def test_nn_mode_validated_and_auto_picks_the_tree_on_cpu():
     from pwan_ros.core import PwanInputError
     from pwan_ros.core.config import FineTuneConfig
     from pwan_ros.core.nearest import search_device
+
     with pytest.raises(PwanInputError, match='finetune.nn'):
         FineTuneConfig(nn='faiss')
     cpu, cuda = torch.device('cpu'), torch.device('cuda')

@@ -1,5 +1,6 @@
 """register(..., init='global'): feature hypotheses chosen and refined by the partial objective,
 with an overlap, a confidence and a refusal status (real units: a simulated street in metres)."""
+
 import json
 import subprocess
 import sys
@@ -24,24 +25,44 @@ def street():
     rng = np.random.default_rng(3)
     u = rng.uniform(0, 2 * np.pi, 20000)
     v = rng.uniform(0, 2 * np.pi, 20000)
-    knot = np.stack([np.sin(u) + 2 * np.sin(2 * u), np.cos(u) - 2 * np.cos(2 * u), -np.sin(3 * u)], 1)
-    other = 1.2 * knot + 0.3 * np.stack([np.cos(v), np.sin(v), np.cos(v + u)], 1) + rng.normal(0, 0.01, (20000, 3))
-    return scans[12].xyz.astype(float), scans[0].xyz.astype(float), invert(scans[0].pose) @ scans[12].pose, other
+    knot = np.stack(
+        [np.sin(u) + 2 * np.sin(2 * u), np.cos(u) - 2 * np.cos(2 * u), -np.sin(3 * u)], 1
+    )
+    other = (
+        1.2 * knot
+        + 0.3 * np.stack([np.cos(v), np.sin(v), np.cos(v + u)], 1)
+        + rng.normal(0, 0.01, (20000, 3))
+    )
+    return (
+        scans[12].xyz.astype(float),
+        scans[0].xyz.astype(float),
+        invert(scans[0].pose) @ scans[12].pose,
+        other,
+    )
 
 
 @pytest.mark.parametrize('yaw_deg,with_viewpoints', [(0.0, False), (120.0, False), (120.0, True)])
 def test_global_finds_an_unknown_pose_in_metres(street, yaw_deg, with_viewpoints):
     src, ref, gt, _ = street
-    turn = make_transform(np.array([[np.cos(np.radians(yaw_deg)), -np.sin(np.radians(yaw_deg)), 0],
-                                    [np.sin(np.radians(yaw_deg)), np.cos(np.radians(yaw_deg)), 0], [0, 0, 1]]),
-                          np.array([25.0, -40.0, 3.0]))                  # far from the reference, turned
+    turn = make_transform(
+        np.array(
+            [
+                [np.cos(np.radians(yaw_deg)), -np.sin(np.radians(yaw_deg)), 0],
+                [np.sin(np.radians(yaw_deg)), np.cos(np.radians(yaw_deg)), 0],
+                [0, 0, 1],
+            ]
+        ),
+        np.array([25.0, -40.0, 3.0]),
+    )  # far from the reference, turned
     moved = src @ turn[:3, :3].T + turn[:3, 3]
     # the moved scan's sensor sits where the turn put the origin; the reference's at its origin
     views = (turn[:3, 3], np.zeros(3)) if with_viewpoints else None
     res = register(moved, ref, RegistrationConfig(), init='global', viewpoints=views)
     err = invert(gt @ invert(turn)) @ res.transform
     assert res.status == 'ok', res.reason
-    assert np.degrees(rotation_angle(err)) < 0.5 and np.linalg.norm(err[:3, 3]) < 0.15, err   # 16-beam scans
+    assert np.degrees(rotation_angle(err)) < 0.5 and np.linalg.norm(err[:3, 3]) < 0.15, (
+        err
+    )  # 16-beam scans
     assert 0.2 < res.overlap <= 1.0 and 0.2 <= res.confidence <= 1.0
     assert {c['origin'] for c in res.candidates} >= {'ransac', 'fgr', 'prior'}
     assert all(-1.0 <= c['objective'] <= 0.0 for c in res.candidates)
@@ -70,9 +91,21 @@ def test_cli_global_reports_status_and_exit_codes(street, tmp_path):
     src, ref, gt, other = street
     for name, arr in (('src.npy', src), ('ref.npy', ref), ('other.npy', other)):
         np.save(tmp_path / name, arr)
-    run = lambda s: subprocess.run([sys.executable, '-m', 'pwan_ros.cli.register', str(tmp_path / s),  # noqa: E731
-                                    str(tmp_path / 'ref.npy'), '--global', '--json', '--quiet'],
-                                   capture_output=True, text=True, timeout=300)
+    run = lambda s: subprocess.run(
+        [
+            sys.executable,
+            '-m',
+            'pwan_ros.cli.register',
+            str(tmp_path / s),  # noqa: E731
+            str(tmp_path / 'ref.npy'),
+            '--global',
+            '--json',
+            '--quiet',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     ok = run('src.npy')
     assert ok.returncode == 0, ok.stderr
     out = json.loads(ok.stdout)
@@ -110,11 +143,18 @@ def test_free_space_sees_through_and_behind_a_wall():
     other = FreeSpace(wall, np.zeros(3), 0.05)
     same = np.eye(4)
     assert contradiction(same, wall, wall, other, space) == 0.0
-    behind = make_transform(np.eye(3), np.array([8.0, 0.0, 0.0]))   # the other sensor 3 m behind the wall
+    behind = make_transform(
+        np.eye(3), np.array([8.0, 0.0, 0.0])
+    )  # the other sensor 3 m behind the wall
     assert contradiction(behind, wall[:10] - [8.0, 0.0, 0.0], wall, other, space) == 1.0
     # a one-pixel gap in the wall (one sample missing) does not let a sensor stand behind it unseen
-    holed = FreeSpace(wall[np.hypot(wall[:, 1] - 0.5, wall[:, 2] - 0.25) > 0.03], np.zeros(3), 0.05)
-    assert holed.hidden(np.array([[8.0, 0.8, 0.4]]))[0] and not holed.hidden(np.array([[-3.0, 0.0, 0.0]]))[0]
+    holed = FreeSpace(
+        wall[np.hypot(wall[:, 1] - 0.5, wall[:, 2] - 0.25) > 0.03], np.zeros(3), 0.05
+    )
+    assert (
+        holed.hidden(np.array([[8.0, 0.8, 0.4]]))[0]
+        and not holed.hidden(np.array([[-3.0, 0.0, 0.0]]))[0]
+    )
 
 
 # two depth-camera fragments of a furnished L-shaped room (Open3D ray casting, metres), each in
@@ -124,7 +164,10 @@ ROOM_A, ROOM_B = (-1.5, -0.5, 1.4), (1.5, 0.8, 1.4)
 
 @pytest.fixture(scope='module')
 def room_views():
-    return {yaws: view_pair('furnished', (ROOM_A, yaws[0]), (ROOM_B, yaws[1])) for yaws in ((30, 150), (0, 90))}
+    return {
+        yaws: view_pair('furnished', (ROOM_A, yaws[0]), (ROOM_B, yaws[1]))
+        for yaws in ((30, 150), (0, 90))
+    }
 
 
 def test_room_at_30_percent_overlap_is_solved_with_the_sensors_viewpoints(room_views):
@@ -133,13 +176,16 @@ def test_room_at_30_percent_overlap_is_solved_with_the_sensors_viewpoints(room_v
     furniture and walls where the other camera saw free space, and the truth is found."""
     a, b, gt = room_views[(30, 150)]
     from scipy.spatial import cKDTree
+
     assert 0.25 < (cKDTree(a).query(b @ gt[:3, :3].T + gt[:3, 3])[0] < 0.05).mean() < 0.4
     res = register(b, a, RegistrationConfig(), init='global', viewpoints='origin')
     assert res.status == 'ok', res.reason
     rot, trans = _pose_error(res, gt)
     assert rot < 1.0 and trans < 0.05, (rot, trans)
     assert 0.2 < res.overlap < 0.5
-    assert all(c['free_space'] is not None and 0.0 <= c['free_space'] <= 1.0 for c in res.candidates)
+    assert all(
+        c['free_space'] is not None and 0.0 <= c['free_space'] <= 1.0 for c in res.candidates
+    )
     assert any(c['origin'] == 'ransac_wide' for c in res.candidates)
 
 
@@ -167,10 +213,25 @@ def test_cli_viewpoints_needs_global(street, tmp_path):
     src, ref, _, _ = street
     np.save(tmp_path / 'src.npy', src)
     np.save(tmp_path / 'ref.npy', ref)
-    out = subprocess.run([sys.executable, '-m', 'pwan_ros.cli.register', str(tmp_path / 'src.npy'),
-                          str(tmp_path / 'ref.npy'), '--viewpoints', 'origin', '--quiet'],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and out.stderr.strip() == 'pwan_register: error: --viewpoints needs --global', out.stderr
+    out = subprocess.run(
+        [
+            sys.executable,
+            '-m',
+            'pwan_ros.cli.register',
+            str(tmp_path / 'src.npy'),
+            str(tmp_path / 'ref.npy'),
+            '--viewpoints',
+            'origin',
+            '--quiet',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (
+        out.returncode == 2
+        and out.stderr.strip() == 'pwan_register: error: --viewpoints needs --global'
+    ), out.stderr
 
 
 def test_global_is_deterministic(street):
@@ -190,19 +251,30 @@ def test_rotation_starts_take_the_translation_the_votes_find():
     metres off."""
     from pwan_ros.core.hypotheses import ROTATION_KEEP, rotation_hypotheses, voxelised
     from pwan_ros.core.votes import voted_translation
+
     rng = np.random.default_rng(5)
     u, v = rng.uniform(0, 2 * np.pi, (2, 30000))
-    knot = np.stack([np.sin(u) + 2 * np.sin(2 * u), np.cos(u) - 2 * np.cos(2 * u), -np.sin(3 * u)], 1)
-    knot = 1.2 * knot + 0.3 * np.stack([np.cos(v), np.sin(v), np.cos(v + u)], 1) + rng.normal(0, 0.01, knot.shape)
+    knot = np.stack(
+        [np.sin(u) + 2 * np.sin(2 * u), np.cos(u) - 2 * np.cos(2 * u), -np.sin(3 * u)], 1
+    )
+    knot = (
+        1.2 * knot
+        + 0.3 * np.stack([np.cos(v), np.sin(v), np.cos(v + u)], 1)
+        + rng.normal(0, 0.01, knot.shape)
+    )
     quarter = np.array([[0.0, -1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
     turn = make_transform(quarter, np.array([25.0, -40.0, 3.0]))
     src = knot[knot[:, 0] > -1.5] @ turn[:3, :3].T + turn[:3, 3]
     ref = np.vstack((knot[knot[:, 0] < 1.5], rng.uniform(-40.0, 40.0, (300, 3))))
-    truth = invert(turn)                                       # T_reference_source
+    truth = invert(turn)  # T_reference_source
     voxel = 0.1
     vs, vr = voxelised(src, voxel), voxelised(ref, voxel)
-    t, votes = voted_translation(vs[rng.choice(len(vs), 128, replace=False)], voxelised(ref, 1.5 * voxel),
-                                 truth[:3, :3], 2 * voxel)
+    t, votes = voted_translation(
+        vs[rng.choice(len(vs), 128, replace=False)],
+        voxelised(ref, 1.5 * voxel),
+        truth[:3, :3],
+        2 * voxel,
+    )
     assert np.linalg.norm(t - truth[:3, 3]) < 2 * voxel and votes > 0
     kept = [h.transform for h in rotation_hypotheses(vs, vr, voxel, keep=ROTATION_KEEP)]
     best = min(kept, key=lambda k: rotation_angle(invert(truth) @ k))
@@ -211,7 +283,9 @@ def test_rotation_starts_take_the_translation_the_votes_find():
     by_centroids = ref.mean(0) - truth[:3, :3] @ src.mean(0)
     assert np.linalg.norm(by_centroids - truth[:3, 3]) > 1.0
     # no spacing (a zero cell) and no points: a finite answer, not an error
-    assert np.isfinite(voted_translation(vs[:50], np.repeat(vr[:50], 2, axis=0), np.eye(3), 0.0)[0]).all()
+    assert np.isfinite(
+        voted_translation(vs[:50], np.repeat(vr[:50], 2, axis=0), np.eye(3), 0.0)[0]
+    ).all()
     assert voted_translation(vs[:0], vr, np.eye(3), 0.2)[1] == 0
 
 
@@ -231,10 +305,13 @@ def test_translation_constraint_is_zero_where_the_overlap_can_slide():
     hold every direction (about 1/3 of the normals along the weakest)."""
     from pwan_ros.core.global_search import translation_constraint
     from pwan_ros.core.hypotheses import feature_normals
+
     rng = np.random.default_rng(0)
     floor = (2, 0.0, ((0, 4), (0, 4)))
     one = _planes(rng, floor=floor, wall=(0, 0.0, ((0, 4), (0, 2.5))))
-    two = _planes(rng, floor=floor, wall=(0, 0.0, ((0, 4), (0, 2.5))), side=(1, 0.0, ((0, 4), (0, 2.5))))
+    two = _planes(
+        rng, floor=floor, wall=(0, 0.0, ((0, 4), (0, 2.5))), side=(1, 0.0, ((0, 4), (0, 2.5)))
+    )
     for cloud, lo, hi in ((one, 0.0, 0.01), (two, 0.2, 1 / 3)):
         held = translation_constraint(cloud + 0.01, cloud, feature_normals(cloud, 0.1), 0.1)
         assert lo <= held <= hi, held
@@ -246,10 +323,21 @@ def test_corridor_is_refused_not_slid():
     rng = np.random.default_rng(1)
 
     def corridor(x0, x1):
-        return _planes(rng, 0.08, floor=(2, 0.0, ((x0, x1), (0, 2))), ceiling=(2, 2.5, ((x0, x1), (0, 2))),
-                       left=(1, 0.0, ((x0, x1), (0, 2.5))), right=(1, 2.0, ((x0, x1), (0, 2.5))))
+        return _planes(
+            rng,
+            0.08,
+            floor=(2, 0.0, ((x0, x1), (0, 2))),
+            ceiling=(2, 2.5, ((x0, x1), (0, 2))),
+            left=(1, 0.0, ((x0, x1), (0, 2.5))),
+            right=(1, 2.0, ((x0, x1), (0, 2.5))),
+        )
+
     res = register(corridor(4, 16), corridor(0, 12), RegistrationConfig(), init='global')
-    assert res.status == 'refused' and 'degenerate' in res.reason, (res.reason, res.overlap, res.confidence)
+    assert res.status == 'refused' and 'degenerate' in res.reason, (
+        res.reason,
+        res.overlap,
+        res.confidence,
+    )
 
 
 def test_mass_of_the_final_fine_tune_is_the_overlap_not_more():
@@ -259,11 +347,15 @@ def test_mass_of_the_final_fine_tune_is_the_overlap_not_more():
     from scipy.spatial import cKDTree
 
     from pwan_ros.core.global_search import _mass_ratio
+
     rng = np.random.default_rng(2)
 
     def tube(u0, u1, n):
         u, v = rng.uniform(u0, u1, n), rng.uniform(0, 2 * np.pi, n)
-        return np.stack([4.0 * u, 0.3 * np.cos(v), 0.3 * np.sin(v)], 1) + rng.normal(0, 0.002, (n, 3))
+        return np.stack([4.0 * u, 0.3 * np.cos(v), 0.3 * np.sin(v)], 1) + rng.normal(
+            0, 0.002, (n, 3)
+        )
+
     src, ref = tube(0.0, 2.5, 20000), tube(1.5, 4.0, 20000)
     tree = cKDTree(ref)
     assert 0.35 < _mass_ratio(src, tree, np.eye(4), 0.9, 0.3) < 0.45
@@ -271,6 +363,7 @@ def test_mass_of_the_final_fine_tune_is_the_overlap_not_more():
 
 
 # --------------------------------------------------------------------------- small and degenerate
+
 
 def _boxes(n, seed):
     """n noisy samples of the surfaces of 5 boxes (0.5-3 m, one layout for every seed: no
@@ -293,10 +386,12 @@ def test_global_on_small_clouds_answers_or_refuses(n):
     is right or refused (sparse independent samples are often refused as free to slide: a known
     gap of the overlap estimate); 5000 points are solved."""
     ref = _boxes(n, 1)
-    turn = make_transform(np.array([[0.0, -1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]), np.array([47.0, 3.0, -2.0]))
+    turn = make_transform(
+        np.array([[0.0, -1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]), np.array([47.0, 3.0, -2.0])
+    )
     src = _boxes(n, 2) @ turn[:3, :3].T + turn[:3, 3]
     res = register(src, ref, RegistrationConfig(), init='global')
-    err = res.transform @ turn          # the identity when right
+    err = res.transform @ turn  # the identity when right
     assert res.status in ('ok', 'refused')
     if n >= 5000:
         assert res.status == 'ok', res.reason
@@ -321,8 +416,22 @@ def test_cli_global_on_a_plane_with_viewpoints_refuses_with_json_only_on_stdout(
     plane = np.stack([rng.uniform(-5, 5, 1500), rng.uniform(-5, 5, 1500), np.zeros(1500)], 1)
     np.savetxt(tmp_path / 'a.xyz', plane)
     np.savetxt(tmp_path / 'b.xyz', plane + [0.5, 0.2, 0.0])
-    proc = subprocess.run([sys.executable, '-m', 'pwan_ros.cli.register', str(tmp_path / 'a.xyz'),
-                           str(tmp_path / 'b.xyz'), '--global', '--viewpoints', 'origin', '--json', '--quiet'],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            '-m',
+            'pwan_ros.cli.register',
+            str(tmp_path / 'a.xyz'),
+            str(tmp_path / 'b.xyz'),
+            '--global',
+            '--viewpoints',
+            'origin',
+            '--json',
+            '--quiet',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 3 and 'Traceback' not in proc.stderr, proc.stderr[-2000:]
     assert json.loads(proc.stdout)['status'] == 'refused'

@@ -1,5 +1,6 @@
 """The plane-aware polish of rigid 3-D results (pwan_ros.core.polish): a pose slid along a street
 comes back; a pose it cannot improve is left as it is."""
+
 import pathlib
 
 import numpy as np
@@ -27,16 +28,21 @@ def street(n, seed):
     centres = np.array([[-25, 2.5], [-14, -3], [-3, 3], [6, -2.5], [15, 2], [24, -3.2]])
     c = centres[rng.integers(0, len(centres), pole.sum())]
     a = rng.uniform(0, 2 * np.pi, pole.sum())
-    p[pole] = np.stack([c[:, 0] + 0.15 * np.cos(a), c[:, 1] + 0.15 * np.sin(a), rng.uniform(0, 4, pole.sum())], 1)
+    p[pole] = np.stack(
+        [c[:, 0] + 0.15 * np.cos(a), c[:, 1] + 0.15 * np.sin(a), rng.uniform(0, 4, pole.sum())], 1
+    )
     return p + rng.normal(0, 0.01, p.shape)
 
 
 def test_polish_brings_a_pose_slid_along_a_street_back():
-    ref, src = street(30000, 0), street(30000, 1)          # two samplings of one street
-    slid = make_transform(np.eye(3), np.array([0.8, 0.0, 0.0]))   # 0.8 m along it
+    ref, src = street(30000, 0), street(30000, 1)  # two samplings of one street
+    slid = make_transform(np.eye(3), np.array([0.8, 0.0, 0.0]))  # 0.8 m along it
     res = gicp_polish(src, ref, slid, gate=0.1)
     assert res.kept and res.matched_after > res.matched_before
-    assert np.linalg.norm(res.transform[:3, 3]) < 0.02 and np.degrees(rotation_angle(res.transform)) < 0.1
+    assert (
+        np.linalg.norm(res.transform[:3, 3]) < 0.02
+        and np.degrees(rotation_angle(res.transform)) < 0.1
+    )
 
 
 def test_polish_keeps_a_pose_it_cannot_improve():
@@ -47,7 +53,7 @@ def test_polish_keeps_a_pose_it_cannot_improve():
     ref = np.vstack((ref, rng.uniform(ref.min(0), ref.max(0), (500, 3))))
     res = gicp_polish(blob(500, 1), ref, np.eye(4), gate=0.25)
     assert not res.kept and np.array_equal(res.transform, np.eye(4))
-    few = gicp_polish(blob(10, 1), blob(10, 0), np.eye(4), gate=0.25)      # too few points: untouched
+    few = gicp_polish(blob(10, 1), blob(10, 0), np.eye(4), gate=0.25)  # too few points: untouched
     assert not few.kept
 
 
@@ -58,10 +64,15 @@ def test_balm_pairs_do_not_depend_on_voxel_size(voxel):
     voxel_size=0.25: every translation within 5 cm (before the polish, with voxel_size 4 of 9
     were 0.23-1.27 m off, exit 0, and one without)."""
     import sys
+
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / 'bench'))
     from bench_drift import load_balm
+
     _, xyz, _, gt = load_balm(DATA)
     for i in range(9):
         res = register(xyz[i + 1], xyz[i], RegistrationConfig(voxel_size=voxel))
         err = invert(invert(gt[i]) @ gt[i + 1]) @ res.transform
-        assert np.linalg.norm(err[:3, 3]) < 0.05 and np.degrees(rotation_angle(err)) < 0.5, (i, err)
+        assert np.linalg.norm(err[:3, 3]) < 0.05 and np.degrees(rotation_angle(err)) < 0.5, (
+            i,
+            err,
+        )

@@ -1,9 +1,15 @@
 """Input validation, downsampling and normalisation."""
+
 import numpy as np
 import pytest
 
 from pwan_ros.core import PwanInputError
-from pwan_ros.core.preprocess import clean_points, make_normaliser, median_spacing, voxel_downsample
+from pwan_ros.core.preprocess import (
+    clean_points,
+    make_normaliser,
+    median_spacing,
+    voxel_downsample,
+)
 
 
 def test_clean_points_drops_nonfinite_rows_with_warning():
@@ -16,10 +22,16 @@ def test_clean_points_drops_nonfinite_rows_with_warning():
     assert not c.valid[2] and not c.valid[7] and c.valid.sum() == 8
 
 
-@pytest.mark.parametrize('bad,msg', [
-    (np.zeros((0, 3)), 'empty'), (np.zeros((5, 4)), '2 or 3 coordinates'), (np.zeros(6), 'shape'),
-    (np.full((4, 3), np.nan), 'at least 3'), ([['a', 'b', 'c']], 'numeric'),
-])
+@pytest.mark.parametrize(
+    'bad,msg',
+    [
+        (np.zeros((0, 3)), 'empty'),
+        (np.zeros((5, 4)), '2 or 3 coordinates'),
+        (np.zeros(6), 'shape'),
+        (np.full((4, 3), np.nan), 'at least 3'),
+        ([['a', 'b', 'c']], 'numeric'),
+    ],
+)
 def test_clean_points_rejects_bad_input(bad, msg):
     with pytest.raises(PwanInputError, match=msg):
         clean_points(bad, 'source')

@@ -1,4 +1,5 @@
 """End-to-end registration with known transforms (synthetic shapes made here), refine, errors."""
+
 import numpy as np
 import pytest
 
@@ -13,7 +14,7 @@ T_TRUE = np.array([0.3, -0.2, 0.5])
 
 
 def _pair(n=500, outlier_ratio=0.0, seed=0):
-    src = blob(n, seed + 1)                       # a different sample of the same surface
+    src = blob(n, seed + 1)  # a different sample of the same surface
     ref = blob(n, seed) @ R_TRUE.T + T_TRUE
     if outlier_ratio:
         rng = np.random.default_rng(seed + 7)
@@ -22,11 +23,18 @@ def _pair(n=500, outlier_ratio=0.0, seed=0):
     return src, ref
 
 
-R_SMALL = rot3(15, -10, 10)   # 21 deg
+R_SMALL = rot3(15, -10, 10)  # 21 deg
 
 
-@pytest.mark.parametrize('divergence,outliers,rot', [('mass', 0.0, R_TRUE), ('distance', 0.0, R_TRUE),
-                                                      ('mass', 0.5, R_SMALL), ('distance', 1.0, R_SMALL)])
+@pytest.mark.parametrize(
+    'divergence,outliers,rot',
+    [
+        ('mass', 0.0, R_TRUE),
+        ('distance', 0.0, R_TRUE),
+        ('mass', 0.5, R_SMALL),
+        ('distance', 1.0, R_SMALL),
+    ],
+)
 def test_rigid_recovery(divergence, outliers, rot):
     src = blob(500, 1)
     ref = blob(500, 0) @ rot.T + T_TRUE
@@ -38,7 +46,9 @@ def test_rigid_recovery(divergence, outliers, rot):
     assert rot_err_deg(res.transform[:3, :3], rot) < (0.5 if not outliers else 1.0)
     assert np.linalg.norm(res.transform[:3, 3] - T_TRUE) < 0.01
     assert res.transform.shape == (4, 4)
-    np.testing.assert_allclose(res.transformed_source, src @ res.transform[:3, :3].T + res.transform[:3, 3])
+    np.testing.assert_allclose(
+        res.transformed_source, src @ res.transform[:3, :3].T + res.transform[:3, 3]
+    )
     assert res.match_weights.shape == (len(src),)
     assert res.iterations > 0 and res.potential_updates > res.iterations
     assert set(res.timings) >= {'preprocess', 'adversarial', 'finetune'}
@@ -68,7 +78,9 @@ def test_nonrigid_recovers_smooth_deformation():
     disp = 0.15 * np.stack((np.sin(2 * x[:, 1]), np.cos(2 * x[:, 0])), 1)
     ref = x + disp
     ref_o = np.vstack((ref, rng.uniform(ref.min(0), ref.max(0), size=(60, 2))))
-    res = register(x, ref_o, RegistrationConfig(transform='nonrigid', mass_ratio=1.0, seed=0, steps=600))
+    res = register(
+        x, ref_o, RegistrationConfig(transform='nonrigid', mass_ratio=1.0, seed=0, steps=600)
+    )
     before = np.mean(np.sum((x - ref) ** 2, 1))
     after = np.mean(np.sum((res.transformed_source - ref) ** 2, 1))
     assert res.displacement is not None and res.displacement.shape == x.shape
@@ -85,9 +97,11 @@ def test_nonrigid_multistart_compares_deformed_finalists():
     ref = (x + 0.12 * np.stack((np.sin(2 * x[:, 1]), np.cos(2 * x[:, 0])), 1)) @ rot.T
     # 600 steps: with 300 the non-rigid stage ends at 0.4-0.8x `before` depending on the seed, with
     # 600 at 0.24-0.36x (seeds 0-2, measured)
-    cfg = RegistrationConfig(transform='nonrigid', mass_ratio=1.0, seed=0, starts=6, start_steps=30, steps=600)
+    cfg = RegistrationConfig(
+        transform='nonrigid', mass_ratio=1.0, seed=0, starts=6, start_steps=30, steps=600
+    )
     res = register(x, ref, cfg)
-    before = np.mean(np.sum((x @ rot.T - ref) ** 2, 1))      # the best the rotation alone can do
+    before = np.mean(np.sum((x @ rot.T - ref) ** 2, 1))  # the best the rotation alone can do
     after = np.mean(np.sum((res.transformed_source - ref) ** 2, 1))
     assert res.start_index > 0 and 'prealign' in res.timings
     assert after < 0.5 * before
@@ -115,7 +129,9 @@ def test_overlap_refine_follows_the_actual_overlap():
     init[:3, 3] = T_TRUE
     errs = {}
     for flag in (False, True):
-        cfg = RegistrationConfig(seed=0, steps=20, min_steps=0, **{'finetune': FineTuneConfig(overlap_refine=flag)})
+        cfg = RegistrationConfig(
+            seed=0, steps=20, min_steps=0, **{'finetune': FineTuneConfig(overlap_refine=flag)}
+        )
         res = register(src, ref, cfg, init=init)
         errs[flag] = rot_err_deg(res.transform[:3, :3], R_SMALL)
     assert errs[True] < 0.05
@@ -128,10 +144,10 @@ def test_per_transform_defaults():
     assert (rigid.steps, rigid.potential_updates, rigid.tolerance) == (200, 3, 0.1)
     assert (nonrigid.steps, nonrigid.potential_updates, nonrigid.tolerance) == (1000, 10, 0.03)
     assert RegistrationConfig(transform='nonrigid', steps=50).resolved().steps == 50
-    assert RegistrationConfig(starts=24).resolved().steps == 600           # multi-start schedule
+    assert RegistrationConfig(starts=24).resolved().steps == 600  # multi-start schedule
     assert RegistrationConfig(starts=24, steps=100).resolved().steps == 100
     assert RegistrationConfig(transform='nonrigid', starts=24).resolved().steps == 1000
-    assert RegistrationConfig().steps is None          # unresolved until register() runs
+    assert RegistrationConfig().steps is None  # unresolved until register() runs
 
 
 def test_affine_recovers_scaling():
@@ -152,8 +168,13 @@ def test_refine_from_init_and_warm_start():
     assert res.iterations == 0 and res.finetune_iterations > 0 and res.converged
     # register with init + potential_state: warm start stays at the solution
     first = register(src, ref, RegistrationConfig(seed=1))
-    again = register(src, ref, RegistrationConfig(seed=2, warmup_updates=20), init=first.transform,
-                     potential_state=first.potential_state)
+    again = register(
+        src,
+        ref,
+        RegistrationConfig(seed=2, warmup_updates=20),
+        init=first.transform,
+        potential_state=first.potential_state,
+    )
     assert rot_err_deg(again.transform[:3, :3], R_TRUE) < 0.5
 
 
@@ -167,13 +188,24 @@ def test_nan_rows_dropped_and_counted():
     assert res.transformed_source.shape == (299, 3) and not res.source_valid[5]
 
 
-@pytest.mark.parametrize('src,ref,cfg,msg', [
-    (np.zeros((0, 3)), np.ones((5, 3)), {}, 'empty'),
-    (np.random.default_rng(2).normal(size=(5, 3)), np.random.default_rng(3).normal(size=(5, 2)), {},
-     '3-D but reference is 2-D'),
-    (np.random.default_rng(0).normal(size=(10, 3)), np.random.default_rng(1).normal(size=(20, 3)),
-     {'mass': 11.0}, 'exceeds'),
-])
+@pytest.mark.parametrize(
+    'src,ref,cfg,msg',
+    [
+        (np.zeros((0, 3)), np.ones((5, 3)), {}, 'empty'),
+        (
+            np.random.default_rng(2).normal(size=(5, 3)),
+            np.random.default_rng(3).normal(size=(5, 2)),
+            {},
+            '3-D but reference is 2-D',
+        ),
+        (
+            np.random.default_rng(0).normal(size=(10, 3)),
+            np.random.default_rng(1).normal(size=(20, 3)),
+            {'mass': 11.0},
+            'exceeds',
+        ),
+    ],
+)
 def test_bad_input_raises(src, ref, cfg, msg):
     with pytest.raises(PwanInputError, match=msg):
         register(src, ref, RegistrationConfig(**cfg))
@@ -199,7 +231,7 @@ def test_multistart_tournament_selects_by_overlap(divergence):
     rng = np.random.default_rng(3)
     ref = np.vstack((ref, rng.uniform(ref.min(0), ref.max(0), size=(500, 3))))
     single = register(src, ref, RegistrationConfig(seed=0, divergence=divergence))
-    assert rot_err_deg(single.transform[:3, :3], rot) > 20       # identity start fails
+    assert rot_err_deg(single.transform[:3, :3], rot) > 20  # identity start fails
     cfg = RegistrationConfig(seed=0, starts=4, start_steps=40, start_keep=1, divergence=divergence)
     res = register(src, ref, cfg)
     assert res.start_index > 0
@@ -215,8 +247,15 @@ def test_tournament_keeps_the_short_stage_pose_of_a_finalist():
     ang = np.radians(25)
     r = np.array([[np.cos(ang), -np.sin(ang)], [np.sin(ang), np.cos(ang)]])
     src, ref = curve2d(300, 0), curve2d(300, 1) @ r.T + np.array([0.2, -0.1])
-    cfg = RegistrationConfig(seed=0, starts=2, start_steps=60, steps=300, start_keep=1, lr_transform_final=1000.0,
-                             tolerance=1e-9)
+    cfg = RegistrationConfig(
+        seed=0,
+        starts=2,
+        start_steps=60,
+        steps=300,
+        start_keep=1,
+        lr_transform_final=1000.0,
+        tolerance=1e-9,
+    )
     res = register(src, ref, cfg)
     assert np.degrees(abs(np.arctan2(res.transform[1, 0], res.transform[0, 0]) - ang)) < 0.5
 
@@ -230,10 +269,17 @@ def test_tournament_keeps_each_starts_own_pose(monkeypatch):
     ends 120 deg off."""
     from pwan_ros.core import multistart
     from pwan_ros.geometry.se3 import make_transform, rotation_angle
+
     rng = np.random.default_rng(5)
     u, v = rng.uniform(0, 2 * np.pi, (2, 6000))
-    knot = np.stack([np.sin(u) + 2 * np.sin(2 * u), np.cos(u) - 2 * np.cos(2 * u), -np.sin(3 * u)], 1)
-    knot = 1.2 * knot + 0.3 * np.stack([np.cos(v), np.sin(v), np.cos(v + u)], 1) + rng.normal(0, 0.01, knot.shape)
+    knot = np.stack(
+        [np.sin(u) + 2 * np.sin(2 * u), np.cos(u) - 2 * np.cos(2 * u), -np.sin(3 * u)], 1
+    )
+    knot = (
+        1.2 * knot
+        + 0.3 * np.stack([np.cos(v), np.sin(v), np.cos(v + u)], 1)
+        + rng.normal(0, 0.01, knot.shape)
+    )
     turn = make_transform(multistart.start_rotations(3, 4)[1].T, np.array([25.0, -40.0, 3.0]))
     src, ref = knot[knot[:, 0] > -1.5] @ turn[:3, :3].T + turn[:3, 3], knot[knot[:, 0] < 1.5]
     cfg = RegistrationConfig(seed=0, starts=4, start_steps=40, start_keep=1)
@@ -248,10 +294,15 @@ def test_learned_h_respects_the_resolution_floor():
     """Identical sets: nothing has to travel, so the learned h of the mass type sinks below the
     sampling resolution; ``potential.h_floor`` (default 1 x the reference spacing) holds it there."""
     pts = blob(400, 0)
-    spacing = median_spacing(pts)      # no voxel grid, under max_points: the adversarial reference
+    spacing = median_spacing(pts)  # no voxel grid, under max_points: the adversarial reference
     # 100 warm-up updates: enough for the free h to sink (nothing moves, so the run stops early)
-    free = register(pts, pts, RegistrationConfig(seed=0, steps=40, warmup_updates=100,
-                                                 potential=PotentialConfig(h_floor=0.0)))
+    free = register(
+        pts,
+        pts,
+        RegistrationConfig(
+            seed=0, steps=40, warmup_updates=100, potential=PotentialConfig(h_floor=0.0)
+        ),
+    )
     floored = register(pts, pts, RegistrationConfig(seed=0, steps=40, warmup_updates=100))
     assert free.h < 0.95 * spacing
     assert floored.h == pytest.approx(spacing, rel=1e-5)
@@ -259,7 +310,9 @@ def test_learned_h_respects_the_resolution_floor():
         PotentialConfig(h_floor=-1.0)
 
 
-@pytest.mark.parametrize('bad', [{'start_score': 'icp'}, {'start_steps': -1}, {'start_keep': 0}, {'prealign_keep': 0}])
+@pytest.mark.parametrize(
+    'bad', [{'start_score': 'icp'}, {'start_steps': -1}, {'start_keep': 0}, {'prealign_keep': 0}]
+)
 def test_multistart_config_validated(bad):
     with pytest.raises(PwanInputError):
         RegistrationConfig(**bad)
@@ -271,9 +324,10 @@ def test_scaled_search_answers_normalised_queries():
     from scipy.spatial import cKDTree
     from pwan_ros.core.preprocess import make_normaliser
     from pwan_ros.core.reference import PreparedReference
+
     src, ref = _pair(800, 0.5)
     ref = ref * 30.0 + np.array([500.0, -200.0, 10.0])
-    src = src * 45.0                                             # the source sets the scale
+    src = src * 45.0  # the source sets the scale
     norm = make_normaliser(src, ref, align_centroids=True)
     xr, search, normals = PreparedReference(ref).finetune_reference(norm, 0, 0, 10)
     np.testing.assert_array_equal(xr, norm.reference(ref))
@@ -285,6 +339,7 @@ def test_scaled_search_answers_normalised_queries():
         np.testing.assert_array_equal(i1, i0)
         np.testing.assert_allclose(d1, d0, rtol=1e-12)
     from pwan_ros.core.finetune import estimate_normals
+
     ref_normals = estimate_normals(xr, tree)
     np.testing.assert_allclose(np.abs((normals * ref_normals).sum(1)), 1.0, atol=1e-9)
 
@@ -297,6 +352,7 @@ def test_reused_reference_gives_the_fresh_result(cap):
     also when the sources change the normalisation's scale (cap 150: the fine-tune's reference is
     a seeded subset of the 750 points)."""
     from pwan_ros.core.reference import ReferenceCache
+
     _, ref = _pair(500, 0.5)
     cfg = RegistrationConfig(seed=0, steps=60, finetune=FineTuneConfig(max_points=cap))
     cache = ReferenceCache()
@@ -307,20 +363,26 @@ def test_reused_reference_gives_the_fresh_result(cap):
         np.testing.assert_array_equal(kept.transform, fresh.transform)
         np.testing.assert_array_equal(kept.match_weights, fresh.match_weights)
         assert kept.finetune_iterations == fresh.finetune_iterations
-        assert (cache.builds, cache.hits) == (1, 2 * k)       # register and refine of each source
-        np.testing.assert_array_equal(refine(src, ref, kept.transform, cfg, reference_cache=cache).transform,
-                                      refine(src, ref, kept.transform, cfg).transform)
+        assert (cache.builds, cache.hits) == (1, 2 * k)  # register and refine of each source
+        np.testing.assert_array_equal(
+            refine(src, ref, kept.transform, cfg, reference_cache=cache).transform,
+            refine(src, ref, kept.transform, cfg).transform,
+        )
     # another reference: prepared anew
     other = ref[::-1].copy()
     register(sources[0], other, cfg, reference_cache=cache)
     assert cache.builds == 2
-    np.testing.assert_array_equal(register(sources[0], other, cfg, reference_cache=cache).transform,
-                                  register(sources[0], other, cfg).transform)
+    np.testing.assert_array_equal(
+        register(sources[0], other, cfg, reference_cache=cache).transform,
+        register(sources[0], other, cfg).transform,
+    )
 
 
 def test_tournament_on_duplicated_points():
     """A reference whose every point is doubled (zero nearest-neighbour spacing): the starts' voted
     translations still bin (the cell has a floor) and the tournament returns a finite pose."""
     src, ref = blob(150, 1), np.repeat(blob(150, 0) + T_TRUE, 2, axis=0)
-    res = register(src, ref, RegistrationConfig(seed=0, starts=2, start_steps=10, steps=20, start_keep=1))
+    res = register(
+        src, ref, RegistrationConfig(seed=0, starts=2, start_steps=10, steps=20, start_keep=1)
+    )
     assert np.isfinite(res.transform).all()

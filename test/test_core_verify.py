@@ -1,6 +1,7 @@
 """The self-check every registration result gets (pwan_ros.core.verify), in metres: a right pose
 is vouched for (also under as many uniform outliers as points), a wrong one refused, a pose the
 data cannot pin down (a corridor) refused; register() and pwan_register report it."""
+
 import json
 import warnings
 
@@ -33,11 +34,21 @@ def moved(points, t):
 def corridor(length=40.0, width=3.0, height=2.5, spacing=0.05, seed=0):
     """Floor and two walls of a straight corridor along x (metres), sampled uniformly."""
     rng = np.random.default_rng(seed)
-    n_floor = int(length * width / spacing ** 2)
-    n_wall = int(length * height / spacing ** 2)
-    floor = np.c_[rng.uniform(0, length, n_floor), rng.uniform(-width / 2, width / 2, n_floor), np.zeros(n_floor)]
-    walls = [np.c_[rng.uniform(0, length, n_wall), np.full(n_wall, s * width / 2), rng.uniform(0, height, n_wall)]
-             for s in (-1, 1)]
+    n_floor = int(length * width / spacing**2)
+    n_wall = int(length * height / spacing**2)
+    floor = np.c_[
+        rng.uniform(0, length, n_floor),
+        rng.uniform(-width / 2, width / 2, n_floor),
+        np.zeros(n_floor),
+    ]
+    walls = [
+        np.c_[
+            rng.uniform(0, length, n_wall),
+            np.full(n_wall, s * width / 2),
+            rng.uniform(0, height, n_wall),
+        ]
+        for s in (-1, 1)
+    ]
     return np.vstack([floor] + walls)
 
 
@@ -48,7 +59,10 @@ def test_right_pose_vouched_wrong_pose_refused(street):
     assert ok.excess > 0.3
     # "no motion" (the sampling pattern coincides) and a 2 m slide: refused, and the rival search
     # finds the better pose
-    for wrong in (np.eye(4), gt @ np.array([[1, 0, 0, 2.0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]])):
+    for wrong in (
+        np.eye(4),
+        gt @ np.array([[1, 0, 0, 2.0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]),
+    ):
         c = check_pose(moved(src, wrong), ref)
         assert c.status == 'refused'
         assert 'fits better' in c.reason or 'within' in c.reason
@@ -130,9 +144,15 @@ def _shape(kind, n, seed):
     return corridor(length=4.0, width=1.0, height=1.0, spacing=0.05, seed=seed)[:n]
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(kind=st.sampled_from(SHAPES), n=st.integers(3, 5000), scale=st.sampled_from([1e-3, 1.0, 1e4]),
-       seed=st.integers(0, 10))
+@settings(
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    kind=st.sampled_from(SHAPES),
+    n=st.integers(3, 5000),
+    scale=st.sampled_from([1e-3, 1.0, 1e4]),
+    seed=st.integers(0, 10),
+)
 def test_cli_any_size_shape_scale_is_a_result_or_one_line(tmp_path, capsys, kind, n, scale, seed):
     """pwan_register on 3-5000 points of a blob, a plane, a line or a corridor at 1 mm - 10 km:
     exit 0 (vouched for), 2 (bad input) or 3 (refused), one line on stderr, never a traceback."""

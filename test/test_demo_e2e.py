@@ -1,6 +1,7 @@
 """The README's main job end to end with the real node: simulated drive with stress events ->
 replay over DDS -> pwan_odometry_node (adaptive, then tracking only) -> evaluation against the
 bag's ground truth, side by side."""
+
 import json
 import subprocess
 import sys
@@ -15,20 +16,36 @@ def test_demo_side_by_side_with_real_node(tmp_path, ros_env):
     out = tmp_path / 'demo'
     # 40 scans (4 s) hold the three stress events; the replay waits for every pose, so a loaded
     # CI machine answers every scan however long the PWAN recovery takes
-    proc = subprocess.run([sys.executable, '-m', 'pwan_ros.cli.demo', '--output', str(out), '--scans', '40'],
-                          env=ros_env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, '-m', 'pwan_ros.cli.demo', '--output', str(out), '--scans', '40'],
+        env=ros_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
     assert lines[-1] == f'summary: {out / "summary.json"}'
     table = next(i for i, ln in enumerate(lines) if ln.startswith('run ') and 'PWAN engaged' in ln)
-    rows = [ln.split('  ')[0].strip() for ln in lines[table + 2:table + 5]]
-    assert rows == ['PWAN adaptive (default)', 'tracking only (PWAN off)', 'KISS-ICP'], lines[table:table + 5]
+    rows = [ln.split('  ')[0].strip() for ln in lines[table + 2 : table + 5]]
+    assert rows == ['PWAN adaptive (default)', 'tracking only (PWAN off)', 'KISS-ICP'], lines[
+        table : table + 5
+    ]
     summary = json.loads((out / 'summary.json').read_text())
-    for key in ('scans', 'scans_dropped', 'median_latency_ms', 'ate_rmse_m', 'rpe_trans_pct',
-                'rpe_rot_deg_per_m', 'scans_pwan_engaged', 'baselines', 'stress_events'):
+    for key in (
+        'scans',
+        'scans_dropped',
+        'median_latency_ms',
+        'ate_rmse_m',
+        'rpe_trans_pct',
+        'rpe_rot_deg_per_m',
+        'scans_pwan_engaged',
+        'baselines',
+        'stress_events',
+    ):
         assert key in summary
     published = summary['scans_published']
-    assert published == 31                                # 40 scans, 9 in the blackout
+    assert published == 31  # 40 scans, 9 in the blackout
     # adaptive: every scan answered, PWAN engaged (the blackout turn at least), on track throughout
     assert summary['scans'] == published and summary['scans_pwan_engaged'] >= 1, summary
     assert summary['ate_rmse_m'] < 0.05 and summary['scans_lost_track'] == 0, summary
@@ -41,7 +58,11 @@ def test_demo_side_by_side_with_real_node(tmp_path, ros_env):
         assert kiss['scans'] == published and kiss['scans_pwan_engaged'] is None, kiss
     else:
         assert kiss == {'skipped': 'not installed (pip install kiss-icp)'}
-    assert [e['event'] for e in summary['stress_events']] == ['spurious burst', 'blackout + fast turn', 'far glitch']
+    assert [e['event'] for e in summary['stress_events']] == [
+        'spurious burst',
+        'blackout + fast turn',
+        'far glitch',
+    ]
     assert (out / 'trajectory.png').stat().st_size > 20_000
     for name in ('adaptive', 'tracking_only'):
         log = (out / 'logs' / f'{name}.node.log').read_text()

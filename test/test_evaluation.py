@@ -1,4 +1,5 @@
 """Evaluation numbers checked against trajectories whose errors can be computed by hand."""
+
 import json
 import math
 
@@ -11,8 +12,16 @@ from simbag import small_bag  # noqa: F401  (fixture)
 from pwan_ros.evaluation.metrics import SUMMARY_KEYS, EvalConfig, EvaluationError, evaluate
 from pwan_ros.evaluation.offline import run_offline
 from pwan_ros.evaluation.run_record import RunRecord
-from pwan_ros.io.trajectory import (Trajectory, TrajectoryError, read_blocks, read_kitti, read_pose_file, read_tum,
-                                 write_kitti, write_tum)
+from pwan_ros.io.trajectory import (
+    Trajectory,
+    TrajectoryError,
+    read_blocks,
+    read_kitti,
+    read_pose_file,
+    read_tum,
+    write_kitti,
+    write_tum,
+)
 
 N = 21  # poses 1 m apart along x, 1 s apart
 
@@ -46,7 +55,9 @@ def test_roll_drift_gives_known_degrees_per_metre():
     gt = line()
     est_poses = gt.poses.copy()
     # rolling about the direction of motion does not change the relative translations
-    est_poses[:, :3, :3] = Rotation.from_euler('x', 0.5 * np.arange(N)[:, None], degrees=True).as_matrix()
+    est_poses[:, :3, :3] = Rotation.from_euler(
+        'x', 0.5 * np.arange(N)[:, None], degrees=True
+    ).as_matrix()
     r = evaluate(Trajectory(gt.stamps, est_poses), gt, EvalConfig(rpe_lengths=(5.0,)))
     assert r.rpe_rot_deg_per_m == pytest.approx(0.5, rel=1e-9)
     assert r.rpe_rot_deg == pytest.approx(0.5, rel=1e-9)
@@ -67,7 +78,9 @@ def test_alignment_modes_and_association():
     sub = Trajectory(gt.stamps[::2] + 0.003, gt.poses[::2])
     r = evaluate(sub, gt)
     assert r.matched == 11 and r.ate_rmse_m == pytest.approx(0.0, abs=1e-9)
-    with pytest.raises(EvaluationError, match='no estimated pose has a ground-truth pose within 0.001'):
+    with pytest.raises(
+        EvaluationError, match='no estimated pose has a ground-truth pose within 0.001'
+    ):
         evaluate(sub, gt, EvalConfig(max_dt=0.001))
     with pytest.raises(EvaluationError, match='at least 2 poses'):
         evaluate(Trajectory(gt.stamps[:1], gt.poses[:1]), gt)
@@ -78,7 +91,9 @@ def test_alignment_modes_and_association():
 def test_pose_files_round_trip(tmp_path):
     gt = line(5)
     rot = gt.poses.copy()
-    rot[:, :3, :3] = Rotation.from_euler('zyx', [[0.1 * k, -0.05 * k, 0.02] for k in range(5)]).as_matrix()
+    rot[:, :3, :3] = Rotation.from_euler(
+        'zyx', [[0.1 * k, -0.05 * k, 0.02] for k in range(5)]
+    ).as_matrix()
     traj = Trajectory(gt.stamps + 0.123456789, rot)
     back = read_tum(write_tum(tmp_path / 'a.tum', traj))
     np.testing.assert_allclose(back.poses, traj.poses, atol=1e-8)
@@ -87,9 +102,15 @@ def test_pose_files_round_trip(tmp_path):
     np.testing.assert_allclose(kitti.poses, traj.poses, atol=1e-8)
     assert list(kitti.stamps) == [0, 1, 2, 3, 4]
     blocks = tmp_path / 'poses.csv'
-    blocks.write_text(''.join(
-        ''.join(','.join(f'{v:.9f}' for v in row) + ',\n' for row in np.vstack([p[:3], [0, 0, 0, s]]))
-        for p, s in zip(traj.poses, traj.stamps)))
+    blocks.write_text(
+        ''.join(
+            ''.join(
+                ','.join(f'{v:.9f}' for v in row) + ',\n'
+                for row in np.vstack([p[:3], [0, 0, 0, s]])
+            )
+            for p, s in zip(traj.poses, traj.stamps)
+        )
+    )
     b = read_blocks(blocks)
     np.testing.assert_allclose(b.poses, traj.poses, atol=1e-8)
     np.testing.assert_allclose(b.stamps, traj.stamps, atol=1e-6)
@@ -109,8 +130,16 @@ def test_cli_pose_files_writes_summary_plot_and_table(tmp_path, capsys):
     write_tum(tmp_path / 'gt.tum', gt)
     write_tum(tmp_path / 'est.tum', Trajectory(gt.stamps, est))
     out = tmp_path / 'eval'
-    rc = evaluate_cli.main(['--est', str(tmp_path / 'est.tum'), '--gt-file', str(tmp_path / 'gt.tum'),
-                          '--output', str(out)])
+    rc = evaluate_cli.main(
+        [
+            '--est',
+            str(tmp_path / 'est.tum'),
+            '--gt-file',
+            str(tmp_path / 'gt.tum'),
+            '--output',
+            str(out),
+        ]
+    )
     lines = capsys.readouterr().out.strip().splitlines()
     assert rc == 0 and lines[-1] == f'summary: {out / "summary.json"}'
     assert any(line.startswith('RPE drift') and '2.00 %' in line for line in lines)
@@ -121,18 +150,32 @@ def test_cli_pose_files_writes_summary_plot_and_table(tmp_path, capsys):
     assert (out / 'trajectory.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
     assert read_tum(out / 'trajectory_est.tum').poses.shape == (N, 4, 4)
     # --json prints the same summary as JSON
-    rc = evaluate_cli.main(['--est', str(tmp_path / 'est.tum'), '--gt-file', str(tmp_path / 'gt.tum'),
-                          '--output', str(out), '--json'])
+    rc = evaluate_cli.main(
+        [
+            '--est',
+            str(tmp_path / 'est.tum'),
+            '--gt-file',
+            str(tmp_path / 'gt.tum'),
+            '--output',
+            str(out),
+            '--json',
+        ]
+    )
     text = capsys.readouterr().out
-    assert rc == 0 and json.loads(text[:text.rindex('}') + 1])['ate_rmse_m'] == summary['ate_rmse_m']
+    assert (
+        rc == 0 and json.loads(text[: text.rindex('}') + 1])['ate_rmse_m'] == summary['ate_rmse_m']
+    )
     # errors are one clear line and exit code 2
-    rc = evaluate_cli.main(['--est', str(tmp_path / 'missing.tum'), '--gt-file', str(tmp_path / 'gt.tum')])
+    rc = evaluate_cli.main(
+        ['--est', str(tmp_path / 'missing.tum'), '--gt-file', str(tmp_path / 'gt.tum')]
+    )
     assert rc == 2 and 'cannot read pose file' in capsys.readouterr().err
 
 
 def test_offline_run_and_run_record(tmp_path, small_bag):
     """Offline mode on a generated bag: an estimator with a known 5 % scale error."""
     from pwan_ros.io.bags import read_trajectory
+
     gt = read_trajectory(small_bag, '/ground_truth')
     lookup = {round(s, 6): p for s, p in zip(gt.stamps, gt.poses)}
     calls = []
@@ -159,13 +202,20 @@ def test_offline_run_and_run_record(tmp_path, small_bag):
 def test_cli_estimate_from_recorded_bag(tmp_path, small_bag, capsys):
     """--est may be a bag with /odometry (e.g. from ros2 bag record); scans are counted from --bag."""
     from pwan_ros.io import bags as bag_io
+
     gt = bag_io.read_trajectory(small_bag, '/ground_truth')
     with bag_io.BagWriter(tmp_path / 'est_bag') as w:
         for s, p in list(zip(gt.stamps, gt.poses))[1:]:
             ns = int(round(s * 1e9))
-            w.write('/odometry', ns, bag_io.odometry(ns, np.linalg.inv(gt.poses[0]) @ p, 'odom', 'base_link'))
+            w.write(
+                '/odometry',
+                ns,
+                bag_io.odometry(ns, np.linalg.inv(gt.poses[0]) @ p, 'odom', 'base_link'),
+            )
     out = tmp_path / 'eval'
-    rc = evaluate_cli.main(['--est', str(tmp_path / 'est_bag'), '--bag', str(small_bag), '--output', str(out)])
+    rc = evaluate_cli.main(
+        ['--est', str(tmp_path / 'est_bag'), '--bag', str(small_bag), '--output', str(out)]
+    )
     assert rc == 0, capsys.readouterr().err
     summary = json.loads((out / 'summary.json').read_text())
     assert (summary['scans'], summary['scans_dropped'], summary['matched']) == (5, 1, 5)
@@ -175,22 +225,40 @@ def test_cli_estimate_from_recorded_bag(tmp_path, small_bag, capsys):
 def test_track_losses_and_side_by_side_comparison(tmp_path):
     """A run whose pose jumps 0.5 m at one scan and keeps the offset lost track exactly there;
     the comparison table and plot show every run, a skipped one with its reason."""
-    from pwan_ros.evaluation.compare import format_comparison, plot_comparison, skipped_run, summarise_run
+    from pwan_ros.evaluation.compare import (
+        format_comparison,
+        plot_comparison,
+        skipped_run,
+        summarise_run,
+    )
     from pwan_ros.evaluation.metrics import track_losses
+
     gt = line()
     est = gt.poses.copy()
-    est[12:, 1, 3] += 0.5                        # sideways jump at the 13th pose, kept afterwards
+    est[12:, 1, 3] += 0.5  # sideways jump at the 13th pose, kept afterwards
     turned = gt.poses.copy()
-    turned[5:, :3, :3] = Rotation.from_euler('z', 3.0, degrees=True).as_matrix()   # 3 deg heading error
+    turned[5:, :3, :3] = Rotation.from_euler(
+        'z', 3.0, degrees=True
+    ).as_matrix()  # 3 deg heading error
     assert track_losses(evaluate(Trajectory(gt.stamps, est), gt)).tolist() == [gt.stamps[12]]
     assert track_losses(evaluate(Trajectory(gt.stamps, turned), gt)).tolist() == [gt.stamps[5]]
     assert len(track_losses(evaluate(gt, gt))) == 0
-    good = RunRecord(estimate=gt, scans_published=N, latencies_ms=[10.0, 30.0, 20.0], pwan_stamps=[gt.stamps[3]])
+    good = RunRecord(
+        estimate=gt, scans_published=N, latencies_ms=[10.0, 30.0, 20.0], pwan_stamps=[gt.stamps[3]]
+    )
     bad = RunRecord(estimate=Trajectory(gt.stamps, est), scans_published=N + 2, latencies_ms=[5.0])
-    runs = [summarise_run('adaptive', 'PWAN adaptive', good, gt), summarise_run('tracking_only', 'tracking', bad, gt),
-            skipped_run('kiss_icp', 'KISS-ICP', 'not installed (pip install kiss-icp)')]
+    runs = [
+        summarise_run('adaptive', 'PWAN adaptive', good, gt),
+        summarise_run('tracking_only', 'tracking', bad, gt),
+        skipped_run('kiss_icp', 'KISS-ICP', 'not installed (pip install kiss-icp)'),
+    ]
     m = runs[0].metrics()
-    assert (m['scans'], m['scans_published'], m['scans_pwan_engaged'], m['scans_lost_track']) == (N, N, 1, 0)
+    assert (m['scans'], m['scans_published'], m['scans_pwan_engaged'], m['scans_lost_track']) == (
+        N,
+        N,
+        1,
+        0,
+    )
     assert (m['median_latency_ms'], m['max_latency_ms']) == (20.0, 30.0)
     assert runs[1].metrics()['scans_lost_track'] == 1 and runs[1].metrics()['ate_rmse_m'] > 0.1
     assert runs[2].metrics() == {'skipped': 'not installed (pip install kiss-icp)'}

@@ -2,6 +2,7 @@
 subprocesses with hostile inputs, unwritable outputs and a full disk (RLIMIT_FSIZE: writes fail
 with EFBIG, exactly as on a full disk). Contract: one line, exit 2, nothing half-written, files
 follow the umask."""
+
 import json
 import os
 import pathlib
@@ -20,8 +21,23 @@ from test_adapt_core import gaussian_domains
 from test_adapt_node import NODE, _listen, _params
 
 BIN = pathlib.Path(sys.executable).parent
-FAST = ['--steps', '6', '--quiet', '--device', 'cpu', '--threads', '1', '--plots', 'false',
-        '--warmup-steps', '2', '--eval-interval', '3', '--weight-interval', '3']
+FAST = [
+    '--steps',
+    '6',
+    '--quiet',
+    '--device',
+    'cpu',
+    '--threads',
+    '1',
+    '--plots',
+    'false',
+    '--warmup-steps',
+    '2',
+    '--eval-interval',
+    '3',
+    '--weight-interval',
+    '3',
+]
 
 
 @pytest.fixture
@@ -38,8 +54,14 @@ def adapt(*args, fsize=None, umask=None, timeout=180):
             resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
         if umask is not None:
             os.umask(umask)
-    return subprocess.run([str(BIN / 'pwan_adapt'), *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, preexec_fn=limits)
+
+    return subprocess.run(
+        [str(BIN / 'pwan_adapt'), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=limits,
+    )
 
 
 def leftovers(root):
@@ -58,10 +80,18 @@ def test_bad_inputs_one_line_exit_2(tmp_path, inputs):
     cases = [
         (['--labelled', tmp_path / 'empty.npz', '--unlabelled', unl], ['empty.npz', 'is empty']),
         (['--labelled', tmp_path / 'adir', '--unlabelled', unl], ['adir', 'is a directory']),
-        (['--labelled', lab, '--unlabelled', tmp_path / 'nope.npz'], ['nope.npz', 'does not exist']),
-        (['--labelled', lab, '--unlabelled', unl, '--config', tmp_path / 'bad.yaml'],
-         ['bad.yaml', 'not valid YAML', 'line 2']),
-        (['--labelled', lab, '--unlabelled', unl, '--config', tmp_path / 'adir'], ['adir', 'is a directory']),
+        (
+            ['--labelled', lab, '--unlabelled', tmp_path / 'nope.npz'],
+            ['nope.npz', 'does not exist'],
+        ),
+        (
+            ['--labelled', lab, '--unlabelled', unl, '--config', tmp_path / 'bad.yaml'],
+            ['bad.yaml', 'not valid YAML', 'line 2'],
+        ),
+        (
+            ['--labelled', lab, '--unlabelled', unl, '--config', tmp_path / 'adir'],
+            ['adir', 'is a directory'],
+        ),
     ]
     for args, words in cases:
         proc = adapt(*args, '--output', out, *FAST)
@@ -74,10 +104,13 @@ def test_bad_inputs_one_line_exit_2(tmp_path, inputs):
 def test_label_beyond_the_class_names_is_refused(tmp_path, inputs):
     """A label >= len(class_names) is a careless-user error, not an extra unnamed class."""
     from test_adapt_core import gaussian_domains as domains
+
     xl, yl, _, _ = domains(0)
-    save_npz(tmp_path / 'named.npz', xl, yl, [f'c{i}' for i in range(5)])     # labels 0..5, 5 names
+    save_npz(tmp_path / 'named.npz', xl, yl, [f'c{i}' for i in range(5)])  # labels 0..5, 5 names
     out = tmp_path / 'out'
-    proc = adapt('--labelled', tmp_path / 'named.npz', '--unlabelled', inputs[1], '--output', out, *FAST)
+    proc = adapt(
+        '--labelled', tmp_path / 'named.npz', '--unlabelled', inputs[1], '--output', out, *FAST
+    )
     assert_one_line_failure(proc, 2, ['named.npz', 'label 5 out of range for 5 class_names'])
     assert not out.exists()
 
@@ -124,10 +157,23 @@ def points_bag(tmp_path_factory):
 @pytest.mark.heavy
 def test_import_wrong_message_type_names_it(tmp_path, points_bag):
     out = tmp_path / 'f.npz'
-    for topic, words in [('/points', ['/points', 'sensor_msgs/msg/PointCloud2', 'raw bytes']),
-                         ('/ground_truth', ['/ground_truth', "no field 'data'"])]:
-        proc = subprocess.run([str(BIN / 'pwan_adapt_import'), str(points_bag), '--features-topic', topic,
-                               '--output', str(out)], capture_output=True, text=True, timeout=120)
+    for topic, words in [
+        ('/points', ['/points', 'sensor_msgs/msg/PointCloud2', 'raw bytes']),
+        ('/ground_truth', ['/ground_truth', "no field 'data'"]),
+    ]:
+        proc = subprocess.run(
+            [
+                str(BIN / 'pwan_adapt_import'),
+                str(points_bag),
+                '--features-topic',
+                topic,
+                '--output',
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert_one_line_failure(proc, 2, words)
         assert not out.exists()
 
@@ -135,9 +181,23 @@ def test_import_wrong_message_type_names_it(tmp_path, points_bag):
 @pytest.mark.heavy
 def test_import_checks_the_output_before_reading(tmp_path, points_bag, unwritable_dir):
     (tmp_path / 'adir').mkdir()
-    for out, words in [(unwritable_dir / 'f.npz', ['not writable']), (tmp_path / 'adir', ['is a directory'])]:
-        proc = subprocess.run([str(BIN / 'pwan_adapt_import'), str(points_bag), '--features-topic', '/points',
-                               '--output', str(out)], capture_output=True, text=True, timeout=120)
+    for out, words in [
+        (unwritable_dir / 'f.npz', ['not writable']),
+        (tmp_path / 'adir', ['is a directory']),
+    ]:
+        proc = subprocess.run(
+            [
+                str(BIN / 'pwan_adapt_import'),
+                str(points_bag),
+                '--features-topic',
+                '/points',
+                '--output',
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert_one_line_failure(proc, 2, [str(out), *words])  # the output, not the wrong topic
 
 
@@ -145,14 +205,27 @@ def test_import_checks_the_output_before_reading(tmp_path, points_bag, unwritabl
 def test_node_on_an_unwritable_or_full_disk_publishes_error(tmp_path, ros_env, unwritable_dir):
     """adapt_node: the output problem is logged, published as state ``error`` on /diagnostics
     (received by a separate process over DDS), and the node exits 2."""
-    for case, out, fsize in [('unwritable', unwritable_dir / 'out', None), ('full', tmp_path / 'out', 20_000)]:
+    for case, out, fsize in [
+        ('unwritable', unwritable_dir / 'out', None),
+        ('full', tmp_path / 'out', 20_000),
+    ]:
         work = tmp_path / case
         work.mkdir()
         listener, status = _listen(work, ros_env, 90)
         time.sleep(1.0)  # discovery
-        limit = None if fsize is None else (lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize)))
-        node = subprocess.run([str(NODE)] + _params(work, steps=50, output=str(out)), env=ros_env,
-                              capture_output=True, text=True, timeout=120, preexec_fn=limit)
+        limit = (
+            None
+            if fsize is None
+            else (lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize)))
+        )
+        node = subprocess.run(
+            [str(NODE)] + _params(work, steps=50, output=str(out)),
+            env=ros_env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            preexec_fn=limit,
+        )
         assert node.returncode == 2, (case, node.stderr[-2000:])
         assert 'Traceback' not in node.stderr
         listener.wait(timeout=30)

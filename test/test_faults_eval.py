@@ -2,6 +2,7 @@
 pwan_replay, pwan_demo) in subprocesses: broken run records, unwritable outputs checked before
 any work, a full disk (RLIMIT_FSIZE) and Ctrl-C while a bag is being written. Contract: one
 line and exit 2 (130 when interrupted), no bag or temporary left behind, umask permissions."""
+
 import json
 import os
 import pathlib
@@ -30,8 +31,14 @@ def tool(name, *args, fsize=None, umask=None, timeout=180):
             resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
         if umask is not None:
             os.umask(umask)
-    return subprocess.run([str(BIN / name), *map(str, args)], capture_output=True, text=True, timeout=timeout,
-                          preexec_fn=limits)
+
+    return subprocess.run(
+        [str(BIN / name), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=limits,
+    )
 
 
 def entries(directory):
@@ -41,7 +48,9 @@ def entries(directory):
 
 @pytest.mark.heavy
 def test_evaluate_broken_run_records_name_the_file(tmp_path, small_bag):
-    good = RunRecord.load(run_offline(small_bag, lambda xyz, stamp: np.eye(4), max_scans=2).save(tmp_path / 'good'))
+    good = RunRecord.load(
+        run_offline(small_bag, lambda xyz, stamp: np.eye(4), max_scans=2).save(tmp_path / 'good')
+    )
     assert good.scans == 2
     record = json.loads((tmp_path / 'good' / 'run.json').read_text())
     (tmp_path / 'adir').mkdir()
@@ -51,15 +60,23 @@ def test_evaluate_broken_run_records_name_the_file(tmp_path, small_bag):
         'broken.json': ('{"scans_published": 3,', 'not valid JSON (line 1'),
         'list.json': ('[1, 2]', 'expected a JSON object'),
         'extra.json': (json.dumps({**record, 'speed': 1}), 'unknown keys speed'),
-        'typed.json': (json.dumps({**record, 'scans_published': 'six'}), 'scans_published must be an integer'),
-        'orphan.json': (json.dumps({**record, 'trajectory_tum': 'gone.tum'}), 'gone.tum is missing'),
+        'typed.json': (
+            json.dumps({**record, 'scans_published': 'six'}),
+            'scans_published must be an integer',
+        ),
+        'orphan.json': (
+            json.dumps({**record, 'trajectory_tum': 'gone.tum'}),
+            'gone.tum is missing',
+        ),
         'adir': (None, 'is a directory'),
     }
     for name, (text, words) in cases.items():
         path = tmp_path / 'good' / name if name == 'orphan.json' else tmp_path / name
         if text is not None:
             path.write_text(text)
-        proc = tool('pwan_evaluate', '--run', path, '--bag', small_bag, '--output', tmp_path / 'out')
+        proc = tool(
+            'pwan_evaluate', '--run', path, '--bag', small_bag, '--output', tmp_path / 'out'
+        )
         assert_one_line_failure(proc, 2, [str(path), words])
         assert not (tmp_path / 'out').exists()
 
@@ -68,9 +85,17 @@ def test_evaluate_broken_run_records_name_the_file(tmp_path, small_bag):
 def test_outputs_are_checked_before_any_work(tmp_path, small_bag, unwritable_dir):
     (tmp_path / 'afile').write_text('x')
     cases = [
-        ('pwan_evaluate', ['--offline', '--bag', small_bag, '--max-scans', '2', '--output'], 'not a directory'),
+        (
+            'pwan_evaluate',
+            ['--offline', '--bag', small_bag, '--max-scans', '2', '--output'],
+            'not a directory',
+        ),
         ('pwan_sim', ['--scans', '2', '--output'], 'already exists'),
-        ('pwan_replay', ['--bag', small_bag, '--startup-timeout', '60', '--output'], 'not a directory'),
+        (
+            'pwan_replay',
+            ['--bag', small_bag, '--startup-timeout', '60', '--output'],
+            'not a directory',
+        ),
         ('pwan_demo', ['--output'], 'not a directory'),
     ]
     for name, args, words in cases:
@@ -84,17 +109,31 @@ def test_outputs_are_checked_before_any_work(tmp_path, small_bag, unwritable_dir
 
 
 def test_sim_on_a_full_disk_leaves_no_bag(tmp_path):
-    proc = tool('pwan_sim', '--scans', '20', '--beams', '8', '--azimuth-steps', '360', '--output',
-                tmp_path / 'bag', fsize=100_000)
+    proc = tool(
+        'pwan_sim',
+        '--scans',
+        '20',
+        '--beams',
+        '8',
+        '--azimuth-steps',
+        '360',
+        '--output',
+        tmp_path / 'bag',
+        fsize=100_000,
+    )
     assert_one_line_failure(proc, 2, [str(tmp_path / 'bag'), 'File too large'])
     assert entries(tmp_path) == []
 
 
 def _interrupt(cmd, tmp_path, sig):
     """Start ``cmd``; once its temporary bag directory exists, send ``sig``."""
-    proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + 120
-    while not any(n.startswith('.bag.') for n in entries(tmp_path)) and time.monotonic() < deadline:
+    while (
+        not any(n.startswith('.bag.') for n in entries(tmp_path)) and time.monotonic() < deadline
+    ):
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.02)
     proc.send_signal(sig)
@@ -104,7 +143,9 @@ def _interrupt(cmd, tmp_path, sig):
 
 @pytest.mark.parametrize('sig', [signal.SIGINT, signal.SIGTERM])
 def test_sim_interrupted_exits_130_and_leaves_no_bag(tmp_path, sig):
-    rc, err = _interrupt([BIN / 'pwan_sim', '--scans', '2000', '--output', tmp_path / 'bag'], tmp_path, sig)
+    rc, err = _interrupt(
+        [BIN / 'pwan_sim', '--scans', '2000', '--output', tmp_path / 'bag'], tmp_path, sig
+    )
     assert rc == 130 and err.strip() == 'pwan_sim: interrupted', err
     assert entries(tmp_path) == []
 
@@ -115,10 +156,20 @@ def test_pcd2bag_corrupt_scan_midway_leaves_no_bag(tmp_path):
     for k in range(4):
         write_pcd(scans / f'scan{k}.pcd', points(k, n=50), 'binary')
     (scans / 'scan2.pcd').write_bytes((scans / 'scan2.pcd').read_bytes()[:-37])  # truncated copy
-    np.savetxt(tmp_path / 'poses.tum', np.column_stack([np.arange(4.0), np.zeros((4, 6)), np.ones(4)]))
+    np.savetxt(
+        tmp_path / 'poses.tum', np.column_stack([np.arange(4.0), np.zeros((4, 6)), np.ones(4)])
+    )
     out = tmp_path / 'out'
     out.mkdir()
-    proc = tool('pwan_pcd2bag', '--scans', scans, '--poses', tmp_path / 'poses.tum', '--output', out / 'bag')
+    proc = tool(
+        'pwan_pcd2bag',
+        '--scans',
+        scans,
+        '--poses',
+        tmp_path / 'poses.tum',
+        '--output',
+        out / 'bag',
+    )
     assert_one_line_failure(proc, 2, ['scan2.pcd'])
     assert entries(out) == []
 
@@ -126,13 +177,34 @@ def test_pcd2bag_corrupt_scan_midway_leaves_no_bag(tmp_path):
 @pytest.mark.heavy
 def test_evaluation_outputs_follow_the_umask(tmp_path, small_bag):
     out = tmp_path / 'eval'
-    proc = tool('pwan_evaluate', '--offline', '--bag', small_bag, '--max-scans', '3', '--output', out, umask=0o027)
+    proc = tool(
+        'pwan_evaluate',
+        '--offline',
+        '--bag',
+        small_bag,
+        '--max-scans',
+        '3',
+        '--output',
+        out,
+        umask=0o027,
+    )
     assert proc.returncode == 0, proc.stderr
     for name in ('summary.json', 'run.json', 'trajectory_est.tum', 'trajectory.png'):
         assert stat.S_IMODE((out / name).stat().st_mode) == 0o640, name
     assert not [n for n in entries(out) if n.startswith('.')]
     bag = tmp_path / 'bag'
-    proc = tool('pwan_sim', '--scans', '2', '--beams', '4', '--azimuth-steps', '90', '--output', bag, umask=0o027)
+    proc = tool(
+        'pwan_sim',
+        '--scans',
+        '2',
+        '--beams',
+        '4',
+        '--azimuth-steps',
+        '90',
+        '--output',
+        bag,
+        umask=0o027,
+    )
     assert proc.returncode == 0, proc.stderr
     assert stat.S_IMODE(bag.stat().st_mode) == 0o750
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o640 for p in bag.iterdir())

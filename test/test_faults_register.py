@@ -2,6 +2,7 @@
 translations, far outliers), the pwan_register CLI in subprocesses (bad input, Ctrl-C), the scan
 pipeline (driver glitches), and pwan_odometry_node over DDS (lidar-driver QoS, bad start-up
 parameters, thread safety)."""
+
 import json
 import os
 import pathlib
@@ -58,11 +59,23 @@ def pair(sim_scans):
 
 
 # ---------------------------------------------------------------- core options in metres
-@pytest.mark.parametrize('options', [
-    {}, {'voxel_size': 0.25}, {'max_points': 1000}, {'divergence': 'distance'},
-    {'divergence': 'distance', 'distance_threshold': 0.5}, {'mass': 2000.0}, {'mass_ratio': 0.6},
-    {'steps': 300}, {'threads': 1}, {'seed': 3}, {'device': 'cpu'},
-], ids=lambda o: ','.join(f'{k}={v}' for k, v in o.items()) or 'defaults')
+@pytest.mark.parametrize(
+    'options',
+    [
+        {},
+        {'voxel_size': 0.25},
+        {'max_points': 1000},
+        {'divergence': 'distance'},
+        {'divergence': 'distance', 'distance_threshold': 0.5},
+        {'mass': 2000.0},
+        {'mass_ratio': 0.6},
+        {'steps': 300},
+        {'threads': 1},
+        {'seed': 3},
+        {'device': 'cpu'},
+    ],
+    ids=lambda o: ','.join(f'{k}={v}' for k, v in o.items()) or 'defaults',
+)
 def test_every_option_recovers_a_large_translation(pair, options):
     src, ref, truth = pair
     res = register(src, ref, RegistrationConfig(verbose=False, **options))
@@ -73,12 +86,20 @@ def test_every_option_recovers_a_large_translation(pair, options):
 @pytest.mark.heavy
 def test_init_and_multistart_in_metres(pair):
     src, ref, truth = pair
-    near = truth @ make_transform(Rotation.from_euler('z', 3, degrees=True).as_matrix(), [0.4, -0.3, 0.0])
-    rot, trans = errors(register(src, ref, RegistrationConfig(verbose=False), init=near).transform, truth)
+    near = truth @ make_transform(
+        Rotation.from_euler('z', 3, degrees=True).as_matrix(), [0.4, -0.3, 0.0]
+    )
+    rot, trans = errors(
+        register(src, ref, RegistrationConfig(verbose=False), init=near).transform, truth
+    )
     assert rot < 0.2 and trans < 0.02, (rot, trans)
     # turned 90 degrees: only the multi-start finds it
     turned = make_transform(Rotation.from_euler('z', 90, degrees=True).as_matrix(), np.zeros(3))
-    res = register(moved(src, invert(turned)), ref, RegistrationConfig(verbose=False, starts=4, start_steps=60))
+    res = register(
+        moved(src, invert(turned)),
+        ref,
+        RegistrationConfig(verbose=False, starts=4, start_steps=60),
+    )
     rot, trans = errors(res.transform, truth @ turned)
     assert rot < 0.2 and trans < 0.02, (rot, trans)
 
@@ -112,11 +133,12 @@ def test_finetune_cap_warns():
     """The fine-tune's iteration cap (raised from 60 to 300: on a real street scan with
     `--voxel 0.25` it stopped 0.5 m short, silently) warns when it is hit."""
     from pwan_ros.core import refine
+
     ref = room()
     truth = make_transform(Rotation.from_euler('z', 2, degrees=True).as_matrix(), [0.3, 0.2, 0.05])
     cfg = RegistrationConfig(verbose=False)
     with warnings.catch_warnings():
-        warnings.simplefilter('error')          # converges: no warning
+        warnings.simplefilter('error')  # converges: no warning
         res = refine(moved(ref, invert(truth)), ref, np.eye(4), cfg)
     assert errors(res.transform, truth)[1] < 0.005
     capped = cfg.replace(finetune=cfg.finetune.__class__(max_iterations=3))
@@ -129,13 +151,18 @@ def test_voxel_on_a_real_street_scan_keeps_the_translation():
     """The reported case: a BALM scan against itself moved by 8 deg yaw and t = (5, 2, 0.1) m, with
     voxel_size 0.25 m, was 0.58 m off."""
     from pwan_ros.io.point_files import read_points
-    path = pathlib.Path(__file__).resolve().parents[2] / 'shared/data/lidar/balm_seq_a/full30.pcd.gz'
+
+    path = (
+        pathlib.Path(__file__).resolve().parents[2] / 'shared/data/lidar/balm_seq_a/full30.pcd.gz'
+    )
     if not path.is_file():
         pytest.fail(f'{path} missing (slow tests need ../shared/data)')
     ref = read_points(path)
     ref = ref[np.isfinite(ref).all(1)]
     truth = make_transform(Rotation.from_euler('z', 8, degrees=True).as_matrix(), [5.0, 2.0, 0.1])
-    res = register(moved(ref, invert(truth)), ref, RegistrationConfig(voxel_size=0.25, verbose=False))
+    res = register(
+        moved(ref, invert(truth)), ref, RegistrationConfig(voxel_size=0.25, verbose=False)
+    )
     rot, trans = errors(res.transform, truth)
     assert rot < 0.1 and trans < 0.01, (rot, trans)
 
@@ -157,8 +184,14 @@ def test_small_set_with_far_outliers_keeps_its_translation():
     """500 points + 10 outliers at 1e6 m: the normalisation used to put the translation tens of
     metres off."""
     rng = np.random.default_rng(0)
-    ref = np.c_[rng.uniform(-5, 5, 500), rng.uniform(-3, 3, 500), rng.normal(0, 0.2, 500) + 0.1 * rng.uniform(-5, 5, 500) ** 2]
-    truth = make_transform(Rotation.from_euler('xyz', [2, -3, 10], degrees=True).as_matrix(), [12.0, -7.0, 1.5])
+    ref = np.c_[
+        rng.uniform(-5, 5, 500),
+        rng.uniform(-3, 3, 500),
+        rng.normal(0, 0.2, 500) + 0.1 * rng.uniform(-5, 5, 500) ** 2,
+    ]
+    truth = make_transform(
+        Rotation.from_euler('xyz', [2, -3, 10], degrees=True).as_matrix(), [12.0, -7.0, 1.5]
+    )
     src = np.vstack([moved(ref, invert(truth)), rng.uniform(-1e6, 1e6, (10, 3))])
     with pytest.warns(RuntimeWarning, match='left out'):
         res = register(src, ref, RegistrationConfig(verbose=False))
@@ -166,10 +199,18 @@ def test_small_set_with_far_outliers_keeps_its_translation():
     assert rot < 0.5 and trans < 0.02, (rot, trans)
 
 
-@settings(max_examples=6, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(exponent=st.integers(3, 38), fraction=st.floats(0.001, 0.01), in_reference=st.booleans(),
-       seed=st.integers(0, 2 ** 16))
+@settings(
+    max_examples=6,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    exponent=st.integers(3, 38),
+    fraction=st.floats(0.001, 0.01),
+    in_reference=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
 @pytest.mark.heavy
 def test_property_replaced_points_at_any_scale(pair, exponent, fraction, in_reference, seed):
     """k <= 1 % of the points replaced by finite values at scale 10^e m (e = 3 ... 38): the
@@ -179,7 +220,7 @@ def test_property_replaced_points_at_any_scale(pair, exponent, fraction, in_refe
     target = (ref if in_reference else src).copy()
     k = max(1, int(fraction * len(target)))
     idx = rng.choice(len(target), k, replace=False)
-    target[idx] = rng.uniform(-1.0, 1.0, (k, 3)) * 10.0 ** exponent
+    target[idx] = rng.uniform(-1.0, 1.0, (k, 3)) * 10.0**exponent
     a, b = (src, target) if in_reference else (target, ref)
     with warnings.catch_warnings():
         warnings.simplefilter('ignore', RuntimeWarning)
@@ -189,12 +230,27 @@ def test_property_replaced_points_at_any_scale(pair, exponent, fraction, in_refe
 
 
 # ---------------------------------------------------------------- degenerate sets
-@pytest.mark.parametrize('points,transform,match', [
-    (np.tile([[1.0, 2.0, 3.0]], (500, 1)), 'rigid', '1 distinct point'),
-    (np.vstack([np.tile([[0.0, 0, 0]], (300, 1)), np.tile([[1.0, 0, 0]], (200, 1))]), 'rigid', '2 distinct'),
-    (np.c_[np.linspace(0, 10, 200), 2 * np.linspace(0, 10, 200), np.zeros(200)], 'rigid', 'collinear'),
-    (np.c_[np.random.default_rng(0).uniform(0, 5, (300, 2)), np.zeros(300)], 'affine', 'coplanar'),
-])
+@pytest.mark.parametrize(
+    'points,transform,match',
+    [
+        (np.tile([[1.0, 2.0, 3.0]], (500, 1)), 'rigid', '1 distinct point'),
+        (
+            np.vstack([np.tile([[0.0, 0, 0]], (300, 1)), np.tile([[1.0, 0, 0]], (200, 1))]),
+            'rigid',
+            '2 distinct',
+        ),
+        (
+            np.c_[np.linspace(0, 10, 200), 2 * np.linspace(0, 10, 200), np.zeros(200)],
+            'rigid',
+            'collinear',
+        ),
+        (
+            np.c_[np.random.default_rng(0).uniform(0, 5, (300, 2)), np.zeros(300)],
+            'affine',
+            'coplanar',
+        ),
+    ],
+)
 def test_degenerate_sets_are_refused(points, transform, match):
     good = np.random.default_rng(1).normal(size=(300, 3))
     with pytest.raises(PwanInputError, match=match):
@@ -203,8 +259,12 @@ def test_degenerate_sets_are_refused(points, transform, match):
 
 # ---------------------------------------------------------------- pwan_register CLI
 def cli(*args, timeout=300):
-    return subprocess.run([str(BIN / 'pwan_register'), *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [str(BIN / 'pwan_register'), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.heavy
@@ -213,11 +273,21 @@ def test_cli_voxel_and_output_in_metres(tmp_path, pair):
     np.save(tmp_path / 'src.npy', src)
     np.save(tmp_path / 'ref.npy', ref)
     out = tmp_path / 'aligned.ply'
-    p = cli(tmp_path / 'src.npy', tmp_path / 'ref.npy', '--voxel', 0.25, '--json', '-q', '--output', out)
+    p = cli(
+        tmp_path / 'src.npy',
+        tmp_path / 'ref.npy',
+        '--voxel',
+        0.25,
+        '--json',
+        '-q',
+        '--output',
+        out,
+    )
     assert p.returncode == 0, p.stderr
     rot, trans = errors(np.array(json.loads(p.stdout)['transform']), truth)
     assert rot < 0.2 and trans < 0.02, (rot, trans)
     from pwan_ros.io.point_files import read_points
+
     aligned = read_points(out)
     mask = os.umask(0)
     os.umask(mask)
@@ -242,19 +312,48 @@ def test_cli_bad_input_one_line_exit_2(tmp_path):
         (['good.npy', 'good.npy', '--output', 'a_dir.npy/'], 'unsupported output extension'),
     ]
     for args, msg in cases:
-        p = subprocess.run([str(BIN / 'pwan_register'), *args], capture_output=True, text=True, cwd=tmp_path,
-                           timeout=120)
+        p = subprocess.run(
+            [str(BIN / 'pwan_register'), *args],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=120,
+        )
         errors_ = [ln for ln in p.stderr.strip().splitlines() if ln.startswith('pwan_register:')]
-        assert p.returncode == 2 and len(errors_) == 1 and msg in errors_[0], (args, p.returncode, p.stderr)
+        assert p.returncode == 2 and len(errors_) == 1 and msg in errors_[0], (
+            args,
+            p.returncode,
+            p.stderr,
+        )
         assert p.stderr.strip().splitlines()[-1] == errors_[0]
         assert 'Traceback' not in p.stderr
-    assert sorted(f.name for f in tmp_path.iterdir()) == ['a_dir', 'a_file', 'empty.npy', 'good.npy', 'same.npy']
+    assert sorted(f.name for f in tmp_path.iterdir()) == [
+        'a_dir',
+        'a_file',
+        'empty.npy',
+        'good.npy',
+        'same.npy',
+    ]
 
 
 def _interrupt(tmp_path, src, ref, out, wait_for):
     """Start pwan_register, send SIGINT once ``wait_for`` appears on stderr; (returncode, stderr)."""
-    proc = subprocess.Popen([str(BIN / 'pwan_register'), src, ref, '--output', out, '--max-points', '300',
-                             '--steps', '30'], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            str(BIN / 'pwan_register'),
+            src,
+            ref,
+            '--output',
+            out,
+            '--max-points',
+            '300',
+            '--steps',
+            '30',
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     seen = ''
     for line in proc.stderr:
         seen += line
@@ -275,14 +374,16 @@ def test_cli_ctrl_c_exits_130_and_writes_nothing(tmp_path):
         out = tmp_path / 'out.txt'
         rc, err = _interrupt(tmp_path, tmp_path / 'src.npy', tmp_path / 'ref.npy', out, wait_for)
         assert rc == 130, (wait_for, rc, err[-2000:])
-        assert err.strip().splitlines()[-1] == 'pwan_register: interrupted' and 'Traceback' not in err
+        assert (
+            err.strip().splitlines()[-1] == 'pwan_register: interrupted' and 'Traceback' not in err
+        )
         assert sorted(f.name for f in tmp_path.iterdir()) == ['ref.npy', 'src.npy'], wait_for
 
 
 # ---------------------------------------------------------------- scan pipeline
 def test_voxel_keys_cannot_overflow():
     pts = np.vstack([np.random.default_rng(0).uniform(-10, 10, (1000, 3)), [[1e19, -3e38, 2e30]]])
-    f = filter_scan(pts, 0.2, 10 ** 6)
+    f = filter_scan(pts, 0.2, 10**6)
     assert f.num_far == 1 and np.abs(f.points).max() < 20
     with pytest.raises(ValueError, match='too small'):
         voxel_grid(np.array([[0.0, 0, 0], [1e7, 1e7, 1e7]]), 1e-3)
@@ -300,7 +401,7 @@ def test_pipeline_survives_driver_glitches(sim_scans):
         if k == 5:
             xyz = np.vstack([xyz, rng.choice([-1.0, 1.0], (10, 3)) * [1e19, 1e30, 3e38]])
         if k == 8:
-            xyz = xyz[:len(xyz) // 8]
+            xyz = xyz[: len(xyz) // 8]
         est = pipe.process(xyz, s.stamp_ns * 1e-9)
         if k == 8:
             assert est.path == 'rejected' and 'usable points collapsed' in est.reason, est
@@ -316,8 +417,10 @@ def test_pipeline_reanchors_after_repeated_rejections(sim_scans):
     """A keyframe that no longer matches (here: a scan from another street) must not make the
     odometry reject forever: after reanchor_after rejections the next scan becomes a keyframe at
     the held pose, and tracking resumes."""
-    pipe = OdometryPipeline(OdometryConfig(reanchor_after=3, recovery_yaw_starts=1, pwan_max_points=300, pwan_steps=40))
-    pipe.process(room() - [5.0, 3.0, 1.5], 0.0)     # the keyframe: a different place (a room)
+    pipe = OdometryPipeline(
+        OdometryConfig(reanchor_after=3, recovery_yaw_starts=1, pwan_max_points=300, pwan_steps=40)
+    )
+    pipe.process(room() - [5.0, 3.0, 1.5], 0.0)  # the keyframe: a different place (a room)
     paths = [pipe.process(s.xyz, s.stamp_ns * 1e-9).path for s in sim_scans[:8]]
     assert paths[:3] == ['rejected'] * 3 and paths[3] == 'reanchor', paths
     assert set(paths[4:]) == {'track'}, paths
@@ -325,15 +428,29 @@ def test_pipeline_reanchors_after_repeated_rejections(sim_scans):
 
 # ---------------------------------------------------------------- PointCloud2 decoding
 @settings(max_examples=300, deadline=None, derandomize=True)
-@given(fields=st.lists(st.tuples(st.sampled_from(['x', 'y', 'z', 'intensity', 't', '', 'x']),
-                                 st.integers(-4, 64), st.integers(-1, 12), st.integers(-1, 4)), max_size=6),
-       point_step=st.integers(-4, 64), width=st.integers(-2, 40), height=st.integers(-1, 3),
-       row_step=st.one_of(st.none(), st.integers(-8, 2000)), big=st.booleans(),
-       data=st.binary(max_size=3000))
-def test_property_pointcloud2_decoding_raises_only_its_error(fields, point_step, width, height, row_step, big,
-                                                              data):
+@given(
+    fields=st.lists(
+        st.tuples(
+            st.sampled_from(['x', 'y', 'z', 'intensity', 't', '', 'x']),
+            st.integers(-4, 64),
+            st.integers(-1, 12),
+            st.integers(-1, 4),
+        ),
+        max_size=6,
+    ),
+    point_step=st.integers(-4, 64),
+    width=st.integers(-2, 40),
+    height=st.integers(-1, 3),
+    row_step=st.one_of(st.none(), st.integers(-8, 2000)),
+    big=st.booleans(),
+    data=st.binary(max_size=3000),
+)
+def test_property_pointcloud2_decoding_raises_only_its_error(
+    fields, point_step, width, height, row_step, big, data
+):
     class Cloud:
         pass
+
     c = Cloud()
     c.fields = [pc2.FieldSpec(n, o, d, k) for n, o, d, k in fields]
     c.point_step, c.width, c.height, c.is_bigendian = point_step, width, height, big
@@ -353,6 +470,7 @@ NODE = BIN / 'pwan_odometry_node'
 def test_static_frames_thread_safe():
     """/tf_static callbacks add edges while the worker looks frames up."""
     from pwan_ros.geometry.frame_graph import FrameGraph
+
     frames = FrameGraph()
     failures = []
 
@@ -363,10 +481,13 @@ def test_static_frames_thread_safe():
     def reader():
         try:
             frames.lookup('f0', 'nowhere')
-            while threads[0].is_alive():  # each look-up walks the graph while the writer adds to it
+            while threads[
+                0
+            ].is_alive():  # each look-up walks the graph while the writer adds to it
                 frames.lookup('f0', 'nowhere')
-        except Exception as exc:       # 'dictionary changed size during iteration' before the lock
+        except Exception as exc:  # 'dictionary changed size during iteration' before the lock
             failures.append(exc)
+
     threads = [threading.Thread(target=writer), threading.Thread(target=reader)]
     for t in threads:
         t.start()
@@ -377,21 +498,31 @@ def test_static_frames_thread_safe():
 
 
 @pytest.mark.ros
-@pytest.mark.parametrize('args,msg', [
-    (['-p', 'device:=cuda'], "parameter 'device'"),
-    (['--params-file', 'missing.yaml'], 'missing.yaml: no such file'),
-    (['--params-file', 'broken.yaml'], 'broken.yaml: not valid YAML'),
-    (['--params-file', 'list.yaml'], 'expected a YAML mapping'),
-    (['--params-file', '.'], 'is a directory'),
-])
+@pytest.mark.parametrize(
+    'args,msg',
+    [
+        (['-p', 'device:=cuda'], "parameter 'device'"),
+        (['--params-file', 'missing.yaml'], 'missing.yaml: no such file'),
+        (['--params-file', 'broken.yaml'], 'broken.yaml: not valid YAML'),
+        (['--params-file', 'list.yaml'], 'expected a YAML mapping'),
+        (['--params-file', '.'], 'is a directory'),
+    ],
+)
 def test_node_bad_start_up_one_line_exit_2(tmp_path, ros_env, args, msg):
     import torch
+
     if args[1] == 'device:=cuda' and torch.cuda.is_available():
         args = ['-p', 'device:=cuda:99']
     (tmp_path / 'broken.yaml').write_text('pwan_odometry: {ros__parameters: [\n')
     (tmp_path / 'list.yaml').write_text('- a\n- b\n')
-    p = subprocess.run([str(NODE), '--ros-args', *args], env=ros_env, cwd=tmp_path, capture_output=True,
-                       text=True, timeout=60)
+    p = subprocess.run(
+        [str(NODE), '--ros-args', *args],
+        env=ros_env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     out = (p.stdout + p.stderr).strip()
     assert p.returncode == 2 and msg in out and 'Traceback' not in out, (p.returncode, out[-2000:])
 
@@ -401,6 +532,7 @@ def test_node_hears_a_best_effort_driver_and_survives_glitches(tmp_path, ros_env
     """A publisher with the sensor-data QoS profile (best effort, as lidar drivers publish), scans
     with far glitch returns and a collapsed scan: every scan answered, poses on track."""
     from test_odometry_node import drive, odom_pose, start_node, stop_node
+
     node = start_node(ros_env)
     try:
         res = drive(ros_env, tmp_path, 'glitch', '--scans', '9', '--sensor-qos')
@@ -410,12 +542,18 @@ def test_node_hears_a_best_effort_driver_and_survives_glitches(tmp_path, ros_env
     gt0 = np.array(res['sent'][0]['gt'])
     for s in res['sent']:
         ans = res['answers'].get(str(s['stamp']))
-        assert ans is not None and 'diag' in ans, (s['label'], 'no answer: the subscription did not match')
+        assert ans is not None and 'diag' in ans, (
+            s['label'],
+            'no answer: the subscription did not match',
+        )
         values = ans['diag']['values']
         if s['label'] == 'collapsed':
             assert values['path'] == 'rejected' and ans['diag']['level'] == 1, ans
             continue
-        assert values['path'] in ('init', 'track') and ans['diag']['level'] == 0, (s['label'], ans['diag'])
+        assert values['path'] in ('init', 'track') and ans['diag']['level'] == 0, (
+            s['label'],
+            ans['diag'],
+        )
         assert int(values['num_far_points']) == (10 if s['label'] == 'far_glitch' else 0)
         rot, trans = errors(odom_pose(ans), invert(gt0) @ np.array(s['gt']))
         assert rot < 0.5 and trans < 0.05, (s['label'], rot, trans)

@@ -8,6 +8,7 @@ Checked: launch arguments reach the node (``ros2 param get``), a replayed bag is
 for scan, SIGINT ends everything with exit code 0 and no process left, and what cannot run (a
 missing bag, rviz2 not installed) stops the launch before any process starts.
 """
+
 import os
 import pathlib
 import signal
@@ -23,7 +24,9 @@ from pwan_ros.ros.env import isolated_ros_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: the launch tooling wheels; PWAN_ROS2_LAUNCH names another copy
-LAUNCH_TOOLING = pathlib.Path(os.environ.get('PWAN_ROS2_LAUNCH', ROOT.parent / 'shared' / 'ros2-launch'))
+LAUNCH_TOOLING = pathlib.Path(
+    os.environ.get('PWAN_ROS2_LAUNCH', ROOT.parent / 'shared' / 'ros2-launch')
+)
 BIN = pathlib.Path(sys.executable).parent
 PYVER = f'python{sys.version_info.major}.{sys.version_info.minor}'
 
@@ -40,32 +43,68 @@ def launch_prefix(tmp_path_factory):
     from its definition with the rosidl generators of this environment): {PYTHONPATH, PATH, ...}
     additions for the launch environment."""
     wheels = sorted((LAUNCH_TOOLING / 'wheels').glob('*.whl'))
-    assert wheels, (f'the ROS 2 launch tooling wheels are expected in {LAUNCH_TOOLING}/wheels '
-                    '(../shared/ros2-launch beside the checkout, or PWAN_ROS2_LAUNCH)')
+    assert wheels, (
+        f'the ROS 2 launch tooling wheels are expected in {LAUNCH_TOOLING}/wheels '
+        '(../shared/ros2-launch beside the checkout, or PWAN_ROS2_LAUNCH)'
+    )
     work = tmp_path_factory.mktemp('launch_tooling')
     tooling, prefix = work / 'tooling', work / 'prefix'
-    _run([sys.executable, '-m', 'pip', 'install', '-q', '--disable-pip-version-check', '--no-deps',
-          '--no-index', '--target', str(tooling), *map(str, wheels)], work / 'pip.log', timeout=300)
+    _run(
+        [
+            sys.executable,
+            '-m',
+            'pip',
+            'install',
+            '-q',
+            '--disable-pip-version-check',
+            '--no-deps',
+            '--no-index',
+            '--target',
+            str(tooling),
+            *map(str, wheels),
+        ],
+        work / 'pip.log',
+        timeout=300,
+    )
     env = dict(os.environ, AMENT_PREFIX_PATH=os.environ.get('AMENT_PREFIX_PATH', sys.prefix))
     env.pop('_ROS_WHEELS_BOOTSTRAP_COMPLETE', None)
     build = work / 'build'
-    _run(['cmake', '-S', str(LAUNCH_TOOLING / 'interfaces' / 'composition_interfaces'), '-B', str(build),
-          f'-DCMAKE_INSTALL_PREFIX={prefix}', f'-DCMAKE_PREFIX_PATH={sys.prefix}',
-          f'-DPython3_EXECUTABLE={sys.executable}', '-DBUILD_TESTING=OFF', '-DCMAKE_BUILD_TYPE=Release'],
-         work / 'configure.log', env=env, timeout=300)
-    _run(['cmake', '--build', str(build), '-j', str(os.cpu_count() or 2)], work / 'build.log', env=env,
-         timeout=600)
+    _run(
+        [
+            'cmake',
+            '-S',
+            str(LAUNCH_TOOLING / 'interfaces' / 'composition_interfaces'),
+            '-B',
+            str(build),
+            f'-DCMAKE_INSTALL_PREFIX={prefix}',
+            f'-DCMAKE_PREFIX_PATH={sys.prefix}',
+            f'-DPython3_EXECUTABLE={sys.executable}',
+            '-DBUILD_TESTING=OFF',
+            '-DCMAKE_BUILD_TYPE=Release',
+        ],
+        work / 'configure.log',
+        env=env,
+        timeout=300,
+    )
+    _run(
+        ['cmake', '--build', str(build), '-j', str(os.cpu_count() or 2)],
+        work / 'build.log',
+        env=env,
+        timeout=600,
+    )
     _run(['cmake', '--install', str(build)], work / 'install.log', env=env, timeout=120)
-    return {'PATH': f"{tooling / 'bin'}:{BIN}",
-            'PYTHONPATH': f"{tooling}:{prefix / 'lib' / PYVER / 'site-packages'}",
-            'LD_LIBRARY_PATH': str(prefix / 'lib'),
-            'AMENT_PREFIX_PATH': f'{prefix}:{sys.prefix}'}
+    return {
+        'PATH': f"{tooling / 'bin'}:{BIN}",
+        'PYTHONPATH': f"{tooling}:{prefix / 'lib' / PYVER / 'site-packages'}",
+        'LD_LIBRARY_PATH': str(prefix / 'lib'),
+        'AMENT_PREFIX_PATH': f'{prefix}:{sys.prefix}',
+    }
 
 
 @pytest.fixture
 def launch_env(tmp_path, launch_prefix, colcon_install):
     """Environment of a user's shell with the workspace sourced: {env, setup script}."""
-    env = isolated_ros_env(tmp_path, domain_id=None)   # own domain in 101..199
+    env = isolated_ros_env(tmp_path, domain_id=None)  # own domain in 101..199
     for key, value in launch_prefix.items():
         env[key] = value + (f':{env[key]}' if env.get(key) and key != 'AMENT_PREFIX_PATH' else '')
     return env, colcon_install / 'setup.sh'
@@ -80,8 +119,9 @@ def sourced(env_setup, *cmd):
 
 def start_launch(env_setup, log, *args):
     cmd, env = sourced(env_setup, 'ros2', 'launch', 'pwan_ros', *args)
-    return subprocess.Popen(cmd, env=env, stdout=log.open('w'), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(
+        cmd, env=env, stdout=log.open('w'), stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def param_get(env_setup, name, timeout=90.0):
@@ -117,22 +157,49 @@ def stop_launch(launch, log):
 @pytest.mark.build
 def test_register_launch_answers_a_replayed_bag(tmp_path, launch_env):
     bag = tmp_path / 'bag'
-    subprocess.run([str(BIN / 'pwan_sim'), '--output', str(bag), '--scans', '6'], check=True,
-                   capture_output=True, timeout=300)
+    subprocess.run(
+        [str(BIN / 'pwan_sim'), '--output', str(bag), '--scans', '6'],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     log = tmp_path / 'launch.log'
-    launch = start_launch(launch_env, log, 'register.launch.py', 'odom_frame:=odom_launch',
-                          'use_sim_time:=true', 'device:=cpu', 'points:=/sim/points')
+    launch = start_launch(
+        launch_env,
+        log,
+        'register.launch.py',
+        'odom_frame:=odom_launch',
+        'use_sim_time:=true',
+        'device:=cpu',
+        'points:=/sim/points',
+    )
     try:
         assert param_get(launch_env, 'odom_frame') == 'String value is: odom_launch'
         assert param_get(launch_env, 'use_sim_time') == 'Boolean value is: True'
         assert param_get(launch_env, 'device') == 'String value is: cpu'
-        assert param_get(launch_env, 'mode') == 'String value is: adaptive'   # the installed params file
+        assert (
+            param_get(launch_env, 'mode') == 'String value is: adaptive'
+        )  # the installed params file
         env, _ = launch_env
-        replay = subprocess.run([str(BIN / 'pwan_replay'), '--bag', str(bag), '--output', str(tmp_path / 'run'),
-                                 '--wait-for-pose', '60', '--remap', '/points:=/sim/points'],
-                                env=env, capture_output=True, text=True, timeout=600)
+        replay = subprocess.run(
+            [
+                str(BIN / 'pwan_replay'),
+                '--bag',
+                str(bag),
+                '--output',
+                str(tmp_path / 'run'),
+                '--wait-for-pose',
+                '60',
+                '--remap',
+                '/points:=/sim/points',
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert replay.returncode == 0, replay.stderr[-3000:]
-        assert 'deprecated' not in replay.stderr, replay.stderr     # --remap is ours, not rcl's
+        assert 'deprecated' not in replay.stderr, replay.stderr  # --remap is ours, not rcl's
     finally:
         rc = stop_launch(launch, log)
     assert rc == 0, log.read_text()[-3000:]
@@ -144,19 +211,35 @@ def test_register_launch_answers_a_replayed_bag(tmp_path, launch_env):
 @pytest.mark.build
 def test_odometry_launch_with_params_file_and_remap(tmp_path, launch_env):
     params = tmp_path / 'robot.yaml'
-    params.write_text('pwan_odometry:\n  ros__parameters:\n    scan_voxel_size: 0.35\n    mode: tracking\n')
+    params.write_text(
+        'pwan_odometry:\n  ros__parameters:\n    scan_voxel_size: 0.35\n    mode: tracking\n'
+    )
     log = tmp_path / 'launch.log'
-    launch = start_launch(launch_env, log, 'odometry.launch.py', f'params_file:={params}',
-                          'points:=/ouster/points', 'base_frame:=base_link')
+    launch = start_launch(
+        launch_env,
+        log,
+        'odometry.launch.py',
+        f'params_file:={params}',
+        'points:=/ouster/points',
+        'base_frame:=base_link',
+    )
     try:
         assert param_get(launch_env, 'scan_voxel_size') == 'Double value is: 0.35'
         assert param_get(launch_env, 'mode') == 'String value is: tracking'
         assert param_get(launch_env, 'base_frame') == 'String value is: base_link'
-        cmd, env = sourced(launch_env, 'ros2', 'topic', 'info', '--no-daemon', '--spin-time', '5',
-                           '/ouster/points')
+        cmd, env = sourced(
+            launch_env,
+            'ros2',
+            'topic',
+            'info',
+            '--no-daemon',
+            '--spin-time',
+            '5',
+            '/ouster/points',
+        )
         info = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
         assert 'Type: sensor_msgs/msg/PointCloud2' in info.stdout, info.stdout + info.stderr
-        assert 'Subscription count: 2' in info.stdout, info.stdout     # the two readers of 'auto'
+        assert 'Subscription count: 2' in info.stdout, info.stdout  # the two readers of 'auto'
     finally:
         rc = stop_launch(launch, log)
     assert rc == 0, log.read_text()[-3000:]
@@ -164,9 +247,14 @@ def test_odometry_launch_with_params_file_and_remap(tmp_path, launch_env):
 
 @pytest.mark.ros
 @pytest.mark.build
-@pytest.mark.parametrize('args, says', [(('bagfile:=/nonexistent/bag',), 'no such bag'),
-                                        (('bagfile:=/',), 'ros2bag'),
-                                        (('rviz:=true',), 'rviz2')])
+@pytest.mark.parametrize(
+    'args, says',
+    [
+        (('bagfile:=/nonexistent/bag',), 'no such bag'),
+        (('bagfile:=/',), 'ros2bag'),
+        (('rviz:=true',), 'rviz2'),
+    ],
+)
 def test_launch_refuses_before_starting_anything(tmp_path, launch_env, args, says):
     """rviz2 and ros2bag are not installed here: the launch stops with one error line, exit 1,
     and no node was started (before, rviz:=true left the node running as an orphan)."""

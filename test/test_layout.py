@@ -1,6 +1,7 @@
 """The package layout holds: folders by job, imports flow one way (no cycles, no upward arrows),
 and only the ROS adapters import rclpy or ROS message packages. Reads the source (AST), imports
 nothing."""
+
 import ast
 import pathlib
 
@@ -19,10 +20,30 @@ ALLOWED = {
     'cli': {'params', 'core', 'geometry', 'io', 'odometry', 'adaptation', 'evaluation', 'ros'},
 }
 #: modules allowed to import rclpy: the ros/ folder and the replay tool
-ROS_MODULES = {'pwan_ros.ros.odometry_node', 'pwan_ros.ros.adapt_node', 'pwan_ros.ros.classifier_node',
-               'pwan_ros.ros.params', 'pwan_ros.ros.spin', 'pwan_ros.ros.scan_subscription', 'pwan_ros.evaluation.replay'}
-ROS_PACKAGES = {'rclpy', 'sensor_msgs', 'nav_msgs', 'geometry_msgs', 'tf2_msgs', 'diagnostic_msgs', 'std_msgs',
-                'rosgraph_msgs', 'builtin_interfaces', 'rcl_interfaces', 'tf2_ros', 'launch', 'launch_ros'}
+ROS_MODULES = {
+    'pwan_ros.ros.odometry_node',
+    'pwan_ros.ros.adapt_node',
+    'pwan_ros.ros.classifier_node',
+    'pwan_ros.ros.params',
+    'pwan_ros.ros.spin',
+    'pwan_ros.ros.scan_subscription',
+    'pwan_ros.evaluation.replay',
+}
+ROS_PACKAGES = {
+    'rclpy',
+    'sensor_msgs',
+    'nav_msgs',
+    'geometry_msgs',
+    'tf2_msgs',
+    'diagnostic_msgs',
+    'std_msgs',
+    'rosgraph_msgs',
+    'builtin_interfaces',
+    'rcl_interfaces',
+    'tf2_ros',
+    'launch',
+    'launch_ros',
+}
 
 
 def modules():
@@ -46,7 +67,7 @@ def imports(name, path):
             base = node.module or ''
             if node.level:
                 anchor = package.split('.')
-                anchor = anchor[:len(anchor) - node.level + 1]
+                anchor = anchor[: len(anchor) - node.level + 1]
                 base = '.'.join(anchor + ([base] if base else []))
             found.add(base)
             found |= {f'{base}.{a.name}' for a in node.names}
@@ -55,7 +76,10 @@ def imports(name, path):
 
 def graph():
     mods = modules()
-    return {name: {i for i in imports(name, path) if i in mods and i != name} for name, path in mods.items()}
+    return {
+        name: {i for i in imports(name, path) if i in mods and i != name}
+        for name, path in mods.items()
+    }
 
 
 def folder(name):
@@ -68,7 +92,9 @@ def test_every_module_lives_in_a_folder_by_job():
     assert top == [], f'modules at the top level of pwan_ros: {top}'
     for pkg in ALLOWED:
         init = ROOT / pkg / '__init__.py'
-        assert init.exists() and ast.get_docstring(ast.parse(init.read_text())), f'{pkg}/__init__.py needs a docstring'
+        assert init.exists() and ast.get_docstring(ast.parse(init.read_text())), (
+            f'{pkg}/__init__.py needs a docstring'
+        )
 
 
 def test_imports_flow_one_way():
@@ -91,7 +117,7 @@ def test_no_import_cycles():
         stack.append(n)
         for d in sorted(g[n]):
             if state.get(d) == 'open':
-                cycles.append(stack[stack.index(d):] + [d])
+                cycles.append(stack[stack.index(d) :] + [d])
             elif d not in state:
                 visit(d)
         stack.pop()
@@ -117,4 +143,6 @@ def test_only_the_ros_adapters_import_rclpy():
         ros = sorted(i for i in found if i.split('.')[0] in ROS_PACKAGES)
         if (rclpy and name not in ROS_MODULES) or (ros and folder(name) in ROS_FREE):
             offenders.append(f'{name}: {", ".join(ros)}')
-    assert offenders == [], 'ROS imports outside ros/ and the replay tool:\n' + '\n'.join(offenders)
+    assert offenders == [], 'ROS imports outside ros/ and the replay tool:\n' + '\n'.join(
+        offenders
+    )

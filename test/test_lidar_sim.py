@@ -1,4 +1,5 @@
 """Simulated LiDAR bags: valid rosbag2 for rosbags and rclpy, consistent ground truth."""
+
 import numpy as np
 import pytest
 from nav_msgs.msg import Odometry
@@ -16,8 +17,13 @@ from simbag import SMALL, small_bag  # noqa: F401  (fixture)
 
 def test_bag_is_readable_by_rosbags_and_decodable_by_rclpy(small_bag):
     topics = bag_io.bag_topics(small_bag)
-    assert topics['/points'].msgtype == 'sensor_msgs/msg/PointCloud2' and topics['/points'].count == 6
-    assert topics['/ground_truth'].msgtype == 'nav_msgs/msg/Odometry' and topics['/ground_truth'].count == 6
+    assert (
+        topics['/points'].msgtype == 'sensor_msgs/msg/PointCloud2' and topics['/points'].count == 6
+    )
+    assert (
+        topics['/ground_truth'].msgtype == 'nav_msgs/msg/Odometry'
+        and topics['/ground_truth'].count == 6
+    )
     assert topics['/clock'].count == 51  # 100 Hz over 0.5 s, both ends included
     assert (small_bag / 'metadata.yaml').exists() and list(small_bag.glob('*.mcap'))
     clouds, odoms, clocks = [], [], []
@@ -38,17 +44,27 @@ def test_bag_is_readable_by_rosbags_and_decodable_by_rclpy(small_bag):
         assert 1000 < len(decoded) < 8 * 360
         assert decoded.extras['ring'].max() < 8 and np.isfinite(decoded.xyz).all()
         assert (odom.header.frame_id, odom.child_frame_id) == ('world', 'base_link')
-        np.testing.assert_allclose(bag_io.pose_from_msg(odom.pose.pose), ground_truth_pose(k / 10.0, cfg)[0],
-                                   atol=1e-9)
-        assert odom.twist.twist.linear.x == pytest.approx(np.linalg.norm(ground_truth_pose(k / 10.0, cfg)[1]),
-                                                          rel=1e-3)
+        np.testing.assert_allclose(
+            bag_io.pose_from_msg(odom.pose.pose), ground_truth_pose(k / 10.0, cfg)[0], atol=1e-9
+        )
+        assert odom.twist.twist.linear.x == pytest.approx(
+            np.linalg.norm(ground_truth_pose(k / 10.0, cfg)[1]), rel=1e-3
+        )
 
 
 def test_ground_truth_puts_every_return_on_the_scene_surfaces():
     """Noise-free scans mapped with T_world_base lie on the scene's meshes; the inverse pose does not."""
     import open3d as o3d
-    cfg = SimConfig(scans=3, beams=16, azimuth_steps=720, moving_objects=0, outliers=0.0, range_noise=0.0,
-                    dropout=0.0)
+
+    cfg = SimConfig(
+        scans=3,
+        beams=16,
+        azimuth_steps=720,
+        moving_objects=0,
+        outliers=0.0,
+        range_noise=0.0,
+        dropout=0.0,
+    )
     scene = o3d.t.geometry.RaycastingScene()
     for mesh, _ in _static_meshes(o3d, cfg, np.random.default_rng(cfg.seed)):
         scene.add_triangles(o3d.t.geometry.TriangleMesh.from_legacy(mesh))
@@ -69,15 +85,24 @@ def test_noise_outliers_and_determinism():
     cfg = SimConfig(scans=2, **SMALL)
     a, b = list(simulate(cfg)), list(simulate(cfg))
     np.testing.assert_array_equal(a[1].xyz, b[1].xyz)
-    clean = list(simulate(SimConfig(scans=2, beams=8, azimuth_steps=360, dropout=0.0, outliers=0.0)))
+    clean = list(
+        simulate(SimConfig(scans=2, beams=8, azimuth_steps=360, dropout=0.0, outliers=0.0))
+    )
     assert len(a[0].xyz) < len(clean[0].xyz)  # dropouts remove more than the 1 % outliers add
     other_seed = list(simulate(SimConfig(scans=2, seed=1, **SMALL)))
-    assert len(other_seed[0].xyz) != len(a[0].xyz) or not np.array_equal(other_seed[0].xyz, a[0].xyz)
+    assert len(other_seed[0].xyz) != len(a[0].xyz) or not np.array_equal(
+        other_seed[0].xyz, a[0].xyz
+    )
 
 
 def test_cli_and_validation(tmp_path, capsys):
     out = tmp_path / 'bag'
-    assert sim_cli.main(['--output', str(out), '--scans', '2', '--beams', '4', '--azimuth-steps', '90']) == 0
+    assert (
+        sim_cli.main(
+            ['--output', str(out), '--scans', '2', '--beams', '4', '--azimuth-steps', '90']
+        )
+        == 0
+    )
     assert 'wrote' in capsys.readouterr().out and bag_io.bag_topics(out)['/points'].count == 2
     assert sim_cli.main(['--output', str(out), '--scans', '2']) == 2
     assert 'already exists' in capsys.readouterr().err
@@ -90,17 +115,26 @@ def test_cli_and_validation(tmp_path, capsys):
 def test_stress_events_burst_blackout_turn_and_glitch(tmp_path):
     """stress=True: a burst of 50-100 % spurious returns for 3 scans, no scans during the 1 s
     blackout (ground truth kept) while the platform yaws 70 deg, one scan with 10 far points."""
-    from pwan_ros.evaluation.lidar_sim import (BURST_SCANS, GLITCH_POINTS, STRESS_EVENTS, TURN_RAD, stress_event,
-                                               write_sim_bag)
+    from pwan_ros.evaluation.lidar_sim import (
+        BURST_SCANS,
+        GLITCH_POINTS,
+        STRESS_EVENTS,
+        TURN_RAD,
+        stress_event,
+        write_sim_bag,
+    )
+
     small = dict(beams=8, azimuth_steps=180, moving_objects=0, outliers=0.0, dropout=0.0)
     cfg = SimConfig(scans=40, stress=True, **small)
     plain = {s.stamp_ns: s for s in simulate(SimConfig(scans=40, **small))}
     scans = list(simulate(cfg))
     events = [stress_event(k, cfg) for k in range(40)]
-    assert [k for k, (e, _) in enumerate(events) if e == 'burst'] == list(range(12, 12 + BURST_SCANS))
+    assert [k for k, (e, _) in enumerate(events) if e == 'burst'] == list(
+        range(12, 12 + BURST_SCANS)
+    )
     assert [k for k, (e, _) in enumerate(events) if e == 'glitch'] == [32]
     blackout = [k for k, (_, b) in enumerate(events) if b]
-    assert blackout == list(range(18, 27))       # 1 s between the last scan before and the first after
+    assert blackout == list(range(18, 27))  # 1 s between the last scan before and the first after
     for k, scan in enumerate(scans):
         far = np.linalg.norm(scan.xyz, axis=1) > 500.0
         if scan.event == 'glitch':

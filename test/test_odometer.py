@@ -1,5 +1,6 @@
 """The REP-105 policy of the odometry without ROS: frame composition, origin across restarts and
 resets, twist, covariance (the node only converts these to messages)."""
+
 import numpy as np
 import pytest
 from scipy.spatial.transform import Rotation
@@ -12,12 +13,16 @@ from pwan_ros.odometry.odometer import Odometer, pose_covariance
 from pwan_ros.odometry.pipeline import OdometryPipeline, ScanEstimate
 
 #: base_link -> lidar mount: 0.3 m forward, 1.2 m up, turned 90 degrees about z
-T_BASE_LIDAR = make_transform(Rotation.from_euler('z', 90, degrees=True).as_matrix(), np.array([0.3, 0.0, 1.2]))
+T_BASE_LIDAR = make_transform(
+    Rotation.from_euler('z', 90, degrees=True).as_matrix(), np.array([0.3, 0.0, 1.2])
+)
 
 
 @pytest.fixture(scope='module')
 def scans():
-    return list(simulate(SimConfig(scans=6, seed=4, beams=16, azimuth_steps=720, moving_objects=0)))
+    return list(
+        simulate(SimConfig(scans=6, seed=4, beams=16, azimuth_steps=720, moving_objects=0))
+    )
 
 
 def test_frame_graph_composes_chains_both_ways():
@@ -26,7 +31,9 @@ def test_frame_graph_composes_chains_both_ways():
     g.add('/base_link', 'mount', mount)
     g.add('mount', 'lidar', T_BASE_LIDAR)
     np.testing.assert_allclose(g.lookup('base_link', 'lidar'), mount @ T_BASE_LIDAR, atol=1e-12)
-    np.testing.assert_allclose(g.lookup('lidar', 'base_link'), invert(mount @ T_BASE_LIDAR), atol=1e-12)
+    np.testing.assert_allclose(
+        g.lookup('lidar', 'base_link'), invert(mount @ T_BASE_LIDAR), atol=1e-12
+    )
     np.testing.assert_allclose(g.lookup('lidar', 'lidar'), np.eye(4))
     assert g.lookup('base_link', 'camera') is None
 
@@ -41,14 +48,18 @@ def test_base_pose_twist_and_covariance(scans):
     for s, up in zip(scans, ups):
         truth_lidar = invert(gt0) @ s.pose
         np.testing.assert_allclose(up.T_odom_sensor, up.T_odom_base @ T_BASE_LIDAR, atol=1e-9)
-        np.testing.assert_allclose(up.T_odom_base, T_BASE_LIDAR @ truth_lidar @ invert(T_BASE_LIDAR), atol=0.15)
+        np.testing.assert_allclose(
+            up.T_odom_base, T_BASE_LIDAR @ truth_lidar @ invert(T_BASE_LIDAR), atol=0.15
+        )
         assert len(up.pose_covariance) == 36 and up.pose_covariance[0] > 0
     dt = (scans[3].stamp_ns - scans[2].stamp_ns) * 1e-9
     delta = invert(ups[2].T_odom_base) @ ups[3].T_odom_base
     lin, ang = ups[3].twist
-    np.testing.assert_allclose(lin, delta[:3, 3] / dt, rtol=1e-5)     # stamps are epoch seconds
-    np.testing.assert_allclose(ang, Rotation.from_matrix(delta[:3, :3]).as_rotvec() / dt, rtol=1e-5, atol=1e-9)
-    assert np.linalg.norm(lin) > 0.5        # the simulated vehicle drives at several m/s
+    np.testing.assert_allclose(lin, delta[:3, 3] / dt, rtol=1e-5)  # stamps are epoch seconds
+    np.testing.assert_allclose(
+        ang, Rotation.from_matrix(delta[:3, :3]).as_rotvec() / dt, rtol=1e-5, atol=1e-9
+    )
+    assert np.linalg.norm(lin) > 0.5  # the simulated vehicle drives at several m/s
 
 
 def test_frame_change_restarts_from_the_last_pose_and_time_reset_returns_to_identity(scans):
@@ -61,16 +72,29 @@ def test_frame_change_restarts_from_the_last_pose_and_time_reset_returns_to_iden
     assert [k for k, _ in up.notices] == ['frame_change'] and odo.resets == 1
     # the new run starts at the last pose: odom stays continuous (no jump back to the origin)
     assert np.linalg.norm(up.T_odom_base[:3, 3] - last.T_odom_base[:3, 3]) < 0.3
-    assert up.twist is None                  # a restart forgets the velocity
+    assert up.twist is None  # a restart forgets the velocity
     up = odo.update(scans[0].xyz, scans[0].stamp_ns * 1e-9, 'lidar_renamed', np.eye(4))
     assert [k for k, _ in up.notices] == ['time'] and odo.resets == 2
     np.testing.assert_allclose(up.T_odom_base, np.eye(4))
 
 
 def _estimate(**kw):
-    base = dict(stamp=0.0, pose=np.eye(4), path='track', accepted=True, pwan_engaged=False, reason='',
-                matched_ratio=0.8, median_residual=0.05, iterations=3, num_points=1000, num_input=2000,
-                keyframe=1, new_keyframe=False, latency_ms=1.0)
+    base = dict(
+        stamp=0.0,
+        pose=np.eye(4),
+        path='track',
+        accepted=True,
+        pwan_engaged=False,
+        reason='',
+        matched_ratio=0.8,
+        median_residual=0.05,
+        iterations=3,
+        num_points=1000,
+        num_input=2000,
+        keyframe=1,
+        new_keyframe=False,
+        latency_ms=1.0,
+    )
     return ScanEstimate(**{**base, **kw})
 
 

@@ -5,6 +5,7 @@ sensors' free space (``viewpoints='origin'``: scan and keyframe map in their sen
 finds it too. Whether the yaw starts alone find it depends on the machine's floating point (on
 one machine they slide metres along the street and are accepted, on another the 90 deg start
 lands on the truth), so that is not asserted."""
+
 import numpy as np
 import pytest
 from scipy.spatial.transform import Rotation
@@ -18,20 +19,27 @@ from pwan_ros.odometry.pwan_recovery import PwanAligner
 
 @pytest.mark.heavy
 def test_global_recovery_finds_a_kidnapped_robot():
-    scans = list(simulate(SimConfig(scans=40, beams=16, azimuth_steps=720, moving_objects=2, seed=2)))
+    scans = list(
+        simulate(SimConfig(scans=40, beams=16, azimuth_steps=720, moving_objects=2, seed=2))
+    )
     turn = make_transform(Rotation.from_euler('z', 135, degrees=True).as_matrix(), np.zeros(3))
-    kid = scans[14]                        # 2.7 m beyond scan 5 and turned 135 deg
+    kid = scans[14]  # 2.7 m beyond scan 5 and turned 135 deg
     t_odom_kid = invert(scans[0].pose) @ kid.pose @ turn
     for local_map in (1, 3):
         # no time budget: the test is about what recovery can do, not how fast this machine is
-        pipe = OdometryPipeline(OdometryConfig(pwan_time_budget_ms=600000.0, local_map_keyframes=local_map))
+        pipe = OdometryPipeline(
+            OdometryConfig(pwan_time_budget_ms=600000.0, local_map_keyframes=local_map)
+        )
         for s in scans[:6]:
             pipe.process(s.xyz, s.stamp_ns * 1e-9)
         keyframe = pipe.keyframes.current
         est = pipe.process(kid.xyz.astype(float) @ turn[:3, :3], kid.stamp_ns * 1e-9)
         err = invert(t_odom_kid) @ est.pose
         assert est.pwan_engaged and est.accepted, est.reason
-        assert np.degrees(rotation_angle(err)) < 0.5 and np.linalg.norm(err[:3, 3]) < 0.05, (local_map, est.reason)
+        assert np.degrees(rotation_angle(err)) < 0.5 and np.linalg.norm(err[:3, 3]) < 0.05, (
+            local_map,
+            est.reason,
+        )
     # the global registration alone, as the recovery calls it: the scan onto the keyframe's map
     scan = kid.xyz.astype(float) @ turn[:3, :3]
     scan = scan[np.isfinite(scan).all(1)]

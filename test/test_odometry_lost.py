@@ -3,6 +3,7 @@ steps, ../shared/data) with 5 scans dropped at start-up (25 m between the first 
 received, no velocity yet) and mid-run. No pose that the pipeline accepts as tracked or
 recovered may be metres off: it rejects the scans it cannot vouch for and, after
 ``reanchor_after`` of them, says it re-anchored (the motion across the gap is lost, not faked)."""
+
 import pathlib
 
 import numpy as np
@@ -12,7 +13,13 @@ from pwan_ros.geometry.se3 import invert
 from pwan_ros.odometry.config import OdometryConfig
 from pwan_ros.odometry.pipeline import OdometryPipeline
 
-SEQ = pathlib.Path(__file__).resolve().parents[2] / 'shared' / 'data' / 'lidar' / 'nuscenes_keyframes'
+SEQ = (
+    pathlib.Path(__file__).resolve().parents[2]
+    / 'shared'
+    / 'data'
+    / 'lidar'
+    / 'nuscenes_keyframes'
+)
 
 
 def load():
@@ -29,7 +36,7 @@ def load():
 def test_no_confident_wrong_pose_across_dropped_scans(dropped):
     xyz, stamps, gt = load()
     pipe = OdometryPipeline(OdometryConfig())
-    anchor = None            # (estimated pose, true pose) of the scan the odometry is anchored to
+    anchor = None  # (estimated pose, true pose) of the scan the odometry is anchored to
     paths = []
     for i in (k for k in range(len(xyz)) if k not in dropped):
         est = pipe.process(xyz[i], stamps[i])
@@ -41,6 +48,6 @@ def test_no_confident_wrong_pose_across_dropped_scans(dropped):
             continue
         moved = invert(anchor[0]) @ est.pose
         truth = invert(anchor[1]) @ gt[i]
-        err = np.linalg.norm(moved[:2, 3] - truth[:2, 3])      # the reference is 2-D + yaw
+        err = np.linalg.norm(moved[:2, 3] - truth[:2, 3])  # the reference is 2-D + yaw
         assert err < 2.0, f'scan {i} accepted ({est.path}) {err:.1f} m off: {est.reason}'
     assert paths.count('track') >= 25, paths

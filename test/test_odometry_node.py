@@ -1,4 +1,5 @@
 """The real ``pwan_odometry_node`` executable in a subprocess, driven over DDS."""
+
 import json
 import os
 import pathlib
@@ -20,7 +21,9 @@ def start_node(env, *params, params_file=None):
         cmd += ['--params-file', str(params_file)]
     for p in params:
         cmd += ['-p', p]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 def stop_node(proc):
@@ -36,9 +39,21 @@ def stop_node(proc):
 
 def drive(env, tmp_path, scenario, *extra, timeout=600):
     out = tmp_path / f'{scenario}.json'
-    proc = subprocess.run([sys.executable, str(PEERS / 'scan_driver.py'), '--scenario', scenario,
-                           '--out', str(out), *extra], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(PEERS / 'scan_driver.py'),
+            '--scenario',
+            scenario,
+            '--out',
+            str(out),
+            *extra,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -100,13 +115,17 @@ def test_node_deskews_scans_with_point_times(tmp_path, ros_env):
         assert rc == 0 and 'Traceback' not in log, log[-3000:]
         sent = res['sent']
         flags = [res['answers'][str(s['stamp'])]['diag']['values']['deskewed'] for s in sent]
-        assert flags == (['false'] * 2 + ['true'] * 10 if mode == 'auto' else ['false'] * 12), flags
+        assert flags == (['false'] * 2 + ['true'] * 10 if mode == 'auto' else ['false'] * 12), (
+            flags
+        )
         used = {res['answers'][str(s['stamp'])]['diag']['values']['point_times'] for s in sent}
         assert used == ({'used'} if mode == 'auto' else {'off'}), used
         # relative motion over 10 m (the odom origin is the first scan's mid-sweep pose)
         first, last = sent[1], sent[-1]
         gt = invert(np.array(first['gt'])) @ np.array(last['gt'])
-        est = invert(odom_pose(res['answers'][str(first['stamp'])])) @ odom_pose(res['answers'][str(last['stamp'])])
+        est = invert(odom_pose(res['answers'][str(first['stamp'])])) @ odom_pose(
+            res['answers'][str(last['stamp'])]
+        )
         assert np.linalg.norm((invert(gt) @ est)[:3, 3]) < 0.3, (mode, est, gt)
 
 
@@ -125,7 +144,10 @@ def test_node_survives_bad_input(tmp_path, ros_env):
         ans = by_label[label]
         assert ans is not None and 'odom' not in ans, label
         assert ans['diag']['level'] == 1, (label, ans)
-    assert 'x/y/z' in by_label['no_z']['diag']['message'] or 'z' in by_label['no_z']['diag']['message']
+    assert (
+        'x/y/z' in by_label['no_z']['diag']['message']
+        or 'z' in by_label['no_z']['diag']['message']
+    )
     # scans with NaN rows and a huge cloud are registered, not skipped
     for label in ('scan_with_nans', 'huge', 'scan'):
         ans = by_label[label]
@@ -147,16 +169,24 @@ def test_node_survives_bad_input(tmp_path, ros_env):
 
 
 @pytest.mark.ros
-@pytest.mark.parametrize('param, words', [
-    ('mode:=fastest', ["'mode'", 'adaptive | pwan']),
-    ('mass_ratio:=1.5', ['mass_ratio']),
-    ('scan_voxel_size:=fine', ['scan_voxel_size']),
-    ('transform:=nonrigid', ["'transform'", 'reference_cloud']),
-    ('reference_cloud:=/nonexistent/map.ply', ['reference_cloud', '/nonexistent/map.ply']),
-])
+@pytest.mark.parametrize(
+    'param, words',
+    [
+        ('mode:=fastest', ["'mode'", 'adaptive | pwan']),
+        ('mass_ratio:=1.5', ['mass_ratio']),
+        ('scan_voxel_size:=fine', ['scan_voxel_size']),
+        ('transform:=nonrigid', ["'transform'", 'reference_cloud']),
+        ('reference_cloud:=/nonexistent/map.ply', ['reference_cloud', '/nonexistent/map.ply']),
+    ],
+)
 def test_node_rejects_invalid_parameters(ros_env, param, words):
-    proc = subprocess.run([str(NODE), '--ros-args', '-p', param], env=ros_env,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [str(NODE), '--ros-args', '-p', param],
+        env=ros_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     text = proc.stdout + proc.stderr
     assert 'Traceback' not in text, text
@@ -169,10 +199,12 @@ def test_params_file_and_overrides_reach_the_node(tmp_path, ros_env):
     """The YAML file loads into the running node's parameters; -p overrides it."""
     import rclpy
     from rcl_interfaces.srv import GetParameters
+
     root = pathlib.Path(__file__).resolve().parents[1]
     # voxel_size is the old name of scan_voxel_size: still honoured for one release, with a warning
-    node = start_node(ros_env, 'voxel_size:=0.3', 'mode:=pwan',
-                      params_file=root / 'config' / 'odometry.yaml')
+    node = start_node(
+        ros_env, 'voxel_size:=0.3', 'mode:=pwan', params_file=root / 'config' / 'odometry.yaml'
+    )
     env_backup = dict(os.environ)
     os.environ['ROS_DOMAIN_ID'] = ros_env['ROS_DOMAIN_ID']
     os.environ['ROS_AUTOMATIC_DISCOVERY_RANGE'] = 'LOCALHOST'
@@ -181,9 +213,12 @@ def test_params_file_and_overrides_reach_the_node(tmp_path, ros_env):
         client_node = rclpy.create_node('param_probe')
         cli = client_node.create_client(GetParameters, '/pwan_odometry/get_parameters')
         assert cli.wait_for_service(timeout_sec=30), 'node parameter service not found'
-        request = GetParameters.Request(names=['scan_voxel_size', 'mode', 'scan_max_points', 'odom_frame',
-                                               'reliability'])
-        for _ in range(6):  # a reply can be lost while the service's reply writer is still matching
+        request = GetParameters.Request(
+            names=['scan_voxel_size', 'mode', 'scan_max_points', 'odom_frame', 'reliability']
+        )
+        for _ in range(
+            6
+        ):  # a reply can be lost while the service's reply writer is still matching
             fut = cli.call_async(request)
             rclpy.spin_until_future_complete(client_node, fut, timeout_sec=10)
             if fut.done() and fut.result() is not None:
@@ -215,20 +250,45 @@ def test_params_file_and_overrides_reach_the_node(tmp_path, ros_env):
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: upstream keyword arguments (launch / launch_ros, Jazzy) the fakes accept
-_PROCESS_KW = {'cmd', 'name', 'cwd', 'env', 'additional_env', 'shell', 'output', 'emulate_tty', 'prefix',
-               'respawn', 'respawn_delay', 'sigterm_timeout', 'sigkill_timeout', 'condition'}
-_NODE_KW = (_PROCESS_KW - {'cmd'}) | {'executable', 'package', 'namespace', 'exec_name', 'parameters',
-                                      'remappings', 'ros_arguments', 'arguments'}
+_PROCESS_KW = {
+    'cmd',
+    'name',
+    'cwd',
+    'env',
+    'additional_env',
+    'shell',
+    'output',
+    'emulate_tty',
+    'prefix',
+    'respawn',
+    'respawn_delay',
+    'sigterm_timeout',
+    'sigkill_timeout',
+    'condition',
+}
+_NODE_KW = (_PROCESS_KW - {'cmd'}) | {
+    'executable',
+    'package',
+    'namespace',
+    'exec_name',
+    'parameters',
+    'remappings',
+    'ros_arguments',
+    'arguments',
+}
 
 
 class _Fake:
     """A recorded launch entity: ``kind``, positional ``args``, keyword ``kw``."""
+
     allowed = frozenset()
 
     def __init__(self, *args, **kw):
         unknown = set(kw) - self.allowed
         if unknown:
-            raise TypeError(f'{type(self).__name__}() got unexpected keyword arguments {sorted(unknown)}')
+            raise TypeError(
+                f'{type(self).__name__}() got unexpected keyword arguments {sorted(unknown)}'
+            )
         self.kind, self.args, self.kw = type(self).__name__, args, kw
 
 
@@ -278,28 +338,41 @@ def _fake_modules(share_root, missing=()):
             self.entities = list(initial_entities or [])
 
     def cond(negate):
-        return lambda self, context: (str(_perform(self.args[0], context)).lower() in ('true', '1')) != negate
+        return lambda self, context: (
+            (str(_perform(self.args[0], context)).lower() in ('true', '1')) != negate
+        )
 
     return {
         'launch': module('launch', LaunchDescription=LaunchDescription),
         'launch.actions': module(
             'launch.actions',
-            DeclareLaunchArgument=_fake('DeclareLaunchArgument', {'default_value', 'description', 'choices'}),
+            DeclareLaunchArgument=_fake(
+                'DeclareLaunchArgument', {'default_value', 'description', 'choices'}
+            ),
             OpaqueFunction=_fake('OpaqueFunction', {'function', 'args', 'kwargs'}),
             SetEnvironmentVariable=_fake('SetEnvironmentVariable'),
             ExecuteProcess=_fake('ExecuteProcess', _PROCESS_KW),
-            IncludeLaunchDescription=_fake('IncludeLaunchDescription', {'launch_arguments'})),
-        'launch.conditions': module('launch.conditions', IfCondition=_fake('IfCondition', evaluate=cond(False)),
-                                    UnlessCondition=_fake('UnlessCondition', evaluate=cond(True))),
-        'launch.substitutions': module('launch.substitutions',
-                                       LaunchConfiguration=_fake('LaunchConfiguration', {'default'},
-                                                                 perform=_lc_perform)),
+            IncludeLaunchDescription=_fake('IncludeLaunchDescription', {'launch_arguments'}),
+        ),
+        'launch.conditions': module(
+            'launch.conditions',
+            IfCondition=_fake('IfCondition', evaluate=cond(False)),
+            UnlessCondition=_fake('UnlessCondition', evaluate=cond(True)),
+        ),
+        'launch.substitutions': module(
+            'launch.substitutions',
+            LaunchConfiguration=_fake('LaunchConfiguration', {'default'}, perform=_lc_perform),
+        ),
         'launch.launch_description_sources': module(
-            'launch.launch_description_sources', PythonLaunchDescriptionSource=_fake('PythonLaunchDescriptionSource')),
+            'launch.launch_description_sources',
+            PythonLaunchDescriptionSource=_fake('PythonLaunchDescriptionSource'),
+        ),
         'launch_ros': module('launch_ros'),
         'launch_ros.actions': module('launch_ros.actions', Node=_fake('Node', _NODE_KW)),
         'ament_index_python': module('ament_index_python'),
-        'ament_index_python.packages': module('ament_index_python.packages', get_package_share_directory=share),
+        'ament_index_python.packages': module(
+            'ament_index_python.packages', get_package_share_directory=share
+        ),
     }
 
 
@@ -314,7 +387,8 @@ def fake_share(tmp_path, monkeypatch):
     (tmp_path / 'with_clock' / 'metadata.yaml').write_text(
         'rosbag2_bagfile_information:\n  topics_with_message_count:\n'
         '    - topic_metadata: {name: /points, type: sensor_msgs/msg/PointCloud2}\n'
-        '    - topic_metadata: {name: /clock, type: rosgraph_msgs/msg/Clock}\n')
+        '    - topic_metadata: {name: /clock, type: rosgraph_msgs/msg/Clock}\n'
+    )
     share = tmp_path / 'share' / 'pwan_ros'
     share.mkdir(parents=True)
     for folder in ('launch', 'config', 'rviz'):
@@ -334,7 +408,9 @@ def run_launch(share, file='odometry.launch.py', missing=(), **given):
     declared, launched, env = {}, [], {}
 
     def load(path):
-        spec = importlib.util.spec_from_file_location('_launch_' + pathlib.Path(path).name.split('.')[0], path)
+        spec = importlib.util.spec_from_file_location(
+            '_launch_' + pathlib.Path(path).name.split('.')[0], path
+        )
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         return mod.generate_launch_description()
@@ -351,7 +427,10 @@ def run_launch(share, file='odometry.launch.py', missing=(), **given):
                     assert declared[name] is not None, f'required launch argument {name} not given'
                     context.launch_configurations[name] = declared[name]
             elif e.kind == 'OpaqueFunction':
-                visit(e.kw['function'](context, *e.kw.get('args', ()), **e.kw.get('kwargs', {})) or [])
+                visit(
+                    e.kw['function'](context, *e.kw.get('args', ()), **e.kw.get('kwargs', {}))
+                    or []
+                )
             elif e.kind == 'SetEnvironmentVariable':
                 env[_perform(e.args[0], context)] = _perform(e.args[1], context)
             elif e.kind == 'IncludeLaunchDescription':
@@ -366,13 +445,17 @@ def run_launch(share, file='odometry.launch.py', missing=(), **given):
 
 
 def _odometry_node(launched):
-    nodes = [kw for kind, kw in launched if kind == 'Node' and kw['executable'] == 'pwan_odometry_node']
+    nodes = [
+        kw for kind, kw in launched if kind == 'Node' and kw['executable'] == 'pwan_odometry_node'
+    ]
     assert len(nodes) == 1, launched
     return nodes[0]
 
 
 def _overrides(node):
-    assert len(node['parameters']) == 2 and isinstance(node['parameters'][1], dict), node['parameters']
+    assert len(node['parameters']) == 2 and isinstance(node['parameters'][1], dict), node[
+        'parameters'
+    ]
     return node['parameters'][1]
 
 
@@ -392,20 +475,28 @@ def _extras(launched):
 
 def test_launch_file_names_real_executable_and_config(fake_share):
     import re
+
     for file in ('odometry.launch.py', 'register.launch.py'):
         compile((ROOT / 'launch' / file).read_text(), file, 'exec')
     _, launched, env = run_launch(fake_share)
     node = _odometry_node(launched)
-    assert (node['package'], node['executable'], node['name']) == ('pwan_ros', 'pwan_odometry_node', 'pwan_odometry')
+    assert (node['package'], node['executable'], node['name']) == (
+        'pwan_ros',
+        'pwan_odometry_node',
+        'pwan_odometry',
+    )
     setup = (ROOT / 'setup.py').read_text()
     assert re.search(r"'pwan_odometry_node = pwan_ros\.ros\.odometry_node:main'", setup)
-    assert re.search(r"'register_node': 'pwan_ros\.ros\.odometry_node:main'", setup)   # 0.1 alias
+    assert re.search(r"'register_node': 'pwan_ros\.ros\.odometry_node:main'", setup)  # 0.1 alias
     # installed like setup.py's data_files; large clouds: Fast DDS large-data transports
-    assert "'/rviz', _files('rviz/*.rviz')" in setup and "'/config', _files('config/*.yaml')" in setup
+    assert (
+        "'/rviz', _files('rviz/*.rviz')" in setup and "'/config', _files('config/*.yaml')" in setup
+    )
     assert env == {'FASTDDS_BUILTIN_TRANSPORTS': 'LARGE_DATA'}
     # the entry point register.launch.py and odometry.launch.py (which includes it) are one launch
-    assert run_launch(fake_share, 'register.launch.py', bagfile='b', rviz='true') == \
-        run_launch(fake_share, bagfile='b', rviz='true')
+    assert run_launch(fake_share, 'register.launch.py', bagfile='b', rviz='true') == run_launch(
+        fake_share, bagfile='b', rviz='true'
+    )
     assert 'deprecat' not in (ROOT / 'launch' / 'register.launch.py').read_text().lower()
 
 
@@ -414,26 +505,47 @@ def test_launch_defaults_keep_the_params_file_values(fake_share):
     else, so no launch default overrides a value of the file; only the node is started."""
     declared, launched, _ = run_launch(fake_share)
     node = _odometry_node(launched)
-    assert node['parameters'] == [str(fake_share / 'config' / 'odometry.yaml'), {'use_sim_time': False}]
+    assert node['parameters'] == [
+        str(fake_share / 'config' / 'odometry.yaml'),
+        {'use_sim_time': False},
+    ]
     assert (fake_share / 'config' / 'odometry.yaml').is_file()
     assert node['remappings'] == [('points', '/points')]
     assert _extras(launched) == {}
     # the node-parameter arguments default to '' = keep the file's value
-    assert {n: declared[n] for n in ('base_frame', 'odom_frame', 'publish_tf', 'device')} == dict.fromkeys(
-        ('base_frame', 'odom_frame', 'publish_tf', 'device'), '')
+    assert {
+        n: declared[n] for n in ('base_frame', 'odom_frame', 'publish_tf', 'device')
+    } == dict.fromkeys(('base_frame', 'odom_frame', 'publish_tf', 'device'), '')
 
 
 #: a given, non-default value of every launch argument and where it must land
 LAUNCH_CASES = {
-    'params_file': ('/robot/odometry.yaml', lambda n, x: n['parameters'][0] == '/robot/odometry.yaml'),
+    'params_file': (
+        '/robot/odometry.yaml',
+        lambda n, x: n['parameters'][0] == '/robot/odometry.yaml',
+    ),
     'points': ('/ouster/points', lambda n, x: n['remappings'] == [('points', '/ouster/points')]),
-    'base_frame': ('base_link', lambda n, x: _overrides(n) == {'use_sim_time': False, 'base_frame': 'base_link'}),
-    'odom_frame': ('odom_lidar', lambda n, x: _overrides(n) == {'use_sim_time': False, 'odom_frame': 'odom_lidar'}),
-    'publish_tf': ('false', lambda n, x: _overrides(n) == {'use_sim_time': False, 'publish_tf': False}),
+    'base_frame': (
+        'base_link',
+        lambda n, x: _overrides(n) == {'use_sim_time': False, 'base_frame': 'base_link'},
+    ),
+    'odom_frame': (
+        'odom_lidar',
+        lambda n, x: _overrides(n) == {'use_sim_time': False, 'odom_frame': 'odom_lidar'},
+    ),
+    'publish_tf': (
+        'false',
+        lambda n, x: _overrides(n) == {'use_sim_time': False, 'publish_tf': False},
+    ),
     'device': ('cpu', lambda n, x: _overrides(n) == {'use_sim_time': False, 'device': 'cpu'}),
     'use_sim_time': ('true', lambda n, x: _overrides(n) == {'use_sim_time': True}),
-    'bagfile': ('my_bag', lambda n, x: x == {'bag': ['ros2', 'bag', 'play', 'my_bag', '--clock']}
-                and _overrides(n) == {'use_sim_time': True}),
+    'bagfile': (
+        'my_bag',
+        lambda n, x: (
+            x == {'bag': ['ros2', 'bag', 'play', 'my_bag', '--clock']}
+            and _overrides(n) == {'use_sim_time': True}
+        ),
+    ),
     'rviz': ('true', lambda n, x: set(x) == {'rviz'}),
 }
 
@@ -441,9 +553,12 @@ LAUNCH_CASES = {
 def test_launch_every_argument_reaches_the_node_or_a_process(fake_share):
     import yaml
     from pwan_ros.odometry.config import OdometryConfig
+
     declared, baseline, _ = run_launch(fake_share)
     assert set(declared) == set(LAUNCH_CASES), 'a new launch argument needs a case here'
-    yaml_params = yaml.safe_load((ROOT / 'config' / 'odometry.yaml').read_text())['pwan_odometry']['ros__parameters']
+    yaml_params = yaml.safe_load((ROOT / 'config' / 'odometry.yaml').read_text())['pwan_odometry'][
+        'ros__parameters'
+    ]
     for name, (value, lands) in LAUNCH_CASES.items():
         _, launched, _ = run_launch(fake_share, **{name: value})
         assert launched != baseline, name
@@ -453,10 +568,16 @@ def test_launch_every_argument_reaches_the_node_or_a_process(fake_share):
         for key in set(_overrides(node)) - {'use_sim_time'}:
             assert key in yaml_params and key in OdometryConfig.__dataclass_fields__, key
     # several at once (the robot line of the README)
-    _, launched, _ = run_launch(fake_share, points='/ouster/points', base_frame='base_link', publish_tf='True')
+    _, launched, _ = run_launch(
+        fake_share, points='/ouster/points', base_frame='base_link', publish_tf='True'
+    )
     node = _odometry_node(launched)
     assert node['remappings'] == [('points', '/ouster/points')]
-    assert _overrides(node) == {'use_sim_time': False, 'base_frame': 'base_link', 'publish_tf': True}
+    assert _overrides(node) == {
+        'use_sim_time': False,
+        'base_frame': 'base_link',
+        'publish_tf': True,
+    }
     with pytest.raises(ValueError, match='publish_tf'):
         run_launch(fake_share, publish_tf='yes please')
 
@@ -464,7 +585,7 @@ def test_launch_every_argument_reaches_the_node_or_a_process(fake_share):
 def test_launch_bag_and_rviz(fake_share):
     """bagfile:= plays the bag with /clock and turns sim time on (an explicit use_sim_time wins);
     rviz:=true starts rviz2 with the installed config, on the same clock as the node."""
-    _, launched, _ = run_launch(fake_share, bagfile='run 1')        # a path with a space: one argument
+    _, launched, _ = run_launch(fake_share, bagfile='run 1')  # a path with a space: one argument
     assert _extras(launched)['bag'] == ['ros2', 'bag', 'play', 'run 1', '--clock']
     assert _overrides(_odometry_node(launched))['use_sim_time'] is True
     _, launched, _ = run_launch(fake_share, bagfile='x', use_sim_time='false')
@@ -473,7 +594,11 @@ def test_launch_bag_and_rviz(fake_share):
     assert _extras(run_launch(fake_share, bagfile='')[1]) == {}
     # a bag that records /clock (pwan_sim's, pwan_pcd2bag's) is played without a second clock
     assert _extras(run_launch(fake_share, bagfile='with_clock')[1])['bag'] == [
-        'ros2', 'bag', 'play', 'with_clock']
+        'ros2',
+        'bag',
+        'play',
+        'with_clock',
+    ]
 
     rviz_file = fake_share / 'rviz' / 'pwan_odometry.rviz'
     _, launched, _ = run_launch(fake_share, rviz='true', bagfile='x')
@@ -504,15 +629,23 @@ def _node_topics():
     """{absolute topic: message type} the node publishes or subscribes to, read from its source
     (the node runs in the root namespace; ``points`` is remapped to the launch's default)."""
     import ast
+
     src = (ROOT / 'pwan_ros' / 'ros' / 'odometry_node.py').read_text()
     topics = {}
     for call in ast.walk(ast.parse(src)):
-        if (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
-                and call.func.id == 'ScanSubscription'):        # (node, type, topic, ...)
+        if (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Name)
+            and call.func.id == 'ScanSubscription'
+        ):  # (node, type, topic, ...)
             topics['/' + call.args[2].value.lstrip('/')] = call.args[1].id
-        if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
-                and call.func.attr in ('create_publisher', 'create_subscription')
-                and isinstance(call.args[1], ast.Constant) and isinstance(call.args[0], ast.Name)):
+        if (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Attribute)
+            and call.func.attr in ('create_publisher', 'create_subscription')
+            and isinstance(call.args[1], ast.Constant)
+            and isinstance(call.args[0], ast.Name)
+        ):
             topic = call.args[1].value
             topics[topic if topic.startswith('/') else '/' + topic] = call.args[0].id
     return topics
@@ -521,9 +654,15 @@ def _node_topics():
 def test_launch_rviz_config_shows_what_the_node_publishes(fake_share):
     import yaml
     from pwan_ros.odometry.config import OdometryConfig
+
     topics = _node_topics()
-    assert {'/points': 'PointCloud2', '/odometry': 'Odometry', '/aligned_points': 'PointCloud2',
-            '/diagnostics': 'DiagnosticArray', '/tf': 'TFMessage'}.items() <= topics.items()
+    assert {
+        '/points': 'PointCloud2',
+        '/odometry': 'Odometry',
+        '/aligned_points': 'PointCloud2',
+        '/diagnostics': 'DiagnosticArray',
+        '/tf': 'TFMessage',
+    }.items() <= topics.items()
     declared, _, _ = run_launch(fake_share)
     assert declared['points'] == '/points'
     config = yaml.safe_load((ROOT / 'rviz' / 'pwan_odometry.rviz').read_text())
@@ -534,6 +673,7 @@ def test_launch_rviz_config_shows_what_the_node_publishes(fake_share):
         for d in items:
             yield d
             yield from displays(d.get('Displays', []))
+
     shown = {}
     for d in displays(manager['Displays']):
         assert d['Class'].startswith(('rviz_default_plugins/', 'rviz_common/')), d['Class']
@@ -556,6 +696,7 @@ def test_node_stops_promptly_during_pwan(tmp_path, ros_env):
     """Ctrl-C while full PWAN is running: the registration is cancelled at its next step and
     the node exits cleanly (no abort from a thread still inside torch)."""
     import time
+
     node = start_node(ros_env, 'mode:=pwan', 'pwan_steps:=100000', 'pwan_time_budget_ms:=600000.0')
     try:
         # two scans: the second starts a (deliberately endless) PWAN registration
@@ -580,14 +721,27 @@ def test_base_frame_through_static_transform(tmp_path, ros_env):
     node = start_node(ros_env, 'base_frame:=robot')
     try:
         missing = drive(ros_env, tmp_path, 'sim', '--scans', '2', '--timeout', '10')
-        res = drive(ros_env, tmp_path, 'sim', '--scans', '6',
-                    '--static-tf', 'robot', 'base_link', '0.5', '0.0', '1.2')
+        res = drive(
+            ros_env,
+            tmp_path,
+            'sim',
+            '--scans',
+            '6',
+            '--static-tf',
+            'robot',
+            'base_link',
+            '0.5',
+            '0.0',
+            '1.2',
+        )
     finally:
         rc, log = stop_node(node)
     assert rc == 0, log[-3000:]
     for s in missing['sent']:
         diag = missing['answers'][str(s['stamp'])]['diag']
-        assert diag['level'] == 1 and 'missing static transform robot -> base_link' in diag['message']
+        assert (
+            diag['level'] == 1 and 'missing static transform robot -> base_link' in diag['message']
+        )
     # the same scans again (the skipped ones left no state), now with the transform known
     t_rb = np.eye(4)
     t_rb[:3, 3] = [0.5, 0.0, 1.2]
@@ -607,17 +761,24 @@ def test_node_ends_promptly_on_each_signal_even_if_started_with_sigint_ignored(t
     which is how `ros2 launch` from a script starts it; before, such a node outlived its launch)."""
     import signal
     import time
+
     for sig, ignored in ((signal.SIGINT, False), (signal.SIGTERM, False), (signal.SIGINT, True)):
         preexec = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignored else None
-        node = subprocess.Popen([str(NODE), '--ros-args'], env=ros_env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, preexec_fn=preexec)
+        node = subprocess.Popen(
+            [str(NODE), '--ros-args'],
+            env=ros_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            preexec_fn=preexec,
+        )
         try:
             if sig == signal.SIGINT and not ignored:
                 res = drive(ros_env, tmp_path, 'sim', '--scans', '3')
                 assert len(res['answers']) == 3
             else:
                 time.sleep(4.0)
-            time.sleep(2.0)            # idle
+            time.sleep(2.0)  # idle
             t0 = time.monotonic()
             node.send_signal(sig)
             out, _ = node.communicate(timeout=15)

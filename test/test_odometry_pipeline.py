@@ -1,4 +1,5 @@
 """The registration pipeline behind pwan_odometry_node, in-process (no ROS)."""
+
 import pathlib
 
 import numpy as np
@@ -9,7 +10,12 @@ from pwan_ros.odometry.keyframe_tracker import PreparedCloud, track
 from pwan_ros.evaluation.lidar_sim import SimConfig, simulate
 from pwan_ros.odometry.motion_model import ConstantVelocityModel
 from pwan_ros.odometry.config import ConfigError, OdometryConfig
-from pwan_ros.odometry.scan_filter import automatic_voxel_size, filter_scan, isolated_voxels, voxel_grid
+from pwan_ros.odometry.scan_filter import (
+    automatic_voxel_size,
+    filter_scan,
+    isolated_voxels,
+    voxel_grid,
+)
 from pwan_ros.odometry.pipeline import ScanError, OdometryPipeline
 from pwan_ros.geometry.se3 import invert, make_transform, rotation_angle
 
@@ -41,17 +47,19 @@ def test_voxel_grid_counts_and_centroids():
 
 def test_isolated_returns_removed_only_when_noise_dominates():
     rng = np.random.default_rng(0)
-    plane = np.column_stack([rng.uniform(0, 10, 20000), rng.uniform(0, 10, 20000), np.zeros(20000)])
+    plane = np.column_stack(
+        [rng.uniform(0, 10, 20000), rng.uniform(0, 10, 20000), np.zeros(20000)]
+    )
     noise = rng.uniform(-20, 20, (10000, 3))
-    clean = filter_scan(plane, 0.25, 10 ** 6)
+    clean = filter_scan(plane, 0.25, 10**6)
     assert clean.num_isolated_removed == 0
-    dirty = filter_scan(np.vstack([plane, noise]), 0.25, 10 ** 6)
+    dirty = filter_scan(np.vstack([plane, noise]), 0.25, 10**6)
     # the noise voxels outnumber the plane's before the rule; after it, the plane dominates
     assert dirty.num_isolated_removed > 9000
-    assert np.mean(np.abs(dirty.points[:, 2]) < 1e-6) > 0.7   # from 14 % before
+    assert np.mean(np.abs(dirty.points[:, 2]) < 1e-6) > 0.7  # from 14 % before
     # a cloud sparse everywhere (every return alone, no neighbours) is left as it is
     sparse = rng.uniform(-20, 20, (3000, 3))
-    assert filter_scan(sparse, 0.25, 10 ** 6).num_isolated_removed == 0
+    assert filter_scan(sparse, 0.25, 10**6).num_isolated_removed == 0
     # a sparse ring (returns 1.5 voxels apart, each alone in its voxel) has neighbours: kept
     a = np.linspace(0, 2 * np.pi, 400, endpoint=False)
     ring = np.column_stack([15 * np.cos(a), 15 * np.sin(a), np.zeros_like(a)])
@@ -63,8 +71,9 @@ def _reference_filter(points, voxel_size, max_points, rng):
     """The plain numpy filter the fast one replaced (np.unique voxel grid, all 26 neighbours of
     every single-return voxel searched, np.linalg.norm ranges): what filter_scan must return."""
     from itertools import product
+
     pts = points[np.isfinite(points).all(axis=1)]
-    r = np.sqrt((pts ** 2).sum(axis=1))
+    r = np.sqrt((pts**2).sum(axis=1))
     far = r > 100.0 * max(float(np.median(r)), 1e-3)
     pts = pts[~far]
     cells = np.floor(pts / voxel_size)
@@ -73,12 +82,17 @@ def _reference_filter(points, voxel_size, max_points, rng):
     span = keys.max(axis=0) + 2
     flat = (keys[:, 0] * span[1] + keys[:, 1]) * span[2] + keys[:, 2]
     uniq, inverse, counts = np.unique(flat, return_inverse=True, return_counts=True)
-    cent = np.stack([np.bincount(inverse, pts[:, i], len(counts)) for i in range(3)], axis=1) / counts[:, None]
+    cent = (
+        np.stack([np.bincount(inverse, pts[:, i], len(counts)) for i in range(3)], axis=1)
+        / counts[:, None]
+    )
     single = np.flatnonzero(counts == 1)
     removed = 0
     if len(single) > 0.2 * len(counts):
         nb = np.array([o for o in product((-1, 0, 1), repeat=3) if o != (0, 0, 0)])
-        nk = uniq[single][:, None] + ((nb[:, 0] * span[1] + nb[:, 1]) * span[2] + nb[:, 2])[None, :]
+        nk = (
+            uniq[single][:, None] + ((nb[:, 0] * span[1] + nb[:, 1]) * span[2] + nb[:, 2])[None, :]
+        )
         pos = np.minimum(np.searchsorted(uniq, nk), len(uniq) - 1)
         isolated = single[~(uniq[pos] == nk).any(axis=1)]
         if len(isolated) > 0.2 * len(counts) and len(pts) - len(isolated) >= 0.3 * len(pts):
@@ -96,19 +110,22 @@ def test_fast_filter_equals_reference_numpy_filter(sim_scans, noise):
     on a real 32-beam scan too when ../shared/data is there."""
     rng = np.random.default_rng(4)
     scans = [s.xyz.astype(np.float64) for s in sim_scans[:3]]
-    real = pathlib.Path(__file__).resolve().parents[2] / 'shared/data/lidar/nuscenes_keyframes/scans/000010.npy'
+    real = (
+        pathlib.Path(__file__).resolve().parents[2]
+        / 'shared/data/lidar/nuscenes_keyframes/scans/000010.npy'
+    )
     if real.is_file():
         scans.append(np.load(real)[:, :3].astype(np.float64))
     for pts in scans:
         extra = rng.uniform(-60, 60, (int(noise * len(pts)), 3))
         cloud = np.vstack([pts, extra, [[np.nan, 0, 0], [1e19, 0, 0]]])
         voxel = automatic_voxel_size(pts)
-        for cap in (10 ** 6, 5000):
+        for cap in (10**6, 5000):
             fast = filter_scan(cloud, voxel, cap, rng=np.random.default_rng(7))
             ref, removed, far = _reference_filter(cloud, voxel, cap, np.random.default_rng(7))
             assert (fast.num_isolated_removed, fast.num_far) == (removed, far)
             if noise:
-                assert removed > 0.5 * len(extra)          # the rule applied
+                assert removed > 0.5 * len(extra)  # the rule applied
             np.testing.assert_array_equal(fast.points, ref)
 
 
@@ -209,13 +226,17 @@ def test_pwan_recovers_where_tracking_fails(sim_scans):
             # what plain tracking from the prediction gives on the jump scan
             kf = pipe.keyframe
             scan = PreparedCloud.build(filter_scan(xyz, pipe.voxel_size, 10000).points)
-            tr = track(kf.cloud, scan, invert(kf.pose) @ pipe.motion.predict(s.stamp_ns * 1e-9), pipe.h)
+            tr = track(
+                kf.cloud, scan, invert(kf.pose) @ pipe.motion.predict(s.stamp_ns * 1e-9), pipe.h
+            )
             assert pose_error(kf.pose @ tr.transform, gt)[0] > 5.0
         est = pipe.process(xyz, s.stamp_ns * 1e-9)
         engaged.append(est.pwan_engaged)
         if k >= 6:
             after.append(pose_error(est.pose, gt))
-    print(f'PWAN engaged on {sum(engaged)} of {len(engaged)} scans: {np.flatnonzero(engaged).tolist()}')
+    print(
+        f'PWAN engaged on {sum(engaged)} of {len(engaged)} scans: {np.flatnonzero(engaged).tolist()}'
+    )
     assert engaged[6] and 1 <= sum(engaged) <= 3
     after = np.array(after)
     assert after[:, 0].max() < 0.5 and after[:, 1].max() < 0.1, after
@@ -242,11 +263,15 @@ def test_tracking_mode_never_runs_pwan_and_keeps_the_wrong_pose(sim_scans):
 def test_reference_cloud_start_up_and_tracking(sim_scans):
     """Scans aligned to a fixed reference (a prior map in odom coordinates), starting with an
     unknown 90 degree heading: start-up engages PWAN with turned starts, then tracking."""
-    ref = np.vstack([s.xyz.astype(float) @ s.pose[:3, :3].T + s.pose[:3, 3] for s in sim_scans[:3]])
+    ref = np.vstack(
+        [s.xyz.astype(float) @ s.pose[:3, :3].T + s.pose[:3, 3] for s in sim_scans[:3]]
+    )
     offset = yaw(90.0)
-    ref = ref @ offset[:3, :3].T                # map frame turned by 90 deg about z
-    pipe = OdometryPipeline(OdometryConfig(reference_cloud='map.ply', pwan_time_budget_ms=600000.0),
-                        reference_points=ref)
+    ref = ref @ offset[:3, :3].T  # map frame turned by 90 deg about z
+    pipe = OdometryPipeline(
+        OdometryConfig(reference_cloud='map.ply', pwan_time_budget_ms=600000.0),
+        reference_points=ref,
+    )
     for k in (3, 4, 5):
         s = sim_scans[k]
         est = pipe.process(s.xyz, s.stamp_ns * 1e-9)
@@ -270,7 +295,9 @@ def test_poses_stay_orthonormal():
     p = m.predict(0.2)[:3, :3]
     np.testing.assert_allclose(p @ p.T, np.eye(3), atol=1e-12)
     rng = np.random.default_rng(0)
-    pts = np.column_stack([rng.uniform(0, 10, 3000), rng.uniform(0, 10, 3000), rng.uniform(0, 3, 3000)])
+    pts = np.column_stack(
+        [rng.uniform(0, 10, 3000), rng.uniform(0, 10, 3000), rng.uniform(0, 3, 3000)]
+    )
     cloud = PreparedCloud.build(filter_scan(pts, 0.3, 10000).points)
     init = np.eye(4)
     init[:3, :3] *= 1.0 + 1e-3
@@ -308,8 +335,14 @@ def _rooms(seed=0):
     rooms = {}
     for k, name in enumerate('ABCDE'):
         x0 = -12.0 + 6.0 * k + (40.0 if name == 'E' else 0.0)
-        boxes = [(np.array([x0 + rng.uniform(1, 5), rng.uniform(-2, 2), 0.0]), rng.uniform(0.4, 1.5, 3),
-                  rng.uniform(0, np.pi)) for _ in range(3)]
+        boxes = [
+            (
+                np.array([x0 + rng.uniform(1, 5), rng.uniform(-2, 2), 0.0]),
+                rng.uniform(0.4, 1.5, 3),
+                rng.uniform(0, np.pi),
+            )
+            for _ in range(3)
+        ]
         rooms[name] = (x0, boxes)
 
     def surface(corner, u, v, n, rng):
@@ -320,16 +353,30 @@ def _rooms(seed=0):
         pts = []
         for name in names:
             x0, boxes = rooms[name]
-            pts.append(surface(np.array([x0, -3.0, 0.0]), np.array([6.0, 0, 0]), np.array([0, 6.0, 0]), 2000, rng))
+            pts.append(
+                surface(
+                    np.array([x0, -3.0, 0.0]),
+                    np.array([6.0, 0, 0]),
+                    np.array([0, 6.0, 0]),
+                    2000,
+                    rng,
+                )
+            )
             for centre, size, turn in boxes:
                 r = Rotation.from_euler('z', turn).as_matrix()
                 ex, ey, ez = (r[:, i] * size[i] for i in range(3))
                 base = centre - 0.5 * ex - 0.5 * ey
-                for corner, u, v in ((base, ex, ez), (base + ey, ex, ez), (base, ey, ez), (base + ex, ey, ez),
-                                     (base + ez, ex, ey)):
+                for corner, u, v in (
+                    (base, ex, ez),
+                    (base + ey, ex, ez),
+                    (base, ey, ez),
+                    (base + ex, ey, ez),
+                    (base + ez, ex, ey),
+                ):
                     pts.append(surface(corner, u, v, 600, rng))
         p = np.vstack(pts) + rng.normal(0, 0.005, (sum(len(q) for q in pts), 3))
         return p - [at, 0.0, 0.0]
+
     return scan
 
 
@@ -372,11 +419,16 @@ def test_local_map_tracks_against_the_recent_keyframes_union():
 
     # a reference cloud stays the keyframe, whatever local_map_keyframes says
     ref = scan('ABCD', 0.0, np.random.default_rng(4))
-    pipe = OdometryPipeline(OdometryConfig(local_map_keyframes=3, reference_cloud='map.ply', **base),
-                            reference_points=ref)
+    pipe = OdometryPipeline(
+        OdometryConfig(local_map_keyframes=3, reference_cloud='map.ply', **base),
+        reference_points=ref,
+    )
     for k, (names, at) in enumerate(views):
         est = pipe.process(scan(names, at, rng), 0.1 * k)
-        assert est.accepted and pipe.keyframe.is_reference and pipe.keyframe.index == 0, (k, est.reason)
+        assert est.accepted and pipe.keyframe.is_reference and pipe.keyframe.index == 0, (
+            k,
+            est.reason,
+        )
         rot, trans = pose_error(est.pose, make_transform(np.eye(3), [at, 0, 0]))
         assert rot < 0.2 and trans < 0.02, (k, rot, trans)
 
@@ -407,8 +459,11 @@ def test_scans_dropped_at_speed_are_bridged(dropped):
     """A car at 9 m/s and 10 Hz that loses 5 scans (0.5 s, 4.5 m): at start-up, before any
     velocity is known, and mid-run. Every pose after the gap is right (the issue's real car
     registered such a start-up gap as 0.9 m forward or backwards, accepted)."""
-    scans = [s for k, s in enumerate(simulate(SimConfig(scans=32, speed=9.0, beams=32, seed=1)))
-             if k not in dropped]
+    scans = [
+        s
+        for k, s in enumerate(simulate(SimConfig(scans=32, speed=9.0, beams=32, seed=1)))
+        if k not in dropped
+    ]
     pipe = OdometryPipeline(OdometryConfig())
     gt0 = scans[0].pose
     for s in scans:

@@ -1,5 +1,6 @@
 """The package builds with colcon like any ROS 2 ament_python package and is found in the
 ament index; the tf2_msgs interface in this environment is upstream's."""
+
 import os
 import pathlib
 import subprocess
@@ -14,26 +15,39 @@ TF_HASH = 'RIHS01_e369d0f05a23ae52508854b66f6aa0437f3449d652e8cbf22d5abe85d020f0
 @pytest.mark.build
 def test_colcon_build_installs_executables(colcon_install):
     lib = colcon_install / 'pwan_ros' / 'lib' / 'pwan_ros'
-    for exe in ('pwan_odometry_node', 'pwan_adapt_node', 'pwan_register', 'pwan_demo',
-                'register_node', 'pwan-register'):       # the last two: 0.1 names, aliases for one release
+    for exe in (
+        'pwan_odometry_node',
+        'pwan_adapt_node',
+        'pwan_register',
+        'pwan_demo',
+        'register_node',
+        'pwan-register',
+    ):  # the last two: 0.1 names, aliases for one release
         assert (lib / exe).is_file(), exe
     share = colcon_install / 'pwan_ros' / 'share' / 'pwan_ros'
     assert (share / 'package.xml').is_file()
-    for f in ('launch/odometry.launch.py', 'launch/register.launch.py', 'config/odometry.yaml',
-              'rviz/pwan_odometry.rviz'):
+    for f in (
+        'launch/odometry.launch.py',
+        'launch/register.launch.py',
+        'config/odometry.yaml',
+        'rviz/pwan_odometry.rviz',
+    ):
         assert (share / f).is_file(), f
 
 
 @pytest.mark.build
 def test_ament_index_finds_package(colcon_install):
-    code = ('from ament_index_python.packages import get_package_share_directory, '
-            'get_packages_with_prefixes; '
-            'print(get_package_share_directory("pwan_ros")); '
-            'print("pwan_ros" in get_packages_with_prefixes())')
+    code = (
+        'from ament_index_python.packages import get_package_share_directory, '
+        'get_packages_with_prefixes; '
+        'print(get_package_share_directory("pwan_ros")); '
+        'print("pwan_ros" in get_packages_with_prefixes())'
+    )
     env = dict(os.environ, AMENT_PREFIX_PATH=str(colcon_install / 'pwan_ros'))
     env.pop('_ROS_WHEELS_BOOTSTRAP_COMPLETE', None)
-    out = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True,
-                         check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, '-c', code], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
     assert out == [str(colcon_install / 'pwan_ros' / 'share' / 'pwan_ros'), 'True']
 
 

@@ -1,5 +1,6 @@
 """One source per parameter: every config field carries a description and range, and the ROS
 parameters, CLI flags, YAML files and docs tables come from it (or fail here)."""
+
 import argparse
 import dataclasses
 import importlib
@@ -12,7 +13,13 @@ import yaml
 
 from pwan_ros.adaptation.config import AdaptConfig, AdaptConfigError
 from pwan_ros.cli.demo import DemoConfig
-from pwan_ros.core import CoherenceConfig, FineTuneConfig, PotentialConfig, PwanInputError, RegistrationConfig
+from pwan_ros.core import (
+    CoherenceConfig,
+    FineTuneConfig,
+    PotentialConfig,
+    PwanInputError,
+    RegistrationConfig,
+)
 from pwan_ros.core.config import GlobalConfig
 from pwan_ros.adaptation.deploy import ClassifierConfig
 from pwan_ros.evaluation.lidar_sim import SimConfig
@@ -23,22 +30,42 @@ from pwan_ros.odometry.config import RENAMED, ConfigError, OdometryConfig
 from pwan_ros.params import REQUIRED, FieldSpec, specs, value_type
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-CONFIGS = [(OdometryConfig, ConfigError), (RegistrationConfig, PwanInputError), (AdaptConfig, AdaptConfigError),
-           (PotentialConfig, PwanInputError), (CoherenceConfig, PwanInputError), (FineTuneConfig, PwanInputError),
-           (GlobalConfig, PwanInputError), (ClassifierConfig, AdaptConfigError),
-           (SimConfig, ValueError), (ReplayConfig, ValueError), (ConvertConfig, ValueError),
-           (EvalConfig, ValueError), (DemoConfig, ValueError)]
+CONFIGS = [
+    (OdometryConfig, ConfigError),
+    (RegistrationConfig, PwanInputError),
+    (AdaptConfig, AdaptConfigError),
+    (PotentialConfig, PwanInputError),
+    (CoherenceConfig, PwanInputError),
+    (FineTuneConfig, PwanInputError),
+    (GlobalConfig, PwanInputError),
+    (ClassifierConfig, AdaptConfigError),
+    (SimConfig, ValueError),
+    (ReplayConfig, ValueError),
+    (ConvertConfig, ValueError),
+    (EvalConfig, ValueError),
+    (DemoConfig, ValueError),
+]
 #: the command-line tools whose flags are generated from a config (module, config)
-CLI_CONFIGS = [('sim', SimConfig), ('replay', ReplayConfig), ('pcd2bag', ConvertConfig),
-               ('evaluate', EvalConfig), ('demo', DemoConfig)]
+CLI_CONFIGS = [
+    ('sim', SimConfig),
+    ('replay', ReplayConfig),
+    ('pcd2bag', ConvertConfig),
+    ('evaluate', EvalConfig),
+    ('demo', DemoConfig),
+]
 
 
 def _make(cls, **values):
     """``cls(**values)`` with its required fields filled in and its paired bounds kept apart."""
     base = {name: 'x' for name, (default, _) in specs(cls).items() if default is REQUIRED}
-    if cls is SimConfig:   # fov_down_deg < fov_up_deg
-        base.update({'fov_down_deg': -90.0} if 'fov_up_deg' in values else
-                    {'fov_up_deg': 90.0} if 'fov_down_deg' in values else {})
+    if cls is SimConfig:  # fov_down_deg < fov_up_deg
+        base.update(
+            {'fov_down_deg': -90.0}
+            if 'fov_up_deg' in values
+            else {'fov_up_deg': 90.0}
+            if 'fov_down_deg' in values
+            else {}
+        )
     return cls(**{**base, **values})
 
 
@@ -55,12 +82,16 @@ def test_every_field_has_a_description_and_a_range(cls):
     for f in dataclasses.fields(cls):
         if f.name in nested:
             continue
-        assert isinstance(f.metadata.get('spec'), FieldSpec), f'{cls.__name__}.{f.name} has no spec'
+        assert isinstance(f.metadata.get('spec'), FieldSpec), (
+            f'{cls.__name__}.{f.name} has no spec'
+        )
         spec = f.metadata['spec']
         assert len(spec.description) > 10, f'{cls.__name__}.{f.name}: description too short'
         kind, _ = value_type(cls, f.name)
         if kind in (int, float):
-            assert spec.low is not None, f'{cls.__name__}.{f.name}: numeric field without a lower bound'
+            assert spec.low is not None, (
+                f'{cls.__name__}.{f.name}: numeric field without a lower bound'
+            )
 
 
 @pytest.mark.parametrize('cls,error', CONFIGS, ids=lambda c: getattr(c, '__name__', ''))
@@ -74,7 +105,7 @@ def test_validation_agrees_with_the_spec_range(cls, error):
         with pytest.raises(error):
             _make(cls, **{name: kind(spec.low - step) if not spec.low_open else kind(spec.low)})
         ok = spec.low + (step if spec.low_open else 0)
-        if cls is AdaptConfig and name in ('anneal', 'm0') and ok > 0:   # 0 (auto) or >= 1
+        if cls is AdaptConfig and name in ('anneal', 'm0') and ok > 0:  # 0 (auto) or >= 1
             ok = 1.0
         _make(cls, **{name: kind(ok)})
         if spec.high is not None:
@@ -93,22 +124,35 @@ def test_validation_agrees_with_the_spec_range(cls, error):
 
 
 def test_generated_yaml_and_docs_are_current():
-    stale = [rel for rel, text in _gen_params().expected().items() if (ROOT / rel).read_text() != text]
-    assert stale == [], f'stale generated files (run .venv/bin/python tools/gen_params.py): {stale}'
+    stale = [
+        rel for rel, text in _gen_params().expected().items() if (ROOT / rel).read_text() != text
+    ]
+    assert stale == [], (
+        f'stale generated files (run .venv/bin/python tools/gen_params.py): {stale}'
+    )
 
 
 def test_odometry_yaml_holds_exactly_the_node_parameters_at_their_defaults():
-    params = yaml.safe_load((ROOT / 'config' / 'odometry.yaml').read_text())['pwan_odometry']['ros__parameters']
+    params = yaml.safe_load((ROOT / 'config' / 'odometry.yaml').read_text())['pwan_odometry'][
+        'ros__parameters'
+    ]
     assert list(params) == list(specs(OdometryConfig))
     assert OdometryConfig.from_dict(params) == OdometryConfig()
 
 
 def test_adapt_yaml_keys_all_come_from_a_spec():
     from pwan_ros.ros.adapt_node import IO_PARAMS, NODE_PARAMS
-    params = yaml.safe_load((ROOT / 'config' / 'adapt.yaml').read_text())['adapt_node']['ros__parameters']
+
+    params = yaml.safe_load((ROOT / 'config' / 'adapt.yaml').read_text())['adapt_node'][
+        'ros__parameters'
+    ]
     assert set(params) == set(specs(AdaptConfig)) | set(IO_PARAMS) | set(NODE_PARAMS)
     for name, value in params.items():
-        default = specs(AdaptConfig)[name][0] if name in specs(AdaptConfig) else {**IO_PARAMS, **NODE_PARAMS}[name][0]
+        default = (
+            specs(AdaptConfig)[name][0]
+            if name in specs(AdaptConfig)
+            else {**IO_PARAMS, **NODE_PARAMS}[name][0]
+        )
         assert type(value) is type(default), name
 
 
@@ -118,22 +162,30 @@ def _flags(parser: argparse.ArgumentParser):
 
 def test_pwan_register_flags_are_the_core_fields_with_library_defaults():
     from pwan_ros.cli.register import _NO_FLAG, _config, _parser
+
     parser = _parser()
     flags = _flags(parser)
     table = specs(RegistrationConfig)
     for dest, action in flags.items():
-        if dest in ('output', 'json', 'quiet', 'global_init', 'viewpoints'):    # register(init=, viewpoints=)
+        if dest in (
+            'output',
+            'json',
+            'quiet',
+            'global_init',
+            'viewpoints',
+        ):  # register(init=, viewpoints=)
             continue
         assert dest in table, f'--{dest} is not a RegistrationConfig field'
         assert table[dest][1].description.replace('%', '%%') in action.help
         assert '--' + dest.replace('_', '-') in action.option_strings
-        assert action.default is None             # unset flags keep the library default
+        assert action.default is None  # unset flags keep the library default
     assert set(table) - set(flags) == set(_NO_FLAG)
     assert _config(parser.parse_args(['a', 'b', '-q'])) == RegistrationConfig()
 
 
 def test_pwan_adapt_flags_are_the_adapt_fields():
     from pwan_ros.cli.adapt import build_parser
+
     flags = _flags(build_parser())
     for name, (default, spec) in specs(AdaptConfig).items():
         assert name in flags, f'AdaptConfig.{name} has no pwan_adapt flag'
@@ -169,11 +221,28 @@ def test_shared_names_mean_the_same_in_odometry_and_core():
     """A name in both OdometryConfig and RegistrationConfig is passed through unchanged to the core
     (no name with two meanings: the node's own preprocessing is scan_*, the core's under pwan_*)."""
     from pwan_ros.odometry.pwan_recovery import core_config
+
     shared = set(specs(OdometryConfig)) & set(specs(RegistrationConfig))
-    assert shared == {'transform', 'divergence', 'mass_ratio', 'distance_threshold', 'potential_updates',
-                      'device', 'seed', 'compile'}
-    odo = OdometryConfig(divergence='distance', mass_ratio=0.6, potential_updates=7, device='cpu', seed=3,
-                         pwan_steps=123, pwan_max_points=321, compile='on')
+    assert shared == {
+        'transform',
+        'divergence',
+        'mass_ratio',
+        'distance_threshold',
+        'potential_updates',
+        'device',
+        'seed',
+        'compile',
+    }
+    odo = OdometryConfig(
+        divergence='distance',
+        mass_ratio=0.6,
+        potential_updates=7,
+        device='cpu',
+        seed=3,
+        pwan_steps=123,
+        pwan_max_points=321,
+        compile='on',
+    )
     core = core_config(odo, h=0.4)
     for name in shared - {'distance_threshold'}:
         assert getattr(core, name) == getattr(odo, name), name
@@ -186,12 +255,15 @@ def test_ros_parameters_carry_the_spec_descriptions_and_ranges(ros_env, monkeypa
     import rclpy
     from pwan_ros.ros.adapt_node import IO_PARAMS, NODE_PARAMS, AdaptNode
     from pwan_ros.ros.odometry_node import OdometryNode
+
     for key in ('ROS_DOMAIN_ID', 'ROS_AUTOMATIC_DISCOVERY_RANGE'):
         monkeypatch.setenv(key, ros_env[key])
     rclpy.init()
     try:
-        for node, table in ((OdometryNode(), specs(OdometryConfig)),
-                            (AdaptNode(), {**specs(AdaptConfig), **IO_PARAMS, **NODE_PARAMS})):
+        for node, table in (
+            (OdometryNode(), specs(OdometryConfig)),
+            (AdaptNode(), {**specs(AdaptConfig), **IO_PARAMS, **NODE_PARAMS}),
+        ):
             declared = set(node._parameters) - {'use_sim_time', 'start_type_description_service'}
             renamed = set(RENAMED) if isinstance(node, OdometryNode) else set()
             assert declared == set(table) | renamed
@@ -201,8 +273,11 @@ def test_ros_parameters_carry_the_spec_descriptions_and_ranges(ros_env, monkeypa
                 assert spec.description in d.description, name
                 rng = list(d.integer_range) + list(d.floating_point_range)
                 if spec.low is not None and spec.high is not None:
-                    assert len(rng) == 1 and math.isclose(rng[0].from_value, spec.low) \
-                        and math.isclose(rng[0].to_value, spec.high), name
+                    assert (
+                        len(rng) == 1
+                        and math.isclose(rng[0].from_value, spec.low)
+                        and math.isclose(rng[0].to_value, spec.high)
+                    ), name
             node.destroy_node()
     finally:
         rclpy.try_shutdown()

@@ -1,4 +1,5 @@
 """PointCloud2 codec: layouts checked against byte strings built by hand with struct.pack."""
+
 import struct
 
 import numpy as np
@@ -20,7 +21,9 @@ RB_TIME = TS.types['builtin_interfaces/msg/Time']
 class Cloud:
     """A bare object with the PointCloud2 attributes (the codec needs nothing more)."""
 
-    def __init__(self, fields, point_step, data, width, height=1, row_step=None, is_bigendian=False):
+    def __init__(
+        self, fields, point_step, data, width, height=1, row_step=None, is_bigendian=False
+    ):
         self.fields = [pc2.FieldSpec(*f) for f in fields]
         self.point_step, self.width, self.height = point_step, width, height
         self.row_step = point_step * width if row_step is None else row_step
@@ -28,10 +31,19 @@ class Cloud:
 
 
 # intensity f32 @0, ring u16 @4, (2 pad), x y z f32 @8..20, (4 pad), t f64 @24; point_step 32
-ODD_FIELDS = [('intensity', 0, pc2.FLOAT32, 1), ('ring', 4, pc2.UINT16, 1), ('x', 8, pc2.FLOAT32, 1),
-              ('y', 12, pc2.FLOAT32, 1), ('z', 16, pc2.FLOAT32, 1), ('t', 24, pc2.FLOAT64, 1)]
-ODD_POINTS = [(0.5, 7, 1.0, 2.0, 3.0, 0.001), (12.25, 15, -4.5, 0.25, 8.0, 0.1),
-              (99.0, 0, 100.0, -200.0, 0.125, 1e-9)]
+ODD_FIELDS = [
+    ('intensity', 0, pc2.FLOAT32, 1),
+    ('ring', 4, pc2.UINT16, 1),
+    ('x', 8, pc2.FLOAT32, 1),
+    ('y', 12, pc2.FLOAT32, 1),
+    ('z', 16, pc2.FLOAT32, 1),
+    ('t', 24, pc2.FLOAT64, 1),
+]
+ODD_POINTS = [
+    (0.5, 7, 1.0, 2.0, 3.0, 0.001),
+    (12.25, 15, -4.5, 0.25, 8.0, 0.1),
+    (99.0, 0, 100.0, -200.0, 0.125, 1e-9),
+]
 
 
 def odd_bytes(order):
@@ -46,7 +58,9 @@ def test_odd_layout_with_padding_both_endiannesses(order):
     assert got.xyz.dtype == np.float32
     np.testing.assert_array_equal(got.xyz, expected_xyz)
     assert got.extras.dtype.names == ('intensity', 'ring', 't')
-    assert got.extras.dtype['ring'] == np.dtype(np.uint16) and got.extras.dtype['t'] == np.dtype(np.float64)
+    assert got.extras.dtype['ring'] == np.dtype(np.uint16) and got.extras.dtype['t'] == np.dtype(
+        np.float64
+    )
     np.testing.assert_array_equal(got.extras['intensity'], [p[0] for p in ODD_POINTS])
     np.testing.assert_array_equal(got.extras['ring'], [p[1] for p in ODD_POINTS])
     np.testing.assert_array_equal(got.extras['t'], [p[5] for p in ODD_POINTS])
@@ -67,8 +81,13 @@ def test_encode_matches_hand_packed_bytes_and_round_trips_extras():
         assert enc.point_step == 26 and enc.row_step == 52 and enc.is_bigendian is big
         assert enc.data.tobytes() == expected
         assert [(f.name, f.offset, f.datatype, f.count) for f in enc.fields] == [
-            ('x', 0, 7, 1), ('y', 4, 7, 1), ('z', 8, 7, 1), ('intensity', 12, 7, 1), ('ring', 16, 4, 1),
-            ('t', 18, 8, 1)]
+            ('x', 0, 7, 1),
+            ('y', 4, 7, 1),
+            ('z', 8, 7, 1),
+            ('intensity', 12, 7, 1),
+            ('ring', 16, 4, 1),
+            ('t', 18, 8, 1),
+        ]
         back = pc2.read_cloud(enc)
         np.testing.assert_array_equal(back.xyz, xyz.astype(np.float32))
         np.testing.assert_array_equal(back.extras, extras)
@@ -77,7 +96,12 @@ def test_encode_matches_hand_packed_bytes_and_round_trips_extras():
 def test_double_xyz_keeps_precision():
     pts = [(500000.123456789, 4000000.987654321, 12.000000001), (-1e-12, 3.0, 7.5)]
     data = b''.join(struct.pack('<ddd', *p) for p in pts)
-    cloud = Cloud([('x', 0, pc2.FLOAT64, 1), ('y', 8, pc2.FLOAT64, 1), ('z', 16, pc2.FLOAT64, 1)], 24, data, 2)
+    cloud = Cloud(
+        [('x', 0, pc2.FLOAT64, 1), ('y', 8, pc2.FLOAT64, 1), ('z', 16, pc2.FLOAT64, 1)],
+        24,
+        data,
+        2,
+    )
     xyz = pc2.read_xyz(cloud)
     assert xyz.dtype == np.float64
     np.testing.assert_array_equal(xyz, np.array(pts))
@@ -88,12 +112,18 @@ def test_double_xyz_keeps_precision():
 
 def test_organised_two_rows_with_row_padding_and_nans():
     nan = float('nan')
-    rows = [[(0.0, 0.0, 1.0, 10), (1.0, 0.0, 1.0, 11), (2.0, 0.0, 1.0, 12)],
-            [(0.0, 1.0, 1.0, 20), (nan, nan, nan, 21), (2.0, 1.0, 1.0, 22)]]
+    rows = [
+        [(0.0, 0.0, 1.0, 10), (1.0, 0.0, 1.0, 11), (2.0, 0.0, 1.0, 12)],
+        [(0.0, 1.0, 1.0, 20), (nan, nan, nan, 21), (2.0, 1.0, 1.0, 22)],
+    ]
     pad = b'\xab' * 8  # row padding garbage must be ignored
     data = b''.join(b''.join(struct.pack('<fffB3x', *p) for p in row) + pad for row in rows)
-    fields = [('x', 0, pc2.FLOAT32, 1), ('y', 4, pc2.FLOAT32, 1), ('z', 8, pc2.FLOAT32, 1),
-              ('ring', 12, pc2.UINT8, 1)]
+    fields = [
+        ('x', 0, pc2.FLOAT32, 1),
+        ('y', 4, pc2.FLOAT32, 1),
+        ('z', 8, pc2.FLOAT32, 1),
+        ('ring', 12, pc2.UINT8, 1),
+    ]
     cloud = Cloud(fields, 16, data, width=3, height=2, row_step=3 * 16 + 8)
     full = pc2.read_cloud(cloud)
     assert (full.height, full.width, len(full)) == (2, 3, 6)
@@ -116,22 +146,37 @@ def test_organised_two_rows_with_row_padding_and_nans():
 
 
 def test_all_datatypes_and_count_fields():
-    layout = [('x', 0, 7, 1), ('y', 4, 7, 1), ('z', 8, 7, 1), ('i8', 12, 1, 1), ('u8', 13, 2, 1),
-              ('i16', 14, 3, 1), ('u16', 16, 4, 1), ('i32', 18, 5, 1), ('u32', 22, 6, 1),
-              ('f64', 26, 8, 1), ('normal', 34, 7, 3)]
+    layout = [
+        ('x', 0, 7, 1),
+        ('y', 4, 7, 1),
+        ('z', 8, 7, 1),
+        ('i8', 12, 1, 1),
+        ('u8', 13, 2, 1),
+        ('i16', 14, 3, 1),
+        ('u16', 16, 4, 1),
+        ('i32', 18, 5, 1),
+        ('u32', 22, 6, 1),
+        ('f64', 26, 8, 1),
+        ('normal', 34, 7, 3),
+    ]
     fmt = 'fffbBhHiIdfff'
-    pts = [(1.0, 2.0, 3.0, -128, 255, -32768, 65535, -2**31, 2**32 - 1, 1e300, 0.0, 0.6, 0.8),
-           (4.0, 5.0, 6.0, 127, 0, 32767, 0, 2**31 - 1, 0, -2.5, 1.0, 0.0, 0.0)]
+    pts = [
+        (1.0, 2.0, 3.0, -128, 255, -32768, 65535, -(2**31), 2**32 - 1, 1e300, 0.0, 0.6, 0.8),
+        (4.0, 5.0, 6.0, 127, 0, 32767, 0, 2**31 - 1, 0, -2.5, 1.0, 0.0, 0.0),
+    ]
     for order in '<>':
         data = b''.join(struct.pack(order + fmt, *p) for p in pts)
         cloud = Cloud(layout, 46, data, 2, is_bigendian=order == '>')
         got = pc2.read_cloud(cloud)
-        assert [got.extras.dtype[n].str[1:] for n in ('i8', 'u8', 'i16', 'u16', 'i32', 'u32', 'f64')] == [
-            'i1', 'u1', 'i2', 'u2', 'i4', 'u4', 'f8']
+        assert [
+            got.extras.dtype[n].str[1:] for n in ('i8', 'u8', 'i16', 'u16', 'i32', 'u32', 'f64')
+        ] == ['i1', 'u1', 'i2', 'u2', 'i4', 'u4', 'f8']
         assert got.extras.dtype['normal'].shape == (3,)
         for k, name in enumerate(('i8', 'u8', 'i16', 'u16', 'i32', 'u32', 'f64')):
             assert list(got.extras[name]) == [p[3 + k] for p in pts]
-        np.testing.assert_array_equal(got.extras['normal'], np.array([p[10:] for p in pts], np.float32))
+        np.testing.assert_array_equal(
+            got.extras['normal'], np.array([p[10:] for p in pts], np.float32)
+        )
         # re-encoding with the same endianness reproduces the original bytes exactly
         enc = pc2.encode_cloud(got.xyz, got.extras, is_bigendian=order == '>')
         assert enc.data.tobytes() == data
@@ -157,7 +202,9 @@ def test_rclpy_and_rosbags_messages_interoperate():
     header = RB_HEADER(stamp=RB_TIME(sec=3, nanosec=4), frame_id='lidar')
     rb_msg = pc2.create_cloud(header, xyz, extras, msg_cls=RB_CLOUD)
     assert type(rb_msg) is RB_CLOUD
-    back = deserialize_message(bytes(TS.serialize_cdr(rb_msg, 'sensor_msgs/msg/PointCloud2')), PointCloud2)
+    back = deserialize_message(
+        bytes(TS.serialize_cdr(rb_msg, 'sensor_msgs/msg/PointCloud2')), PointCloud2
+    )
     assert back.header.stamp.sec == 3 and back.point_step == 18
     got = pc2.read_cloud(back)
     np.testing.assert_array_equal(got.xyz, xyz)
@@ -174,18 +221,24 @@ def test_empty_cloud():
 XYZ_FIELDS = [('x', 0, 7, 1), ('y', 4, 7, 1), ('z', 8, 7, 1)]
 
 
-@pytest.mark.parametrize('cloud, pattern', [
-    (Cloud([('x', 0, 7, 1), ('y', 4, 7, 1)], 8, bytes(16), 2), 'no z field'),
-    (Cloud(XYZ_FIELDS + [('w', 12, 9, 1)], 16, bytes(32), 2), 'unsupported datatype 9'),
-    (Cloud(XYZ_FIELDS + [('w', 12, 0, 1)], 16, bytes(32), 2), 'unsupported datatype 0'),
-    (Cloud(XYZ_FIELDS, 12, bytes(20), 2), 'data has 20 bytes but row_step\\*height'),
-    (Cloud(XYZ_FIELDS, 12, bytes(24), 2, height=2), 'data has 24 bytes'),
-    (Cloud(XYZ_FIELDS + [('t', 8, 8, 1)], 12, bytes(24), 2), "'t' occupies bytes \\[8, 16\\)"),
-    (Cloud(XYZ_FIELDS, 12, bytes(24), 2, row_step=20), 'row_step 20 is smaller'),
-    (Cloud(XYZ_FIELDS + [('x', 0, 7, 1)], 12, bytes(24), 2), "duplicate field name 'x'"),
-    (Cloud(XYZ_FIELDS + [('n', 0, 7, 0)], 12, bytes(24), 2), 'count 0'),
-    (Cloud([('x', 0, 7, 2), ('y', 8, 7, 1), ('z', 12, 7, 1)], 16, bytes(32), 2), "'x' has count > 1"),
-])
+@pytest.mark.parametrize(
+    'cloud, pattern',
+    [
+        (Cloud([('x', 0, 7, 1), ('y', 4, 7, 1)], 8, bytes(16), 2), 'no z field'),
+        (Cloud(XYZ_FIELDS + [('w', 12, 9, 1)], 16, bytes(32), 2), 'unsupported datatype 9'),
+        (Cloud(XYZ_FIELDS + [('w', 12, 0, 1)], 16, bytes(32), 2), 'unsupported datatype 0'),
+        (Cloud(XYZ_FIELDS, 12, bytes(20), 2), 'data has 20 bytes but row_step\\*height'),
+        (Cloud(XYZ_FIELDS, 12, bytes(24), 2, height=2), 'data has 24 bytes'),
+        (Cloud(XYZ_FIELDS + [('t', 8, 8, 1)], 12, bytes(24), 2), "'t' occupies bytes \\[8, 16\\)"),
+        (Cloud(XYZ_FIELDS, 12, bytes(24), 2, row_step=20), 'row_step 20 is smaller'),
+        (Cloud(XYZ_FIELDS + [('x', 0, 7, 1)], 12, bytes(24), 2), "duplicate field name 'x'"),
+        (Cloud(XYZ_FIELDS + [('n', 0, 7, 0)], 12, bytes(24), 2), 'count 0'),
+        (
+            Cloud([('x', 0, 7, 2), ('y', 8, 7, 1), ('z', 12, 7, 1)], 16, bytes(32), 2),
+            "'x' has count > 1",
+        ),
+    ],
+)
 def test_decode_errors(cloud, pattern):
     with pytest.raises(PointCloud2Error, match=pattern):
         pc2.read_cloud(cloud)

@@ -1,4 +1,5 @@
 """The pwan_register console script (called in-process through main(argv))."""
+
 import gzip
 import json
 
@@ -30,9 +31,16 @@ def test_json_output_and_written_points(pair, tmp_path, capsys):
     rc = main([str(sp), str(rp), '--json', '--output', str(out), '--steps', '150', '--seed', '1'])
     assert rc == 0
     captured = capsys.readouterr()
-    data = json.loads(captured.out)       # stdout is exactly one JSON object
-    assert set(data) >= {'transform', 'time_s', 'num_source', 'num_reference', 'matched_ratio', 'converged',
-                         'output'}
+    data = json.loads(captured.out)  # stdout is exactly one JSON object
+    assert set(data) >= {
+        'transform',
+        'time_s',
+        'num_source',
+        'num_reference',
+        'matched_ratio',
+        'converged',
+        'output',
+    }
     tf = np.array(data['transform'])
     assert tf.shape == (4, 4)
     assert np.abs(tf[:3, :3] - R).max() < 0.01 and np.abs(tf[:3, 3] - T).max() < 0.01
@@ -58,13 +66,16 @@ def test_text_output_2d_and_nan_rows(tmp_path, capsys):
     np.testing.assert_allclose(out[10], pts[10] + [0.05, -0.02], atol=0.01)
 
 
-@pytest.mark.parametrize('args,msg', [
-    (['missing.npy', 'REF'], 'no such file'),
-    (['SRC', 'REF', '--mass', '1e9'], 'exceeds'),
-    (['SRC', 'REF', '--divergence', 'distance', '--distance', '-1'], 'distance_threshold'),
-    (['SRC', 'BAD'], 'cannot parse'),
-    (['SRC', 'EMPTY'], 'empty'),
-])
+@pytest.mark.parametrize(
+    'args,msg',
+    [
+        (['missing.npy', 'REF'], 'no such file'),
+        (['SRC', 'REF', '--mass', '1e9'], 'exceeds'),
+        (['SRC', 'REF', '--divergence', 'distance', '--distance', '-1'], 'distance_threshold'),
+        (['SRC', 'BAD'], 'cannot parse'),
+        (['SRC', 'EMPTY'], 'empty'),
+    ],
+)
 def test_bad_input_gives_message_and_nonzero_exit(pair, tmp_path, capsys, args, msg):
     _, sp, rp = pair
     bad = tmp_path / 'bad.txt'
@@ -86,14 +97,19 @@ def test_cloud_io_round_trip(tmp_path):
         np.testing.assert_allclose(read_points(path), pts, atol=1e-6)
 
 
-@pytest.mark.parametrize('args,starts,start_steps', [([], 1, 0), (['--starts', '24'], 24, 60),
-                                                     (['--starts', '8', '--start-steps', '0'], 8, 0)])
+@pytest.mark.parametrize(
+    'args,starts,start_steps',
+    [([], 1, 0), (['--starts', '24'], 24, 60), (['--starts', '8', '--start-steps', '0'], 8, 0)],
+)
 def test_multistart_flags_pick_the_tournament(args, starts, start_steps):
     """The CLI and the library resolve the same defaults: --starts 24 and register(starts=24) both
     run the 60-step tournament."""
     from pwan_ros.cli.register import _config, _parser
     from pwan_ros.core import RegistrationConfig
+
     cfg = _config(_parser().parse_args(['a.npy', 'b.npy'] + args)).resolved()
     assert (cfg.starts, cfg.start_steps) == (starts, start_steps)
-    library = RegistrationConfig(**{a.lstrip('-').replace('-', '_'): int(v) for a, v in zip(args[::2], args[1::2])})
+    library = RegistrationConfig(
+        **{a.lstrip('-').replace('-', '_'): int(v) for a, v in zip(args[::2], args[1::2])}
+    )
     assert library.resolved() == cfg.replace(verbose=False)

@@ -1,4 +1,5 @@
 """Replay over real DDS into a stand-in node, evaluation of what it answered, and the demo driver."""
+
 import json
 import pathlib
 import subprocess
@@ -18,8 +19,12 @@ ECHO = pathlib.Path(__file__).parent / 'peers' / 'echo_odom.py'
 
 
 def start_echo(env, *args):
-    return subprocess.Popen([sys.executable, str(ECHO), *args, '--ros-args', '-p', 'use_sim_time:=true'],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, str(ECHO), *args, '--ros-args', '-p', 'use_sim_time:=true'],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def stop(proc):
@@ -33,8 +38,23 @@ def test_replay_into_node_and_evaluate(tmp_path, ros_env, small_bag):
     echo = start_echo(ros_env, '--drop-every', '4', '--drift', '0.02')
     try:
         out = tmp_path / 'run'
-        proc = subprocess.run([sys.executable, '-m', 'pwan_ros.cli.replay', '--bag', str(small_bag), '--output', str(out),
-                               '--drain-timeout', '3'], env=ros_env, capture_output=True, text=True, timeout=90)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                '-m',
+                'pwan_ros.cli.replay',
+                '--bag',
+                str(small_bag),
+                '--output',
+                str(out),
+                '--drain-timeout',
+                '3',
+            ],
+            env=ros_env,
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
     finally:
         stop(echo)
     assert proc.returncode == 0, proc.stderr
@@ -56,14 +76,42 @@ def test_replay_into_node_and_evaluate(tmp_path, ros_env, small_bag):
 
 @pytest.mark.ros
 def test_replay_without_subscriber_fails_clearly(tmp_path, ros_env, small_bag):
-    proc = subprocess.run([sys.executable, '-m', 'pwan_ros.cli.replay', '--bag', str(small_bag), '--output',
-                           str(tmp_path / 'run'), '--startup-timeout', '2'],
-                          env=ros_env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            '-m',
+            'pwan_ros.cli.replay',
+            '--bag',
+            str(small_bag),
+            '--output',
+            str(tmp_path / 'run'),
+            '--startup-timeout',
+            '2',
+        ],
+        env=ros_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "no subscriber on '/points' after 2 s" in proc.stderr
-    proc = subprocess.run([sys.executable, '-m', 'pwan_ros.cli.replay', '--bag', str(small_bag), '--output',
-                           str(tmp_path / 'run'), '--points-topic', '/velodyne_points'],
-                          env=ros_env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            '-m',
+            'pwan_ros.cli.replay',
+            '--bag',
+            str(small_bag),
+            '--output',
+            str(tmp_path / 'run'),
+            '--points-topic',
+            '/velodyne_points',
+        ],
+        env=ros_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "has no topic '/velodyne_points'" in proc.stderr
 
 
@@ -78,7 +126,9 @@ class FakePub:
 def test_pacing_follows_bag_time_and_rate(small_bag):
     """Messages leave at bag time / rate; generated /clock ticks are monotonic and end at each scan stamp."""
     log = []
-    cfg = ReplayConfig(bag=str(small_bag), topics=('/points', '/ground_truth'), rate=2.0, clock_hz=50.0)
+    cfg = ReplayConfig(
+        bag=str(small_bag), topics=('/points', '/ground_truth'), rate=2.0, clock_hz=50.0
+    )
     pubs = {t: FakePub(log, t) for t in cfg.topics}
     counts = _play(cfg, pubs, FakePub(log, '/clock'), _Recorder(), True, list(cfg.topics))
     assert counts == {'/points': 6, '/ground_truth': 6}
@@ -87,9 +137,14 @@ def test_pacing_follows_bag_time_and_rate(small_bag):
     for k, (t, raw) in enumerate(scans):
         assert t - t0 == pytest.approx(k * 0.05, abs=0.02)  # 0.1 s of bag time at rate 2
     clocks = [bag_io.stamp_to_ns(m.clock) for name, _, m in log if name == '/clock']
-    assert clocks == sorted(clocks) and len(clocks) >= 6 + 25  # 50 Hz over 0.5 s of bag time plus one per message
-    last_clock_before_scan = [next(bag_io.stamp_to_ns(m.clock) for n, _, m in reversed(log[:i]) if n == '/clock')
-                              for i, (n, _, _) in enumerate(log) if n == '/points']
+    assert (
+        clocks == sorted(clocks) and len(clocks) >= 6 + 25
+    )  # 50 Hz over 0.5 s of bag time plus one per message
+    last_clock_before_scan = [
+        next(bag_io.stamp_to_ns(m.clock) for n, _, m in reversed(log[:i]) if n == '/clock')
+        for i, (n, _, _) in enumerate(log)
+        if n == '/points'
+    ]
     assert last_clock_before_scan == [int(1.7e18) + k * 100_000_000 for k in range(6)]
 
 
@@ -98,6 +153,7 @@ def test_demo_bag_is_cached(tmp_path):
 
     def ensure(cfg):
         return demo._ensure_bag(demo._sim_config(cfg), cfg, tmp_path, logs.append)
+
     cfg = demo.DemoConfig(output=str(tmp_path), scans=3, stress=False)
     bag = ensure(cfg)
     assert bag_io.bag_topics(bag)['/points'].count == 3 and 'generating' in logs[0]
@@ -115,9 +171,27 @@ def test_demo_bag_is_cached(tmp_path):
 @pytest.mark.ros
 def test_demo_end_to_end_with_stand_in_node(tmp_path, ros_env):
     node_cmd = f'{sys.executable} {ECHO} --ros-args -p use_sim_time:=true'
-    proc = subprocess.run([sys.executable, '-m', 'pwan_ros.cli.demo', '--output', str(tmp_path / 'demo'), '--scans', '8',
-                           '--node-cmd', node_cmd, '--drain-timeout', '3', '--no-stress', '--no-compare'],
-                          env=ros_env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            '-m',
+            'pwan_ros.cli.demo',
+            '--output',
+            str(tmp_path / 'demo'),
+            '--scans',
+            '8',
+            '--node-cmd',
+            node_cmd,
+            '--drain-timeout',
+            '3',
+            '--no-stress',
+            '--no-compare',
+        ],
+        env=ros_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     last = proc.stdout.strip().splitlines()[-1]
     assert last == f'summary: {tmp_path / "demo" / "summary.json"}'
@@ -125,14 +199,32 @@ def test_demo_end_to_end_with_stand_in_node(tmp_path, ros_env):
     assert set(SUMMARY_KEYS) <= set(summary)
     assert summary['scans'] == 8 and summary['scans_dropped'] == 0
     assert summary['ate_rmse_m'] < 1e-3 and summary['median_latency_ms'] > 0
-    assert pathlib.Path(summary['plot_png']).exists() and pathlib.Path(summary['trajectory_tum']).exists()
+    assert (
+        pathlib.Path(summary['plot_png']).exists()
+        and pathlib.Path(summary['trajectory_tum']).exists()
+    )
     assert 'trajectory:' in proc.stdout and 'plot:' in proc.stdout
 
 
 @pytest.mark.ros
 def test_demo_reports_a_node_that_dies(tmp_path, ros_env):
-    proc = subprocess.run([sys.executable, '-m', 'pwan_ros.cli.demo', '--output', str(tmp_path / 'demo'), '--scans', '3',
-                           '--no-stress', '--node-cmd', f'{sys.executable} -c "import sys; print(\'boom\'); sys.exit(3)"'],
-                          env=ros_env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            '-m',
+            'pwan_ros.cli.demo',
+            '--output',
+            str(tmp_path / 'demo'),
+            '--scans',
+            '3',
+            '--no-stress',
+            '--node-cmd',
+            f'{sys.executable} -c "import sys; print(\'boom\'); sys.exit(3)"',
+        ],
+        env=ros_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert 'the node exited early (code 3)' in proc.stderr and 'boom' in proc.stderr

@@ -1,4 +1,5 @@
 """Real DDS between OS processes: a >=50k-point PointCloud2 and a TFMessage (Fast DDS)."""
+
 import hashlib
 import json
 import pathlib
@@ -16,11 +17,14 @@ PEER = pathlib.Path(__file__).parent / 'peers' / 'dds_peer.py'
 def test_pointcloud_and_tf_cross_process(tmp_path, ros_env):
     n = 60000
     out = tmp_path / 'received.json'
-    receiver = subprocess.Popen([sys.executable, str(PEER), 'receive', '--out', str(out),
-                                 '--timeout', '40'], env=ros_env)
-    publisher = subprocess.Popen([sys.executable, str(PEER), 'publish', '--points', str(n),
-                                  '--duration', '45'], env=ros_env,
-                                 stdout=subprocess.DEVNULL)
+    receiver = subprocess.Popen(
+        [sys.executable, str(PEER), 'receive', '--out', str(out), '--timeout', '40'], env=ros_env
+    )
+    publisher = subprocess.Popen(
+        [sys.executable, str(PEER), 'publish', '--points', str(n), '--duration', '45'],
+        env=ros_env,
+        stdout=subprocess.DEVNULL,
+    )
     try:
         rc = receiver.wait(timeout=60)
     finally:
@@ -42,4 +46,5 @@ def test_pointcloud_and_tf_cross_process(tmp_path, ros_env):
     assert tf['rotation'] == pytest.approx([0.0, 0.0, 0.3826834, 0.9238795], abs=1e-6)
     # The TFMessage built into the venv must carry upstream's type hash on the wire.
     assert got['tf_type_hashes'] == [
-        'RIHS01_e369d0f05a23ae52508854b66f6aa0437f3449d652e8cbf22d5abe85d020f087']
+        'RIHS01_e369d0f05a23ae52508854b66f6aa0437f3449d652e8cbf22d5abe85d020f087'
+    ]

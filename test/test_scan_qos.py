@@ -8,6 +8,7 @@ before the reader has discovered the writer is lost whatever the reader does (DD
 not symmetric in time; measured with a best-effort reader too). The many repetitions use a listener node that answers
 at once through the odometry node's own subscription class; the real node runs the race too.
 """
+
 import json
 import pathlib
 import random
@@ -29,9 +30,22 @@ def race(tmp_path, order, publisher_reliability, node_cmd, scans, source, points
     tmp_path.mkdir(parents=True, exist_ok=True)
     env = isolated_ros_env(tmp_path, domain_id=random.randint(1, 100))
     out = tmp_path / 'published.json'
-    pub_cmd = [sys.executable, str(PEERS / 'startup_publisher.py'), '--reliability', publisher_reliability,
-               '--scans', str(scans), '--source', source, '--points', str(points),
-               '--answer-timeout', str(answer_timeout), '--out', str(out)]
+    pub_cmd = [
+        sys.executable,
+        str(PEERS / 'startup_publisher.py'),
+        '--reliability',
+        publisher_reliability,
+        '--scans',
+        str(scans),
+        '--source',
+        source,
+        '--points',
+        str(points),
+        '--answer-timeout',
+        str(answer_timeout),
+        '--out',
+        str(out),
+    ]
     log = tmp_path / 'node.log'
 
     def start_node():
@@ -77,12 +91,21 @@ def run_races(tmp_path, repetitions):
     for publisher in ('reliable', 'best_effort'):
         for order in ORDERS:
             for k in range(repetitions):
-                answered, sent, _ = race(tmp_path / f'{publisher}_{order}_{k}', order, publisher,
-                                         listener_cmd(), scans=4, source='random', points=40000,
-                                         answer_timeout=3.0)
+                answered, sent, _ = race(
+                    tmp_path / f'{publisher}_{order}_{k}',
+                    order,
+                    publisher,
+                    listener_cmd(),
+                    scans=4,
+                    source='random',
+                    points=40000,
+                    answer_timeout=3.0,
+                )
                 if missed(answered, sent, publisher):
-                    failures.append(f'{publisher} publisher, {order}, run {k}: '
-                                    f'{len(answered)}/{len(sent)} answered')
+                    failures.append(
+                        f'{publisher} publisher, {order}, run {k}: '
+                        f'{len(answered)}/{len(sent)} answered'
+                    )
     assert not failures, failures
 
 
@@ -104,8 +127,16 @@ def test_odometry_node_hears_first_scan_of_eager_publisher(tmp_path, publisher):
     """The real node, started together with a publisher that sends ~40k-point scans the moment it
     sees the subscription: every scan is answered (before the two-reader subscription a reliable
     publisher's first scan was lost in 5 of 6 start-ups)."""
-    answered, sent, log = race(tmp_path, 'simultaneous', publisher, [str(NODE), '--ros-args'],
-                               scans=5, source='sim', points=40000, answer_timeout=8.0)
+    answered, sent, log = race(
+        tmp_path,
+        'simultaneous',
+        publisher,
+        [str(NODE), '--ros-args'],
+        scans=5,
+        source='sim',
+        points=40000,
+        answer_timeout=8.0,
+    )
     assert not missed(answered, sent, publisher), log[-3000:]
     assert 'incompatible QoS' not in log, log[-3000:]
 
@@ -116,6 +147,7 @@ def test_unknown_reliability_is_refused():
     from rclpy.node import Node
     from sensor_msgs.msg import PointCloud2
     from pwan_ros.ros.scan_subscription import ScanSubscription
+
     rclpy.init(args=[])
     try:
         node = Node('qos_check')

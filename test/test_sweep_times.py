@@ -1,5 +1,6 @@
 """Per-point times from drivers are used for deskewing only when they describe one sweep at the
 header stamp (pwan_ros.odometry.sweep_times); what is refused leaves the scan as it is."""
+
 import numpy as np
 import pytest
 
@@ -32,15 +33,25 @@ def test_valid_driver_fields_are_used():
     assert ouster[-1].detail == 't (relative ns)'
     hesai = feed(SweepClock(), lambda k, s: extras('timestamp', np.float64, s + SWEEP))
     assert [t.status for t in hesai] == ['used'] * 6
-    velodyne = feed(SweepClock(), lambda k, s: extras('time', np.float32, SWEEP - 0.1))   # stamp at the end
+    velodyne = feed(
+        SweepClock(), lambda k, s: extras('time', np.float32, SWEEP - 0.1)
+    )  # stamp at the end
     assert [t.status for t in velodyne] == ['used'] * 6
 
 
-@pytest.mark.parametrize('what, field, dtype, make', [
-    ('velodyne 5 s off', 'time', np.float32, lambda k, s: SWEEP - 5.0),
-    ('hesai 5 s off the header', 'timestamp', np.float64, lambda k, s: s + 5.0 + SWEEP),
-    ('random times', 'time', np.float32, lambda k, s: np.random.default_rng(k).uniform(-0.5, 0.5, N)),
-])
+@pytest.mark.parametrize(
+    'what, field, dtype, make',
+    [
+        ('velodyne 5 s off', 'time', np.float32, lambda k, s: SWEEP - 5.0),
+        ('hesai 5 s off the header', 'timestamp', np.float64, lambda k, s: s + 5.0 + SWEEP),
+        (
+            'random times',
+            'time',
+            np.float32,
+            lambda k, s: np.random.default_rng(k).uniform(-0.5, 0.5, N),
+        ),
+    ],
+)
 def test_fields_that_are_no_sweep_are_ignored_with_a_reason(what, field, dtype, make):
     times = feed(SweepClock(), lambda k, s: extras(field, dtype, make(k, s)))
     # from the second scan on the period (0.1 s) is known: a sweep lasts at most 0.15 s
@@ -53,8 +64,12 @@ def test_times_jumping_back_and_forth_are_ignored():
     """Alternating +-0.7 s around the header at 1 Hz: within a sweep each, but the sweeps' times do
     not advance, so every other scan's field is refused (before: 'time went backwards; call
     reset()' and the scan skipped)."""
-    times = feed(SweepClock(), lambda k, s: extras('time', np.float32, SWEEP + (0.7 if k % 2 == 0 else -0.7)),
-                 scans=6, period=1.0)
+    times = feed(
+        SweepClock(),
+        lambda k, s: extras('time', np.float32, SWEEP + (0.7 if k % 2 == 0 else -0.7)),
+        scans=6,
+        period=1.0,
+    )
     assert [t.status for t in times] == ['used', 'ignored'] * 3
     assert 'goes back' in times[1].warning
 
@@ -88,7 +103,7 @@ def test_odometry_with_a_time_field_5_s_off_stays_on_the_ground_truth():
     poses, plain_poses, statuses = [], [], []
     for s in scans:
         stamp = s.stamp_ns * 1e-9
-        offsets = s.extras['t'].astype(np.float64) * 1e-9 - 5.0   # the sweep, 5 s off
+        offsets = s.extras['t'].astype(np.float64) * 1e-9 - 5.0  # the sweep, 5 s off
         field = np.zeros(len(offsets), dtype=[('time', np.float64)])
         field['time'] = offsets
         times = clock.read(field, stamp)
@@ -96,7 +111,9 @@ def test_odometry_with_a_time_field_5_s_off_stays_on_the_ground_truth():
         poses.append(pipeline.process(s.xyz, stamp, times.offsets).pose)
         plain_poses.append(plain.process(s.xyz, stamp).pose)
     assert statuses == ['ignored'] * len(scans)
-    np.testing.assert_allclose(np.array(poses), np.array(plain_poses), atol=1e-3)   # thread-order rounding
+    np.testing.assert_allclose(
+        np.array(poses), np.array(plain_poses), atol=1e-3
+    )  # thread-order rounding
     gt = invert(scans[0].pose) @ scans[-1].pose
     est = invert(poses[0]) @ poses[-1]
     assert np.linalg.norm(gt[:3, 3]) > 0.8

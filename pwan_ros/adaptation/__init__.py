@@ -4,11 +4,25 @@ Vocabulary: the *labelled* domain (all classes) is the paper's reference domain 
 mass m_alpha >= 1; the *unlabelled* domain (a subset of the classes) is the paper's source
 domain beta, with mass 1.
 """
+
 from .config import AdaptConfig
 from .data import FeatureSet, check_pair, load_npz, save_npz
 from .errors import AdaptConfigError, AdaptError, AdaptInputError
 from .runner import AdaptResult, run_adaptation
 from .trainer import AdaptTrainer, EvalResult, StepMetrics
 
-__all__ = ['AdaptConfig', 'AdaptConfigError', 'AdaptError', 'AdaptInputError', 'AdaptResult', 'AdaptTrainer',
-           'EvalResult', 'FeatureSet', 'StepMetrics', 'check_pair', 'load_npz', 'run_adaptation', 'save_npz']
+__all__ = [
+    'AdaptConfig',
+    'AdaptConfigError',
+    'AdaptError',
+    'AdaptInputError',
+    'AdaptResult',
+    'AdaptTrainer',
+    'EvalResult',
+    'FeatureSet',
+    'StepMetrics',
+    'check_pair',
+    'load_npz',
+    'run_adaptation',
+    'save_npz',
+]

@@ -7,6 +7,7 @@ message itself (``--label-field``, e.g. ``layout.dim.0.label`` holding a class n
 labels are mapped to ids by ``class_names`` (given, or sorted unique names). Uses ``rosbags``
 (no ROS install needed); types come from the bag, else from the Jazzy type store.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,12 +27,16 @@ def _get(msg: Any, path: str, topic: str) -> Any:
         if part.isdigit() and isinstance(obj, (list, tuple, np.ndarray)):
             i = int(part)
             if i >= len(obj):
-                raise AdaptInputError(f"topic {topic}: field path '{path}': index {i} out of range")
+                raise AdaptInputError(
+                    f"topic {topic}: field path '{path}': index {i} out of range"
+                )
             obj = obj[i]
         elif hasattr(obj, part):
             obj = getattr(obj, part)
         else:
-            raise AdaptInputError(f"topic {topic}: message {type(msg).__name__} has no field '{path}'")
+            raise AdaptInputError(
+                f"topic {topic}: message {type(msg).__name__} has no field '{path}'"
+            )
     return obj
 
 
@@ -42,7 +47,10 @@ def _read(reader, topic: str) -> Tuple[str, List[Any]]:
         have = ', '.join(sorted({c.topic for c in reader.connections})) or 'no topics'
         raise AdaptInputError(f'topic {topic} is not in the bag (it has: {have})')
     msgtype = conns[0].msgtype
-    return msgtype, [reader.deserialize(raw, conn.msgtype) for conn, _, raw in reader.messages(connections=conns)]
+    return msgtype, [
+        reader.deserialize(raw, conn.msgtype)
+        for conn, _, raw in reader.messages(connections=conns)
+    ]
 
 
 def _feature_row(msg: Any, field: str, topic: str, msgtype: str) -> np.ndarray:
@@ -51,19 +59,28 @@ def _feature_row(msg: Any, field: str, topic: str, msgtype: str) -> np.ndarray:
     expect = 'expected one feature vector per message, e.g. std_msgs/msg/Float32MultiArray'
     raw = np.asarray(value)
     if raw.dtype == np.uint8 and not msgtype.endswith('MultiArray'):
-        raise AdaptInputError(f"topic {topic} ({msgtype}): field '{field}' holds raw bytes, not a feature "
-                              f'vector; {expect}')
+        raise AdaptInputError(
+            f"topic {topic} ({msgtype}): field '{field}' holds raw bytes, not a feature "
+            f'vector; {expect}'
+        )
     try:
         row = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError):
-        raise AdaptInputError(f"topic {topic} ({msgtype}): field '{field}' is not a numeric array; "
-                              f'{expect}') from None
+        raise AdaptInputError(
+            f"topic {topic} ({msgtype}): field '{field}' is not a numeric array; {expect}"
+        ) from None
     return row.ravel()
 
 
-def import_bag(bag, features_topic: str, output, features_field: str = 'data',
-               label_topic: Optional[str] = None, label_field: Optional[str] = None,
-               class_names: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+def import_bag(
+    bag,
+    features_topic: str,
+    output,
+    features_field: str = 'data',
+    label_topic: Optional[str] = None,
+    label_field: Optional[str] = None,
+    class_names: Optional[Sequence[str]] = None,
+) -> Dict[str, Any]:
     """Read the bag and write ``output`` (.npz, atomic). Returns ``{rows, dim, labelled, ...}``."""
     from rosbags.highlevel import AnyReader
     from rosbags.typesys import Stores, get_typestore
@@ -88,9 +105,11 @@ def import_bag(bag, features_topic: str, output, features_field: str = 'data',
     dims = {r.size for r in rows}
     if len(dims) != 1:
         shown = sorted(dims)[:5]
-        raise AdaptInputError(f"topic {features_topic} ({msgtype}): field '{features_field}' has different "
-                              f'lengths across messages ({", ".join(map(str, shown))}{"..." if len(dims) > 5 else ""})'
-                              '; expected one fixed-length feature vector per message')
+        raise AdaptInputError(
+            f"topic {features_topic} ({msgtype}): field '{features_field}' has different "
+            f'lengths across messages ({", ".join(map(str, shown))}{"..." if len(dims) > 5 else ""})'
+            '; expected one fixed-length feature vector per message'
+        )
     if 0 in dims:
         raise AdaptInputError(f'topic {features_topic}: feature vectors are empty')
     features = np.stack(rows).astype(np.float32)
@@ -99,8 +118,10 @@ def import_bag(bag, features_topic: str, output, features_field: str = 'data',
     raw_labels = None
     if label_msgs is not None:
         if len(label_msgs) != len(feats):
-            raise AdaptInputError(f'{len(feats)} messages on {features_topic} but {len(label_msgs)} on '
-                                  f'{label_topic}: label messages must pair one-to-one with feature messages')
+            raise AdaptInputError(
+                f'{len(feats)} messages on {features_topic} but {len(label_msgs)} on '
+                f'{label_topic}: label messages must pair one-to-one with feature messages'
+            )
         raw_labels = [_get(m, label_field or 'data', label_topic) for m in label_msgs]
     elif label_field:
         raw_labels = [_get(m, label_field, features_topic) for m in feats]
@@ -119,13 +140,22 @@ def import_bag(bag, features_topic: str, output, features_field: str = 'data',
             except (TypeError, ValueError) as exc:
                 raise AdaptInputError(f'labels are neither integers nor strings: {exc}') from exc
             if arr.ndim != 1 or not np.all(arr == np.round(arr)) or (arr < 0).any():
-                raise AdaptInputError('labels must be non-negative integers (0-based class ids), one per message')
+                raise AdaptInputError(
+                    'labels must be non-negative integers (0-based class ids), one per message'
+                )
             labels = arr.astype(np.int64)
             if names is not None and labels.max() >= len(names):
-                raise AdaptInputError(f'label {int(labels.max())} out of range for {len(names)} class_names')
+                raise AdaptInputError(
+                    f'label {int(labels.max())} out of range for {len(names)} class_names'
+                )
     try:
         save_npz(output, features, labels, names)
     except OSError as exc:
         raise AdaptOutputError(f'{output}: {exc.strerror or exc}') from None
-    return {'output': os.path.abspath(output), 'rows': int(features.shape[0]), 'dim': int(features.shape[1]),
-            'labelled': labels is not None, 'class_names': names}
+    return {
+        'output': os.path.abspath(output),
+        'rows': int(features.shape[0]),
+        'dim': int(features.shape[1]),
+        'labelled': labels is not None,
+        'class_names': names,
+    }

@@ -3,6 +3,7 @@
 Field names are also the CLI flags (``--batch-size`` <-> ``batch_size``), the ROS parameter
 names of ``adapt_node`` and the YAML keys of ``config/adapt.yaml``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,53 +30,117 @@ class AdaptConfig:
     m_alpha >= 1); the *unlabelled* domain is the paper's source domain (a subset of classes).
     """
 
-    method: str = param('pwan', 'pwan (partial alignment), source_only (lambda1=lambda2=0) or '
-                     'wgan (complete alignment: m_alpha=1, unconstrained potential)', choices=METHODS)
+    method: str = param(
+        'pwan',
+        'pwan (partial alignment), source_only (lambda1=lambda2=0) or '
+        'wgan (complete alignment: m_alpha=1, unconstrained potential)',
+        choices=METHODS,
+    )
     steps: int = param(1000, 'number of training steps T', 1, 10_000_000)
-    batch_size: int = param(64, 'mini-batch size on each domain (labelled side stratified by class)', 2, 65536)
-    bottleneck_dim: int = param(256, 'width of the bottleneck T_theta (features -> bottleneck_dim)', 2, 65536)
-    potential_hidden: int = param(256, 'hidden width of the potential network f_w (2 hidden layers)', 2, 65536)
+    batch_size: int = param(
+        64, 'mini-batch size on each domain (labelled side stratified by class)', 2, 65536
+    )
+    bottleneck_dim: int = param(
+        256, 'width of the bottleneck T_theta (features -> bottleneck_dim)', 2, 65536
+    )
+    potential_hidden: int = param(
+        256, 'hidden width of the potential network f_w (2 hidden layers)', 2, 65536
+    )
     dropout: float = param(0.0, 'dropout on the bottleneck output during training', 0.0, 0.95)
-    input_norm: str = param('zscore', 'input standardisation, fitted on the labelled rows and saved in model.ts: '
-                         'zscore (per column (x - mean) / std; columns constant on the labelled rows are ignored), '
-                         'standard (x - mean over one common scale: unchanged by rotations, scalings, shifts), '
-                         'l2 (per row), l2_zscore / l2_standard (l2 first) or none', choices=INPUT_NORMS)
-    lr: float = param(1e-3, 'base learning rate of Adam for theta, nu; schedule lr*(1+10p)^-0.75, p=step/steps',
-                   1e-8, 10.0)
-    potential_lr: float = param(1e-3, 'learning rate of RMSprop for the potential network w', 1e-8, 10.0)
+    input_norm: str = param(
+        'zscore',
+        'input standardisation, fitted on the labelled rows and saved in model.ts: '
+        'zscore (per column (x - mean) / std; columns constant on the labelled rows are ignored), '
+        'standard (x - mean over one common scale: unchanged by rotations, scalings, shifts), '
+        'l2 (per row), l2_zscore / l2_standard (l2 first) or none',
+        choices=INPUT_NORMS,
+    )
+    lr: float = param(
+        1e-3,
+        'base learning rate of Adam for theta, nu; schedule lr*(1+10p)^-0.75, p=step/steps',
+        1e-8,
+        10.0,
+    )
+    potential_lr: float = param(
+        1e-3, 'learning rate of RMSprop for the potential network w', 1e-8, 10.0
+    )
     weight_decay: float = param(5e-4, 'L2 weight decay of Adam for theta, nu', 0.0, 1.0)
     lambda1: float = param(1.0, 'weight of the partial W1 alignment term', 0.0, 1e6)
     lambda2: float = param(0.1, 'weight of the entropy of unlabelled predictions', 0.0, 1e6)
     gp_weight: float = param(10.0, 'weight of the one-sided gradient penalty on f_w', 0.0, 1e6)
     potential_updates: int = param(5, 'potential-network updates u per training step', 1, 1000)
-    m0: float = param(0.0, 'initial m_alpha (>= 1); 0 = estimate |classes| / |estimated present classes|',
-                   0.0, 1e6)
-    anneal: float = param(0.0, 'annealing factor s >= 1 (per step) of m_alpha = m0 * s^step; 0 = 10^(1/steps), '
-                       'i.e. m_alpha reaches 10 m0 at the last step', 0.0, 2.0)
+    m0: float = param(
+        0.0,
+        'initial m_alpha (>= 1); 0 = estimate |classes| / |estimated present classes|',
+        0.0,
+        1e6,
+    )
+    anneal: float = param(
+        0.0,
+        'annealing factor s >= 1 (per step) of m_alpha = m0 * s^step; 0 = 10^(1/steps), '
+        'i.e. m_alpha reaches 10 m0 at the last step',
+        0.0,
+        2.0,
+    )
     max_m_alpha: float = param(1e4, 'upper bound of m_alpha', 1.0, 1e12)
-    warmup_steps: int = param(200, 'source-only warm-up steps before alignment, mu and m0 estimation', 0, 10_000_000)
-    weight_interval: int = param(500, 'steps between re-estimations of the class weights mu', 1, 10_000_000)
+    warmup_steps: int = param(
+        200, 'source-only warm-up steps before alignment, mu and m0 estimation', 0, 10_000_000
+    )
+    weight_interval: int = param(
+        500, 'steps between re-estimations of the class weights mu', 1, 10_000_000
+    )
     reweight: bool = param(True, 'reweight labelled cross-entropy by mu (pwan only)')
-    soft_weights: bool = param(True, 'estimate mu from mean softmax probabilities (true) or hard predictions')
-    safeguard: bool = param(True, 'train a source-only model alongside (same architecture) and deploy it instead '
-                         'of the adapted one when the adapted model is not predicted to be better (no unlabelled '
-                         'labels used; see docs/adaptation.md)')
-    holdout_fraction: float = param(0.1, 'fraction of each class of labelled rows held out from training to '
-                                 'validate both models (safeguard only)', 0.0, 0.5)
-    safeguard_margin: float = param(0.02, 'safeguard: tolerated loss of held-out accuracy and gain of '
-                                 'estimated-outlier-class mass of the adapted model over source-only', 0.0, 1.0)
-    min_agreement: float = param(0.8, 'safeguard: least fraction of unlabelled rows on which the adapted and '
-                              'source-only models must agree', 0.0, 1.0)
-    eval_interval: int = param(250, 'steps between full passes over the unlabelled set (metrics, best checkpoint)',
-                            1, 10_000_000)
+    soft_weights: bool = param(
+        True, 'estimate mu from mean softmax probabilities (true) or hard predictions'
+    )
+    safeguard: bool = param(
+        True,
+        'train a source-only model alongside (same architecture) and deploy it instead '
+        'of the adapted one when the adapted model is not predicted to be better (no unlabelled '
+        'labels used; see docs/adaptation.md)',
+    )
+    holdout_fraction: float = param(
+        0.1,
+        'fraction of each class of labelled rows held out from training to '
+        'validate both models (safeguard only)',
+        0.0,
+        0.5,
+    )
+    safeguard_margin: float = param(
+        0.02,
+        'safeguard: tolerated loss of held-out accuracy and gain of '
+        'estimated-outlier-class mass of the adapted model over source-only',
+        0.0,
+        1.0,
+    )
+    min_agreement: float = param(
+        0.8,
+        'safeguard: least fraction of unlabelled rows on which the adapted and '
+        'source-only models must agree',
+        0.0,
+        1.0,
+    )
+    eval_interval: int = param(
+        250,
+        'steps between full passes over the unlabelled set (metrics, best checkpoint)',
+        1,
+        10_000_000,
+    )
     checkpoint_interval: int = param(500, 'steps between latest-checkpoint writes', 1, 10_000_000)
-    memory_limit_mb: float = param(1024.0, 'feature arrays larger than this are memory-mapped and streamed, '
-                                'not loaded', 1.0, 1e9)
-    eval_batch: int = param(4096, 'rows per batch when streaming a whole domain through the network',
-                         1, 10_000_000)
+    memory_limit_mb: float = param(
+        1024.0,
+        'feature arrays larger than this are memory-mapped and streamed, not loaded',
+        1.0,
+        1e9,
+    )
+    eval_batch: int = param(
+        4096, 'rows per batch when streaming a whole domain through the network', 1, 10_000_000
+    )
     seed: int = param(0, 'random seed (initialisation, sampling, dropout)', 0, 2**31 - 1)
     device: str = param('auto', 'compute device: auto, cpu, cuda or cuda:N')
-    threads: int = param(0, 'CPU threads for torch during the run (0 = leave torch\'s default)', 0, 1024)
+    threads: int = param(
+        0, 'CPU threads for torch during the run (0 = leave torch\'s default)', 0, 1024
+    )
     plots: bool = param(True, 'write PNG plots (losses, m_alpha, class weights, 2-D projection)')
 
     # ------------------------------------------------------------------ validation
@@ -83,8 +148,11 @@ class AdaptConfig:
         for f in fields(self):
             value = getattr(self, f.name)
             spec: FieldSpec = f.metadata['spec']
-            expected = f.type if isinstance(f.type, type) else {'int': int, 'float': float, 'str': str,
-                                                                  'bool': bool}[f.type]
+            expected = (
+                f.type
+                if isinstance(f.type, type)
+                else {'int': int, 'float': float, 'str': str, 'bool': bool}[f.type]
+            )
             if expected is float and isinstance(value, int) and not isinstance(value, bool):
                 object.__setattr__(self, f.name, float(value))
                 value = float(value)
@@ -97,7 +165,9 @@ class AdaptConfig:
             if spec.high is not None and value > spec.high:
                 raise AdaptConfigError(f'{f.name}: {value!r} is above the maximum {spec.high:g}')
             if spec.choices and value not in spec.choices:
-                raise AdaptConfigError(f"{f.name}: {value!r} is not one of {', '.join(spec.choices)}")
+                raise AdaptConfigError(
+                    f"{f.name}: {value!r} is not one of {', '.join(spec.choices)}"
+                )
         if 0.0 < self.anneal < 1.0:
             raise AdaptConfigError(f'anneal: must be 0 (auto) or >= 1, got {self.anneal!r}')
         if 0.0 < self.m0 < 1.0:
@@ -108,13 +178,17 @@ class AdaptConfig:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any], base: Optional['AdaptConfig'] = None) -> 'AdaptConfig':
+    def from_mapping(
+        cls, values: Mapping[str, Any], base: Optional['AdaptConfig'] = None
+    ) -> 'AdaptConfig':
         """Config from a dict (YAML keys / ROS parameters); unknown keys are an error."""
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - names)
         if unknown:
-            raise AdaptConfigError(f"unknown adaptation option(s): {', '.join(unknown)} "
-                                   f"(known: {', '.join(sorted(names))})")
+            raise AdaptConfigError(
+                f"unknown adaptation option(s): {', '.join(unknown)} "
+                f"(known: {', '.join(sorted(names))})"
+            )
         base = base if base is not None else cls()
         return dataclasses.replace(base, **dict(values))
 

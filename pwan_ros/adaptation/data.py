@@ -6,6 +6,7 @@ only for evaluation. A ``features`` array stored uncompressed (``np.savez``) is 
 in place; a compressed one (``np.savez_compressed``) larger than ``max_memory_mb`` is inflated
 in chunks to a temporary file and memory-mapped, so sets larger than RAM never load at once.
 """
+
 from __future__ import annotations
 
 import os
@@ -51,7 +52,7 @@ class FeatureSet:
     def batches(self, size: int) -> Iterator[np.ndarray]:
         """Consecutive float32 blocks of at most ``size`` rows covering all rows in order."""
         for s in range(0, self.n, size):
-            yield np.asarray(self.features[s:s + size], dtype=np.float32)
+            yield np.asarray(self.features[s : s + size], dtype=np.float32)
 
     def close(self) -> None:
         """Release the memory map and delete a temporary inflated copy, if any."""
@@ -85,19 +86,25 @@ def _read_npy_header(fh):
     return shape, fortran, dtype
 
 
-def _open_features(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path: str, role: str,
-                   max_memory_mb: float) -> tuple:
+def _open_features(
+    zf: zipfile.ZipFile, info: zipfile.ZipInfo, path: str, role: str, max_memory_mb: float
+) -> tuple:
     """Return (array, tmpfile) for the ``features`` member, memory-mapped when large."""
     with zf.open(info) as fh:
         shape, fortran, dtype = _read_npy_header(fh)
         header_len = fh.tell()
     if dtype.hasobject:
         raise AdaptInputError(f'{role} file {path}: features have dtype object; expected numbers')
-    if not (np.issubdtype(dtype, np.floating) or np.issubdtype(dtype, np.integer)
-            or np.issubdtype(dtype, np.bool_)):
+    if not (
+        np.issubdtype(dtype, np.floating)
+        or np.issubdtype(dtype, np.integer)
+        or np.issubdtype(dtype, np.bool_)
+    ):
         raise AdaptInputError(f'{role} file {path}: features have dtype {dtype}; expected numbers')
     if len(shape) != 2:
-        raise AdaptInputError(f'{role} file {path}: features must be 2-D (N, D), got shape {shape}')
+        raise AdaptInputError(
+            f'{role} file {path}: features must be 2-D (N, D), got shape {shape}'
+        )
     if shape[0] == 0 or shape[1] == 0:
         raise AdaptInputError(f'{role} file {path}: features are empty (shape {shape})')
     order = 'F' if fortran else 'C'
@@ -111,8 +118,14 @@ def _open_features(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path: str, role: 
             raw.seek(info.header_offset)
             head = _LOCAL_HEADER.unpack(raw.read(_LOCAL_HEADER.size))
             data_start = info.header_offset + _LOCAL_HEADER.size + head[-2] + head[-1]
-        arr = np.memmap(path, dtype=dtype, mode='r', offset=data_start + header_len,
-                        shape=tuple(shape), order=order)
+        arr = np.memmap(
+            path,
+            dtype=dtype,
+            mode='r',
+            offset=data_start + header_len,
+            shape=tuple(shape),
+            order=order,
+        )
         return arr, None
     # Compressed and large: inflate in chunks to a temporary .npy and memory-map it.
     fd, tmp = tempfile.mkstemp(prefix='pwan_adapt_', suffix='.npy')
@@ -135,12 +148,14 @@ def _check_finite(features: np.ndarray, path: str, role: str) -> None:
     if not np.issubdtype(features.dtype, np.floating):
         return
     for s in range(0, features.shape[0], CHUNK_ROWS):
-        block = np.asarray(features[s:s + CHUNK_ROWS])
+        block = np.asarray(features[s : s + CHUNK_ROWS])
         bad = ~np.isfinite(block)
         if bad.any():
             r, c = np.argwhere(bad)[0]
-            raise AdaptInputError(f'{role} file {path}: features contain NaN or infinite values '
-                                  f'(first at row {s + int(r)}, column {int(c)})')
+            raise AdaptInputError(
+                f'{role} file {path}: features contain NaN or infinite values '
+                f'(first at row {s + int(r)}, column {int(c)})'
+            )
 
 
 def _labels(zf: zipfile.ZipFile, n: int, path: str, role: str) -> Optional[np.ndarray]:
@@ -153,18 +168,25 @@ def _labels(zf: zipfile.ZipFile, n: int, path: str, role: str) -> Optional[np.nd
             raise AdaptInputError(f'{role} file {path}: labels unreadable: {exc}') from exc
     lab = np.squeeze(lab) if lab.ndim == 2 and 1 in lab.shape else lab
     if lab.ndim != 1 or lab.shape[0] != n:
-        raise AdaptInputError(f'{role} file {path}: labels must have shape ({n},) to match the '
-                              f'features, got {tuple(lab.shape)}')
+        raise AdaptInputError(
+            f'{role} file {path}: labels must have shape ({n},) to match the '
+            f'features, got {tuple(lab.shape)}'
+        )
     if np.issubdtype(lab.dtype, np.floating):
         if not np.all(np.isfinite(lab)) or np.any(lab != np.round(lab)):
-            raise AdaptInputError(f'{role} file {path}: labels must be integers (0-based class ids)')
+            raise AdaptInputError(
+                f'{role} file {path}: labels must be integers (0-based class ids)'
+            )
     elif not np.issubdtype(lab.dtype, np.integer):
-        raise AdaptInputError(f'{role} file {path}: labels must be integers, got dtype {lab.dtype}')
+        raise AdaptInputError(
+            f'{role} file {path}: labels must be integers, got dtype {lab.dtype}'
+        )
     return lab.astype(np.int64)
 
 
-def load_npz(path, role: str = 'labelled', require_labels: bool = False,
-             max_memory_mb: float = 1024.0) -> FeatureSet:
+def load_npz(
+    path, role: str = 'labelled', require_labels: bool = False, max_memory_mb: float = 1024.0
+) -> FeatureSet:
     """Read and validate one ``.npz`` file (see module docstring). ``role`` names it in errors."""
     path = os.fspath(path)
     if os.path.isdir(path):
@@ -204,36 +226,52 @@ def check_pair(labelled: FeatureSet, unlabelled: FeatureSet) -> int:
     if labelled.labels is None:
         raise AdaptInputError(f"labelled file {labelled.path}: no 'labels' array")
     if labelled.dim != unlabelled.dim:
-        raise AdaptInputError(f'feature dimensions differ: labelled {labelled.path} has D={labelled.dim}, '
-                              f'unlabelled {unlabelled.path} has D={unlabelled.dim}')
+        raise AdaptInputError(
+            f'feature dimensions differ: labelled {labelled.path} has D={labelled.dim}, '
+            f'unlabelled {unlabelled.path} has D={unlabelled.dim}'
+        )
     lab = labelled.labels
     if lab.min() < 0:
-        raise AdaptInputError(f'labelled file {labelled.path}: negative label {int(lab.min())} '
-                              '(labels are 0-based class ids)')
+        raise AdaptInputError(
+            f'labelled file {labelled.path}: negative label {int(lab.min())} '
+            '(labels are 0-based class ids)'
+        )
     k = len(labelled.class_names) if labelled.class_names is not None else int(lab.max()) + 1
     if k < 2:
         raise AdaptInputError(f'labelled file {labelled.path}: need at least 2 classes, got {k}')
     if lab.max() >= k:
-        raise AdaptInputError(f'labelled file {labelled.path}: label {int(lab.max())} out of range for '
-                              f'{k} class_names')
+        raise AdaptInputError(
+            f'labelled file {labelled.path}: label {int(lab.max())} out of range for '
+            f'{k} class_names'
+        )
     counts = np.bincount(lab, minlength=k)
     if (counts == 0).any():
         missing = np.flatnonzero(counts == 0).tolist()
-        raise AdaptInputError(f'labelled file {labelled.path}: class(es) {missing} have no rows; every '
-                              f'class 0..{k - 1} needs labelled examples')
+        raise AdaptInputError(
+            f'labelled file {labelled.path}: class(es) {missing} have no rows; every '
+            f'class 0..{k - 1} needs labelled examples'
+        )
     if unlabelled.labels is not None:
         ul = unlabelled.labels
         if ul.min() < 0 or ul.max() >= k:
             bad = int(ul.min()) if ul.min() < 0 else int(ul.max())
-            raise AdaptInputError(f'unlabelled file {unlabelled.path}: evaluation label {bad} out of range '
-                                  f'0..{k - 1}')
+            raise AdaptInputError(
+                f'unlabelled file {unlabelled.path}: evaluation label {bad} out of range '
+                f'0..{k - 1}'
+            )
     return k
 
 
-def save_npz(path, features: np.ndarray, labels: Optional[np.ndarray] = None,
-             class_names: Optional[Sequence[str]] = None, compressed: bool = False) -> None:
+def save_npz(
+    path,
+    features: np.ndarray,
+    labels: Optional[np.ndarray] = None,
+    class_names: Optional[Sequence[str]] = None,
+    compressed: bool = False,
+) -> None:
     """Write a feature file in the format :func:`load_npz` reads, atomically."""
     from .io import atomic_path
+
     arrays = {'features': np.asarray(features, dtype=np.float32)}
     if labels is not None:
         arrays['labels'] = np.asarray(labels, dtype=np.int64)

@@ -5,6 +5,7 @@
 ``summary.json`` beside the model when it records them. ROS-free: the ``pwan_classifier`` node
 (:mod:`pwan_ros.ros.classifier_node`) only converts messages around :meth:`Classifier.classify`.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,24 +29,44 @@ RELIABILITIES = ('reliable', 'best_effort')
 class ClassifierConfig:
     """Parameters of the ``pwan_classifier`` node (ROS parameter names)."""
 
-    model: str = param('', 'TorchScript classifier written by pwan_adapt / pwan_adapt_node (model.ts in its '
-                           "output directory); required")
-    device: str = param('auto', 'inference device: auto (CUDA when available) | cpu | cuda | cuda:N')
-    reliability: str = param('reliable', 'QoS reliability of the features subscription: reliable (rclpy '
-                                         'publishers, ros2 bag play) or best_effort (sensor-data publishers)',
-                             choices=RELIABILITIES)
-    queue_depth: int = param(5000, 'queue depth (history) of the features subscription and of the output '
-                                   'publishers; a burst larger than this that arrives faster than it is '
-                                   'classified loses messages (they are counted and reported)', 1, 1000000)
-    status_period: float = param(1.0, 'seconds between pwan_classifier status messages on /diagnostics '
-                                      '(received, classified, skipped, dropped counts)', 0.05, 3600.0)
+    model: str = param(
+        '',
+        'TorchScript classifier written by pwan_adapt / pwan_adapt_node (model.ts in its '
+        "output directory); required",
+    )
+    device: str = param(
+        'auto', 'inference device: auto (CUDA when available) | cpu | cuda | cuda:N'
+    )
+    reliability: str = param(
+        'reliable',
+        'QoS reliability of the features subscription: reliable (rclpy '
+        'publishers, ros2 bag play) or best_effort (sensor-data publishers)',
+        choices=RELIABILITIES,
+    )
+    queue_depth: int = param(
+        5000,
+        'queue depth (history) of the features subscription and of the output '
+        'publishers; a burst larger than this that arrives faster than it is '
+        'classified loses messages (they are counted and reported)',
+        1,
+        1000000,
+    )
+    status_period: float = param(
+        1.0,
+        'seconds between pwan_classifier status messages on /diagnostics '
+        '(received, classified, skipped, dropped counts)',
+        0.05,
+        3600.0,
+    )
 
     def __post_init__(self):
         check(self, AdaptConfigError, flags=False)
         dev = self.device
         if not (dev in ('auto', 'cpu', 'cuda') or (dev.startswith('cuda:') and dev[5:].isdigit())):
-            raise AdaptConfigError(f"invalid value {dev!r} for parameter 'device': expected auto | cpu | cuda | "
-                                   'cuda:N')
+            raise AdaptConfigError(
+                f"invalid value {dev!r} for parameter 'device': expected auto | cpu | cuda | "
+                'cuda:N'
+            )
 
 
 @dataclass(frozen=True)
@@ -62,8 +83,15 @@ class Classifier:
     """A loaded classifier: features (n, dim) float32 -> logits (n, num_classes). Use
     :func:`load_classifier`."""
 
-    def __init__(self, module, path: str, dim: int, num_classes: int, device: torch.device,
-                 class_names: Optional[List[str]] = None):
+    def __init__(
+        self,
+        module,
+        path: str,
+        dim: int,
+        num_classes: int,
+        device: torch.device,
+        class_names: Optional[List[str]] = None,
+    ):
         self.module, self.path, self.dim, self.num_classes = module, path, dim, num_classes
         self.device, self.class_names = device, class_names
 
@@ -86,22 +114,31 @@ class Classifier:
         """Predictions of features (n, dim) -> list of n; of one vector (dim,) -> one Prediction."""
         probs = self.probabilities(features)
         ids = probs.argmax(axis=1)
-        preds = [Prediction(int(c), float(probs[i, c]), self.class_names[c] if self.class_names else None)
-                 for i, c in enumerate(ids)]
+        preds = [
+            Prediction(
+                int(c), float(probs[i, c]), self.class_names[c] if self.class_names else None
+            )
+            for i, c in enumerate(ids)
+        ]
         return preds[0] if np.ndim(features) == 1 else preds
 
 
 def _class_names(model_path: str, k: int) -> Optional[List[str]]:
     """``class_names`` of the run's summary.json beside the model when it lists K of them."""
     try:
-        with open(os.path.join(os.path.dirname(os.path.abspath(model_path)), 'summary.json'), encoding='utf-8') as fh:
+        with open(
+            os.path.join(os.path.dirname(os.path.abspath(model_path)), 'summary.json'),
+            encoding='utf-8',
+        ) as fh:
             names = json.load(fh).get('class_names')
     except (OSError, ValueError, AttributeError):
         return None
     return [str(n) for n in names] if isinstance(names, list) and len(names) == k else None
 
 
-def load_classifier(path, device: str = 'cpu', class_names: Optional[Sequence[str]] = None) -> Classifier:
+def load_classifier(
+    path, device: str = 'cpu', class_names: Optional[Sequence[str]] = None
+) -> Classifier:
     """Load ``model.ts`` on ``device`` (auto | cpu | cuda | cuda:N) and check it: the input
     dimension D is the first weight matrix's width, a probe (1, D) must give logits (1, K).
     ``class_names`` (K,): default from the run's summary.json. Errors are one-line
@@ -117,19 +154,28 @@ def load_classifier(path, device: str = 'cpu', class_names: Optional[Sequence[st
             warnings.simplefilter('ignore', DeprecationWarning)
             module = torch.jit.load(path, map_location=dev)
     except (RuntimeError, ValueError, OSError) as exc:
-        raise AdaptInputError(f'model {path} is not a TorchScript model ({str(exc).split(". ")[0][:100]}); '
-                              'pwan_adapt writes one as model.ts, checkpoints/*.pt are training state') from None
+        raise AdaptInputError(
+            f'model {path} is not a TorchScript model ({str(exc).split(". ")[0][:100]}); '
+            'pwan_adapt writes one as model.ts, checkpoints/*.pt are training state'
+        ) from None
     module.eval()
     weights = [p for p in module.parameters() if p.dim() == 2]
     try:
         dim = int(weights[0].shape[1])
         with torch.inference_mode():
             out = module(torch.ones(1, dim, device=dev))
-        ok = isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[0] == 1 and out.shape[1] >= 1
+        ok = (
+            isinstance(out, torch.Tensor)
+            and out.dim() == 2
+            and out.shape[0] == 1
+            and out.shape[1] >= 1
+        )
     except Exception:  # no weight matrix, or a forward that does not take (n, D) features
         ok = False
     if not ok:
-        raise AdaptInputError(f'model {path} is not a classifier of feature vectors (n, D) -> logits (n, K)')
+        raise AdaptInputError(
+            f'model {path} is not a classifier of feature vectors (n, D) -> logits (n, K)'
+        )
     k = int(out.shape[1])
     names = list(class_names) if class_names is not None else _class_names(path, k)
     if names is not None and len(names) != k:

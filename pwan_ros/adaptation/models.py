@@ -4,6 +4,7 @@ eta = D_nu o T_theta: input normalisation -> bottleneck T_theta (D -> B, ReLU) -
 D_nu (B -> K logits). Potential f_w on bottleneck features: B -> H -> H -> 1 (LeakyReLU) with
 f = -|g_w| <= 0 (PWAN) or f = g_w (unconstrained, complete alignment / WGAN).
 """
+
 from __future__ import annotations
 
 import torch
@@ -36,11 +37,19 @@ class InputNorm(nn.Module):
 class AdaptedClassifier(nn.Module):
     """eta(x): features (n, D) float32 -> logits (n, K). ``embed`` gives the bottleneck (n, B)."""
 
-    def __init__(self, in_dim: int, num_classes: int, bottleneck_dim: int = 256,
-                 dropout: float = 0.0, input_norm: str = 'l2'):
+    def __init__(
+        self,
+        in_dim: int,
+        num_classes: int,
+        bottleneck_dim: int = 256,
+        dropout: float = 0.0,
+        input_norm: str = 'l2',
+    ):
         super().__init__()
         self.norm = InputNorm(in_dim, input_norm)
-        self.bottleneck = nn.Sequential(nn.Linear(in_dim, bottleneck_dim), nn.ReLU(), nn.Dropout(dropout))
+        self.bottleneck = nn.Sequential(
+            nn.Linear(in_dim, bottleneck_dim), nn.ReLU(), nn.Dropout(dropout)
+        )
         self.head = nn.Linear(bottleneck_dim, num_classes)
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
@@ -56,8 +65,13 @@ class PotentialNet(nn.Module):
     def __init__(self, dim: int, hidden: int = 256, nonpositive: bool = True):
         super().__init__()
         # LeakyReLU: with f = -|g| the constant g = 0 is a stationary point that dead ReLUs fall into.
-        self.net = nn.Sequential(nn.Linear(dim, hidden), nn.LeakyReLU(0.2), nn.Linear(hidden, hidden),
-                                 nn.LeakyReLU(0.2), nn.Linear(hidden, 1))
+        self.net = nn.Sequential(
+            nn.Linear(dim, hidden),
+            nn.LeakyReLU(0.2),
+            nn.Linear(hidden, hidden),
+            nn.LeakyReLU(0.2),
+            nn.Linear(hidden, 1),
+        )
         self.nonpositive = nonpositive
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
@@ -65,8 +79,9 @@ class PotentialNet(nn.Module):
         return -g.abs() if self.nonpositive else g
 
 
-def gradient_penalty(potential: PotentialNet, a: torch.Tensor, b: torch.Tensor,
-                     generator: torch.Generator) -> torch.Tensor:
+def gradient_penalty(
+    potential: PotentialNet, a: torch.Tensor, b: torch.Tensor, generator: torch.Generator
+) -> torch.Tensor:
     """One-sided penalty mean(relu(|grad f(z)| - 1)^2) at random interpolates of a and b (n, B).
 
     Keeps f_w (approximately) 1-Lipschitz; the graph is kept so that it trains w."""

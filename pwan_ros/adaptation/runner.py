@@ -14,6 +14,7 @@ Output directory layout (every file written atomically)::
   plots/*.png             losses, m_alpha, class weights, 2-D projection of bottleneck features
   summary.json            :class:`AdaptResult`
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -30,7 +31,15 @@ import torch
 from .config import AdaptConfig
 from .data import FeatureSet, load_npz
 from .errors import AdaptInputError, AdaptOutputError
-from .io import OutputError, check_output, os_error_text, write_bytes, write_json, write_npy, write_text
+from .io import (
+    OutputError,
+    check_output,
+    os_error_text,
+    write_bytes,
+    write_json,
+    write_npy,
+    write_text,
+)
 from .safeguard import SafeguardDecision, decide, holdout_split, train_source_only
 from .trainer import AdaptTrainer, EvalResult, StepMetrics
 
@@ -60,10 +69,10 @@ class AdaptResult:
     prediction_histogram: Optional[List[int]]
     accuracy: Optional[float]
     absent_class_fraction: Optional[float]
-    deployed: Optional[str]          # model in model.ts: adapted | source_only (None: not finished)
+    deployed: Optional[str]  # model in model.ts: adapted | source_only (None: not finished)
     deployed_reason: Optional[str]
-    safeguard: Optional[Dict]        # SafeguardDecision.to_dict(): the criteria of both candidates
-    adapted_accuracy: Optional[float]       # evaluation labels only: both candidates' accuracy
+    safeguard: Optional[Dict]  # SafeguardDecision.to_dict(): the criteria of both candidates
+    adapted_accuracy: Optional[float]  # evaluation labels only: both candidates' accuracy
     source_only_accuracy: Optional[float]
     output_dir: str
     predictions_path: Optional[str]
@@ -95,10 +104,14 @@ def load_checkpoint(path: str) -> dict:
         ckpt = torch.load(path, map_location='cpu', weights_only=True)
     except OSError as exc:
         raise AdaptInputError(f'cannot resume: {os_error_text(exc)}') from None
-    except Exception as exc:   # UnpicklingError (code, foreign types), RuntimeError (not a zip), EOFError
+    except (
+        Exception
+    ) as exc:  # UnpicklingError (code, foreign types), RuntimeError (not a zip), EOFError
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise AdaptInputError(f'cannot resume: {path} is not a checkpoint of this version that can be '
-                              f'read safely ({first[:160]})') from None
+        raise AdaptInputError(
+            f'cannot resume: {path} is not a checkpoint of this version that can be '
+            f'read safely ({first[:160]})'
+        ) from None
     if not isinstance(ckpt, dict):
         raise AdaptInputError(f'cannot resume: {path} does not hold a checkpoint')
     return ckpt
@@ -136,6 +149,7 @@ def export_torchscript(trainer: AdaptTrainer, path: str) -> None:
     """Save eta (input normalisation, bottleneck, classifier) as TorchScript on the CPU."""
     import copy
     import warnings
+
     model = copy.deepcopy(trainer.model).to('cpu').eval()
     with warnings.catch_warnings():
         # TorchScript is deprecated in recent torch releases but still the format every libtorch
@@ -147,11 +161,17 @@ def export_torchscript(trainer: AdaptTrainer, path: str) -> None:
     write_bytes(path, buf.getvalue())
 
 
-def run_adaptation(config: AdaptConfig, labelled, unlabelled, output_dir: str, resume: bool = False,
-                   on_step: Optional[Callable[[AdaptTrainer, StepMetrics], None]] = None,
-                   on_eval: Optional[Callable[[AdaptTrainer, EvalResult], None]] = None,
-                   should_stop: Optional[Callable[[], bool]] = None,
-                   log: Callable[[str], None] = lambda s: None) -> AdaptResult:
+def run_adaptation(
+    config: AdaptConfig,
+    labelled,
+    unlabelled,
+    output_dir: str,
+    resume: bool = False,
+    on_step: Optional[Callable[[AdaptTrainer, StepMetrics], None]] = None,
+    on_eval: Optional[Callable[[AdaptTrainer, EvalResult], None]] = None,
+    should_stop: Optional[Callable[[], bool]] = None,
+    log: Callable[[str], None] = lambda s: None,
+) -> AdaptResult:
     """Train on ``labelled`` / ``unlabelled`` (paths or :class:`FeatureSet`) and write the outputs.
 
     With ``resume`` the run continues from ``output_dir/checkpoints/latest.pt`` (an error when it
@@ -164,11 +184,27 @@ def run_adaptation(config: AdaptConfig, labelled, unlabelled, output_dir: str, r
         check_output(output_dir, directory=True)
     except OutputError as exc:
         raise AdaptOutputError(str(exc)) from None
-    created = [d for d in (output_dir, os.path.join(output_dir, 'checkpoints')) if not os.path.exists(d)]
+    created = [
+        d for d in (output_dir, os.path.join(output_dir, 'checkpoints')) if not os.path.exists(d)
+    ]
     opened = not isinstance(labelled, FeatureSet)
-    lab, unl = load_inputs(labelled, unlabelled, config.memory_limit_mb) if opened else (labelled, unlabelled)
+    lab, unl = (
+        load_inputs(labelled, unlabelled, config.memory_limit_mb)
+        if opened
+        else (labelled, unlabelled)
+    )
     try:
-        return _run(config, lab, unl, os.path.abspath(output_dir), resume, on_step, on_eval, should_stop, log)
+        return _run(
+            config,
+            lab,
+            unl,
+            os.path.abspath(output_dir),
+            resume,
+            on_step,
+            on_eval,
+            should_stop,
+            log,
+        )
     except OSError as exc:  # writing an output failed part-way (full disk, permissions changed)
         for d in reversed(created):  # directories this run made and left empty
             with contextlib.suppress(OSError):
@@ -188,7 +224,9 @@ def _run(config, lab, unl, out, resume, on_step, on_eval, should_stop, log) -> A
         torch.set_num_threads(config.threads)
     try:
         guarded = config.safeguard and config.method != 'source_only'
-        holdout = holdout_split(lab.labels, config.holdout_fraction, config.seed) if guarded else None
+        holdout = (
+            holdout_split(lab.labels, config.holdout_fraction, config.seed) if guarded else None
+        )
         trainer = AdaptTrainer(config, lab, unl, holdout)
         if resume:
             if not os.path.isfile(latest):
@@ -208,13 +246,18 @@ def _run(config, lab, unl, out, resume, on_step, on_eval, should_stop, log) -> A
         def ckpt_hook(tr):
             _ckpt_save(tr, latest)
 
-        done = trainer.train(on_step=on_step, on_eval=eval_hook, on_checkpoint=ckpt_hook,
-                             should_stop=should_stop)
+        done = trainer.train(
+            on_step=on_step, on_eval=eval_hook, on_checkpoint=ckpt_hook, should_stop=should_stop
+        )
         _ckpt_save(trainer, latest)
         write_metrics(trainer, out)
         res = decision = companion = accuracies = None
         if done:
-            res = last_eval[0] if last_eval and last_eval[0].step == trainer.state.step else trainer.evaluate()
+            res = (
+                last_eval[0]
+                if last_eval and last_eval[0].step == trainer.state.step
+                else trainer.evaluate()
+            )
             if not last_eval or last_eval[0] is not res:
                 if trainer.record_eval(res):
                     _ckpt_save(trainer, best)
@@ -223,9 +266,11 @@ def _run(config, lab, unl, out, resume, on_step, on_eval, should_stop, log) -> A
             if guarded:
                 log('safeguard: training the source-only model alongside')
                 companion = train_source_only(config, lab, unl, holdout)
-                decision = decide(trainer, companion, holdout, config.safeguard_margin, config.min_agreement)
+                decision = decide(
+                    trainer, companion, holdout, config.safeguard_margin, config.min_agreement
+                )
                 log(f'safeguard: deploying {decision.deployed}: {decision.reason}')
-                if decision.deployed == 'source_only':     # refitted on all labelled rows
+                if decision.deployed == 'source_only':  # refitted on all labelled rows
                     companion = train_source_only(config, lab, unl, None)
                 os.makedirs(os.path.join(out, 'candidates'), exist_ok=True)
                 export_torchscript(trainer, os.path.join(out, 'candidates', 'adapted.ts'))
@@ -238,43 +283,89 @@ def _run(config, lab, unl, out, resume, on_step, on_eval, should_stop, log) -> A
             export_torchscript(deployed, os.path.join(out, 'model.ts'))
             if trainer.config.plots:
                 from .plots import write_plots
+
                 write_plots(trainer, os.path.join(out, 'plots'))
             accuracies = (res.accuracy, None if source_res is None else source_res.accuracy)
             res = final
         else:
             log(f'stopped at step {trainer.state.step}; checkpoint {latest}')
-        result = _result(trainer, res, out, latest, best, done, decision, *(accuracies if done else (None, None)))
+        result = _result(
+            trainer,
+            res,
+            out,
+            latest,
+            best,
+            done,
+            decision,
+            *(accuracies if done else (None, None)),
+        )
         write_json(result.summary_path, result.to_dict())
         return result
     finally:
         torch.set_num_threads(torch_threads)
 
 
-def _result(tr: AdaptTrainer, res: Optional[EvalResult], out, latest, best, done,
-            decision: Optional[SafeguardDecision], adapted_acc, source_acc) -> AdaptResult:
+def _result(
+    tr: AdaptTrainer,
+    res: Optional[EvalResult],
+    out,
+    latest,
+    best,
+    done,
+    decision: Optional[SafeguardDecision],
+    adapted_acc,
+    source_acc,
+) -> AdaptResult:
     cfg, st, k = tr.config, tr.state, tr.num_classes
     # Classes predicted for more than 1/K of the unlabelled rows at the end (hard predictions).
     frac = res.class_fraction if res is not None else st.mu / k
     return AdaptResult(
-        completed=done, method=cfg.method, steps_done=st.step, steps=cfg.steps, seed=cfg.seed,
-        device=str(tr.device), train_seconds=round(st.train_seconds, 3), num_classes=k,
-        class_names=tr.labelled.class_names, n_labelled=tr.labelled.n, n_unlabelled=tr.unlabelled.n,
-        m0=float(st.m0), m_alpha=tr.m_alpha(), class_weights=[float(v) for v in st.mu],
+        completed=done,
+        method=cfg.method,
+        steps_done=st.step,
+        steps=cfg.steps,
+        seed=cfg.seed,
+        device=str(tr.device),
+        train_seconds=round(st.train_seconds, 3),
+        num_classes=k,
+        class_names=tr.labelled.class_names,
+        n_labelled=tr.labelled.n,
+        n_unlabelled=tr.unlabelled.n,
+        m0=float(st.m0),
+        m_alpha=tr.m_alpha(),
+        class_weights=[float(v) for v in st.mu],
         estimated_present_classes=[int(c) for c in np.flatnonzero(frac > 1.0 / k)],
         mean_entropy=None if res is None else float(res.mean_entropy),
-        best_step=int(st.best_step), best_entropy=None if st.best_step < 0 else float(st.best_entropy),
-        prediction_histogram=None if res is None else np.bincount(res.predictions, minlength=k).tolist(),
+        best_step=int(st.best_step),
+        best_entropy=None if st.best_step < 0 else float(st.best_entropy),
+        prediction_histogram=None
+        if res is None
+        else np.bincount(res.predictions, minlength=k).tolist(),
         accuracy=None if res is None else res.accuracy,
         absent_class_fraction=None if res is None else res.absent_fraction,
-        deployed=None if not done else (decision.deployed if decision is not None else
-                                         ('source_only' if cfg.method == 'source_only' else 'adapted')),
-        deployed_reason=None if not done else (decision.reason if decision is not None else
-                                                'safeguard off' if cfg.method != 'source_only' else 'method source_only'),
+        deployed=None
+        if not done
+        else (
+            decision.deployed
+            if decision is not None
+            else ('source_only' if cfg.method == 'source_only' else 'adapted')
+        ),
+        deployed_reason=None
+        if not done
+        else (
+            decision.reason
+            if decision is not None
+            else 'safeguard off'
+            if cfg.method != 'source_only'
+            else 'method source_only'
+        ),
         safeguard=None if decision is None else decision.to_dict(),
         adapted_accuracy=adapted_acc if cfg.method != 'source_only' else None,
         source_only_accuracy=source_acc if cfg.method != 'source_only' else adapted_acc,
         output_dir=out,
         predictions_path=os.path.join(out, 'predictions.npy') if done else None,
         model_path=os.path.join(out, 'model.ts') if done else None,
-        checkpoint_path=latest, best_checkpoint_path=best if os.path.isfile(best) else None,
-        summary_path=os.path.join(out, 'summary.json'))
+        checkpoint_path=latest,
+        best_checkpoint_path=best if os.path.isfile(best) else None,
+        summary_path=os.path.join(out, 'summary.json'),
+    )

@@ -19,6 +19,7 @@ rows and it is more confident (lower mean entropy). Otherwise the source-only mo
 on all labelled rows (the held-out split served the decision) and deployed, and the decision says
 which test failed.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -53,8 +54,10 @@ def _predict(trainer, fs: FeatureSet, index: Optional[np.ndarray] = None):
     if index is None:
         blocks = fs.batches(chunk)
     else:
-        blocks = (fs.rows(index[s:s + chunk]) for s in range(0, index.size, chunk))
-    probs = [model(torch.from_numpy(b).to(dev)).softmax(dim=1).double().cpu().numpy() for b in blocks]
+        blocks = (fs.rows(index[s : s + chunk]) for s in range(0, index.size, chunk))
+    probs = [
+        model(torch.from_numpy(b).to(dev)).softmax(dim=1).double().cpu().numpy() for b in blocks
+    ]
     p = np.concatenate(probs) if probs else np.zeros((0, trainer.num_classes))
     return p.argmax(axis=1), p
 
@@ -87,13 +90,19 @@ class SafeguardDecision:
 def _weighted_accuracy(pred, labels, weights) -> Optional[float]:
     if labels.size == 0:
         return None
-    acc = np.array([(pred[labels == c] == c).mean() if (labels == c).any() else np.nan
-                    for c in range(weights.size)])
+    acc = np.array(
+        [
+            (pred[labels == c] == c).mean() if (labels == c).any() else np.nan
+            for c in range(weights.size)
+        ]
+    )
     ok = np.isfinite(acc) & (weights > 0)
     return float((acc[ok] * weights[ok]).sum() / weights[ok].sum()) if ok.any() else None
 
 
-def decide(adapted, source, holdout: np.ndarray, margin: float, min_agreement: float) -> SafeguardDecision:
+def decide(
+    adapted, source, holdout: np.ndarray, margin: float, min_agreement: float
+) -> SafeguardDecision:
     """Compare two trained :class:`~pwan_ros.adaptation.trainer.AdaptTrainer` on the unlabelled rows and
     the held-out labelled rows ``holdout``; see the module docstring for the rule."""
     k = adapted.num_classes
@@ -101,7 +110,7 @@ def decide(adapted, source, holdout: np.ndarray, margin: float, min_agreement: f
     ps, probs = _predict(source, source.unlabelled)
     share = np.bincount(ps, minlength=k) / max(1, ps.size)
     present = share >= 1.0 / (2 * k)
-    weights = probs.mean(axis=0)                    # source-only estimate of the class shares
+    weights = probs.mean(axis=0)  # source-only estimate of the class shares
     labels = adapted.labelled.labels[holdout]
     va, _ = _predict(adapted, adapted.labelled, holdout)
     vs, _ = _predict(source, source.labelled, holdout)
@@ -110,34 +119,68 @@ def decide(adapted, source, holdout: np.ndarray, margin: float, min_agreement: f
         return float(-(p * np.log(np.clip(p, 1e-30, None))).sum(axis=1).mean())
 
     agree = float((pa == ps).mean())
-    a = ModelCheck(_weighted_accuracy(va, labels, weights), float((~present[pa]).mean()), entropy(proba), agree)
-    s = ModelCheck(_weighted_accuracy(vs, labels, weights), float((~present[ps]).mean()), entropy(probs), 1.0)
+    a = ModelCheck(
+        _weighted_accuracy(va, labels, weights),
+        float((~present[pa]).mean()),
+        entropy(proba),
+        agree,
+    )
+    s = ModelCheck(
+        _weighted_accuracy(vs, labels, weights), float((~present[ps]).mean()), entropy(probs), 1.0
+    )
     fails = []
-    if a.val_accuracy is not None and s.val_accuracy is not None and a.val_accuracy < s.val_accuracy - margin:
-        fails.append(f'held-out labelled accuracy {a.val_accuracy:.3f} < source-only {s.val_accuracy:.3f} '
-                     f'- {margin:g}')
+    if (
+        a.val_accuracy is not None
+        and s.val_accuracy is not None
+        and a.val_accuracy < s.val_accuracy - margin
+    ):
+        fails.append(
+            f'held-out labelled accuracy {a.val_accuracy:.3f} < source-only {s.val_accuracy:.3f} '
+            f'- {margin:g}'
+        )
     if a.outlier_mass > s.outlier_mass + margin:
-        fails.append(f'{a.outlier_mass:.1%} of unlabelled rows in estimated-absent classes '
-                     f'(source-only {s.outlier_mass:.1%})')
+        fails.append(
+            f'{a.outlier_mass:.1%} of unlabelled rows in estimated-absent classes '
+            f'(source-only {s.outlier_mass:.1%})'
+        )
     if agree < min_agreement:
-        fails.append(f'agrees with source-only on only {agree:.1%} of unlabelled rows (< {min_agreement:.0%})')
+        fails.append(
+            f'agrees with source-only on only {agree:.1%} of unlabelled rows (< {min_agreement:.0%})'
+        )
     if a.mean_entropy >= s.mean_entropy:
-        fails.append(f'not more confident than source-only (entropy {a.mean_entropy:.3f} >= {s.mean_entropy:.3f})')
+        fails.append(
+            f'not more confident than source-only (entropy {a.mean_entropy:.3f} >= {s.mean_entropy:.3f})'
+        )
     if fails:
-        return SafeguardDecision('source_only', 'adapted model not predicted to be better: ' + '; '.join(fails),
-                                 a, s, np.flatnonzero(present).tolist(), int(holdout.size))
-    reason = (f'adapted model kept: held-out accuracy {a.val_accuracy if a.val_accuracy is not None else float("nan"):.3f} '
-              f'(source-only {s.val_accuracy if s.val_accuracy is not None else float("nan"):.3f}), '
-              f'outlier mass {a.outlier_mass:.1%} (source-only {s.outlier_mass:.1%}), agreement {agree:.1%}')
-    return SafeguardDecision('adapted', reason, a, s, np.flatnonzero(present).tolist(), int(holdout.size))
+        return SafeguardDecision(
+            'source_only',
+            'adapted model not predicted to be better: ' + '; '.join(fails),
+            a,
+            s,
+            np.flatnonzero(present).tolist(),
+            int(holdout.size),
+        )
+    reason = (
+        f'adapted model kept: held-out accuracy {a.val_accuracy if a.val_accuracy is not None else float("nan"):.3f} '
+        f'(source-only {s.val_accuracy if s.val_accuracy is not None else float("nan"):.3f}), '
+        f'outlier mass {a.outlier_mass:.1%} (source-only {s.outlier_mass:.1%}), agreement {agree:.1%}'
+    )
+    return SafeguardDecision(
+        'adapted', reason, a, s, np.flatnonzero(present).tolist(), int(holdout.size)
+    )
 
 
-def train_source_only(config, labelled: FeatureSet, unlabelled: FeatureSet, holdout: Optional[np.ndarray]):
+def train_source_only(
+    config, labelled: FeatureSet, unlabelled: FeatureSet, holdout: Optional[np.ndarray]
+):
     """The source-only companion: the same config with ``method=source_only``, trained to the end
     without the ``holdout`` rows (None: on all labelled rows). Deterministic (same seed, same
     rows), so a resumed run recomputes the same model."""
     from .trainer import AdaptTrainer
-    tr = AdaptTrainer(dataclasses.replace(config, method='source_only'), labelled, unlabelled, holdout)
+
+    tr = AdaptTrainer(
+        dataclasses.replace(config, method='source_only'), labelled, unlabelled, holdout
+    )
     tr.train()
     return tr
 
@@ -150,6 +193,7 @@ def adapt_with_safeguard(config, labelled: FeatureSet, unlabelled: FeatureSet):
     source-only model refitted on all labelled rows (the held-out rows are for the decision). What
     :func:`pwan_ros.adaptation.runner.run_adaptation` does, without checkpoints or outputs."""
     from .trainer import AdaptTrainer
+
     holdout = holdout_split(labelled.labels, config.holdout_fraction, config.seed)
     adapted = AdaptTrainer(config, labelled, unlabelled, holdout)
     adapted.train()

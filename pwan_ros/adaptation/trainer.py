@@ -16,6 +16,7 @@ The first ``warmup_steps`` steps are plain cross-entropy; alignment, entropy, mu
 after them. source_only and wgan (complete alignment) are the same trainer with fixed settings
 (:meth:`AdaptConfig.resolved_method`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,10 +34,22 @@ from .data import FeatureSet, check_pair
 from .errors import AdaptConfigError, AdaptInputError
 from .models import AdaptedClassifier, PotentialNet, gradient_penalty
 
-CHECKPOINT_VERSION = 3   # 2: tensors and plain values only (torch.load(weights_only=True)); 3: norm.scale, holdout
+CHECKPOINT_VERSION = (
+    3  # 2: tensors and plain values only (torch.load(weights_only=True)); 3: norm.scale, holdout
+)
 # Config fields that may differ between a checkpoint and the run that resumes it.
-RESUME_FREE = ('steps', 'device', 'threads', 'plots', 'eval_batch', 'eval_interval', 'checkpoint_interval',
-               'memory_limit_mb', 'safeguard_margin', 'min_agreement')
+RESUME_FREE = (
+    'steps',
+    'device',
+    'threads',
+    'plots',
+    'eval_batch',
+    'eval_interval',
+    'checkpoint_interval',
+    'memory_limit_mb',
+    'safeguard_margin',
+    'min_agreement',
+)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -100,8 +113,13 @@ class AdaptTrainer:
             input normalisation is still fitted on all labelled rows (it uses no labels).
     """
 
-    def __init__(self, config: AdaptConfig, labelled: FeatureSet, unlabelled: FeatureSet,
-                 holdout: Optional[np.ndarray] = None):
+    def __init__(
+        self,
+        config: AdaptConfig,
+        labelled: FeatureSet,
+        unlabelled: FeatureSet,
+        holdout: Optional[np.ndarray] = None,
+    ):
         self.user_config = config
         self.config = cfg = config.resolved_method()
         self.labelled, self.unlabelled = labelled, unlabelled
@@ -109,15 +127,21 @@ class AdaptTrainer:
         self.device = resolve_device(cfg.device)
         k = self.num_classes
         torch.manual_seed(cfg.seed)
-        self.model = AdaptedClassifier(labelled.dim, k, cfg.bottleneck_dim, cfg.dropout, cfg.input_norm)
+        self.model = AdaptedClassifier(
+            labelled.dim, k, cfg.bottleneck_dim, cfg.dropout, cfg.input_norm
+        )
         if cfg.input_norm not in ('none', 'l2'):
             mean, scale = fit_input_norm(labelled, cfg.input_norm, cfg.eval_batch)
             self.model.norm.mean.copy_(torch.from_numpy(mean))
             self.model.norm.scale.copy_(torch.from_numpy(scale))
-        self.potential = PotentialNet(cfg.bottleneck_dim, cfg.potential_hidden, nonpositive=cfg.method != 'wgan')
+        self.potential = PotentialNet(
+            cfg.bottleneck_dim, cfg.potential_hidden, nonpositive=cfg.method != 'wgan'
+        )
         self.model.to(self.device)
         self.potential.to(self.device)
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.opt = torch.optim.Adam(
+            self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay
+        )
         self.opt_w = torch.optim.RMSprop(self.potential.parameters(), lr=cfg.potential_lr)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self._lr_factor)
         self.rng = np.random.default_rng(cfg.seed)
@@ -143,7 +167,7 @@ class AdaptTrainer:
         step = self.state.step if step is None else step
         cfg = self.config
         s = cfg.anneal if cfg.anneal > 0 else 10.0 ** (1.0 / cfg.steps)
-        return float(min(cfg.max_m_alpha, self.state.m0 * s ** step))
+        return float(min(cfg.max_m_alpha, self.state.m0 * s**step))
 
     @property
     def aligning(self) -> bool:
@@ -151,7 +175,9 @@ class AdaptTrainer:
 
     # ------------------------------------------------------------------ one step
     def _batch(self):
-        x_idx = np.concatenate([idx[self.rng.integers(0, idx.size, self.per_class)] for idx in self.by_class])
+        x_idx = np.concatenate(
+            [idx[self.rng.integers(0, idx.size, self.per_class)] for idx in self.by_class]
+        )
         y_idx = np.sort(self.rng.integers(0, self.unlabelled.n, self.config.batch_size))
         x = torch.from_numpy(self.labelled.rows(x_idx)).to(self.device)
         lab = torch.from_numpy(self.labelled.labels[x_idx]).to(self.device)
@@ -162,7 +188,11 @@ class AdaptTrainer:
         """One training step (see module docstring); returns its metrics."""
         cfg, st = self.config, self.state
         needs_weights = cfg.reweight or (cfg.lambda1 > 0 and cfg.m0 == 0.0)
-        if needs_weights and self.aligning and (st.step - cfg.warmup_steps) % cfg.weight_interval == 0:
+        if (
+            needs_weights
+            and self.aligning
+            and (st.step - cfg.warmup_steps) % cfg.weight_interval == 0
+        ):
             self._update_weights()
         x, lab, y = self._batch()
         self.model.train()
@@ -180,9 +210,14 @@ class AdaptTrainer:
                 (-(gain - cfg.gp_weight * penalty)).backward()
                 self.opt_w.step()
             w1, gp = float(gain.detach()), float(penalty.detach())
-        weights = torch.as_tensor(st.mu if (cfg.reweight and self.aligning) else np.ones(self.num_classes),
-                                  dtype=torch.float32, device=self.device)
-        ce = (nn.functional.cross_entropy(self.model.head(zx), lab, reduction='none') * weights[lab]).mean()
+        weights = torch.as_tensor(
+            st.mu if (cfg.reweight and self.aligning) else np.ones(self.num_classes),
+            dtype=torch.float32,
+            device=self.device,
+        )
+        ce = (
+            nn.functional.cross_entropy(self.model.head(zx), lab, reduction='none') * weights[lab]
+        ).mean()
         loss = ce
         logits_y = self.model.head(zy)
         p = logits_y.softmax(dim=1)
@@ -200,8 +235,16 @@ class AdaptTrainer:
         self.opt.step()
         lr = self.opt.param_groups[0]['lr']
         self.sched.step()
-        metrics = StepMetrics(st.step, lr, m_alpha, float(loss.detach()), float(ce.detach()), w1, gp,
-                              float(ent.detach()))
+        metrics = StepMetrics(
+            st.step,
+            lr,
+            m_alpha,
+            float(loss.detach()),
+            float(ce.detach()),
+            w1,
+            gp,
+            float(ent.detach()),
+        )
         st.history.append(dataclasses.asdict(metrics))
         st.step += 1
         return metrics
@@ -223,7 +266,9 @@ class AdaptTrainer:
     def embed(self, features: FeatureSet, index: np.ndarray) -> np.ndarray:
         """Bottleneck features (k, B) of rows ``index``."""
         self.model.eval()
-        return self.model.embed(torch.from_numpy(features.rows(index)).to(self.device)).cpu().numpy()
+        return (
+            self.model.embed(torch.from_numpy(features.rows(index)).to(self.device)).cpu().numpy()
+        )
 
     def class_fractions(self):
         """Predicted class distributions (K,) on the unlabelled rows: (mean softmax, fraction of
@@ -249,8 +294,12 @@ class AdaptTrainer:
                 ent_sum += float(-(p * logits.log_softmax(dim=1)).sum())
                 preds.append(logits.argmax(dim=1).cpu().numpy())
         pred = np.concatenate(preds).astype(np.int64)
-        res = EvalResult(self.state.step, pred, ent_sum / pred.size,
-                         np.bincount(pred, minlength=self.num_classes) / pred.size)
+        res = EvalResult(
+            self.state.step,
+            pred,
+            ent_sum / pred.size,
+            np.bincount(pred, minlength=self.num_classes) / pred.size,
+        )
         if self.unlabelled.labels is not None:
             res.accuracy = float((pred == self.unlabelled.labels).mean())
             res.absent_fraction = float(self.absent[pred].mean())
@@ -275,15 +324,27 @@ class AdaptTrainer:
         return {
             'version': CHECKPOINT_VERSION,
             'config': self.user_config.to_dict(),
-            'data': {'n_labelled': self.labelled.n, 'n_unlabelled': self.unlabelled.n,
-                     'dim': self.labelled.dim, 'num_classes': self.num_classes},
-            'model': self.model.state_dict(), 'potential': self.potential.state_dict(),
-            'opt': self.opt.state_dict(), 'opt_w': self.opt_w.state_dict(), 'sched': self.sched.state_dict(),
-            'rng_numpy': self.rng.bit_generator.state, 'rng_gen': self.gen.get_state(),
+            'data': {
+                'n_labelled': self.labelled.n,
+                'n_unlabelled': self.unlabelled.n,
+                'dim': self.labelled.dim,
+                'num_classes': self.num_classes,
+            },
+            'model': self.model.state_dict(),
+            'potential': self.potential.state_dict(),
+            'opt': self.opt.state_dict(),
+            'opt_w': self.opt_w.state_dict(),
+            'sched': self.sched.state_dict(),
+            'rng_numpy': self.rng.bit_generator.state,
+            'rng_gen': self.gen.get_state(),
             'rng_torch': torch.get_rng_state(),
             'rng_cuda': torch.cuda.get_rng_state_all() if self.device.type == 'cuda' else None,
-            'state': {**dataclasses.asdict(st),
-                      'mu': None if st.mu is None else torch.from_numpy(np.array(st.mu, dtype=np.float64))},
+            'state': {
+                **dataclasses.asdict(st),
+                'mu': None
+                if st.mu is None
+                else torch.from_numpy(np.array(st.mu, dtype=np.float64)),
+            },
         }
 
     def load_state_dict(self, ckpt: dict) -> None:
@@ -291,18 +352,30 @@ class AdaptTrainer:
         if not isinstance(ckpt, dict):
             raise AdaptInputError(f'a checkpoint is a mapping, got {type(ckpt).__name__}')
         if ckpt.get('version') != CHECKPOINT_VERSION:
-            raise AdaptInputError(f"checkpoint version {ckpt.get('version')} is not {CHECKPOINT_VERSION}")
-        data = {'n_labelled': self.labelled.n, 'n_unlabelled': self.unlabelled.n,
-                'dim': self.labelled.dim, 'num_classes': self.num_classes}
+            raise AdaptInputError(
+                f"checkpoint version {ckpt.get('version')} is not {CHECKPOINT_VERSION}"
+            )
+        data = {
+            'n_labelled': self.labelled.n,
+            'n_unlabelled': self.unlabelled.n,
+            'dim': self.labelled.dim,
+            'num_classes': self.num_classes,
+        }
         if ckpt.get('data') != data:
-            raise AdaptInputError(f"checkpoint was trained on other data ({ckpt.get('data')}), not {data}")
+            raise AdaptInputError(
+                f"checkpoint was trained on other data ({ckpt.get('data')}), not {data}"
+            )
         if not isinstance(ckpt.get('config'), dict):
             raise AdaptInputError('checkpoint is incomplete or corrupt: no config')
         mine = self.user_config.to_dict()
-        diff = sorted(k for k, v in ckpt['config'].items() if k not in RESUME_FREE and mine.get(k) != v)
+        diff = sorted(
+            k for k, v in ckpt['config'].items() if k not in RESUME_FREE and mine.get(k) != v
+        )
         if diff:
-            raise AdaptConfigError('cannot resume: the checkpoint was trained with different '
-                                   + ', '.join(f"{k}={ckpt['config'][k]!r} (now {mine[k]!r})" for k in diff))
+            raise AdaptConfigError(
+                'cannot resume: the checkpoint was trained with different '
+                + ', '.join(f"{k}={ckpt['config'][k]!r} (now {mine[k]!r})" for k in diff)
+            )
         try:
             self.model.load_state_dict(ckpt['model'])
             self.potential.load_state_dict(ckpt['potential'])
@@ -316,18 +389,27 @@ class AdaptTrainer:
                 torch.cuda.set_rng_state_all(ckpt['rng_cuda'])
             s = dict(ckpt['state'])
             mu = s['mu']
-            s['mu'] = None if mu is None else np.asarray(mu.numpy() if torch.is_tensor(mu) else mu, dtype=np.float64)
+            s['mu'] = (
+                None
+                if mu is None
+                else np.asarray(mu.numpy() if torch.is_tensor(mu) else mu, dtype=np.float64)
+            )
             self.state = TrainerState(**s)
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-            raise AdaptInputError(f'checkpoint is incomplete or corrupt: {type(exc).__name__}: '
-                                  f'{str(exc).splitlines()[0][:160] if str(exc) else ""}') from None
+            raise AdaptInputError(
+                f'checkpoint is incomplete or corrupt: {type(exc).__name__}: '
+                f'{str(exc).splitlines()[0][:160] if str(exc) else ""}'
+            ) from None
 
     # ------------------------------------------------------------------ loop
-    def train(self, until: Optional[int] = None,
-              on_step: Optional[Callable[['AdaptTrainer', StepMetrics], None]] = None,
-              on_eval: Optional[Callable[['AdaptTrainer', EvalResult, bool], None]] = None,
-              on_checkpoint: Optional[Callable[['AdaptTrainer'], None]] = None,
-              should_stop: Optional[Callable[[], bool]] = None) -> bool:
+    def train(
+        self,
+        until: Optional[int] = None,
+        on_step: Optional[Callable[['AdaptTrainer', StepMetrics], None]] = None,
+        on_eval: Optional[Callable[['AdaptTrainer', EvalResult, bool], None]] = None,
+        on_checkpoint: Optional[Callable[['AdaptTrainer'], None]] = None,
+        should_stop: Optional[Callable[[], bool]] = None,
+    ) -> bool:
         """Run steps up to ``until`` (default ``config.steps``); True if it got there, False if
         ``should_stop`` interrupted it. Evaluation / checkpoint hooks fire at their intervals."""
         cfg = self.config
@@ -344,7 +426,11 @@ class AdaptTrainer:
                 if on_eval is not None and (s % cfg.eval_interval == 0 or s == cfg.steps):
                     res = self.evaluate()
                     on_eval(self, res, self.record_eval(res))
-                if on_checkpoint is not None and s % cfg.checkpoint_interval == 0 and s < cfg.steps:
+                if (
+                    on_checkpoint is not None
+                    and s % cfg.checkpoint_interval == 0
+                    and s < cfg.steps
+                ):
                     on_checkpoint(self)
             return True
         finally:

@@ -10,6 +10,7 @@ cannot be written (one line on stderr), 130 interrupted (checkpoint written).
 
 ``pwan_adapt_import``: convert features recorded in a rosbag2 into the ``.npz`` input format.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,22 +34,41 @@ def _bool(text: str) -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog='pwan_adapt', description='Partial domain adaptation with PWAN '
-                                '(labelled domain: all classes; unlabelled domain: a subset).')
-    p.add_argument('--labelled', help='.npz with features (N, D), labels (N,), optional class_names')
-    p.add_argument('--unlabelled', help='.npz with features (M, D), optional evaluation labels (M,)')
+    p = argparse.ArgumentParser(
+        prog='pwan_adapt',
+        description='Partial domain adaptation with PWAN '
+        '(labelled domain: all classes; unlabelled domain: a subset).',
+    )
+    p.add_argument(
+        '--labelled', help='.npz with features (N, D), labels (N,), optional class_names'
+    )
+    p.add_argument(
+        '--unlabelled', help='.npz with features (M, D), optional evaluation labels (M,)'
+    )
     p.add_argument('--output', help='output directory')
     p.add_argument('--config', help='YAML file (flat keys or a ROS parameter file)')
-    p.add_argument('--resume', action='store_true', help='continue from OUTPUT/checkpoints/latest.pt')
-    p.add_argument('--json', action='store_true', help='print the summary as one JSON object on stdout')
+    p.add_argument(
+        '--resume', action='store_true', help='continue from OUTPUT/checkpoints/latest.pt'
+    )
+    p.add_argument(
+        '--json', action='store_true', help='print the summary as one JSON object on stdout'
+    )
     p.add_argument('--quiet', action='store_true', help='no progress bar')
     g = p.add_argument_group('adaptation options (also YAML keys and ROS parameters)')
     for name, (default, spec) in AdaptConfig.specs().items():
         typ = _bool if isinstance(default, bool) else type(default)
         kw = {'choices': spec.choices} if spec.choices else {}
-        flags = dict.fromkeys(['--' + name.replace('_', '-'), '--' + name])  # --batch-size and --batch_size
-        g.add_argument(*flags, dest=name, type=typ, default=None,
-                       help=f'{spec.description} (default {default})', **kw)
+        flags = dict.fromkeys(
+            ['--' + name.replace('_', '-'), '--' + name]
+        )  # --batch-size and --batch_size
+        g.add_argument(
+            *flags,
+            dest=name,
+            type=typ,
+            default=None,
+            help=f'{spec.description} (default {default})',
+            **kw,
+        )
     return p
 
 
@@ -67,8 +87,10 @@ class Progress:
         self.last = now
         frac = done / self.total
         bar = '#' * int(30 * frac)
-        sys.stderr.write(f'\r[{bar:<30s}] {done}/{self.total} loss={metrics.loss:.3f} '
-                         f'm_alpha={metrics.m_alpha:.2f} {now - self.t0:.0f}s ')
+        sys.stderr.write(
+            f'\r[{bar:<30s}] {done}/{self.total} loss={metrics.loss:.3f} '
+            f'm_alpha={metrics.m_alpha:.2f} {now - self.t0:.0f}s '
+        )
         if done >= self.total:
             sys.stderr.write('\n')
         sys.stderr.flush()
@@ -92,9 +114,12 @@ def _main(args) -> int:
         missing = [k for k in ('labelled', 'unlabelled', 'output') if not getattr(args, k)]
         if missing:
             raise AdaptError('missing required option(s): ' + ', '.join('--' + m for m in missing))
-        values.update({k: getattr(args, k) for k in AdaptConfig.specs() if getattr(args, k) is not None})
+        values.update(
+            {k: getattr(args, k) for k in AdaptConfig.specs() if getattr(args, k) is not None}
+        )
         config = AdaptConfig.from_mapping(values)
         from pwan_ros.adaptation.runner import run_adaptation
+
         stop = {'flag': False}
 
         def on_signal(signum, frame):
@@ -102,10 +127,16 @@ def _main(args) -> int:
 
         old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            result = run_adaptation(config, args.labelled, args.unlabelled, args.output, resume=args.resume,
-                                    on_step=Progress(config.steps, not args.quiet and not args.json),
-                                    should_stop=lambda: stop['flag'],
-                                    log=lambda s: print(s, file=sys.stderr))
+            result = run_adaptation(
+                config,
+                args.labelled,
+                args.unlabelled,
+                args.output,
+                resume=args.resume,
+                on_step=Progress(config.steps, not args.quiet and not args.json),
+                should_stop=lambda: stop['flag'],
+                log=lambda s: print(s, file=sys.stderr),
+            )
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
@@ -117,8 +148,11 @@ def _main(args) -> int:
     else:
         acc = '' if result.accuracy is None else f' accuracy={result.accuracy:.4f}'
         dep = '' if result.deployed is None else f' deployed={result.deployed}'
-        print(f'{"done" if result.completed else "interrupted"}: {result.steps_done}/{result.steps} steps'
-              f'{dep}{acc} -> {result.output_dir}', file=sys.stderr)
+        print(
+            f'{"done" if result.completed else "interrupted"}: {result.steps_done}/{result.steps} steps'
+            f'{dep}{acc} -> {result.output_dir}',
+            file=sys.stderr,
+        )
     return 0 if result.completed else 130
 
 
@@ -127,22 +161,45 @@ def import_main(argv: Optional[List[str]] = None) -> int:
 
     Exit status: 0 written, 2 bad input or unwritable output (one line), 130 interrupted (nothing
     written)."""
-    p = argparse.ArgumentParser(prog='pwan_adapt_import', description='Convert image features recorded in a '
-                                'rosbag2 (one message per image) into the pwan_adapt .npz format.')
+    p = argparse.ArgumentParser(
+        prog='pwan_adapt_import',
+        description='Convert image features recorded in a '
+        'rosbag2 (one message per image) into the pwan_adapt .npz format.',
+    )
     p.add_argument('bag', help='rosbag2 directory (sqlite3 or mcap)')
-    p.add_argument('--features-topic', required=True, help='topic with one feature vector per message')
-    p.add_argument('--features-field', default='data', help='numeric array field of that message (dotted path)')
-    p.add_argument('--label-topic', help='parallel topic with one label per feature message (same order)')
-    p.add_argument('--label-field', help='label field (dotted path): in the label-topic message, or in the '
-                   'feature message when no label topic is given; integers or class-name strings')
-    p.add_argument('--class-names', nargs='*', help='class names in id order (maps string labels to ids)')
+    p.add_argument(
+        '--features-topic', required=True, help='topic with one feature vector per message'
+    )
+    p.add_argument(
+        '--features-field',
+        default='data',
+        help='numeric array field of that message (dotted path)',
+    )
+    p.add_argument(
+        '--label-topic', help='parallel topic with one label per feature message (same order)'
+    )
+    p.add_argument(
+        '--label-field',
+        help='label field (dotted path): in the label-topic message, or in the '
+        'feature message when no label topic is given; integers or class-name strings',
+    )
+    p.add_argument(
+        '--class-names', nargs='*', help='class names in id order (maps string labels to ids)'
+    )
     p.add_argument('--output', required=True, help='output .npz')
     args = p.parse_args(argv)
     from pwan_ros.adaptation.bag_import import import_bag
+
     try:
-        info = import_bag(args.bag, args.features_topic, args.output, features_field=args.features_field,
-                          label_topic=args.label_topic, label_field=args.label_field,
-                          class_names=args.class_names)
+        info = import_bag(
+            args.bag,
+            args.features_topic,
+            args.output,
+            features_field=args.features_field,
+            label_topic=args.label_topic,
+            label_field=args.label_field,
+            class_names=args.class_names,
+        )
     except AdaptError as exc:
         print(f'pwan_adapt_import: error: {exc}', file=sys.stderr)
         return 2

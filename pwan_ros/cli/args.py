@@ -1,4 +1,5 @@
 """Config dataclass <-> argparse: one ``--flag`` per field (same name with dashes)."""
+
 from __future__ import annotations
 
 import argparse
@@ -26,26 +27,43 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls, skip=()) -> None:
             continue
         flag = '--' + f.name.replace('_', '-')
         type_name = f.type if isinstance(f.type, str) else getattr(f.type, '__name__', str(f.type))
-        spec = f.metadata.get('spec')          # a pwan_ros.params field: its description leads the help
+        spec = f.metadata.get('spec')  # a pwan_ros.params field: its description leads the help
         lead = f'{spec.description}; ' if spec is not None else ''
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             parser.add_argument(flag, required=True, help=(lead + 'required').replace('%', '%%'))
             continue
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         if type_name == 'bool':
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
-                                help=(lead + f'default {default}').replace('%', '%%'))
+            parser.add_argument(
+                flag,
+                action=argparse.BooleanOptionalAction,
+                default=default,
+                help=(lead + f'default {default}').replace('%', '%%'),
+            )
         elif type_name.startswith('tuple'):
-            parser.add_argument(flag, type=lambda s: tuple(v for v in s.split(',') if v), default=default,
-                                help=(lead + f'comma-separated, default {",".join(map(str, default))}').replace('%', '%%'))
+            parser.add_argument(
+                flag,
+                type=lambda s: tuple(v for v in s.split(',') if v),
+                default=default,
+                help=(lead + f'comma-separated, default {",".join(map(str, default))}').replace(
+                    '%', '%%'
+                ),
+            )
         else:
             kind = _TYPES.get(type_name.replace(' | None', ''), str)
-            parser.add_argument(flag, type=kind, default=default, help=(lead + f'default {default}').replace('%', '%%'))
+            parser.add_argument(
+                flag,
+                type=kind,
+                default=default,
+                help=(lead + f'default {default}').replace('%', '%%'),
+            )
 
 
 def config_from_args(cls, args: argparse.Namespace, skip=()):
     """Build dataclass ``cls`` from parsed arguments (its own __post_init__ validates)."""
-    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if f.name not in skip})
+    return cls(
+        **{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if f.name not in skip}
+    )
 
 
 @contextlib.contextmanager
@@ -63,7 +81,9 @@ def _sigterm_as_interrupt():
             signal.signal(signal.SIGTERM, old)
 
 
-def run_cli(prog: str, body: Callable[[], int], errors: Tuple[Type[BaseException], ...] = ()) -> int:
+def run_cli(
+    prog: str, body: Callable[[], int], errors: Tuple[Type[BaseException], ...] = ()
+) -> int:
     """Run a command's ``body`` with the package's failure contract.
 
     ``errors`` (the command's own bad-input types) and any ``OSError`` (a missing input, a full or

@@ -16,6 +16,7 @@ last line is ``summary: OUTPUT/summary.json``.
 
     python -m pwan_ros.cli.demo --output results/demo [--scans 80] [--rate 1.0] [--node-cmd "..."]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,24 +47,40 @@ class DemoError(RuntimeError):
 class DemoConfig:
     """Demo options (CLI flags: same names with dashes)."""
 
-    output: str = param('results/demo', 'folder of the demo outputs (bag cache, trajectories, report)')
+    output: str = param(
+        'results/demo', 'folder of the demo outputs (bag cache, trajectories, report)'
+    )
     scans: int = param(80, 'scans in the generated bag (10 Hz)', 2, 100_000)
     seed: int = param(0, 'simulation seed', 0, 2**32 - 1)
-    node_cmd: str = param('', "node command line; '' = the installed pwan_odometry_node with config/odometry.yaml")
+    node_cmd: str = param(
+        '', "node command line; '' = the installed pwan_odometry_node with config/odometry.yaml"
+    )
     odom_topic: str = param('/odometry', 'odometry topic of the node')
     rate: float = param(1.0, 'replay speed factor', 0.0, 1000.0, low_open=True)
     startup_timeout: float = param(120.0, 'wait for the node to come up (s)', 0.0, low_open=True)
-    drain_timeout: float = param(15.0, 'stop this long without new odometry after the bag ends (s)', 0.0,
-                                 low_open=True)
+    drain_timeout: float = param(
+        15.0, 'stop this long without new odometry after the bag ends (s)', 0.0, low_open=True
+    )
     regenerate: bool = param(False, 'rebuild the cached bag')
-    wait_for_pose: float = param(15.0, 'the replay waits up to this long (s) for the pose of each scan before '
-                                       'playing on, so every scan is answered however long a PWAN recovery takes on '
-                                       'this machine (latency still measured); 0 = sensor pace, scans arriving while '
-                                       'the node is busy are dropped', 0.0, 3600.0)
-    stress: bool = param(True, 'stress events in the drive: a burst of spurious returns, a sensor blackout '
-                               'during a fast turn, a glitch scan with far points')
-    compare: bool = param(True, 'also run the bag with tracking only (PWAN off) and with KISS-ICP (when '
-                                'installed), side by side')
+    wait_for_pose: float = param(
+        15.0,
+        'the replay waits up to this long (s) for the pose of each scan before '
+        'playing on, so every scan is answered however long a PWAN recovery takes on '
+        'this machine (latency still measured); 0 = sensor pace, scans arriving while '
+        'the node is busy are dropped',
+        0.0,
+        3600.0,
+    )
+    stress: bool = param(
+        True,
+        'stress events in the drive: a burst of spurious returns, a sensor blackout '
+        'during a fast turn, a glitch scan with far points',
+    )
+    compare: bool = param(
+        True,
+        'also run the bag with tracking only (PWAN off) and with KISS-ICP (when '
+        'installed), side by side',
+    )
 
     def __post_init__(self):
         check(self)
@@ -76,6 +93,7 @@ def _params_file() -> pathlib.Path | None:
         return here
     try:
         from ament_index_python.packages import get_package_share_directory
+
         share = pathlib.Path(get_package_share_directory('pwan_ros')) / 'config' / 'odometry.yaml'
         return share if share.exists() else None
     except Exception:  # package not in the ament index (plain pip install)
@@ -101,11 +119,13 @@ def default_node_command() -> list[str]:
 
 def _sim_config(cfg: DemoConfig):
     from pwan_ros.evaluation.lidar_sim import SimConfig
+
     return SimConfig(scans=cfg.scans, seed=cfg.seed, stress=cfg.stress)
 
 
 def _ensure_bag(sim, cfg: DemoConfig, out: pathlib.Path, log) -> pathlib.Path:
     from pwan_ros.evaluation.lidar_sim import write_sim_bag
+
     bag, stamp = out / 'demo_bag', out / 'demo_bag.config.json'
     wanted = json.dumps(dataclasses.asdict(sim), sort_keys=True)
     if bag.exists() and not cfg.regenerate and stamp.exists() and stamp.read_text() == wanted:
@@ -116,8 +136,10 @@ def _ensure_bag(sim, cfg: DemoConfig, out: pathlib.Path, log) -> pathlib.Path:
     log(f'demo: generating {cfg.scans} simulated scans into {bag} ...')
     res = write_sim_bag(bag, sim)
     write_text(stamp, wanted)
-    log(f'demo: {res.scans} scans, {res.mean_points:.0f} points/scan, path {res.path_length_m:.1f} m '
-        f'({res.seconds:.1f} s)')
+    log(
+        f'demo: {res.scans} scans, {res.mean_points:.0f} points/scan, path {res.path_length_m:.1f} m '
+        f'({res.seconds:.1f} s)'
+    )
     return bag
 
 
@@ -138,8 +160,15 @@ def _tail(path: pathlib.Path, n: int = 15) -> str:
         return ''
 
 
-def _replay_into_node(node_cmd: list, bag: pathlib.Path, run_dir: pathlib.Path, logs: pathlib.Path, env: dict,
-                      cfg: DemoConfig, name: str):
+def _replay_into_node(
+    node_cmd: list,
+    bag: pathlib.Path,
+    run_dir: pathlib.Path,
+    logs: pathlib.Path,
+    env: dict,
+    cfg: DemoConfig,
+    name: str,
+):
     """Start the node, replay the bag into it over DDS, stop it; returns the RunRecord."""
     from pwan_ros.evaluation.run_record import RunRecord
 
@@ -149,40 +178,65 @@ def _replay_into_node(node_cmd: list, bag: pathlib.Path, run_dir: pathlib.Path, 
     with open(node_log_path, 'w') as node_log:
         node = subprocess.Popen(node_cmd, env=env, stdout=node_log, stderr=subprocess.STDOUT)
         try:
-            replay_cmd = [sys.executable, '-m', 'pwan_ros.cli.replay', '--bag', str(bag), '--output', str(run_dir),
-                          '--odom-topic', cfg.odom_topic, '--rate', str(cfg.rate),
-                          '--startup-timeout', str(cfg.startup_timeout), '--drain-timeout', str(cfg.drain_timeout),
-                          '--wait-for-pose', str(cfg.wait_for_pose)]
+            replay_cmd = [
+                sys.executable,
+                '-m',
+                'pwan_ros.cli.replay',
+                '--bag',
+                str(bag),
+                '--output',
+                str(run_dir),
+                '--odom-topic',
+                cfg.odom_topic,
+                '--rate',
+                str(cfg.rate),
+                '--startup-timeout',
+                str(cfg.startup_timeout),
+                '--drain-timeout',
+                str(cfg.drain_timeout),
+                '--wait-for-pose',
+                str(cfg.wait_for_pose),
+            ]
             with open(replay_log_path, 'w') as replay_log:
-                replayer = subprocess.Popen(replay_cmd, env=env, stdout=replay_log, stderr=subprocess.STDOUT)
+                replayer = subprocess.Popen(
+                    replay_cmd, env=env, stdout=replay_log, stderr=subprocess.STDOUT
+                )
                 try:
                     while replayer.poll() is None:
                         if node.poll() is not None:
-                            raise DemoError(f'the node exited early (code {node.returncode}); last lines of '
-                                            f'{node_log_path}:\n{_tail(node_log_path)}')
+                            raise DemoError(
+                                f'the node exited early (code {node.returncode}); last lines of '
+                                f'{node_log_path}:\n{_tail(node_log_path)}'
+                            )
                         time.sleep(0.2)
                 finally:  # also on Ctrl-C: no replayer left running
                     _stop(replayer)
             if replayer.returncode != 0:
-                raise DemoError(f'replay failed (code {replayer.returncode}); last lines of {replay_log_path}:\n'
-                                f'{_tail(replay_log_path)}')
+                raise DemoError(
+                    f'replay failed (code {replayer.returncode}); last lines of {replay_log_path}:\n'
+                    f'{_tail(replay_log_path)}'
+                )
         finally:
             _stop(node)
     run = RunRecord.load(run_dir / 'run.json')
     if run.scans < 2:
-        raise DemoError(f'the node answered {run.scans} of {run.scans_published} scans on {cfg.odom_topic}; '
-                        f'see {node_log_path}')
+        raise DemoError(
+            f'the node answered {run.scans} of {run.scans_published} scans on {cfg.odom_topic}; '
+            f'see {node_log_path}'
+        )
     return run
 
 
 def _events(sim) -> list:
     """The stress events of the simulated drive as [(label, t0, t1)] seconds from the first scan."""
     from pwan_ros.evaluation.lidar_sim import stress_event
+
     spans: dict = {}
     for k in range(sim.scans):
         event, blackout = stress_event(k, sim)
-        for label in ([{'burst': 'spurious burst', 'glitch': 'far glitch'}[event]] if event else []) + \
-                     (['blackout + fast turn'] if blackout else []):
+        for label in (
+            [{'burst': 'spurious burst', 'glitch': 'far glitch'}[event]] if event else []
+        ) + (['blackout + fast turn'] if blackout else []):
             t = k / sim.rate_hz
             t0, t1 = spans.get(label, (t, t))
             spans[label] = (min(t0, t), max(t1, t))
@@ -191,7 +245,12 @@ def _events(sim) -> list:
 
 def run_demo(cfg: DemoConfig, log=print) -> pathlib.Path:
     """Run all steps; returns the summary.json path."""
-    from pwan_ros.evaluation.compare import format_comparison, plot_comparison, skipped_run, summarise_run
+    from pwan_ros.evaluation.compare import (
+        format_comparison,
+        plot_comparison,
+        skipped_run,
+        summarise_run,
+    )
     from pwan_ros.evaluation.metrics import load_ground_truth, make_summary
     from pwan_ros.evaluation.offline import KissIcpOdometry, kiss_icp_available, run_offline
     from pwan_ros.io.trajectory import write_tum
@@ -208,7 +267,13 @@ def run_demo(cfg: DemoConfig, log=print) -> pathlib.Path:
     # one name per run: (key in summary.json, label, node command or None = in-process estimator)
     plan = [('adaptive', 'PWAN adaptive (default)', node_cmd)]
     if cfg.compare:
-        plan.append(('tracking_only', 'tracking only (PWAN off)', node_cmd + ['--ros-args', '-p', 'mode:=tracking']))
+        plan.append(
+            (
+                'tracking_only',
+                'tracking only (PWAN off)',
+                node_cmd + ['--ros-args', '-p', 'mode:=tracking'],
+            )
+        )
         plan.append(('kiss_icp', 'KISS-ICP', None))
     runs = []
     for name, label, cmd in plan:
@@ -222,24 +287,45 @@ def run_demo(cfg: DemoConfig, log=print) -> pathlib.Path:
             record = run_offline(bag, KissIcpOdometry(max_range=sim.max_range))
         else:
             log(f'demo: {label}: {shlex.join(cmd)}  (logs in {out / "logs"})')
-            record = _replay_into_node(cmd, bag, out / ('run' if name == 'adaptive' else f'run_{name}'), out / 'logs',
-                                       env, cfg, name)
+            record = _replay_into_node(
+                cmd,
+                bag,
+                out / ('run' if name == 'adaptive' else f'run_{name}'),
+                out / 'logs',
+                env,
+                cfg,
+                name,
+            )
         runs.append(summarise_run(name, label, record, gt))
-        log(f'demo: {label}: {record.scans}/{record.scans_published} scans answered in '
-            f'{time.monotonic() - t0:.1f} s')
+        log(
+            f'demo: {label}: {record.scans}/{record.scans_published} scans answered in '
+            f'{time.monotonic() - t0:.1f} s'
+        )
     main = runs[0]
     tum = write_tum(out / 'trajectory_est.tum', main.run.estimate)
-    png = plot_comparison(runs, gt, out / 'trajectory.png', _events(sim),
-                          title=f'pwan_ros demo: simulated LiDAR drive, {sim.scans} scans'
-                                + (' with stress events' if sim.stress else ''))
-    summary = make_summary(main.result, main.run, title='pwan_ros demo (simulated LiDAR)', gt_source=source,
-                           node_cmd=shlex.join(node_cmd), trajectory_tum=str(tum), plot_png=str(png),
-                           scans_pwan_engaged=main.metrics()['scans_pwan_engaged'],
-                           scans_lost_track=main.metrics()['scans_lost_track'],
-                           stress_events=[{'event': e, 'start_s': a, 'end_s': b} for e, a, b in _events(sim)],
-                           baselines={r.name: r.metrics() for r in runs[1:]})
+    png = plot_comparison(
+        runs,
+        gt,
+        out / 'trajectory.png',
+        _events(sim),
+        title=f'pwan_ros demo: simulated LiDAR drive, {sim.scans} scans'
+        + (' with stress events' if sim.stress else ''),
+    )
+    summary = make_summary(
+        main.result,
+        main.run,
+        title='pwan_ros demo (simulated LiDAR)',
+        gt_source=source,
+        node_cmd=shlex.join(node_cmd),
+        trajectory_tum=str(tum),
+        plot_png=str(png),
+        scans_pwan_engaged=main.metrics()['scans_pwan_engaged'],
+        scans_lost_track=main.metrics()['scans_lost_track'],
+        stress_events=[{'event': e, 'start_s': a, 'end_s': b} for e, a, b in _events(sim)],
+        baselines={r.name: r.metrics() for r in runs[1:]},
+    )
     path = out / 'summary.json'
-    write_text(path, json.dumps(summary, indent=2))   # last: its presence means the set is complete
+    write_text(path, json.dumps(summary, indent=2))  # last: its presence means the set is complete
     log(format_comparison(runs))
     log(f'trajectory: {tum}')
     log(f'plot: {png}')
@@ -259,6 +345,7 @@ def main(argv=None) -> int:
     def body() -> int:
         run_demo(config_from_args(DemoConfig, args))
         return 0
+
     return run_cli('pwan_demo', body, (ValueError, DemoError, RuntimeError))
 
 

@@ -1,5 +1,6 @@
 """``pwan_evaluate``: ATE / RPE of an odometry run against ground truth (see
 :mod:`pwan_ros.evaluation.metrics`)."""
+
 from __future__ import annotations
 
 import argparse
@@ -9,52 +10,87 @@ import sys
 
 from pwan_ros.cli.args import add_config_arguments, config_from_args, run_cli
 from pwan_ros.evaluation import metrics as _metrics
-from pwan_ros.evaluation.metrics import (EvalConfig, EvaluationError, evaluate, format_table, load_ground_truth,
-                                         write_outputs)
+from pwan_ros.evaluation.metrics import (
+    EvalConfig,
+    EvaluationError,
+    evaluate,
+    format_table,
+    load_ground_truth,
+    write_outputs,
+)
 from pwan_ros.evaluation.run_record import RunRecord
 from pwan_ros.io import bags as bag_io
 from pwan_ros.io.atomic import check_output
 from pwan_ros.io.trajectory import Trajectory, TrajectoryError, read_pose_file
 
 
-def _evaluate_one(args, cfg: EvalConfig, bag, output: pathlib.Path, run: RunRecord | None,
-                  est: Trajectory | None) -> tuple[dict, pathlib.Path]:
+def _evaluate_one(
+    args, cfg: EvalConfig, bag, output: pathlib.Path, run: RunRecord | None, est: Trajectory | None
+) -> tuple[dict, pathlib.Path]:
     gt, source = load_ground_truth(bag, args.gt_topic, args.gt_file, args.frame, args.parent_frame)
     if est is None:
         est = run.estimate
     if run is None and bag is not None and args.topic in bag_io.bag_topics(bag):
         # a pose file evaluated against a bag: count the bag's scans to report dropped ones
-        run = RunRecord(estimate=est, scans_published=bag_io.require_topic(bag, args.topic).count,
-                        mode='file', bag=str(bag), topic=args.topic)
+        run = RunRecord(
+            estimate=est,
+            scans_published=bag_io.require_topic(bag, args.topic).count,
+            mode='file',
+            bag=str(bag),
+            topic=args.topic,
+        )
     result = evaluate(est, gt, cfg)
-    return write_outputs(output, result, est, run, title=str(bag or args.est or ''), gt_source=source)
+    return write_outputs(
+        output, result, est, run, title=str(bag or args.est or ''), gt_source=source
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog='pwan_evaluate', description=_metrics.__doc__.split('\n\n')[0])
+    parser = argparse.ArgumentParser(
+        prog='pwan_evaluate', description=_metrics.__doc__.split('\n\n')[0]
+    )
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument('--run', help='run.json written by pwan_replay')
-    src.add_argument('--est', help='estimated trajectory: pose file (TUM, KITTI, 4x4 blocks) or a recorded bag')
-    src.add_argument('--offline', action='store_true', help='run --estimator in-process on each --bag')
+    src.add_argument(
+        '--est', help='estimated trajectory: pose file (TUM, KITTI, 4x4 blocks) or a recorded bag'
+    )
+    src.add_argument(
+        '--offline', action='store_true', help='run --estimator in-process on each --bag'
+    )
     parser.add_argument('--bag', nargs='+', help='rosbag2 directory (several with --offline)')
     parser.add_argument('--topic', default='/points', help='PointCloud2 scan topic')
-    parser.add_argument('--gt-topic', default='/ground_truth', help='ground-truth topic in the bag')
-    parser.add_argument('--est-topic', default='/odometry', help='odometry topic when --est is a bag')
+    parser.add_argument(
+        '--gt-topic', default='/ground_truth', help='ground-truth topic in the bag'
+    )
+    parser.add_argument(
+        '--est-topic', default='/odometry', help='odometry topic when --est is a bag'
+    )
     parser.add_argument('--gt-file', help='ground-truth pose file instead of --gt-topic')
-    parser.add_argument('--frame', help='child frame of the ground-truth poses (required for /tf topics)')
+    parser.add_argument(
+        '--frame', help='child frame of the ground-truth poses (required for /tf topics)'
+    )
     parser.add_argument('--parent-frame', help='parent frame filter for TF ground truth')
-    parser.add_argument('--estimator', default='icp', help="offline estimator: 'icp' or module:factory")
-    parser.add_argument('--max-scans', type=int, default=0, help='offline: stop after this many scans (0 = all)')
+    parser.add_argument(
+        '--estimator', default='icp', help="offline estimator: 'icp' or module:factory"
+    )
+    parser.add_argument(
+        '--max-scans', type=int, default=0, help='offline: stop after this many scans (0 = all)'
+    )
     parser.add_argument('--output', default='evaluation', help='output directory')
-    parser.add_argument('--json', action='store_true', help='print the summary JSON instead of the table')
+    parser.add_argument(
+        '--json', action='store_true', help='print the summary JSON instead of the table'
+    )
     add_config_arguments(parser, EvalConfig)
     return parser
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    return run_cli('pwan_evaluate', lambda: _main(args), (ValueError, bag_io.BagError, EvaluationError,
-                                                          TrajectoryError))
+    return run_cli(
+        'pwan_evaluate',
+        lambda: _main(args),
+        (ValueError, bag_io.BagError, EvaluationError, TrajectoryError),
+    )
 
 
 def _main(args) -> int:
@@ -65,12 +101,17 @@ def _main(args) -> int:
     results = []
     if args.offline:
         from pwan_ros.evaluation.offline import load_estimator, run_offline
+
         if args.bag is None:
             raise EvaluationError('--offline needs --bag')
         for bag in bags:
             out = output / pathlib.Path(bag).name if len(bags) > 1 else output
-            run = run_offline(bag, load_estimator(args.estimator), topic=args.topic,
-                              max_scans=args.max_scans or None)
+            run = run_offline(
+                bag,
+                load_estimator(args.estimator),
+                topic=args.topic,
+                max_scans=args.max_scans or None,
+            )
             run.save(out)
             results.append(_evaluate_one(args, cfg, bag, out, run, None))
     elif args.run:

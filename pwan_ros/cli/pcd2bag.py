@@ -1,5 +1,6 @@
 """``pwan_pcd2bag``: a folder of PCD scans + a pose file into a rosbag2 (see
 :mod:`pwan_ros.evaluation.pcd_to_bag`)."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,7 +15,9 @@ from pwan_ros.io.trajectory import TrajectoryError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog='pwan_pcd2bag', description=_convert.__doc__.split('\n\n')[0])
+    parser = argparse.ArgumentParser(
+        prog='pwan_pcd2bag', description=_convert.__doc__.split('\n\n')[0]
+    )
     add_config_arguments(parser, ConvertConfig)
     return parser
 
@@ -24,8 +27,11 @@ def main(argv=None) -> int:
 
     def body() -> int:
         res = convert(config_from_args(ConvertConfig, args), log=lambda *a: None)
-        print(f'wrote {res.bag}: {res.scans} scans, {res.mean_points:.0f} points/scan, {res.duration_s:.1f} s')
+        print(
+            f'wrote {res.bag}: {res.scans} scans, {res.mean_points:.0f} points/scan, {res.duration_s:.1f} s'
+        )
         return 0
+
     return run_cli('pwan_pcd2bag', body, (ValueError, PcdError, TrajectoryError, bag_io.BagError))
 
 

@@ -4,6 +4,7 @@ Exit status 0 on success, 2 on bad input (message on stderr, no traceback), 3 wh
 refused (the self-check, or ``--global``'s own tests, cannot vouch for the pose: the reason on
 stderr; the best guess is still printed and written), 1 on unexpected errors.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,12 +30,14 @@ _ALIASES = {'distance_threshold': ['--distance'], 'voxel_size': ['--voxel']}
 def _parser() -> argparse.ArgumentParser:
     from pwan_ros.core.config import RegistrationConfig
     from pwan_ros.params import specs, value_type
+
     p = argparse.ArgumentParser(
         prog='pwan_register',
         description='Register SRC onto REF with a Partial Wasserstein Adversarial Network (PWAN). '
-                    'Files: .ply .pcd .xyz .txt .csv .npy (N x 3 or N x 2; text/ply/pcd may be .gz). '
-                    "Lengths are in the files' units. Every option is a field of "
-                    'pwan_ros.core.RegistrationConfig (same name, same default).')
+        'Files: .ply .pcd .xyz .txt .csv .npy (N x 3 or N x 2; text/ply/pcd may be .gz). '
+        "Lengths are in the files' units. Every option is a field of "
+        'pwan_ros.core.RegistrationConfig (same name, same default).',
+    )
     p.add_argument('source', metavar='SRC', help='source point file (moved)')
     p.add_argument('reference', metavar='REF', help='reference point file (fixed)')
     for name, (default, spec) in specs(RegistrationConfig).items():
@@ -42,23 +45,46 @@ def _parser() -> argparse.ArgumentParser:
             continue
         kind, _ = value_type(RegistrationConfig, name)
         rng = spec.range_text()
-        text = (spec.description + (f'; range {rng}' if rng and not spec.choices else '')
-                + f' (default {default})').replace('%', '%%')
+        text = (
+            spec.description
+            + (f'; range {rng}' if rng and not spec.choices else '')
+            + f' (default {default})'
+        ).replace('%', '%%')
         flags = ['--' + name.replace('_', '-')] + _ALIASES.get(name, [])
         if kind is bool:
-            p.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, default=None, help=text)
+            p.add_argument(
+                *flags, dest=name, action=argparse.BooleanOptionalAction, default=None, help=text
+            )
         else:
-            p.add_argument(*flags, dest=name, type=kind, default=None, metavar=name.upper(), help=text,
-                           choices=spec.choices or None)
-    p.add_argument('--output', '-o', help='write the transformed source (input order) to .npy/.ply/.pcd/.txt/.xyz/.csv')
+            p.add_argument(
+                *flags,
+                dest=name,
+                type=kind,
+                default=None,
+                metavar=name.upper(),
+                help=text,
+                choices=spec.choices or None,
+            )
+    p.add_argument(
+        '--output',
+        '-o',
+        help='write the transformed source (input order) to .npy/.ply/.pcd/.txt/.xyz/.csv',
+    )
     p.add_argument('--json', action='store_true', help='print one JSON object on stdout')
     p.add_argument('--quiet', '-q', action='store_true', help='no progress on stderr')
-    p.add_argument('--global', dest='global_init', action='store_true',
-                   help="unknown initial pose (3-D rigid): init='global', feature hypotheses chosen and refined by "
-                        'the partial objective (RegistrationConfig.global_search)')
-    p.add_argument('--viewpoints', choices=['origin'],
-                   help="with --global: 'origin' = each file is in its sensor's frame (a ROS scan, an RGB-D "
-                        'fragment); poses that put one cloud where the other sensor saw free space are rejected')
+    p.add_argument(
+        '--global',
+        dest='global_init',
+        action='store_true',
+        help="unknown initial pose (3-D rigid): init='global', feature hypotheses chosen and refined by "
+        'the partial objective (RegistrationConfig.global_search)',
+    )
+    p.add_argument(
+        '--viewpoints',
+        choices=['origin'],
+        help="with --global: 'origin' = each file is in its sensor's frame (a ROS scan, an RGB-D "
+        'fragment); poses that put one cloud where the other sensor saw free space are rejected',
+    )
     return p
 
 
@@ -66,7 +92,12 @@ def _config(args):
     """The core config of the given flags (the others keep the library defaults)."""
     from pwan_ros.core.config import RegistrationConfig
     from pwan_ros.params import specs
-    values = {k: getattr(args, k) for k in specs(RegistrationConfig) if getattr(args, k, None) is not None}
+
+    values = {
+        k: getattr(args, k)
+        for k in specs(RegistrationConfig)
+        if getattr(args, k, None) is not None
+    }
     values['verbose'] = not args.quiet
     return RegistrationConfig.from_dict(values)
 
@@ -85,7 +116,7 @@ class _Interrupt:
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
                 self._old[sig] = signal.signal(sig, self._handle)
-            except ValueError:      # not the main thread (tests calling main() from a thread)
+            except ValueError:  # not the main thread (tests calling main() from a thread)
                 pass
         return self
 
@@ -120,17 +151,27 @@ def main(argv: Optional[List[str]] = None) -> int:
                 warnings.simplefilter('always')
                 config = _config(args)
                 if args.output:
-                    check_output_path(args.output)      # before any work
+                    check_output_path(args.output)  # before any work
                 src = read_points(args.source)
                 ref = read_points(args.reference)
                 from pwan_ros.core import register
+
                 if not args.quiet:
-                    print(f'[pwan] registering {args.source} ({src.shape[0]} pts) onto {args.reference} '
-                          f'({ref.shape[0]} pts)', file=sys.stderr)
+                    print(
+                        f'[pwan] registering {args.source} ({src.shape[0]} pts) onto {args.reference} '
+                        f'({ref.shape[0]} pts)',
+                        file=sys.stderr,
+                    )
                 if args.viewpoints and not args.global_init:
                     raise PwanInputError('--viewpoints needs --global')
-                res = register(src, ref, config, init='global' if args.global_init else None,
-                               should_stop=interrupted, viewpoints=args.viewpoints)
+                res = register(
+                    src,
+                    ref,
+                    config,
+                    init='global' if args.global_init else None,
+                    should_stop=interrupted,
+                    viewpoints=args.viewpoints,
+                )
             if interrupted():
                 raise KeyboardInterrupt
             for w in caught:
@@ -161,18 +202,29 @@ def main(argv: Optional[List[str]] = None) -> int:
         'converged': bool(res.converged),
         'output': args.output if args.output else None,
     }
-    summary.update(status=res.status, reason=res.reason,
-                   check=res.check.as_dict() if res.check is not None else None)
+    summary.update(
+        status=res.status,
+        reason=res.reason,
+        check=res.check.as_dict() if res.check is not None else None,
+    )
     if args.global_init:
-        summary.update(overlap=round(float(res.overlap), 6), confidence=round(float(res.confidence), 6))
+        summary.update(
+            overlap=round(float(res.overlap), 6), confidence=round(float(res.confidence), 6)
+        )
     if args.json:
         print(json.dumps(summary))
     else:
         np.set_printoptions(precision=6, suppress=True)
-        print('transform (SRC -> REF frame' + (', affine part' if args.transform == 'nonrigid' else '') + '):')
+        print(
+            'transform (SRC -> REF frame'
+            + (', affine part' if args.transform == 'nonrigid' else '')
+            + '):'
+        )
         print(np.array(summary['transform']))
-        print(f"time {summary['time_s']:.3f} s, source {res.num_source} pts, reference {res.num_reference} pts, "
-              f"matched {100 * res.matched_ratio:.1f} %, converged {res.converged}")
+        print(
+            f"time {summary['time_s']:.3f} s, source {res.num_source} pts, reference {res.num_reference} pts, "
+            f"matched {100 * res.matched_ratio:.1f} %, converged {res.converged}"
+        )
         if args.output:
             print(f'wrote {args.output}')
         if args.global_init:

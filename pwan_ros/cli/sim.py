@@ -1,4 +1,5 @@
 """``pwan_sim``: a simulated LiDAR drive into a rosbag2 (see :mod:`pwan_ros.evaluation.lidar_sim`)."""
+
 from __future__ import annotations
 
 import argparse
@@ -23,9 +24,12 @@ def main(argv=None) -> int:
 
     def body() -> int:
         res = write_sim_bag(args.output, config_from_args(SimConfig, args), storage=args.storage)
-        print(f'wrote {res.bag}: {res.scans} scans, {res.mean_points:.0f} points/scan on average, '
-              f'path {res.path_length_m:.1f} m, {res.seconds:.1f} s')
+        print(
+            f'wrote {res.bag}: {res.scans} scans, {res.mean_points:.0f} points/scan on average, '
+            f'path {res.path_length_m:.1f} m, {res.seconds:.1f} s'
+        )
         return 0
+
     return run_cli('pwan_sim', body, (ValueError, bag_io.BagError))
 
 

@@ -7,6 +7,7 @@ Public API::
     estimate_discrepancy(reference, source, divergence, mass=..., distance_threshold=...) -> DiscrepancyEstimate
     exact_mass_discrepancy / exact_distance_discrepancy / exact_w1 (POT linear programs)
 """
+
 from .config import CoherenceConfig, FineTuneConfig, PotentialConfig, RegistrationConfig
 from .discrepancy import DiscrepancyEstimate, estimate_discrepancy
 from .errors import PwanInputError
@@ -15,7 +16,18 @@ from .result import RegistrationResult
 from .api import refine, register
 
 __all__ = [
-    'CoherenceConfig', 'DiscrepancyEstimate', 'ExactDiscrepancy', 'FineTuneConfig', 'PotentialConfig',
-    'PwanInputError', 'RegistrationConfig', 'RegistrationResult', 'estimate_discrepancy',
-    'exact_distance_discrepancy', 'exact_mass_discrepancy', 'exact_w1', 'refine', 'register',
+    'CoherenceConfig',
+    'DiscrepancyEstimate',
+    'ExactDiscrepancy',
+    'FineTuneConfig',
+    'PotentialConfig',
+    'PwanInputError',
+    'RegistrationConfig',
+    'RegistrationResult',
+    'estimate_discrepancy',
+    'exact_distance_discrepancy',
+    'exact_mass_discrepancy',
+    'exact_w1',
+    'refine',
+    'register',
 ]

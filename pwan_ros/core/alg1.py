@@ -19,6 +19,7 @@ whole (``compile`` setting; on CUDA with ``mode='reduce-overhead'``, i.e. CUDA g
 
 Shapes: points (S, n, d) in the normalised frame; row-vector convention T(y) = y A_s + t_s (+ V).
 """
+
 from __future__ import annotations
 
 import functools
@@ -35,14 +36,34 @@ from .potential import BatchedPotential, Workspace, backward, buffer, forward, t
 from .preprocess import median_spacing
 from .transforms import BatchedTransform
 
-__all__ = ['FusedAdam', 'StartResult', 'Alg1Result', 'Alg1', 'run_alg1', 'potential_grads', 'transform_input_grad',
-           'compiled']
+__all__ = [
+    'FusedAdam',
+    'StartResult',
+    'Alg1Result',
+    'Alg1',
+    'run_alg1',
+    'potential_grads',
+    'transform_input_grad',
+    'compiled',
+]
 
 
-def potential_grads(ws: Sequence[torch.Tensor], bs: Sequence[torch.Tensor], h: torch.Tensor, length: torch.Tensor,
-                    xb: torch.Tensor, zb: torch.Tensor, coef: torch.Tensor, tangents: Optional[torch.Tensor],
-                    gp_index: Optional[torch.Tensor], slope: float, gp_weight: float, closed_form: bool,
-                    learn_h: bool, work: Optional[Workspace] = None) -> torch.Tensor:
+def potential_grads(
+    ws: Sequence[torch.Tensor],
+    bs: Sequence[torch.Tensor],
+    h: torch.Tensor,
+    length: torch.Tensor,
+    xb: torch.Tensor,
+    zb: torch.Tensor,
+    coef: torch.Tensor,
+    tangents: Optional[torch.Tensor],
+    gp_index: Optional[torch.Tensor],
+    slope: float,
+    gp_weight: float,
+    closed_form: bool,
+    learn_h: bool,
+    work: Optional[Workspace] = None,
+) -> torch.Tensor:
     """Gradient of one potential update's loss -(L / m_beta) + gp_weight GP, summed over starts,
     with L / m_beta = c_a mean f(x) - mean f(y) + c_h h (eq. loss_m_app / loss_d_app).
 
@@ -68,9 +89,13 @@ def potential_grads(ws: Sequence[torch.Tensor], bs: Sequence[torch.Tensor], h: t
         sq = grad.pow(2).sum(2, keepdim=True)
         dgrad = grad * ((sq > 1.0).to(g.dtype) * (2.0 * gp_weight / grad.shape[1]))
     size = sum(w.numel() + b.numel() for w, b in zip(ws, bs)) + h.shape[0]
-    flat = torch.empty(size, dtype=g.dtype, device=g.device) if work is None else work.get('flat', (size,), g)
+    flat = (
+        torch.empty(size, dtype=g.dtype, device=g.device)
+        if work is None
+        else work.get('flat', (size,), g)
+    )
     backward(ws, length, tape, dg, slope, dgrad, out=flat, work=work, tag='p')
-    dh = flat[-h.shape[0]:]
+    dh = flat[-h.shape[0] :]
     if learn_h:
         torch.sub((inside.sum(1) - bz) / bz, coef[1], out=dh)
     else:
@@ -78,9 +103,15 @@ def potential_grads(ws: Sequence[torch.Tensor], bs: Sequence[torch.Tensor], h: t
     return flat
 
 
-def transform_input_grad(ws: Sequence[torch.Tensor], bs: Sequence[torch.Tensor], h: torch.Tensor,
-                         length: torch.Tensor, z: torch.Tensor, slope: float,
-                         work: Optional[Workspace] = None) -> torch.Tensor:
+def transform_input_grad(
+    ws: Sequence[torch.Tensor],
+    bs: Sequence[torch.Tensor],
+    h: torch.Tensor,
+    length: torch.Tensor,
+    z: torch.Tensor,
+    slope: float,
+    work: Optional[Workspace] = None,
+) -> torch.Tensor:
     """d/dz of sum_s mean_j min(|g_s(z_sj)|, h_s) (= -(1/r) sum_j f_s(T_s y_j)); z (S, n, d);
     work: as in :func:`potential_grads`."""
     g, _, tape = forward(ws, bs, length, slope, z, work=work, tag='t')
@@ -93,7 +124,9 @@ def compiled(fn_name: str, mode: Optional[str]):
     """``torch.compile(fn, fullgraph=True, mode=mode)`` of :func:`potential_grads` or
     :func:`transform_input_grad`, made once per process, so later registrations of the same
     shapes reuse its graphs."""
-    fn = {'potential_grads': potential_grads, 'transform_input_grad': transform_input_grad}[fn_name]
+    fn = {'potential_grads': potential_grads, 'transform_input_grad': transform_input_grad}[
+        fn_name
+    ]
     return torch.compile(fn, fullgraph=True, mode=mode, dynamic=False)
 
 
@@ -103,7 +136,9 @@ class FusedAdam:
     per-step Python bookkeeping, which costs 30x the kernel on these small tensors. The learning
     rate is a tensor (``lr``, change it in place): nothing in a step reads the host."""
 
-    def __init__(self, params: Sequence[torch.Tensor], lr: float, betas=(0.9, 0.999), eps: float = 1e-8):
+    def __init__(
+        self, params: Sequence[torch.Tensor], lr: float, betas=(0.9, 0.999), eps: float = 1e-8
+    ):
         self.params = list(params)
         dev = self.params[0].device
         self.lr = torch.tensor(float(lr), dtype=torch.float32, device=dev)
@@ -115,12 +150,25 @@ class FusedAdam:
     def step(self, grads: Sequence[torch.Tensor]) -> None:
         """One descent step with ``grads`` (one per parameter, same shapes)."""
         torch._foreach_add_(self.steps, 1.0)
-        torch._fused_adam_(self.params, list(grads), self.exp_avg, self.exp_avg_sq, [], self.steps, lr=self.lr,
-                           beta1=self.betas[0], beta2=self.betas[1], weight_decay=0.0, eps=self.eps,
-                           amsgrad=False, maximize=False)
+        torch._fused_adam_(
+            self.params,
+            list(grads),
+            self.exp_avg,
+            self.exp_avg_sq,
+            [],
+            self.steps,
+            lr=self.lr,
+            beta1=self.betas[0],
+            beta2=self.betas[1],
+            weight_decay=0.0,
+            eps=self.eps,
+            amsgrad=False,
+            maximize=False,
+        )
 
 
 # --------------------------------------------------------------------------- the algorithm
+
 
 @dataclass
 class StartResult:
@@ -151,9 +199,21 @@ class Alg1:
     """The state of one lock-step run (network, transform, optimisers, device generator) and its
     step. Built by :func:`run_alg1`; see there for the arguments."""
 
-    def __init__(self, config: RegistrationConfig, device: torch.device, ys_np: np.ndarray, xs_np: np.ndarray,
-                 mass_n: Optional[float], h_n: Optional[float], rotations: List[np.ndarray], seed: int,
-                 states=None, translations=None, h_floor: float = 0.0, coherence: Optional[Coherence] = None):
+    def __init__(
+        self,
+        config: RegistrationConfig,
+        device: torch.device,
+        ys_np: np.ndarray,
+        xs_np: np.ndarray,
+        mass_n: Optional[float],
+        h_n: Optional[float],
+        rotations: List[np.ndarray],
+        seed: int,
+        states=None,
+        translations=None,
+        h_floor: float = 0.0,
+        coherence: Optional[Coherence] = None,
+    ):
         pc = config.potential
         self.config, self.device = config, device
         self.kind = config.transform
@@ -161,7 +221,9 @@ class Alg1:
         self.count = count = len(rotations)
         if self.kind == 'nonrigid' and count != 1:
             raise PwanInputError('the non-rigid transform runs one start at a time')
-        init_gen = torch.Generator().manual_seed(seed)        # network init: the same law on every device
+        init_gen = torch.Generator().manual_seed(
+            seed
+        )  # network init: the same law on every device
         self.gen = torch.Generator(device=device).manual_seed(seed)
         self.y = torch.as_tensor(ys_np, dtype=dtype, device=device)
         self.x = torch.as_tensor(xs_np, dtype=dtype, device=device)
@@ -183,7 +245,9 @@ class Alg1:
         c_h = (mass_n - r) / r if config.divergence == 'mass' else -1.0
         self.coef = torch.tensor([q / r, c_h], dtype=dtype, device=device)
         self.opt_f = FusedAdam([self.net.theta], pc.lr, pc.betas)
-        self.weights, self.biases = self.net.views()   # views of theta, valid across its in-place updates
+        self.weights, self.biases = (
+            self.net.views()
+        )  # views of theta, valid across its in-place updates
         self.transform = BatchedTransform(self.kind, rotations, dtype, r).to(device)
         if translations is not None:
             with torch.no_grad():
@@ -192,15 +256,19 @@ class Alg1:
         self.opt_t = FusedAdam(self.t_params, config.lr_transform)
         self.coh = coherence
         self.batch_size = bs = config.batch_size
-        self.n_gp = min(pc.gp_points, q + r) if not bs else min(pc.gp_points, min(bs, q) + min(bs, r))
+        self.n_gp = (
+            min(pc.gp_points, q + r) if not bs else min(pc.gp_points, min(bs, q) + min(bs, r))
+        )
         self.gp_weight = float(pc.gp_weight)
-        self.tangents = tangent_rows(self.n_gp, ys_np.shape[1], dtype, device) if self.gp_weight > 0 else None
+        self.tangents = (
+            tangent_rows(self.n_gp, ys_np.shape[1], dtype, device) if self.gp_weight > 0 else None
+        )
         mode = 'reduce-overhead' if device.type == 'cuda' else None
         use = _compile_wanted(config, device)
         if use:
             self._potential_grads = compiled('potential_grads', mode)
             self._transform_grad = compiled('transform_input_grad', mode)
-        else:       # eager: one workspace for the run, so the loop allocates no large tensor
+        else:  # eager: one workspace for the run, so the loop allocates no large tensor
             work = Workspace()
             self._potential_grads = functools.partial(potential_grads, work=work)
             self._transform_grad = functools.partial(transform_input_grad, work=work)
@@ -209,8 +277,16 @@ class Alg1:
     def _batch(self):
         """Reference mini-batch (1, b, d) and source indices (b,) (None: all), drawn on the device."""
         q, r, bs = self.x.shape[0], self.y.shape[0], self.batch_size
-        xb = self.x[torch.randint(q, (bs,), generator=self.gen, device=self.device)] if bs and bs < q else self.x
-        yi = torch.randint(r, (bs,), generator=self.gen, device=self.device) if bs and bs < r else None
+        xb = (
+            self.x[torch.randint(q, (bs,), generator=self.gen, device=self.device)]
+            if bs and bs < q
+            else self.x
+        )
+        yi = (
+            torch.randint(r, (bs,), generator=self.gen, device=self.device)
+            if bs and bs < r
+            else None
+        )
         return xb.expand(self.count, -1, -1), yi
 
     def potential_update(self, xb: torch.Tensor, zb: torch.Tensor, with_gp: bool) -> None:
@@ -218,10 +294,25 @@ class Alg1:
         net = self.net
         gp_index = None
         if with_gp and self.tangents is not None:
-            gp_index = torch.randint(xb.shape[1] + zb.shape[1], (self.n_gp,), generator=self.gen, device=self.device)
+            gp_index = torch.randint(
+                xb.shape[1] + zb.shape[1], (self.n_gp,), generator=self.gen, device=self.device
+            )
         with torch.no_grad():
-            grad = self._potential_grads(self.weights, self.biases, net.h, net.length, xb, zb, self.coef, self.tangents,
-                                         gp_index, net.slope, self.gp_weight, self.closed_form, self.learn_h)
+            grad = self._potential_grads(
+                self.weights,
+                self.biases,
+                net.h,
+                net.length,
+                xb,
+                zb,
+                self.coef,
+                self.tangents,
+                gp_index,
+                net.slope,
+                self.gp_weight,
+                self.closed_form,
+                self.learn_h,
+            )
             self.opt_f.step([grad])
             if self.learn_h:
                 net.h.clamp_(min=self.h_min)
@@ -239,23 +330,32 @@ class Alg1:
             z_all = self.transform(self.y.expand(self.count, -1, -1))
         for k in range(updates):
             xb, yi = self._batch()
-            self.potential_update(xb, z_all if yi is None else z_all[:, yi],
-                                  with_gp=(k % self.config.potential_updates == 0))
+            self.potential_update(
+                xb,
+                z_all if yi is None else z_all[:, yi],
+                with_gp=(k % self.config.potential_updates == 0),
+            )
 
     def step(self, lr: float) -> None:
         """One step of Alg. 1: u potential updates, then one transform update at learning rate lr."""
         self.opt_t.lr.fill_(lr)
         xb, yi = self._batch()
-        ysrc = self.y.expand(self.count, -1, -1) if yi is None else self.y[yi].expand(self.count, -1, -1)
-        a = self.transform.linear()                          # once per step, with graph
+        ysrc = (
+            self.y.expand(self.count, -1, -1)
+            if yi is None
+            else self.y[yi].expand(self.count, -1, -1)
+        )
+        a = self.transform.linear()  # once per step, with graph
         z = self.transform.apply(ysrc, a, yi)
         zb = z.detach()
         for k in range(self.config.potential_updates):
             self.potential_update(xb, zb, with_gp=(k == 0))
         net = self.net
         with torch.no_grad():
-            dz = self._transform_grad(self.weights, self.biases, self.h_now(xb, zb), net.length, zb, net.slope)
-        loss = (z * dz).sum()             # its gradient in the transform parameters is the chain rule's
+            dz = self._transform_grad(
+                self.weights, self.biases, self.h_now(xb, zb), net.length, zb, net.slope
+            )
+        loss = (z * dz).sum()  # its gradient in the transform parameters is the chain rule's
         if self.coh is not None:
             loss = loss + self.coh.value(self.transform.v[0]) / self.y.shape[0]
         grads = list(torch.autograd.grad(loss, self.t_params, allow_unused=True))
@@ -269,8 +369,10 @@ class Alg1:
     def moved(self, eval_idx: torch.Tensor) -> torch.Tensor:
         """The evaluation points moved by the current transforms (S, k, d), no graph."""
         with torch.no_grad():
-            return self.transform(self.y[eval_idx].expand(self.count, -1, -1),
-                                  eval_idx if self.kind == 'nonrigid' else None)
+            return self.transform(
+                self.y[eval_idx].expand(self.count, -1, -1),
+                eval_idx if self.kind == 'nonrigid' else None,
+            )
 
 
 def _compile_wanted(config: RegistrationConfig, device: torch.device) -> bool:
@@ -281,13 +383,25 @@ def _compile_wanted(config: RegistrationConfig, device: torch.device) -> bool:
     return config.compile == 'on'
 
 
-def run_alg1(config: RegistrationConfig, device: torch.device, ys_np: np.ndarray, xs_np: np.ndarray,
-             mass_n: Optional[float], h_n: Optional[float], rotations: List[np.ndarray], steps: int,
-             seed: int, should_stop: Optional[Callable[[], bool]] = None,
-             states: Optional[Sequence[Optional[Dict[str, torch.Tensor]]]] = None,
-             translations: Optional[Sequence[np.ndarray]] = None, step_offset: int = 0,
-             converge: bool = True, warmup: bool = True, h_floor: float = 0.0,
-             coherence: Optional[Coherence] = None) -> Alg1Result:
+def run_alg1(
+    config: RegistrationConfig,
+    device: torch.device,
+    ys_np: np.ndarray,
+    xs_np: np.ndarray,
+    mass_n: Optional[float],
+    h_n: Optional[float],
+    rotations: List[np.ndarray],
+    steps: int,
+    seed: int,
+    should_stop: Optional[Callable[[], bool]] = None,
+    states: Optional[Sequence[Optional[Dict[str, torch.Tensor]]]] = None,
+    translations: Optional[Sequence[np.ndarray]] = None,
+    step_offset: int = 0,
+    converge: bool = True,
+    warmup: bool = True,
+    h_floor: float = 0.0,
+    coherence: Optional[Coherence] = None,
+) -> Alg1Result:
     """Alg. 1 (u = ``config.potential_updates``) for every start at once: ``config.warmup_updates``
     potential updates (if ``warmup``), then up to ``steps`` transform steps.
 
@@ -302,12 +416,27 @@ def run_alg1(config: RegistrationConfig, device: torch.device, ys_np: np.ndarray
     (normalised units). coherence: the non-rigid regulariser (nonrigid only, one start).
     should_stop: polled before every step; True ends the run (not converged).
     """
-    run = Alg1(config, device, ys_np, xs_np, mass_n, h_n, rotations, seed, states, translations, h_floor, coherence)
+    run = Alg1(
+        config,
+        device,
+        ys_np,
+        xs_np,
+        mass_n,
+        h_n,
+        rotations,
+        seed,
+        states,
+        translations,
+        h_floor,
+        coherence,
+    )
     warm = config.warmup_updates if warmup else 0
     run.warmup(warm)
     decay = (config.lr_transform_final / config.lr_transform) ** (1.0 / max(config.steps - 1, 1))
     r = run.y.shape[0]
-    eval_idx = torch.randperm(r, generator=torch.Generator().manual_seed(seed))[:min(r, 512)].to(device)
+    eval_idx = torch.randperm(r, generator=torch.Generator().manual_seed(seed))[: min(r, 512)].to(
+        device
+    )
     tol = config.tolerance * max(median_spacing(ys_np), 1e-9)
     window = config.window
     moving = torch.ones(run.count, dtype=torch.bool)
@@ -323,7 +452,7 @@ def run_alg1(config: RegistrationConfig, device: torch.device, ys_np: np.ndarray
         done = step + 1
         if converge and done % window == 0:
             now = run.moved(eval_idx)
-            motion = (now - last).pow(2).sum(2).mean(1).sqrt().cpu()     # the loop's one host read
+            motion = (now - last).pow(2).sum(2).mean(1).sqrt().cpu()  # the loop's one host read
             last = now
             moving = motion >= tol
             checked = True
@@ -341,6 +470,15 @@ def run_alg1(config: RegistrationConfig, device: torch.device, ys_np: np.ndarray
         conv = (~moving).tolist() if checked else [steps == 0] * run.count
     else:
         conv = [steps == 0] * run.count
-    starts = [StartResult(a_all[i], t_all[i], None if v_all is None else v_all[i], net.state(i), bool(conv[i]),
-                          float(net.h[i].detach())) for i in range(run.count)]
+    starts = [
+        StartResult(
+            a_all[i],
+            t_all[i],
+            None if v_all is None else v_all[i],
+            net.state(i),
+            bool(conv[i]),
+            float(net.h[i].detach()),
+        )
+        for i in range(run.count)
+    ]
     return Alg1Result(starts, done, warm + done * config.potential_updates)

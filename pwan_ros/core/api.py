@@ -7,6 +7,7 @@ threshold is converted on the way in and reported in caller units. The stages li
 modules: input preparation (:mod:`problem`), Alg. 1 (:mod:`alg1`), the multi-start
 (:mod:`multistart`) and the fine-tune stage (:mod:`finetune_stage`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,10 +26,24 @@ from .errors import PwanInputError
 from .finetune import query_workers, select_pairs
 from .finetune_stage import finetune_data, finetune_stage
 from .global_search import register_global
-from .multistart import OverlapScorer, distinct_poses, overlap_score, partial_objective, run_multistart, start_rotations
+from .multistart import (
+    OverlapScorer,
+    distinct_poses,
+    overlap_score,
+    partial_objective,
+    run_multistart,
+    start_rotations,
+)
 from .nearest import search_device
 from .polish import gicp_polish
-from .preprocess import far_outliers, homogeneous, make_normaliser, median_spacing, random_subset, voxel_downsample
+from .preprocess import (
+    far_outliers,
+    homogeneous,
+    make_normaliser,
+    median_spacing,
+    random_subset,
+    voxel_downsample,
+)
 from .problem import Problem, prepare, threshold
 from .reference import PreparedReference, ReferenceCache
 from .result import RegistrationResult
@@ -37,10 +52,27 @@ from .verify import check_pose
 __all__ = ['register', 'refine', 'ReferenceCache']
 
 
-def _finish(prob: Problem, config: RegistrationConfig, kind: str, a: np.ndarray, t: np.ndarray,
-            v_fn, h_caller: Optional[float], t0: float, timings: Dict[str, float], iterations: int,
-            updates: int, ft_iters: int, converged: bool, h_pot: Optional[float], state, device: str,
-            start_index: int = 0, fit_tree: Optional[cKDTree] = None, polish: bool = False) -> RegistrationResult:
+def _finish(
+    prob: Problem,
+    config: RegistrationConfig,
+    kind: str,
+    a: np.ndarray,
+    t: np.ndarray,
+    v_fn,
+    h_caller: Optional[float],
+    t0: float,
+    timings: Dict[str, float],
+    iterations: int,
+    updates: int,
+    ft_iters: int,
+    converged: bool,
+    h_pot: Optional[float],
+    state,
+    device: str,
+    start_index: int = 0,
+    fit_tree: Optional[cKDTree] = None,
+    polish: bool = False,
+) -> RegistrationResult:
     """Assemble the result: caller-frame transform, transformed points, match weights, the
     self-check (:mod:`verify`, ``config.self_check``).
     polish: a rigid 3-D result gets the plane-aware polish (:mod:`polish`, ``finetune.polish``)."""
@@ -58,10 +90,18 @@ def _finish(prob: Problem, config: RegistrationConfig, kind: str, a: np.ndarray,
     tree = cKDTree(prob.ref_fit) if fit_tree is None else fit_tree
     if polish and kind == 'rigid' and prob.dim == 3 and config.finetune.polish:
         tp = time.perf_counter()
-        spacing = median_spacing(random_subset(prob.ref_fit, 20000, np.random.default_rng(config.seed)))
+        spacing = median_spacing(
+            random_subset(prob.ref_fit, 20000, np.random.default_rng(config.seed))
+        )
         gate = 2.0 * (h_caller if h_caller else 2.0 * spacing)
-        pr = gicp_polish(prob.src_init, prob.ref_fit, homogeneous(m_lin, b), gate, reference_tree=tree,
-                         seed=config.seed)
+        pr = gicp_polish(
+            prob.src_init,
+            prob.ref_fit,
+            homogeneous(m_lin, b),
+            gate,
+            reference_tree=tree,
+            seed=config.seed,
+        )
         if pr.kept:
             total = pr.transform @ prob.init
             z = prob.src_init @ pr.transform[:3, :3].T + pr.transform[:3, 3]
@@ -71,8 +111,11 @@ def _finish(prob: Problem, config: RegistrationConfig, kind: str, a: np.ndarray,
     def match_weights(points):
         dist, _ = tree.query(points, k=1, workers=query_workers(n_s))
         if config.divergence == 'mass':
-            return select_pairs(dist, 'mass', int(round(min(1.0, prob.mass / n_s) * n_s)), 0.0).astype(np.float64)
+            return select_pairs(
+                dist, 'mass', int(round(min(1.0, prob.mass / n_s) * n_s)), 0.0
+            ).astype(np.float64)
         return select_pairs(dist, 'distance', 0, h_caller).astype(np.float64)
+
     weights = match_weights(z)
     verdict = None
     if config.self_check:
@@ -87,15 +130,32 @@ def _finish(prob: Problem, config: RegistrationConfig, kind: str, a: np.ndarray,
             verdict = check_pose(z, prob.ref_fit, verdict.voxel, seed=config.seed)
         timings['check'] = time.perf_counter() - tc
     return RegistrationResult(
-        transform=total, transformed_source=z, match_weights=weights, source_valid=prob.src.valid,
-        matched_ratio=float(weights.mean()), converged=bool(converged), iterations=int(iterations),
-        potential_updates=int(updates), finetune_iterations=int(ft_iters), time_s=time.perf_counter() - t0,
-        timings=timings, num_source=int(n_s), num_reference=int(prob.ref.points.shape[0]),
-        num_dropped_source=prob.src.dropped, num_dropped_reference=prob.ref.dropped,
-        mass=prob.mass, distance_threshold=h_caller, h=h_pot, displacement=disp, potential_state=state,
-        device=device, start_index=start_index, check=verdict,
-        status=verdict.status if verdict is not None else 'ok', reason=verdict.reason if verdict is not None else '')
-
+        transform=total,
+        transformed_source=z,
+        match_weights=weights,
+        source_valid=prob.src.valid,
+        matched_ratio=float(weights.mean()),
+        converged=bool(converged),
+        iterations=int(iterations),
+        potential_updates=int(updates),
+        finetune_iterations=int(ft_iters),
+        time_s=time.perf_counter() - t0,
+        timings=timings,
+        num_source=int(n_s),
+        num_reference=int(prob.ref.points.shape[0]),
+        num_dropped_source=prob.src.dropped,
+        num_dropped_reference=prob.ref.dropped,
+        mass=prob.mass,
+        distance_threshold=h_caller,
+        h=h_pot,
+        displacement=disp,
+        potential_state=state,
+        device=device,
+        start_index=start_index,
+        check=verdict,
+        status=verdict.status if verdict is not None else 'ok',
+        reason=verdict.reason if verdict is not None else '',
+    )
 
 
 def _prepared(prob: Problem, cache: Optional[ReferenceCache]) -> PreparedReference:
@@ -103,8 +163,13 @@ def _prepared(prob: Problem, cache: Optional[ReferenceCache]) -> PreparedReferen
     return cache.lookup(prob.ref_fit) if cache is not None else PreparedReference(prob.ref_fit)
 
 
-def refine(source, reference, init=None, config: Optional[RegistrationConfig] = None,
-           reference_cache: Optional[ReferenceCache] = None) -> RegistrationResult:
+def refine(
+    source,
+    reference,
+    init=None,
+    config: Optional[RegistrationConfig] = None,
+    reference_cache: Optional[ReferenceCache] = None,
+) -> RegistrationResult:
     """Cheap partial refinement: the fine-tune objective (eq. fine_tune) alone, warm-started.
 
     source (N, d), reference (M, d) in caller units; init: (d+1, d+1) source -> reference
@@ -126,18 +191,44 @@ def refine(source, reference, init=None, config: Optional[RegistrationConfig] = 
     dev = resolve_device(config.device) if config.finetune.nn == 'torch' else torch.device('cpu')
     prep = _prepared(prob, reference_cache)
     data = finetune_data(prob, config, kind, rng, prep, search_device(config.finetune.nn, dev))
-    a, t, v_fn, iters, conv = finetune_stage(prob, config, kind, np.eye(d), np.zeros(d), None, h_caller, rng,
-                                           data, warn=True)
+    a, t, v_fn, iters, conv = finetune_stage(
+        prob, config, kind, np.eye(d), np.zeros(d), None, h_caller, rng, data, warn=True
+    )
     timings = {'preprocess': t1 - t0, 'finetune': time.perf_counter() - t1}
-    return _finish(prob, config, kind, a, t, v_fn, h_caller, t0, timings, 0, 0, iters, conv, None, None, str(dev),
-                   fit_tree=prep.fit_tree())
+    return _finish(
+        prob,
+        config,
+        kind,
+        a,
+        t,
+        v_fn,
+        h_caller,
+        t0,
+        timings,
+        0,
+        0,
+        iters,
+        conv,
+        None,
+        None,
+        str(dev),
+        fit_tree=prep.fit_tree(),
+    )
 
 
-
-def _single_start(config: RegistrationConfig, device: torch.device, ys_np: np.ndarray, xs_np: np.ndarray,
-                 mass_n: Optional[float], h_n: Optional[float], rot0: Optional[np.ndarray],
-                 potential_state: Optional[dict], seed: int, should_stop: Optional[Callable[[], bool]] = None,
-                 h_floor: float = 0.0):
+def _single_start(
+    config: RegistrationConfig,
+    device: torch.device,
+    ys_np: np.ndarray,
+    xs_np: np.ndarray,
+    mass_n: Optional[float],
+    h_n: Optional[float],
+    rot0: Optional[np.ndarray],
+    potential_state: Optional[dict],
+    seed: int,
+    should_stop: Optional[Callable[[], bool]] = None,
+    h_floor: float = 0.0,
+):
     """Alg. 1 (one start, :func:`alg1.run_alg1`) in the normalised frame from the rotation ``rot0``
     (column convention, about the origin). Returns (a, t, v_fn, steps, updates, converged,
     h_final_normalised, state)."""
@@ -147,26 +238,48 @@ def _single_start(config: RegistrationConfig, device: torch.device, ys_np: np.nd
     if kind == 'nonrigid':
         y = torch.as_tensor(ys_np, dtype=torch.float32, device=device)
         coh = Coherence(y, config.coherence, torch.Generator().manual_seed(seed))
-    out = run_alg1(config, device, ys_np, xs_np, mass_n, h_n, [np.eye(d) if rot0 is None else rot0], config.steps,
-                   seed, should_stop, states=[potential_state], h_floor=h_floor, coherence=coh)
+    out = run_alg1(
+        config,
+        device,
+        ys_np,
+        xs_np,
+        mass_n,
+        h_n,
+        [np.eye(d) if rot0 is None else rot0],
+        config.steps,
+        seed,
+        should_stop,
+        states=[potential_state],
+        h_floor=h_floor,
+        coherence=coh,
+    )
     st = out.starts[0]
     v_fn = None
     if kind == 'nonrigid':
         v_adv = torch.as_tensor(st.v, dtype=torch.float64)
-        coh_cpu = Coherence(torch.as_tensor(ys_np, dtype=torch.float64), config.coherence,
-                            torch.Generator().manual_seed(seed))
+        coh_cpu = Coherence(
+            torch.as_tensor(ys_np, dtype=torch.float64),
+            config.coherence,
+            torch.Generator().manual_seed(seed),
+        )
 
         def _offsets(p, _v=v_adv, _c=coh_cpu):
             return _c.interpolate(_v, torch.as_tensor(p, dtype=torch.float64)).numpy()
+
         v_fn = _offsets
     return st.a, st.t, v_fn, out.steps, out.updates, st.converged, st.h, st.state
 
 
-
-def register(source, reference, config: Optional[RegistrationConfig] = None, init=None,
-             potential_state: Optional[dict] = None,
-             should_stop: Optional[Callable[[], bool]] = None,
-             reference_cache: Optional[ReferenceCache] = None, viewpoints=None) -> RegistrationResult:
+def register(
+    source,
+    reference,
+    config: Optional[RegistrationConfig] = None,
+    init=None,
+    potential_state: Optional[dict] = None,
+    should_stop: Optional[Callable[[], bool]] = None,
+    reference_cache: Optional[ReferenceCache] = None,
+    viewpoints=None,
+) -> RegistrationResult:
     """Register ``source`` (N, d) onto ``reference`` (M, d), d in {2, 3}, with PWAN (Alg. 1).
 
     Caller units in, caller units out. init: optional (d+1, d+1) warm-start transform source ->
@@ -200,16 +313,23 @@ def register(source, reference, config: Optional[RegistrationConfig] = None, ini
     t0 = time.perf_counter()
     if isinstance(init, str):
         if init != 'global':
-            raise PwanInputError(f"init must be a (d+1, d+1) transform, None or 'global', got {init!r}")
+            raise PwanInputError(
+                f"init must be a (d+1, d+1) transform, None or 'global', got {init!r}"
+            )
         if config.transform != 'rigid':
-            raise PwanInputError("init='global' finds a rigid pose; register rigidly first, then pass its transform "
-                                 'as init to the affine / non-rigid registration')
-        return register_global(source, reference, config, reference_cache, refine, _viewpoints(viewpoints))
+            raise PwanInputError(
+                "init='global' finds a rigid pose; register rigidly first, then pass its transform "
+                'as init to the affine / non-rigid registration'
+            )
+        return register_global(
+            source, reference, config, reference_cache, refine, _viewpoints(viewpoints)
+        )
     if viewpoints is not None:
         raise PwanInputError("viewpoints are used by init='global' only")
     if config.transform != 'nonrigid' or not config.prealign:
-        return _register_candidates(source, reference, config, init, potential_state, should_stop,
-                                    reference_cache)[0][1]
+        return _register_candidates(
+            source, reference, config, init, potential_state, should_stop, reference_cache
+        )[0][1]
     # the rigid and non-rigid stages share the reference's search structures
     cache = reference_cache if reference_cache is not None else ReferenceCache()
     # coarse-to-fine: rigid PWAN registration(s) (with config.starts) initialise the non-rigid one
@@ -221,23 +341,40 @@ def register(source, reference, config: Optional[RegistrationConfig] = None, ini
     rigid = config.replace(transform='rigid', prealign=False, self_check=False)
     cands = _register_candidates(source, reference, rigid, init, None, should_stop, cache)
     ref_clean = np.asarray(reference, dtype=np.float64)
-    ref_clean = ref_clean[np.isfinite(ref_clean).all(axis=1)]   # validated by the rigid stage
+    ref_clean = ref_clean[np.isfinite(ref_clean).all(axis=1)]  # validated by the rigid stage
     ref_clean = ref_clean[~far_outliers(ref_clean)]
     # distinct poses only: finalists that converged to the same pose (within the reference sampling)
     # would be deformed twice
     tol = median_spacing(random_subset(ref_clean, 5000, np.random.default_rng(config.seed)))
-    pres = [cands[i] for i in distinct_poses([c[1].transformed_source for c in cands], tol, config.prealign_keep)]
+    pres = [
+        cands[i]
+        for i in distinct_poses(
+            [c[1].transformed_source for c in cands], tol, config.prealign_keep
+        )
+    ]
     best = None
     for _, pre in pres:
         if best is not None and should_stop is not None and should_stop():
             break
-        res = _register_candidates(source, reference, config.replace(prealign=False), pre.transform,
-                                   potential_state, should_stop, cache)[0][1]
-        score = overlap_score(res.transformed_source, ref_clean, config.seed) if len(pres) > 1 else 0.0
-        res = dataclasses.replace(res, timings={**res.timings, 'prealign': pre.time_s},
-                                  iterations=res.iterations + pre.iterations,
-                                  potential_updates=res.potential_updates + pre.potential_updates,
-                                  start_index=pre.start_index)
+        res = _register_candidates(
+            source,
+            reference,
+            config.replace(prealign=False),
+            pre.transform,
+            potential_state,
+            should_stop,
+            cache,
+        )[0][1]
+        score = (
+            overlap_score(res.transformed_source, ref_clean, config.seed) if len(pres) > 1 else 0.0
+        )
+        res = dataclasses.replace(
+            res,
+            timings={**res.timings, 'prealign': pre.time_s},
+            iterations=res.iterations + pre.iterations,
+            potential_updates=res.potential_updates + pre.potential_updates,
+            start_index=pre.start_index,
+        )
         if best is None or score < best[0]:
             best = (score, res)
     return dataclasses.replace(best[1], time_s=time.perf_counter() - t0)
@@ -249,19 +386,32 @@ def _viewpoints(viewpoints) -> Optional[tuple]:
         return None
     if isinstance(viewpoints, str):
         if viewpoints != 'origin':
-            raise PwanInputError(f"viewpoints must be 'origin' or two (3,) points, got {viewpoints!r}")
+            raise PwanInputError(
+                f"viewpoints must be 'origin' or two (3,) points, got {viewpoints!r}"
+            )
         return np.zeros(3), np.zeros(3)
     try:
         pair = tuple(np.asarray(v, dtype=np.float64) for v in viewpoints)
     except (TypeError, ValueError):
-        raise PwanInputError('viewpoints must be two (3,) points: (source_viewpoint, reference_viewpoint)') from None
+        raise PwanInputError(
+            'viewpoints must be two (3,) points: (source_viewpoint, reference_viewpoint)'
+        ) from None
     if len(pair) != 2 or any(v.shape != (3,) or not np.isfinite(v).all() for v in pair):
-        raise PwanInputError('viewpoints must be two finite (3,) points: (source_viewpoint, reference_viewpoint)')
+        raise PwanInputError(
+            'viewpoints must be two finite (3,) points: (source_viewpoint, reference_viewpoint)'
+        )
     return pair
 
 
-def _register_candidates(source, reference, config: RegistrationConfig, init, potential_state, should_stop,
-                         reference_cache: Optional[ReferenceCache] = None) -> list:
+def _register_candidates(
+    source,
+    reference,
+    config: RegistrationConfig,
+    init,
+    potential_state,
+    should_stop,
+    reference_cache: Optional[ReferenceCache] = None,
+) -> list:
     """Alg. 1 + fine-tune (all starts / the tournament); returns the finalists as
     [(start score, RegistrationResult)], best first (one entry without multi-start)."""
     t0 = time.perf_counter()
@@ -276,7 +426,9 @@ def _register_candidates(source, reference, config: RegistrationConfig, init, po
     src_ds = random_subset(src_ds, config.max_points, rng)
     ref_ds = random_subset(ref_ds, config.max_points, rng)
     if src_ds.shape[0] < 3 or ref_ds.shape[0] < 3:
-        raise PwanInputError('voxel_size leaves fewer than 3 points in a set; use a smaller voxel_size')
+        raise PwanInputError(
+            'voxel_size leaves fewer than 3 points in a set; use a smaller voxel_size'
+        )
     h_caller = threshold(config, ref_ds) if config.divergence == 'distance' else None
     ys_np = norm.source(src_ds)
     xs_np = norm.reference(ref_ds)
@@ -287,16 +439,24 @@ def _register_candidates(source, reference, config: RegistrationConfig, init, po
     mass_n = prob.ratio_min * min(q, r) if config.divergence == 'mass' else None
     h_n = h_caller / norm.scale if h_caller is not None else None
     # resolution floor of the learned h (normalised): below the reference sampling the potential is flat
-    h_floor = config.potential.h_floor * median_spacing(xs_np) if config.divergence == 'mass' else 0.0
-    rots = start_rotations(d, config.starts) if config.starts > 1 and kind != 'nonrigid' else [None]
+    h_floor = (
+        config.potential.h_floor * median_spacing(xs_np) if config.divergence == 'mass' else 0.0
+    )
+    rots = (
+        start_rotations(d, config.starts) if config.starts > 1 and kind != 'nonrigid' else [None]
+    )
     multi = len(rots) > 1
     prep = _prepared(prob, reference_cache)
     ft_data = None
     if config.finetune.enabled or multi:
-        ft_data = finetune_data(prob, config, kind, rng, prep, search_device(config.finetune.nn, device))
+        ft_data = finetune_data(
+            prob, config, kind, rng, prep, search_device(config.finetune.nn, device)
+        )
     # the multi-start's fine-tunes before the final one run on a sample (their selection score's size)
     small_data = ft_data.subset(config.start_finetune_points, config.seed) if multi else None
-    scorer = OverlapScorer(ft_data, config.seed) if multi and config.start_score == 'overlap' else None
+    scorer = (
+        OverlapScorer(ft_data, config.seed) if multi and config.start_score == 'overlap' else None
+    )
     count_n = int(round(min(1.0, mass_n / r) * r)) if config.divergence == 'mass' else 0
     tot = {'steps': 0, 'updates': 0, 'ft': 0}
 
@@ -313,16 +473,44 @@ def _register_candidates(source, reference, config: RegistrationConfig, init, po
         the final one). Returns (a, t, v_fn, converged)."""
         tf = time.perf_counter()
         data = small_data if small else ft_data
-        a, t, v_fn, ft_iters, ft_conv = finetune_stage(prob, config, kind, a, t, v_fn, h_caller, rng, data,
-                                                       final=not small, warn=not small,
-                                                       max_iterations=config.start_finetune_iterations if small else None)
+        a, t, v_fn, ft_iters, ft_conv = finetune_stage(
+            prob,
+            config,
+            kind,
+            a,
+            t,
+            v_fn,
+            h_caller,
+            rng,
+            data,
+            final=not small,
+            warn=not small,
+            max_iterations=config.start_finetune_iterations if small else None,
+        )
         timings['finetune'] += time.perf_counter() - tf
         tot['ft'] += ft_iters
         return a, t, v_fn, ft_conv
 
     if multi:
-        cands = sorted(run_multistart(config, device, ys_np, xs_np, mass_n, h_n, h_floor, rots, should_stop,
-                                   potential_state, timings, tot, finetune, score_of), key=lambda c: c[0])
+        cands = sorted(
+            run_multistart(
+                config,
+                device,
+                ys_np,
+                xs_np,
+                mass_n,
+                h_n,
+                h_floor,
+                rots,
+                should_stop,
+                potential_state,
+                timings,
+                tot,
+                finetune,
+                score_of,
+            ),
+            key=lambda c: c[0],
+        )
         if config.finetune.enabled:
             # the finalists were compared after the fine-tune on start_finetune_points source points
             # (the score's own sample size); only the winner gets the dense fine-tune
@@ -333,8 +521,18 @@ def _register_candidates(source, reference, config: RegistrationConfig, init, po
         ta = time.perf_counter()
         with thread_scope(config.threads):
             a, t, v_fn, steps, updates, conv, h_final, state = _single_start(
-                config, device, ys_np, xs_np, mass_n, h_n, rots[0], potential_state, config.seed, should_stop,
-                h_floor)
+                config,
+                device,
+                ys_np,
+                xs_np,
+                mass_n,
+                h_n,
+                rots[0],
+                potential_state,
+                config.seed,
+                should_stop,
+                h_floor,
+            )
         timings['adversarial'] += time.perf_counter() - ta
         tot['steps'] += steps
         tot['updates'] += updates
@@ -346,7 +544,30 @@ def _register_candidates(source, reference, config: RegistrationConfig, init, po
     for rank, (score, (a, t, v_fn, converged, h_final, state, idx)) in enumerate(cands):
         # only the winner is judged (the runners-up are the non-rigid prealignment's finalists)
         cfg = config if rank == 0 else config.replace(self_check=False)
-        out.append((score, _finish(prob, cfg, kind, a, t, v_fn, h_caller, t0, dict(timings), tot['steps'],
-                                   tot['updates'], tot['ft'], converged, h_final * norm.scale, state, str(device),
-                                   start_index=idx, fit_tree=prep.fit_tree(), polish=True)))
+        out.append(
+            (
+                score,
+                _finish(
+                    prob,
+                    cfg,
+                    kind,
+                    a,
+                    t,
+                    v_fn,
+                    h_caller,
+                    t0,
+                    dict(timings),
+                    tot['steps'],
+                    tot['updates'],
+                    tot['ft'],
+                    converged,
+                    h_final * norm.scale,
+                    state,
+                    str(device),
+                    start_index=idx,
+                    fit_tree=prep.fit_tree(),
+                    polish=True,
+                ),
+            )
+        )
     return out

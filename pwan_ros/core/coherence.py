@@ -5,6 +5,7 @@ approximated by Q Q^T with Q = G_{r,k} U S^{-1/2} from k landmarks (G_kk = U S U
 (sigma I + Q Q^T)^-1 = sigma^-1 (I - Q (sigma I_k + Q^T Q)^-1 Q^T)  (Woodbury; Appx. Sec_app_PSR_app).
 Everything is O(r k) per use; the factors are computed once per registration.
 """
+
 from __future__ import annotations
 
 import torch
@@ -31,11 +32,12 @@ class Coherence:
         g_kk = gaussian_kernel(self.landmarks, self.landmarks, config.rho).double()
         s, u = torch.linalg.eigh(g_kk)
         keep = s > s.max() * 1e-8
-        self.q = (g_rk @ u[:, keep] / s[keep].sqrt()).to(y.dtype)            # (r, k')
+        self.q = (g_rk @ u[:, keep] / s[keep].sqrt()).to(y.dtype)  # (r, k')
         qd = self.q.double()
         self.sigma = float(config.sigma)
-        self.inner = torch.linalg.inv(self.sigma * torch.eye(qd.shape[1], dtype=qd.dtype, device=qd.device)
-                                      + qd.T @ qd).to(y.dtype)                 # (sigma I + Q^T Q)^-1
+        self.inner = torch.linalg.inv(
+            self.sigma * torch.eye(qd.shape[1], dtype=qd.dtype, device=qd.device) + qd.T @ qd
+        ).to(y.dtype)  # (sigma I + Q^T Q)^-1
         # mean kernel row sum, used to normalise the preconditioned data force
         self.row_mean = float((self.q @ self.q.sum(0)).mean())
 
@@ -70,9 +72,13 @@ class Coherence:
         b = torch.linalg.solve(lhs, q.T @ (wd[:, None] * target.double()))
         return (q @ b).to(target.dtype)
 
-    def interpolate(self, v: torch.Tensor, points: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
+    def interpolate(
+        self, v: torch.Tensor, points: torch.Tensor, chunk: int = 4096
+    ) -> torch.Tensor:
         """Offsets at new points p (n, d): V(p) = G(p, Y) C with C = (sigma I + G)^-1 V."""
         c = (v - self.q @ (self.inner @ (self.q.T @ v))) / self.sigma
-        out = [gaussian_kernel(points[s:s + chunk], self.y, self.config.rho) @ c
-               for s in range(0, points.shape[0], chunk)]
+        out = [
+            gaussian_kernel(points[s : s + chunk], self.y, self.config.rho) @ c
+            for s in range(0, points.shape[0], chunk)
+        ]
         return torch.cat(out) if out else points.new_zeros((0, v.shape[1]))

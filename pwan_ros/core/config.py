@@ -5,6 +5,7 @@ One dataclass per component; every field name is the future ROS parameter / CLI 
 Lengths are in the caller's units (metres for ROS) unless a field says "normalised": the core
 normalises both sets internally (see ``docs/core.md``) and converts back.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,7 +28,11 @@ NN_MODES = ('auto', 'kdtree', 'torch')
 #: non-rigid transform has r x d more parameters, moves more slowly per step and needs a more
 #: accurate potential (measured on the bcpd pairs with 120 % outliers: 200 steps / u=3 left the
 #: MSE at 1.2-2.8x the similarity oracle, 1000 / u=10 / tolerance 0.03 at 0.2-1.1x).
-TRANSFORM_DEFAULTS = {'rigid': (200, 3, 0.1), 'affine': (200, 3, 0.1), 'nonrigid': (1000, 10, 0.03)}
+TRANSFORM_DEFAULTS = {
+    'rigid': (200, 3, 0.1),
+    'affine': (200, 3, 0.1),
+    'nonrigid': (1000, 10, 0.03),
+}
 
 #: default potential widths per transform (``potential.hidden`` None), chosen by benchmark: (16, 16)
 #: solves the bunny tournament as (32, 32) did (6 of 8 pairs clean and with 100 % outliers, three
@@ -59,12 +64,17 @@ def _pos(name: str, value: float, allow_none: bool = False, allow_zero: bool = F
         return
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     ok = ok and (value >= 0 if allow_zero else value > 0)
-    _check(ok, f"{name} must be a {'non-negative' if allow_zero else 'positive'} finite number, got {value!r}")
+    _check(
+        ok,
+        f"{name} must be a {'non-negative' if allow_zero else 'positive'} finite number, got {value!r}",
+    )
 
 
 def _int(name: str, value: int, minimum: int) -> None:
-    _check(isinstance(value, int) and not isinstance(value, bool) and value >= minimum,
-           f'{name} must be an integer >= {minimum}, got {value!r}')
+    _check(
+        isinstance(value, int) and not isinstance(value, bool) and value >= minimum,
+        f'{name} must be an integer >= {minimum}, got {value!r}',
+    )
 
 
 @dataclass(frozen=True)
@@ -78,40 +88,75 @@ class PotentialConfig:
     benchmark (docs/core.md, "PWAN engine"). :attr:`widths` is ``hidden`` with None resolved.
     """
 
-    hidden: Optional[Tuple[int, int]] = param(None, 'widths (a, b) of the point-wise MLP d->a->b, branch b->2b->b, '
-                                              'skip concatenation [a, branch]->1 (Appx. B.5); None = (16, 16) rigid / '
-                                              'affine, (32, 32) nonrigid')
+    hidden: Optional[Tuple[int, int]] = param(
+        None,
+        'widths (a, b) of the point-wise MLP d->a->b, branch b->2b->b, '
+        'skip concatenation [a, branch]->1 (Appx. B.5); None = (16, 16) rigid / '
+        'affine, (32, 32) nonrigid',
+    )
     lr: float = param(5e-3, 'Adam learning rate of the potential network', 0.0, low_open=True)
-    gp_weight: float = param(10.0, 'weight of the one-sided gradient penalty mean(relu(|grad g|^2 - 1))', 0.0)
-    gp_points: int = param(256, 'points of the current source + reference batch the penalty is taken at (on the '
-                           'first of the u updates of each step)', 1)
-    h_mode: str = param('learn', 'mass type: learn (h is a parameter, eq. loss_m_app) or closed_form (h = max |g| '
-                        'over the batch, eq. app_final_m_eq2)', choices=H_MODES)
+    gp_weight: float = param(
+        10.0, 'weight of the one-sided gradient penalty mean(relu(|grad g|^2 - 1))', 0.0
+    )
+    gp_points: int = param(
+        256,
+        'points of the current source + reference batch the penalty is taken at (on the '
+        'first of the u updates of each step)',
+        1,
+    )
+    h_mode: str = param(
+        'learn',
+        'mass type: learn (h is a parameter, eq. loss_m_app) or closed_form (h = max |g| '
+        'over the batch, eq. app_final_m_eq2)',
+        choices=H_MODES,
+    )
     h_init: float = param(1.0, 'initial h (normalised units)', 0.0, low_open=True)
-    h_floor: float = param(1.0, 'lower bound of a learned h, x the median nearest-neighbour spacing of the '
-                           'adversarial reference (0 = none)', 0.0)
+    h_floor: float = param(
+        1.0,
+        'lower bound of a learned h, x the median nearest-neighbour spacing of the '
+        'adversarial reference (0 = none)',
+        0.0,
+    )
     leaky_slope: float = param(0.2, 'negative slope of the LeakyReLU activations', 0.0)
-    length_scale: float = param(0.1, 'resolution l of the network: g(x) = l mlp(x / l) (normalised units)', 0.0,
-                                low_open=True)
-    betas: Tuple[float, float] = param((0.5, 0.99), 'Adam betas of the potential network (two numbers in [0, 1))')
+    length_scale: float = param(
+        0.1,
+        'resolution l of the network: g(x) = l mlp(x / l) (normalised units)',
+        0.0,
+        low_open=True,
+    )
+    betas: Tuple[float, float] = param(
+        (0.5, 0.99), 'Adam betas of the potential network (two numbers in [0, 1))'
+    )
 
     def __post_init__(self):
-        _check(self.hidden is None or (isinstance(self.hidden, (tuple, list)) and len(self.hidden) == 2
-                                       and all(isinstance(v, int) and v > 0 for v in self.hidden)),
-               f'potential.hidden must be two positive ints, got {self.hidden!r}')
+        _check(
+            self.hidden is None
+            or (
+                isinstance(self.hidden, (tuple, list))
+                and len(self.hidden) == 2
+                and all(isinstance(v, int) and v > 0 for v in self.hidden)
+            ),
+            f'potential.hidden must be two positive ints, got {self.hidden!r}',
+        )
         if self.hidden is not None:
             object.__setattr__(self, 'hidden', tuple(self.hidden))
         _pos('potential.lr', self.lr)
         _pos('potential.gp_weight', self.gp_weight, allow_zero=True)
         _int('potential.gp_points', self.gp_points, 1)
-        _check(self.h_mode in H_MODES, f'potential.h_mode must be one of {H_MODES}, got {self.h_mode!r}')
+        _check(
+            self.h_mode in H_MODES,
+            f'potential.h_mode must be one of {H_MODES}, got {self.h_mode!r}',
+        )
         _pos('potential.h_init', self.h_init)
         _pos('potential.h_floor', self.h_floor, allow_zero=True)
         _pos('potential.leaky_slope', self.leaky_slope, allow_zero=True)
         _pos('potential.length_scale', self.length_scale)
-        _check(isinstance(self.betas, (tuple, list)) and len(self.betas) == 2
-               and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas),
-               f'potential.betas must be two numbers in [0, 1), got {self.betas!r}')
+        _check(
+            isinstance(self.betas, (tuple, list))
+            and len(self.betas) == 2
+            and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas),
+            f'potential.betas must be two numbers in [0, 1), got {self.betas!r}',
+        )
         object.__setattr__(self, 'betas', tuple(float(b) for b in self.betas))
 
     @property
@@ -149,32 +194,54 @@ class FineTuneConfig:
     pose off; the distance-type pass matches what actually overlaps.
     """
 
-    enabled: bool = param(True, 'run the fine-tune after the adversarial stage of register (refine always runs it)')
-    max_iterations: int = param(300, 'cap on the alternations of nearest-neighbour search and closed-form step', 1)
-    tolerance: float = param(1e-5, 'stop when the RMS motion of the source between iterations is below this x '
-                             'the set scale', 0.0, low_open=True)
+    enabled: bool = param(
+        True, 'run the fine-tune after the adversarial stage of register (refine always runs it)'
+    )
+    max_iterations: int = param(
+        300, 'cap on the alternations of nearest-neighbour search and closed-form step', 1
+    )
+    tolerance: float = param(
+        1e-5,
+        'stop when the RMS motion of the source between iterations is below this x the set scale',
+        0.0,
+        low_open=True,
+    )
     max_points: int = param(20000, 'cap on the source points used (0 = all valid input points)', 0)
-    metric: str = param('point_to_plane', 'rigid: point_to_plane (distance along the nearest reference point\'s PCA '
-                        'normal) or point_to_point (eq. fine_tune as written; always for affine / nonrigid)',
-                        choices=('point_to_plane', 'point_to_point'))
+    metric: str = param(
+        'point_to_plane',
+        'rigid: point_to_plane (distance along the nearest reference point\'s PCA '
+        'normal) or point_to_point (eq. fine_tune as written; always for affine / nonrigid)',
+        choices=('point_to_plane', 'point_to_point'),
+    )
     normal_neighbors: int = param(10, 'neighbours of the PCA normals (point_to_plane)', 3)
-    overlap_refine: bool = param(True, 'rigid mass type: then the distance-type fine-tune at 2 x the median dense '
-                                 'reference spacing, so the matched mass follows the actual overlap')
-    polish: bool = param(True, 'rigid 3-D register: then a plane-aware polish (small_gicp GICP, its gate '
-                         'halving from 2 % of the reference extent to 2 x the matching distance), kept when it '
-                         'puts 0.5 % more of the source within the matching distance (the fine-tune slides '
-                         'slowly along streets and corridors)')
-    nn: str = param('auto', 'nearest-neighbour search of the fine-tune: kdtree (scipy, host CPU), torch (chunked '
-                    'brute force on the registration\'s device) or auto (torch on CUDA, kdtree on CPU)',
-                    choices=NN_MODES)
+    overlap_refine: bool = param(
+        True,
+        'rigid mass type: then the distance-type fine-tune at 2 x the median dense '
+        'reference spacing, so the matched mass follows the actual overlap',
+    )
+    polish: bool = param(
+        True,
+        'rigid 3-D register: then a plane-aware polish (small_gicp GICP, its gate '
+        'halving from 2 % of the reference extent to 2 x the matching distance), kept when it '
+        'puts 0.5 % more of the source within the matching distance (the fine-tune slides '
+        'slowly along streets and corridors)',
+    )
+    nn: str = param(
+        'auto',
+        'nearest-neighbour search of the fine-tune: kdtree (scipy, host CPU), torch (chunked '
+        'brute force on the registration\'s device) or auto (torch on CUDA, kdtree on CPU)',
+        choices=NN_MODES,
+    )
 
     def __post_init__(self):
         _check(isinstance(self.enabled, bool), 'finetune.enabled must be a bool')
         _check(isinstance(self.overlap_refine, bool), 'finetune.overlap_refine must be a bool')
         _check(isinstance(self.polish, bool), 'finetune.polish must be a bool')
         _check(self.nn in NN_MODES, f'finetune.nn must be one of {NN_MODES}, got {self.nn!r}')
-        _check(self.metric in ('point_to_plane', 'point_to_point'),
-               f"finetune.metric must be 'point_to_plane' or 'point_to_point', got {self.metric!r}")
+        _check(
+            self.metric in ('point_to_plane', 'point_to_point'),
+            f"finetune.metric must be 'point_to_plane' or 'point_to_point', got {self.metric!r}",
+        )
         _int('finetune.normal_neighbors', self.normal_neighbors, 3)
         _int('finetune.max_iterations', self.max_iterations, 1)
         _pos('finetune.tolerance', self.tolerance)
@@ -185,22 +252,52 @@ class FineTuneConfig:
 class GlobalConfig:
     """Global search (``global_search.*`` keys of RegistrationConfig; used by init='global')."""
 
-    feature_points: int = param(3000, 'points per set the FPFH features are computed on (sets the feature voxel)',
-                                100, 1_000_000)
-    candidates: int = param(6, 'distinct RANSAC poses refined and scored by the partial objective', 1, 100)
+    feature_points: int = param(
+        3000,
+        'points per set the FPFH features are computed on (sets the feature voxel)',
+        100,
+        1_000_000,
+    )
+    candidates: int = param(
+        6, 'distinct RANSAC poses refined and scored by the partial objective', 1, 100
+    )
     ransac_iterations: int = param(20000, '3-point samples drawn by the RANSAC', 100, 10_000_000)
-    min_overlap: float = param(0.2, 'refuse when less than this fraction of the source lies within h of the '
-                                    'reference at the best pose', 0.0, 1.0)
-    weak_support: int = param(12, 'when no RANSAC pose has this many feature inliers, the rotation group of '
-                                  'the cube (its 8 best starts, each translated by votes) joins the candidates',
-                              0, 1_000_000)
-    min_confidence: float = param(0.2, 'refuse when the best distinct runner-up scores within this relative margin '
-                                       'of the winner (ambiguous)', 0.0, 1.0)
-    min_constraint: float = param(0.04, 'refuse when the overlap leaves a direction free: the smallest eigenvalue '
-                                        'of the mean n n^T of the matched reference normals (0: a plane or a '
-                                        'corridor, the pose can slide; 1/3: every direction held alike)', 0.0, 1.0 / 3)
-    max_free_space: float = param(0.03, 'with viewpoints: reject a candidate pose that puts more than this '
-                                        'fraction of either cloud where the other sensor saw free space', 0.0, 1.0)
+    min_overlap: float = param(
+        0.2,
+        'refuse when less than this fraction of the source lies within h of the '
+        'reference at the best pose',
+        0.0,
+        1.0,
+    )
+    weak_support: int = param(
+        12,
+        'when no RANSAC pose has this many feature inliers, the rotation group of '
+        'the cube (its 8 best starts, each translated by votes) joins the candidates',
+        0,
+        1_000_000,
+    )
+    min_confidence: float = param(
+        0.2,
+        'refuse when the best distinct runner-up scores within this relative margin '
+        'of the winner (ambiguous)',
+        0.0,
+        1.0,
+    )
+    min_constraint: float = param(
+        0.04,
+        'refuse when the overlap leaves a direction free: the smallest eigenvalue '
+        'of the mean n n^T of the matched reference normals (0: a plane or a '
+        'corridor, the pose can slide; 1/3: every direction held alike)',
+        0.0,
+        1.0 / 3,
+    )
+    max_free_space: float = param(
+        0.03,
+        'with viewpoints: reject a candidate pose that puts more than this '
+        'fraction of either cloud where the other sensor saw free space',
+        0.0,
+        1.0,
+    )
     fgr: bool = param(True, "add Open3D's fast global registration as a candidate")
     kiss_matcher: bool = param(True, 'add KISS-Matcher as a candidate when it is installed')
 
@@ -223,72 +320,154 @@ class RegistrationConfig:
     plan at h = 2x the dense reference spacing (how much of the source lies on the reference).
     """
 
-    transform: str = param('rigid', 'transform of the source: rigid (rotation + translation), affine, or nonrigid '
-                           '(coherent displacement field, eq. nonrigid)', choices=TRANSFORMS)
-    divergence: str = param('mass', 'mass: m-PWAN, match a given mass (mass / mass_ratio); distance: d-PWAN, match '
-                            'pairs closer than distance_threshold', choices=DIVERGENCES)
-    mass_ratio: Optional[float] = param(None, 'matched mass as a fraction of the smaller valid set; None = 0.8 '
-                                        'unless mass is given', 0.0, 1.0, low_open=True)
-    mass: Optional[float] = param(None, 'matched mass in points (<= the smaller valid set); exclusive with '
-                                  'mass_ratio', 0.0, low_open=True)
-    distance_threshold: Optional[float] = param(None, 'd-PWAN threshold h in caller units; None = 2 x the median '
-                                                'nearest-neighbour spacing of the preprocessed reference',
-                                                0.0, low_open=True)
-    voxel_size: Optional[float] = param(None, 'voxel-grid downsampling before the adversarial stage, caller '
-                                        'units; None = off', 0.0, low_open=True)
+    transform: str = param(
+        'rigid',
+        'transform of the source: rigid (rotation + translation), affine, or nonrigid '
+        '(coherent displacement field, eq. nonrigid)',
+        choices=TRANSFORMS,
+    )
+    divergence: str = param(
+        'mass',
+        'mass: m-PWAN, match a given mass (mass / mass_ratio); distance: d-PWAN, match '
+        'pairs closer than distance_threshold',
+        choices=DIVERGENCES,
+    )
+    mass_ratio: Optional[float] = param(
+        None,
+        'matched mass as a fraction of the smaller valid set; None = 0.8 unless mass is given',
+        0.0,
+        1.0,
+        low_open=True,
+    )
+    mass: Optional[float] = param(
+        None,
+        'matched mass in points (<= the smaller valid set); exclusive with mass_ratio',
+        0.0,
+        low_open=True,
+    )
+    distance_threshold: Optional[float] = param(
+        None,
+        'd-PWAN threshold h in caller units; None = 2 x the median '
+        'nearest-neighbour spacing of the preprocessed reference',
+        0.0,
+        low_open=True,
+    )
+    voxel_size: Optional[float] = param(
+        None,
+        'voxel-grid downsampling before the adversarial stage, caller units; None = off',
+        0.0,
+        low_open=True,
+    )
     max_points: int = param(2000, 'random cap on points per set in the adversarial stage', 3)
-    steps: Optional[int] = param(None, 'maximum transform updates T; None = 200 rigid / affine (600 with '
-                                 'starts > 1), 1000 nonrigid', 0)
-    potential_updates: Optional[int] = param(None, 'potential-network updates u per transform update; '
-                                             'None = 3 rigid / affine, 10 nonrigid', 1)
-    warmup_updates: Optional[int] = param(None, 'potential updates before the first transform update; None = 30 '
-                                          'rigid / affine, 100 nonrigid', 0)
+    steps: Optional[int] = param(
+        None,
+        'maximum transform updates T; None = 200 rigid / affine (600 with '
+        'starts > 1), 1000 nonrigid',
+        0,
+    )
+    potential_updates: Optional[int] = param(
+        None,
+        'potential-network updates u per transform update; None = 3 rigid / affine, 10 nonrigid',
+        1,
+    )
+    warmup_updates: Optional[int] = param(
+        None,
+        'potential updates before the first transform update; None = 30 '
+        'rigid / affine, 100 nonrigid',
+        0,
+    )
     batch_size: int = param(512, 'mini-batch per set (0 = whole sets)', 0)
-    lr_transform: float = param(1e-2, 'Adam learning rate of the transform at the first step', 0.0, low_open=True)
-    lr_transform_final: float = param(1e-4, 'learning rate at the last step (exponential decay over steps)',
-                                      0.0, low_open=True)
-    tolerance: Optional[float] = param(None, 'stop when the RMS source motion over window steps is below this x '
-                                       'the source point spacing; None = 0.1 rigid / affine, 0.03 nonrigid',
-                                       0.0, low_open=True)
+    lr_transform: float = param(
+        1e-2, 'Adam learning rate of the transform at the first step', 0.0, low_open=True
+    )
+    lr_transform_final: float = param(
+        1e-4, 'learning rate at the last step (exponential decay over steps)', 0.0, low_open=True
+    )
+    tolerance: Optional[float] = param(
+        None,
+        'stop when the RMS source motion over window steps is below this x '
+        'the source point spacing; None = 0.1 rigid / affine, 0.03 nonrigid',
+        0.0,
+        low_open=True,
+    )
     window: int = param(10, 'steps over which the convergence motion is measured', 1)
     min_steps: int = param(30, 'transform updates before convergence is tested', 0)
-    starts: int = param(1, 'rigid / affine multi-start: initial rotations (identity, the cube group, then '
-                        'random; 24 = the cube group, for an unknown orientation)', 1)
-    start_score: str = param('overlap', 'how starts are compared after their fine-tune: overlap (fraction of the '
-                             'source on the reference) or nn (fixed-mass partial NN objective)', choices=START_SCORES)
-    start_steps: Optional[int] = param(None, 'multi-start tournament: steps every start runs before the best '
-                                       'start_keep continue (0 = every start runs the full Alg. 1); None = '
-                                       f'{MULTISTART_START_STEPS} with starts > 1', 0)
+    starts: int = param(
+        1,
+        'rigid / affine multi-start: initial rotations (identity, the cube group, then '
+        'random; 24 = the cube group, for an unknown orientation)',
+        1,
+    )
+    start_score: str = param(
+        'overlap',
+        'how starts are compared after their fine-tune: overlap (fraction of the '
+        'source on the reference) or nn (fixed-mass partial NN objective)',
+        choices=START_SCORES,
+    )
+    start_steps: Optional[int] = param(
+        None,
+        'multi-start tournament: steps every start runs before the best '
+        'start_keep continue (0 = every start runs the full Alg. 1); None = '
+        f'{MULTISTART_START_STEPS} with starts > 1',
+        0,
+    )
     start_keep: int = param(4, 'multi-start tournament: starts that continue after start_steps', 1)
-    prealign_keep: int = param(2, 'nonrigid with starts > 1: best rigid finalists deformed and compared', 1)
-    start_finetune_points: int = param(2000, 'source points of the fine-tune that scores each start (0 = all)', 0)
-    start_finetune_iterations: int = param(60, 'iteration cap of the fine-tune that scores each start (the '
-                                           "winner's final fine-tune has finetune.max_iterations)", 1)
-    prealign: bool = param(True, 'nonrigid: first register rigidly (same settings, incl. starts) and deform '
-                           'from there')
+    prealign_keep: int = param(
+        2, 'nonrigid with starts > 1: best rigid finalists deformed and compared', 1
+    )
+    start_finetune_points: int = param(
+        2000, 'source points of the fine-tune that scores each start (0 = all)', 0
+    )
+    start_finetune_iterations: int = param(
+        60,
+        'iteration cap of the fine-tune that scores each start (the '
+        "winner's final fine-tune has finetune.max_iterations)",
+        1,
+    )
+    prealign: bool = param(
+        True,
+        'nonrigid: first register rigidly (same settings, incl. starts) and deform from there',
+    )
     device: str = param('auto', 'compute device: auto (CUDA when available) | cpu | cuda | cuda:N')
-    compile: str = param('auto', 'torch.compile the two objectives of Alg. 1 (fullgraph): auto = on for CUDA '
-                         '(CUDA graphs), off on CPU', choices=COMPILE_MODES)
+    compile: str = param(
+        'auto',
+        'torch.compile the two objectives of Alg. 1 (fullgraph): auto = on for CUDA '
+        '(CUDA graphs), off on CPU',
+        choices=COMPILE_MODES,
+    )
     seed: int = param(0, 'random seed (sampling, network initialisation)', 0)
     threads: int = param(0, 'CPU threads for torch (0 = automatic)', 0)
     verbose: bool = param(False, 'progress lines on stderr')
-    self_check: bool = param(True, 'judge every result from what it shows (overlap beyond chance, at an optimum, '
-                             'constrained in every direction; core/verify.py): a pose it cannot vouch for gets '
-                             "status 'refused' (pwan_register exit 3)")
+    self_check: bool = param(
+        True,
+        'judge every result from what it shows (overlap beyond chance, at an optimum, '
+        'constrained in every direction; core/verify.py): a pose it cannot vouch for gets '
+        "status 'refused' (pwan_register exit 3)",
+    )
     potential: PotentialConfig = field(default_factory=PotentialConfig)
     coherence: CoherenceConfig = field(default_factory=CoherenceConfig)
     finetune: FineTuneConfig = field(default_factory=FineTuneConfig)
     global_search: GlobalConfig = field(default_factory=GlobalConfig)
 
     def __post_init__(self):
-        _check(self.transform in TRANSFORMS, f'transform must be one of {TRANSFORMS}, got {self.transform!r}')
-        _check(self.divergence in DIVERGENCES, f'divergence must be one of {DIVERGENCES}, got {self.divergence!r}')
-        _check(not (self.mass is not None and self.mass_ratio is not None),
-               'give either mass or mass_ratio, not both')
+        _check(
+            self.transform in TRANSFORMS,
+            f'transform must be one of {TRANSFORMS}, got {self.transform!r}',
+        )
+        _check(
+            self.divergence in DIVERGENCES,
+            f'divergence must be one of {DIVERGENCES}, got {self.divergence!r}',
+        )
+        _check(
+            not (self.mass is not None and self.mass_ratio is not None),
+            'give either mass or mass_ratio, not both',
+        )
         _pos('mass', self.mass, allow_none=True)
         if self.mass_ratio is not None:
             _pos('mass_ratio', self.mass_ratio)
-            _check(self.mass_ratio <= 1.0, f'mass_ratio must be in (0, 1], got {self.mass_ratio!r}')
+            _check(
+                self.mass_ratio <= 1.0, f'mass_ratio must be in (0, 1], got {self.mass_ratio!r}'
+            )
         _pos('distance_threshold', self.distance_threshold, allow_none=True)
         _pos('voxel_size', self.voxel_size, allow_none=True)
         _int('max_points', self.max_points, 3)
@@ -305,11 +484,16 @@ class RegistrationConfig:
         _int('window', self.window, 1)
         _int('min_steps', self.min_steps, 0)
         _int('starts', self.starts, 1)
-        _check(self.start_score in START_SCORES,
-               f'start_score must be one of {START_SCORES}, got {self.start_score!r}')
+        _check(
+            self.start_score in START_SCORES,
+            f'start_score must be one of {START_SCORES}, got {self.start_score!r}',
+        )
         if self.start_steps is not None:
             _int('start_steps', self.start_steps, 0)
-        _check(self.compile in COMPILE_MODES, f'compile must be one of {COMPILE_MODES}, got {self.compile!r}')
+        _check(
+            self.compile in COMPILE_MODES,
+            f'compile must be one of {COMPILE_MODES}, got {self.compile!r}',
+        )
         _int('start_keep', self.start_keep, 1)
         _int('start_finetune_iterations', self.start_finetune_iterations, 1)
         _int('prealign_keep', self.prealign_keep, 1)
@@ -339,12 +523,17 @@ class RegistrationConfig:
             steps = MULTISTART_STEPS
         start_steps = MULTISTART_START_STEPS if self.starts > 1 else 0
         pinned = self.pinned()
-        return dataclasses.replace(self, steps=steps if self.steps is None else self.steps,
-                                   potential=pinned.potential, warmup_updates=pinned.warmup_updates,
-                                   start_steps=start_steps if self.start_steps is None else self.start_steps,
-                                   potential_updates=updates if self.potential_updates is None
-                                   else self.potential_updates,
-                                   tolerance=tol if self.tolerance is None else self.tolerance)
+        return dataclasses.replace(
+            self,
+            steps=steps if self.steps is None else self.steps,
+            potential=pinned.potential,
+            warmup_updates=pinned.warmup_updates,
+            start_steps=start_steps if self.start_steps is None else self.start_steps,
+            potential_updates=updates
+            if self.potential_updates is None
+            else self.potential_updates,
+            tolerance=tol if self.tolerance is None else self.tolerance,
+        )
 
     def pinned(self) -> 'RegistrationConfig':
         """Copy with ``potential.hidden`` and ``warmup_updates`` left None set to this transform's
@@ -352,8 +541,12 @@ class RegistrationConfig:
         rigid pre-alignment keeps the non-rigid network."""
         out = self
         if out.potential.hidden is None:
-            out = dataclasses.replace(out, potential=dataclasses.replace(out.potential,
-                                                                         hidden=HIDDEN_DEFAULTS[self.transform]))
+            out = dataclasses.replace(
+                out,
+                potential=dataclasses.replace(
+                    out.potential, hidden=HIDDEN_DEFAULTS[self.transform]
+                ),
+            )
         if out.warmup_updates is None:
             out = dataclasses.replace(out, warmup_updates=WARMUP_DEFAULTS[self.transform])
         return out
@@ -369,8 +562,12 @@ class RegistrationConfig:
         Unknown keys raise :class:`PwanInputError` (catches typos in ROS parameters / YAML).
         """
         top = {f.name for f in dataclasses.fields(cls)}
-        subs = {'potential': PotentialConfig, 'coherence': CoherenceConfig, 'finetune': FineTuneConfig,
-                'global_search': GlobalConfig}
+        subs = {
+            'potential': PotentialConfig,
+            'coherence': CoherenceConfig,
+            'finetune': FineTuneConfig,
+            'global_search': GlobalConfig,
+        }
         kwargs: dict = {}
         nested: dict = {k: {} for k in subs}
         for key, value in dict(values).items():
@@ -387,7 +584,9 @@ class RegistrationConfig:
             if nested[name]:
                 known = {f.name for f in dataclasses.fields(sub_cls)}
                 bad = set(nested[name]) - known
-                _check(not bad, f'unknown configuration key(s) {sorted(name + "." + b for b in bad)}')
+                _check(
+                    not bad, f'unknown configuration key(s) {sorted(name + "." + b for b in bad)}'
+                )
                 kwargs[name] = sub_cls(**nested[name])
         try:
             return cls(**kwargs)

@@ -1,4 +1,5 @@
 """Compute-device selection and thread policy (torch is imported here, never at package import)."""
+
 from __future__ import annotations
 
 import os

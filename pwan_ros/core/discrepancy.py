@@ -8,6 +8,7 @@ with f in [-h, 0] 1-Lipschitz. :class:`PotentialTrainer` ascends L - gp_weight*G
 loop); :func:`estimate_discrepancy` trains to convergence and reports the value and the per-point
 gradient norms (zero gradient = point omitted by the partial matching).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,8 +30,9 @@ ESTIMATOR_POTENTIAL = PotentialConfig(hidden=(64, 64), lr=3e-3, length_scale=0.3
 
 #: defaults of the c-transform estimator (method='ctransform'): no gradient penalty (the
 #: c-transform makes the potential exactly 1-Lipschitz), Adam betas (0.9, 0.999).
-ESTIMATOR_CTRANSFORM = PotentialConfig(hidden=(64, 64), lr=3e-3, length_scale=0.3, gp_weight=0.0,
-                                       betas=(0.9, 0.999))
+ESTIMATOR_CTRANSFORM = PotentialConfig(
+    hidden=(64, 64), lr=3e-3, length_scale=0.3, gp_weight=0.0, betas=(0.9, 0.999)
+)
 
 
 class PotentialTrainer:
@@ -43,9 +45,19 @@ class PotentialTrainer:
     set sizes.
     """
 
-    def __init__(self, dim: int, divergence: str, config: PotentialConfig, device: torch.device,
-                 m_alpha: float, m_beta: float, mass: Optional[float] = None, h: Optional[float] = None,
-                 state: Optional[Dict[str, torch.Tensor]] = None, h_floor: float = 0.0):
+    def __init__(
+        self,
+        dim: int,
+        divergence: str,
+        config: PotentialConfig,
+        device: torch.device,
+        m_alpha: float,
+        m_beta: float,
+        mass: Optional[float] = None,
+        h: Optional[float] = None,
+        state: Optional[Dict[str, torch.Tensor]] = None,
+        h_floor: float = 0.0,
+    ):
         if divergence not in DIVERGENCES:
             raise PwanInputError(f'unknown divergence {divergence!r}')
         self.divergence = divergence
@@ -80,7 +92,9 @@ class PotentialTrainer:
     def h_value(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Current h (tensor): fixed, learned, or closed form max |g| over the batch."""
         if self.closed_form:
-            return -torch.minimum(self.net.negpart(self.net.raw(x)).min(), self.net.negpart(self.net.raw(y)).min())
+            return -torch.minimum(
+                self.net.negpart(self.net.raw(x)).min(), self.net.negpart(self.net.raw(y)).min()
+            )
         return self.net.h
 
     def objective(self, x: torch.Tensor, y: torch.Tensor, train: bool = True) -> torch.Tensor:
@@ -102,7 +116,13 @@ class PotentialTrainer:
             val = val - h * self.m_beta
         return val
 
-    def update(self, x: torch.Tensor, y: torch.Tensor, with_gp: bool, gp_idx: Optional[torch.Tensor] = None) -> None:
+    def update(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        with_gp: bool,
+        gp_idx: Optional[torch.Tensor] = None,
+    ) -> None:
         """One Adam ascent step on (L - gp_weight * GP) / m_beta. x: (q, d), y: (r, d) detached."""
         self.opt.zero_grad(set_to_none=True)
         loss = -self.objective(x, y) / self.m_beta
@@ -119,8 +139,15 @@ class PotentialTrainer:
         self.updates += 1
 
 
-def best_clip_level(net, x: torch.Tensor, y: torch.Tensor, m_alpha: float, m_beta: float, mass: float,
-                    h_now: torch.Tensor) -> torch.Tensor:
+def best_clip_level(
+    net,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    m_alpha: float,
+    m_beta: float,
+    mass: float,
+    h_now: torch.Tensor,
+) -> torch.Tensor:
     """Exact maximiser over h of the clipped mass-type objective for the fixed network g_w.
 
     L(h) = m_alpha mean clip(-|g(x)|, -h, 0) - m_beta mean clip(-|g(y)|, -h, 0) + h (m - m_beta)
@@ -132,15 +159,24 @@ def best_clip_level(net, x: torch.Tensor, y: torch.Tensor, m_alpha: float, m_bet
     return _best_kink(gx, gy, cand, m_alpha, m_beta, mass)
 
 
-def _best_kink(gx: torch.Tensor, gy: torch.Tensor, cand: torch.Tensor, m_alpha: float, m_beta: float,
-               mass: float) -> torch.Tensor:
+def _best_kink(
+    gx: torch.Tensor,
+    gy: torch.Tensor,
+    cand: torch.Tensor,
+    m_alpha: float,
+    m_beta: float,
+    mass: float,
+) -> torch.Tensor:
     """The h among ``cand`` maximising -m_alpha mean(min(gx, h)) + m_beta mean(min(gy, h)) + h (m - m_beta)
     (evaluated in chunks of 1024 candidates)."""
     best, best_val = cand[0], None
     for s in range(0, cand.shape[0], 1024):
-        c = cand[s:s + 1024][:, None]
-        val = (-m_alpha * torch.minimum(gx[None, :], c).mean(1) + m_beta * torch.minimum(gy[None, :], c).mean(1)
-               + c[:, 0] * (mass - m_beta))
+        c = cand[s : s + 1024][:, None]
+        val = (
+            -m_alpha * torch.minimum(gx[None, :], c).mean(1)
+            + m_beta * torch.minimum(gy[None, :], c).mean(1)
+            + c[:, 0] * (mass - m_beta)
+        )
         i = int(torch.argmax(val))
         if best_val is None or val[i] > best_val:
             best_val, best = val[i], c[i, 0]
@@ -166,12 +202,23 @@ class DiscrepancyEstimate:
     iterations: int
 
 
-def estimate_discrepancy(reference, source, divergence: str = 'mass', mass: Optional[float] = None,
-                         distance_threshold: Optional[float] = None, mass_reference: Optional[float] = None,
-                         mass_source: Optional[float] = None, iterations: Optional[int] = None, batch_size: int = 0,
-                         config: Optional[PotentialConfig] = None, device: str = 'auto', seed: int = 0,
-                         threads: int = 0, final_lr_factor: float = 0.001,
-                         method: str = 'ctransform') -> DiscrepancyEstimate:
+def estimate_discrepancy(
+    reference,
+    source,
+    divergence: str = 'mass',
+    mass: Optional[float] = None,
+    distance_threshold: Optional[float] = None,
+    mass_reference: Optional[float] = None,
+    mass_source: Optional[float] = None,
+    iterations: Optional[int] = None,
+    batch_size: int = 0,
+    config: Optional[PotentialConfig] = None,
+    device: str = 'auto',
+    seed: int = 0,
+    threads: int = 0,
+    final_lr_factor: float = 0.001,
+    method: str = 'ctransform',
+) -> DiscrepancyEstimate:
     """Estimate L_M,m(alpha, beta) or L_D,h(alpha, beta) by training a potential network.
 
     reference: (q, d) points of alpha, source: (r, d) points of beta (same units; d in {2, 3}).
@@ -197,10 +244,14 @@ def estimate_discrepancy(reference, source, divergence: str = 'mass', mass: Opti
     h = None
     if divergence == 'mass':
         if mass is None or not (0 < mass <= min(m_alpha, m_beta) * (1 + 1e-9)):
-            raise PwanInputError(f'mass must be in (0, min(m_alpha, m_beta)] = (0, {min(m_alpha, m_beta):g}], got {mass!r}')
+            raise PwanInputError(
+                f'mass must be in (0, min(m_alpha, m_beta)] = (0, {min(m_alpha, m_beta):g}], got {mass!r}'
+            )
     elif divergence == 'distance':
         if distance_threshold is None or not distance_threshold > 0:
-            raise PwanInputError(f'distance_threshold must be positive, got {distance_threshold!r}')
+            raise PwanInputError(
+                f'distance_threshold must be positive, got {distance_threshold!r}'
+            )
         h = distance_threshold / scale
     else:
         raise PwanInputError(f'unknown divergence {divergence!r}')
@@ -213,16 +264,36 @@ def estimate_discrepancy(reference, source, divergence: str = 'mass', mass: Opti
     dev = resolve_device(device)
     if method == 'ctransform':
         cfg = config or ESTIMATOR_CTRANSFORM
-        return _estimate_ctransform(ref, src, center, scale, divergence, mass, h, m_alpha, m_beta, iterations,
-                                    batch_size, cfg, dev, seed, threads, final_lr_factor)
+        return _estimate_ctransform(
+            ref,
+            src,
+            center,
+            scale,
+            divergence,
+            mass,
+            h,
+            m_alpha,
+            m_beta,
+            iterations,
+            batch_size,
+            cfg,
+            dev,
+            seed,
+            threads,
+            final_lr_factor,
+        )
     with thread_scope(threads):
         torch.manual_seed(seed)
         gen = torch.Generator(device='cpu').manual_seed(seed)
         x = torch.as_tensor((ref - center) / scale, dtype=torch.float32, device=dev)
         y = torch.as_tensor((src - center) / scale, dtype=torch.float32, device=dev)
         # mass is in units of the point masses; the normalised problem keeps the same masses
-        trainer = PotentialTrainer(ref.shape[1], divergence, cfg, dev, m_alpha, m_beta, mass=mass, h=h)
-        sched = torch.optim.lr_scheduler.CosineAnnealingLR(trainer.opt, T_max=iterations, eta_min=cfg.lr * final_lr_factor)
+        trainer = PotentialTrainer(
+            ref.shape[1], divergence, cfg, dev, m_alpha, m_beta, mass=mass, h=h
+        )
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(
+            trainer.opt, T_max=iterations, eta_min=cfg.lr * final_lr_factor
+        )
         n_gp = min(cfg.gp_points, q + r)
         for it in range(iterations):
             if batch_size and batch_size < q:
@@ -234,7 +305,7 @@ def estimate_discrepancy(reference, source, divergence: str = 'mass', mass: Opti
             else:
                 yb = y
             nb = xb.shape[0] + yb.shape[0]
-            gp_idx = torch.randperm(nb, generator=gen)[:min(n_gp, nb)].to(dev)
+            gp_idx = torch.randperm(nb, generator=gen)[: min(n_gp, nb)].to(dev)
             trainer.update(xb, yb, with_gp=True, gp_idx=gp_idx)
             sched.step()
         with torch.no_grad():
@@ -251,24 +322,34 @@ def estimate_discrepancy(reference, source, divergence: str = 'mass', mass: Opti
             val = val + hv * (mass - m_beta) if divergence == 'mass' else val - hv * m_beta
         gy = gradient_norm(trainer.net, y, hv).cpu().numpy()
         gx = gradient_norm(trainer.net, x, hv).cpu().numpy()
-    return DiscrepancyEstimate(value=float(val) * scale, h=float(hv) * scale, source_grad_norm=gy,
-                               reference_grad_norm=gx, source_omitted=gy < 0.5, reference_omitted=gx < 0.5,
-                               iterations=iterations)
+    return DiscrepancyEstimate(
+        value=float(val) * scale,
+        h=float(hv) * scale,
+        source_grad_norm=gy,
+        reference_grad_norm=gx,
+        source_omitted=gy < 0.5,
+        reference_omitted=gx < 0.5,
+        iterations=iterations,
+    )
 
 
-def _source_ctransform(u: torch.Tensor, x: torch.Tensor, y: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
+def _source_ctransform(
+    u: torch.Tensor, x: torch.Tensor, y: torch.Tensor, chunk: int = 4096
+) -> torch.Tensor:
     """w_j = max_i (u_i - |x_i - y_j|) for reference values u (q,) -> (r,) (with graph)."""
     out = []
     for s in range(0, y.shape[0], chunk):
-        out.append((u[:, None] - torch.cdist(x, y[s:s + chunk])).max(0).values)
+        out.append((u[:, None] - torch.cdist(x, y[s : s + chunk])).max(0).values)
     return torch.cat(out)
 
 
-def _reference_ctransform(v: torch.Tensor, x: torch.Tensor, y: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
+def _reference_ctransform(
+    v: torch.Tensor, x: torch.Tensor, y: torch.Tensor, chunk: int = 4096
+) -> torch.Tensor:
     """min_j (v_j + |x_i - y_j|) for source values v (r,) -> (q,)."""
     out = []
     for s in range(0, x.shape[0], chunk):
-        out.append((v[None, :] + torch.cdist(x[s:s + chunk], y)).min(1).values)
+        out.append((v[None, :] + torch.cdist(x[s : s + chunk], y)).min(1).values)
     return torch.cat(out)
 
 
@@ -278,22 +359,40 @@ def _mass_quantile_h(w: torch.Tensor, mass: float, m_beta: float, n: int) -> flo
     k = mass * n / m_beta
     srt = torch.sort(-w.detach()).values
     ki = min(max(int(np.ceil(k - 1e-9)), 1), n)
-    if ki < n and abs(k - round(k)) < 1e-9:           # flat top between two kinks: take the middle
+    if ki < n and abs(k - round(k)) < 1e-9:  # flat top between two kinks: take the middle
         hv = 0.5 * (srt[ki - 1] + srt[ki])
     else:
         hv = srt[ki - 1]
     return max(float(hv), 1e-9)
 
 
-def _best_h_values(r: torch.Tensor, w: torch.Tensor, m_alpha: float, m_beta: float, mass: float) -> torch.Tensor:
+def _best_h_values(
+    r: torch.Tensor, w: torch.Tensor, m_alpha: float, m_beta: float, mass: float
+) -> torch.Tensor:
     """Exact maximiser over h of m_alpha mean(max(r,-h)) - m_beta mean(max(w,-h)) + h (m - m_beta)
     (concave piecewise linear in h, maximum at a kink -r_i / -w_j)."""
     gx, gy = -r, (-w).clamp(min=0)
     return _best_kink(gx, gy, torch.cat((gx, gy)).clamp(min=1e-12), m_alpha, m_beta, mass)
 
 
-def _estimate_ctransform(ref, src, center, scale, divergence, mass, h, m_alpha, m_beta, iterations, batch_size,
-                         cfg, dev, seed, threads, final_lr_factor) -> DiscrepancyEstimate:
+def _estimate_ctransform(
+    ref,
+    src,
+    center,
+    scale,
+    divergence,
+    mass,
+    h,
+    m_alpha,
+    m_beta,
+    iterations,
+    batch_size,
+    cfg,
+    dev,
+    seed,
+    threads,
+    final_lr_factor,
+) -> DiscrepancyEstimate:
     """KR estimate with the network on the reference side and the c-transform on the source side.
 
     Training ascends  m_alpha mean u(x) - m_beta mean max(-h, w(y)) + h-term,  u = -|g_w| (not
@@ -315,11 +414,21 @@ def _estimate_ctransform(ref, src, center, scale, divergence, mass, h, m_alpha, 
         net = PotentialNet(ref.shape[1], cfg).to(dev)
         params = [p for n, p in net.named_parameters() if n != 'h']
         opt = torch.optim.Adam(params, lr=cfg.lr, betas=cfg.betas)
-        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=iterations, eta_min=cfg.lr * final_lr_factor)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(
+            opt, T_max=iterations, eta_min=cfg.lr * final_lr_factor
+        )
         n_gp = min(cfg.gp_points, q + r)
         for _ in range(iterations):
-            xb = x[torch.randint(q, (batch_size,), generator=gen).to(dev)] if batch_size and batch_size < q else x
-            yb = y[torch.randint(r, (batch_size,), generator=gen).to(dev)] if batch_size and batch_size < r else y
+            xb = (
+                x[torch.randint(q, (batch_size,), generator=gen).to(dev)]
+                if batch_size and batch_size < q
+                else x
+            )
+            yb = (
+                y[torch.randint(r, (batch_size,), generator=gen).to(dev)]
+                if batch_size and batch_size < r
+                else y
+            )
             u = net.negpart(net.raw(xb))
             w = _source_ctransform(u, xb, yb)
             hv = _mass_quantile_h(w, mass, m_beta, yb.shape[0]) if divergence == 'mass' else h
@@ -355,6 +464,12 @@ def _estimate_ctransform(ref, src, center, scale, divergence, mass, h, m_alpha, 
             tol = 1e-9
             gy = (wv > -hv + tol).to(torch.float64).cpu().numpy()
             gx = (cu < -tol).to(torch.float64).cpu().numpy()
-    return DiscrepancyEstimate(value=float(val) * scale, h=float(hv) * scale, source_grad_norm=gy,
-                               reference_grad_norm=gx, source_omitted=gy < 0.5, reference_omitted=gx < 0.5,
-                               iterations=iterations)
+    return DiscrepancyEstimate(
+        value=float(val) * scale,
+        h=float(hv) * scale,
+        source_grad_norm=gy,
+        reference_grad_norm=gx,
+        source_omitted=gy < 0.5,
+        reference_omitted=gx < 0.5,
+        iterations=iterations,
+    )

@@ -3,6 +3,7 @@ against which the KR estimates are checked. Cost = Euclidean distance (Wasserste
 
 Memory/time are O(q r) / LP: use up to a few thousand points.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,12 +39,22 @@ def _prepare(reference, source, mass_reference, mass_source):
 
 
 def _result(value, plan, a, b):
-    return ExactDiscrepancy(value=float(value), plan=plan, transported=float(plan.sum()),
-                            source_matched=plan.sum(axis=0) / b, reference_matched=plan.sum(axis=1) / a)
+    return ExactDiscrepancy(
+        value=float(value),
+        plan=plan,
+        transported=float(plan.sum()),
+        source_matched=plan.sum(axis=0) / b,
+        reference_matched=plan.sum(axis=1) / a,
+    )
 
 
-def exact_mass_discrepancy(reference, source, mass: float, mass_reference: Optional[float] = None,
-                           mass_source: Optional[float] = None) -> ExactDiscrepancy:
+def exact_mass_discrepancy(
+    reference,
+    source,
+    mass: float,
+    mass_reference: Optional[float] = None,
+    mass_source: Optional[float] = None,
+) -> ExactDiscrepancy:
     """L_M,m(alpha, beta) = min over plans moving mass m of sum pi_ij |x_i - y_j| (eq. POT_primal).
 
     reference (q, d), source (r, d); total masses default to q and r. 0 < m <= min(m_alpha, m_beta).
@@ -60,8 +71,13 @@ def exact_mass_discrepancy(reference, source, mass: float, mass_reference: Optio
     return _result((plan * cost).sum(), plan, a, b)
 
 
-def exact_distance_discrepancy(reference, source, distance_threshold: float, mass_reference: Optional[float] = None,
-                               mass_source: Optional[float] = None) -> ExactDiscrepancy:
+def exact_distance_discrepancy(
+    reference,
+    source,
+    distance_threshold: float,
+    mass_reference: Optional[float] = None,
+    mass_source: Optional[float] = None,
+) -> ExactDiscrepancy:
     """L_D,h(alpha, beta) = min over sub-plans of sum pi_ij (|x_i - y_j| - h) (eq. POT_primal_lag).
 
     Solved as a balanced LP with one dummy point per side (mass m_beta on the reference side,

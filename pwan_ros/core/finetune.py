@@ -8,6 +8,7 @@ closed form: weighted Kabsch (rigid), weighted linear least squares (affine), an
 alternately the affine part and V from the coherence-regularised normal equations (Woodbury).
 All arrays here are in the internal normalised frame, row-vector convention T(y) = y A + t + V.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -66,11 +67,13 @@ def weighted_affine(p: np.ndarray, q: np.ndarray, w: np.ndarray):
     return sol[:-1], sol[-1]
 
 
-def estimate_normals(points: np.ndarray, tree: cKDTree, k: int = 10, workers: int = 1) -> np.ndarray:
+def estimate_normals(
+    points: np.ndarray, tree: cKDTree, k: int = 10, workers: int = 1
+) -> np.ndarray:
     """Unit normals (n, d) by PCA of the k nearest neighbours (smallest-eigenvalue direction)."""
     k = int(min(k, points.shape[0]))
     _, nn = tree.query(points, k=k, workers=query_workers(points.shape[0] * k, workers))
-    nb = points[nn]                                           # (n, k, d)
+    nb = points[nn]  # (n, k, d)
     nb = nb - nb.mean(axis=1, keepdims=True)
     cov = np.einsum('nki,nkj->nij', nb, nb)
     _, vec = np.linalg.eigh(cov)
@@ -81,7 +84,7 @@ def point_to_plane_step(z: np.ndarray, target: np.ndarray, normals: np.ndarray, 
     """Linearised rigid increment (R (d, d), t (d,)) minimising sum w (n.(R z + t - x))^2."""
     d = z.shape[1]
     if d == 3:
-        jac = np.hstack((np.cross(z, normals), normals))       # (n, 6): d/d(omega, t)
+        jac = np.hstack((np.cross(z, normals), normals))  # (n, 6): d/d(omega, t)
     else:
         jac = np.hstack(((z[:, 0] * normals[:, 1] - z[:, 1] * normals[:, 0])[:, None], normals))
     res = -((z - target) * normals).sum(1)
@@ -92,9 +95,11 @@ def point_to_plane_step(z: np.ndarray, target: np.ndarray, normals: np.ndarray, 
     if d == 3:
         omega = x[:3]
         ang = np.linalg.norm(omega)
-        kx = np.array([[0, -omega[2], omega[1]], [omega[2], 0, -omega[0]], [-omega[1], omega[0], 0]])
+        kx = np.array(
+            [[0, -omega[2], omega[1]], [omega[2], 0, -omega[0]], [-omega[1], omega[0], 0]]
+        )
         if ang > 1e-12:
-            r = np.eye(3) + np.sin(ang) / ang * kx + (1 - np.cos(ang)) / ang ** 2 * kx @ kx
+            r = np.eye(3) + np.sin(ang) / ang * kx + (1 - np.cos(ang)) / ang**2 * kx @ kx
         else:
             r = np.eye(3) + kx
         return r, x[3:]
@@ -117,17 +122,34 @@ def _nearest(tree: cKDTree, z: np.ndarray, bound: float, need: int, workers: int
     """Distance and index of the nearest tree point of each row of z (n, d), searched within
     ``bound`` (beyond: inf and index tree.n); rows left at inf are searched again without the bound
     when fewer than ``need`` rows were found (so the ``need`` smallest distances are always exact)."""
-    dist, nn = tree.query(z, k=1, workers=query_workers(z.shape[0], workers), distance_upper_bound=bound)
+    dist, nn = tree.query(
+        z, k=1, workers=query_workers(z.shape[0], workers), distance_upper_bound=bound
+    )
     if need and np.isfinite(bound) and int(np.isfinite(dist).sum()) < need:
         far = ~np.isfinite(dist)
-        dist[far], nn[far] = tree.query(z[far], k=1, workers=query_workers(int(far.sum()), workers))
+        dist[far], nn[far] = tree.query(
+            z[far], k=1, workers=query_workers(int(far.sum()), workers)
+        )
     return dist, nn
 
 
-def run_finetune(src: np.ndarray, ref_tree: cKDTree, ref: np.ndarray, kind: str, a: np.ndarray, t: np.ndarray,
-                 divergence: str, count: int, h: float, max_iterations: int, tolerance: float,
-                 v: Optional[np.ndarray] = None, coherence: Optional[Coherence] = None,
-                 workers: int = 1, ref_normals: Optional[np.ndarray] = None) -> FineTuneOutcome:
+def run_finetune(
+    src: np.ndarray,
+    ref_tree: cKDTree,
+    ref: np.ndarray,
+    kind: str,
+    a: np.ndarray,
+    t: np.ndarray,
+    divergence: str,
+    count: int,
+    h: float,
+    max_iterations: int,
+    tolerance: float,
+    v: Optional[np.ndarray] = None,
+    coherence: Optional[Coherence] = None,
+    workers: int = 1,
+    ref_normals: Optional[np.ndarray] = None,
+) -> FineTuneOutcome:
     """Minimise eq. fine_tune from (a, t[, v]). src (n, d), ref (q, d) normalised; ``count`` =
     number of source points matched (mass type); ``h`` threshold (distance type, normalised).
     ref_normals (q, d): when given and kind == 'rigid', the distance to the nearest reference
@@ -154,7 +176,7 @@ def run_finetune(src: np.ndarray, ref_tree: cKDTree, ref: np.ndarray, kind: str,
             break
         eps = max(1e-9, floor)
         w = np.where(sel, 0.5 / np.maximum(dist, eps), 0.0)
-        nn = np.minimum(nn, last)               # rows beyond the radius are unselected (weight 0)
+        nn = np.minimum(nn, last)  # rows beyond the radius are unselected (weight 0)
         target = ref[nn]
         if kind == 'rigid' and ref_normals is not None:
             nrm = ref_normals[nn]
@@ -173,7 +195,7 @@ def run_finetune(src: np.ndarray, ref_tree: cKDTree, ref: np.ndarray, kind: str,
             v = coherence.solve_weighted(torch.as_tensor(w), torch.as_tensor(resid)).numpy()
         z_new = src @ a + t + (v if v is not None else 0.0)
         step = np.sqrt(((z_new - z) ** 2).sum(1))
-        motion = float(np.sqrt((step ** 2).mean()))
+        motion = float(np.sqrt((step**2).mean()))
         z = z_new
         if divergence == 'mass':
             bound = np.nextafter(float(dist[sel].max()) + float(step.max()), np.inf) * (1 + 1e-9)
@@ -182,4 +204,6 @@ def run_finetune(src: np.ndarray, ref_tree: cKDTree, ref: np.ndarray, kind: str,
             break
     dist, _ = _nearest(ref_tree, z, bound, count if divergence == 'mass' else 0, workers)
     sel = select_pairs(dist, divergence, count, h)
-    return FineTuneOutcome(a=a, t=t, v=v, selected=sel, distances=dist, iterations=it, converged=converged)
+    return FineTuneOutcome(
+        a=a, t=t, v=v, selected=sel, distances=dist, iterations=it, converged=converged
+    )

@@ -1,6 +1,7 @@
 """The fine-tune stage of a registration (eq. fine_tune on full-resolution points): its point sets,
 built once per registration and shared by all starts, and one run of it from a pose (normalised
 frame). The iterations themselves are :func:`finetune.run_finetune`."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -54,9 +55,14 @@ class FineTuneData:
         return FineTuneData(ys, xr, tree, normals, self.device)
 
 
-def finetune_data(prob: Problem, config: RegistrationConfig, kind: str, rng: np.random.Generator,
-                  prepared: Optional[PreparedReference] = None,
-                  device: Optional[torch.device] = None) -> FineTuneData:
+def finetune_data(
+    prob: Problem,
+    config: RegistrationConfig,
+    kind: str,
+    rng: np.random.Generator,
+    prepared: Optional[PreparedReference] = None,
+    device: Optional[torch.device] = None,
+) -> FineTuneData:
     """The fine-tune's point sets: up to ``finetune.max_points`` source points (drawn from
     ``rng``), up to twice as many reference points with their search structure and normals from
     ``prepared`` (the reference's :class:`PreparedReference`, kept across registrations by a
@@ -71,14 +77,26 @@ def finetune_data(prob: Problem, config: RegistrationConfig, kind: str, rng: np.
     k = None
     if kind == 'rigid' and config.finetune.metric == 'point_to_plane':
         k = config.finetune.normal_neighbors
-    xr, search, normals = prepared.finetune_reference(norm, max(config.finetune.max_points, 0) * 2, config.seed,
-                                                      k, device)
+    xr, search, normals = prepared.finetune_reference(
+        norm, max(config.finetune.max_points, 0) * 2, config.seed, k, device
+    )
     return FineTuneData(ys, xr, search, normals, device)
 
 
-def finetune_stage(prob: Problem, config: RegistrationConfig, kind: str, a, t, v_fn, h_caller: Optional[float],
-                   rng: np.random.Generator, data: Optional[FineTuneData] = None, final: bool = False,
-                   warn: bool = False, max_iterations: Optional[int] = None):
+def finetune_stage(
+    prob: Problem,
+    config: RegistrationConfig,
+    kind: str,
+    a,
+    t,
+    v_fn,
+    h_caller: Optional[float],
+    rng: np.random.Generator,
+    data: Optional[FineTuneData] = None,
+    final: bool = False,
+    warn: bool = False,
+    max_iterations: Optional[int] = None,
+):
     """Run eq. fine_tune on (capped) full-resolution points, at most ``max_iterations`` (default
     ``finetune.max_iterations``). Returns (a, t, v_fn, iters, converged).
 
@@ -100,24 +118,62 @@ def finetune_stage(prob: Problem, config: RegistrationConfig, kind: str, a, t, v
         gen = torch.Generator().manual_seed(config.seed + 17)
         coh = Coherence(torch.as_tensor(ys, dtype=torch.float64), config.coherence, gen)
         v0 = v_fn(ys) if v_fn is not None else np.zeros_like(ys)
-    out = run_finetune(ys, tree, xr, kind, a, t, config.divergence, count, h_n, cap,
-                       config.finetune.tolerance, v=v0, coherence=coh, workers=-1, ref_normals=normals)
+    out = run_finetune(
+        ys,
+        tree,
+        xr,
+        kind,
+        a,
+        t,
+        config.divergence,
+        count,
+        h_n,
+        cap,
+        config.finetune.tolerance,
+        v=v0,
+        coherence=coh,
+        workers=-1,
+        ref_normals=normals,
+    )
     capped = not out.converged and out.iterations >= cap
-    if final and kind == 'rigid' and config.divergence == 'mass' and config.finetune.overlap_refine:
-        probe = xr[np.random.default_rng(config.seed + 37).choice(xr.shape[0], size=min(2000, xr.shape[0]),
-                                                                 replace=False)]
+    if (
+        final
+        and kind == 'rigid'
+        and config.divergence == 'mass'
+        and config.finetune.overlap_refine
+    ):
+        probe = xr[
+            np.random.default_rng(config.seed + 37).choice(
+                xr.shape[0], size=min(2000, xr.shape[0]), replace=False
+            )
+        ]
         h_ov = 2.0 * float(np.median(tree.query(probe, k=2)[0][:, 1]))
         if h_ov > 0:
             first = out
-            out = run_finetune(ys, tree, xr, kind, out.a, out.t, 'distance', 0, h_ov,
-                               cap, config.finetune.tolerance, workers=-1,
-                               ref_normals=normals)
+            out = run_finetune(
+                ys,
+                tree,
+                xr,
+                kind,
+                out.a,
+                out.t,
+                'distance',
+                0,
+                h_ov,
+                cap,
+                config.finetune.tolerance,
+                workers=-1,
+                ref_normals=normals,
+            )
             capped = capped or (not out.converged and out.iterations >= cap)
             out = dataclasses.replace(out, iterations=first.iterations + out.iterations)
     if warn and capped:
-        warnings.warn(f'the fine-tune stopped at finetune.max_iterations={config.finetune.max_iterations} before '
-                      'converging: the result may be short of the optimum (raise finetune.max_iterations)',
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f'the fine-tune stopped at finetune.max_iterations={config.finetune.max_iterations} before '
+            'converging: the result may be short of the optimum (raise finetune.max_iterations)',
+            RuntimeWarning,
+            stacklevel=3,
+        )
     new_v_fn = v_fn
     if kind == 'nonrigid':
         v_ft = torch.as_tensor(out.v, dtype=torch.float64)
@@ -127,5 +183,6 @@ def finetune_stage(prob: Problem, config: RegistrationConfig, kind: str, a, t, v
             if p.shape == solved_on.shape and np.array_equal(p, solved_on):
                 return out.v
             return coh.interpolate(v_ft, torch.as_tensor(p, dtype=torch.float64)).numpy()
+
         new_v_fn = _offsets
     return out.a, out.t, new_v_fn, out.iterations, out.converged

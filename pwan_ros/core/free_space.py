@@ -15,6 +15,7 @@ own cloud): isolated spurious returns (rain, dust) and driver glitches are no ev
 Frames: every cloud in its own frame, caller units; a viewpoint is the sensor's position in
 that frame (the origin for a ROS scan in its sensor frame, an RGB-D fragment in its camera frame).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -26,7 +27,7 @@ __all__ = ['SUPPORT', 'FreeSpace', 'supported', 'contradiction']
 SUPPORT = 3
 #: the depth margin of the tests, in voxels (+ one pixel width at the range)
 MARGIN_VOXELS = 1.5
-_ROW = 1 << 21          # pixel key = elevation row * _ROW + azimuth column
+_ROW = 1 << 21  # pixel key = elevation row * _ROW + azimuth column
 
 
 def supported(points: np.ndarray, voxel: float) -> np.ndarray:
@@ -43,7 +44,9 @@ class FreeSpace:
         self.viewpoint = np.asarray(viewpoint, dtype=np.float64)
         rel = points - self.viewpoint
         rng = np.linalg.norm(rel, axis=1)
-        self.res = voxel / max(float(np.median(rng)), voxel)       # radians: one voxel at the median range
+        self.res = voxel / max(
+            float(np.median(rng)), voxel
+        )  # radians: one voxel at the median range
         self.voxel = voxel
         keys = self._keys(rel, rng)
         order = np.argsort(rng, kind='stable')
@@ -53,7 +56,9 @@ class FreeSpace:
     def _keys(self, rel: np.ndarray, rng: np.ndarray) -> np.ndarray:
         elev = np.arcsin(np.clip(rel[:, 2] / np.maximum(rng, 1e-12), -1.0, 1.0))
         azim = np.arctan2(rel[:, 1], rel[:, 0])
-        return np.floor(elev / self.res).astype(np.int64) * _ROW + np.floor(azim / self.res).astype(np.int64)
+        return np.floor(elev / self.res).astype(np.int64) * _ROW + np.floor(
+            azim / self.res
+        ).astype(np.int64)
 
     def _lookup(self, points: np.ndarray, spread: int = 0):
         """(range, nearest return in its direction or nan if that direction was not seen); with
@@ -63,7 +68,7 @@ class FreeSpace:
         rng = np.linalg.norm(rel, axis=1)
         keys = self._keys(rel, rng)
         near = np.full(len(rng), np.inf)
-        if len(self.keys) == 0:              # the sensor saw nothing (an empty support set)
+        if len(self.keys) == 0:  # the sensor saw nothing (an empty support set)
             return rng, np.full(len(rng), np.nan)
         for dr in range(-spread, spread + 1):
             for dc in range(-spread, spread + 1):
@@ -80,7 +85,7 @@ class FreeSpace:
         """(n,) bool: ``points`` (same frame) in a direction the sensor saw, nearer than its return
         by more than the margin: the sensor saw through them."""
         rng, nearest = self._lookup(points, spread=1)
-        return rng < nearest - self._margin(rng)          # nan compares False: unseen directions
+        return rng < nearest - self._margin(rng)  # nan compares False: unseen directions
 
     def hidden(self, points: np.ndarray) -> np.ndarray:
         """(n,) bool: ``points`` behind a surface the sensor saw (farther than its return by more
@@ -94,15 +99,22 @@ class FreeSpace:
         return rng > nearest + self._margin(rng)
 
 
-def contradiction(transform: np.ndarray, source: np.ndarray, reference: np.ndarray, src_space: FreeSpace,
-                  ref_space: FreeSpace) -> float:
+def contradiction(
+    transform: np.ndarray,
+    source: np.ndarray,
+    reference: np.ndarray,
+    src_space: FreeSpace,
+    ref_space: FreeSpace,
+) -> float:
     """Free-space contradiction of ``transform`` (4, 4, source -> reference), in [0, 1]: the larger
     of the fractions of supported ``source`` points (source frame) that the reference sensor saw
     through and of supported ``reference`` points that the source sensor saw through; 1 when a
     sensor itself stands behind a surface the other one saw (each sensor stood in free space)."""
     rot, t = transform[:3, :3], transform[:3, 3]
-    sensors = (ref_space.hidden((rot @ src_space.viewpoint + t)[None])[0]
-               or src_space.hidden(((ref_space.viewpoint - t) @ rot)[None])[0])
+    sensors = (
+        ref_space.hidden((rot @ src_space.viewpoint + t)[None])[0]
+        or src_space.hidden(((ref_space.viewpoint - t) @ rot)[None])[0]
+    )
     if sensors:
         return 1.0
     into_ref = ref_space.contradicted(source @ rot.T + t).mean() if len(source) else 0.0

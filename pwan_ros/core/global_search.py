@@ -24,6 +24,7 @@ partial objective (``register(..., init='global')``).
 
 Frames: caller units; every pose maps source -> reference (T_reference_source).
 """
+
 from __future__ import annotations
 
 import time
@@ -36,14 +37,27 @@ from scipy.spatial import cKDTree
 
 from .config import GlobalConfig
 from .verify import check_pose
-from .hypotheses import (ROTATION_KEEP, Hypothesis, feature_hypotheses, feature_normals, pose_distance,
-                         rotation_hypotheses, voxelised)
+from .hypotheses import (
+    ROTATION_KEEP,
+    Hypothesis,
+    feature_hypotheses,
+    feature_normals,
+    pose_distance,
+    rotation_hypotheses,
+    voxelised,
+)
 
 #: with viewpoints, RANSAC keeps this many times ``candidates`` distinct poses before the
 #: free-space filter
 WIDE_FACTOR = 8
 
-__all__ = ['GlobalOutcome', 'partial_objective_of', 'translation_constraint', 'choose', 'register_global']
+__all__ = [
+    'GlobalOutcome',
+    'partial_objective_of',
+    'translation_constraint',
+    'choose',
+    'register_global',
+]
 
 
 @dataclass(frozen=True)
@@ -71,7 +85,9 @@ def partial_objective_of(moved: np.ndarray, tree: cKDTree, h: float) -> tuple:
     return float(np.sum(d[within] - h) / (h * len(moved))), float(within.mean())
 
 
-def translation_constraint(moved: np.ndarray, reference: np.ndarray, normals: np.ndarray, h: float) -> float:
+def translation_constraint(
+    moved: np.ndarray, reference: np.ndarray, normals: np.ndarray, h: float
+) -> float:
     """How well the overlap fixes the translation: the smallest eigenvalue of mean(n n^T) over the
     reference normals (m, 3) at the nearest neighbours of the source points ``moved`` (n, 3) within
     ``h``. 0: every matched normal is orthogonal to one direction (a plane, a floor and one wall, a
@@ -83,8 +99,16 @@ def translation_constraint(moved: np.ndarray, reference: np.ndarray, normals: np
     return float(max(np.linalg.eigvalsh(n.T @ n / len(n))[0], 0.0))
 
 
-def choose(reference: np.ndarray, hyps: List[Hypothesis], cfg: GlobalConfig, refine_fn, h: float,
-           probe: np.ndarray, free_space=None, normals: Optional[np.ndarray] = None) -> GlobalOutcome:
+def choose(
+    reference: np.ndarray,
+    hyps: List[Hypothesis],
+    cfg: GlobalConfig,
+    refine_fn,
+    h: float,
+    probe: np.ndarray,
+    free_space=None,
+    normals: Optional[np.ndarray] = None,
+) -> GlobalOutcome:
     """Refine every hypothesis with ``refine_fn(init) -> RegistrationResult`` (the fine-tune, distance
     type), score it by the partial objective on ``probe`` source points against ``reference`` at
     threshold ``h``, and pick the winner (see the module doc for the refusal rules).
@@ -107,26 +131,61 @@ def choose(reference: np.ndarray, hyps: List[Hypothesis], cfg: GlobalConfig, ref
         if not order_ok:
             obj, overlap, res, _, seen = scored[order[0]]
             least = min(s[4] for s in scored)
-            return GlobalOutcome(res, obj, overlap, 0.0, 'refused',
-                                 f'every candidate pose puts one cloud where the other sensor saw free space '
-                                 f'(least: {least:.0%} > max_free_space {cfg.max_free_space:.0%})', cands)
+            return GlobalOutcome(
+                res,
+                obj,
+                overlap,
+                0.0,
+                'refused',
+                f'every candidate pose puts one cloud where the other sensor saw free space '
+                f'(least: {least:.0%} > max_free_space {cfg.max_free_space:.0%})',
+                cands,
+            )
         order = order_ok
     obj, overlap, res, hyp, _ = scored[order[0]]
-    runner = next((scored[k] for k in order[1:]
-                   if pose_distance(scored[k][2].transform, res.transform, probe) > 2.0 * h), None)
+    runner = next(
+        (
+            scored[k]
+            for k in order[1:]
+            if pose_distance(scored[k][2].transform, res.transform, probe) > 2.0 * h
+        ),
+        None,
+    )
     confidence = 1.0 if runner is None or obj >= 0 else float(min(1.0, (runner[0] - obj) / -obj))
     status, reason = 'ok', ''
     if overlap < cfg.min_overlap:
-        status, reason = 'refused', (f'best pose puts {overlap:.0%} of the source on the reference '
-                                     f'(< min_overlap {cfg.min_overlap:.0%}): no overlap found')
-    elif normals is not None and (held := translation_constraint(
-            probe @ res.transform[:3, :3].T + res.transform[:3, 3], reference, normals, h)) < cfg.min_constraint:
-        status, reason = 'refused', (f'degenerate: the overlap leaves a direction free to slide (constraint '
-                                     f'{held:.3f} < min_constraint {cfg.min_constraint:.3f}: a plane, a corridor)')
+        status, reason = (
+            'refused',
+            (
+                f'best pose puts {overlap:.0%} of the source on the reference '
+                f'(< min_overlap {cfg.min_overlap:.0%}): no overlap found'
+            ),
+        )
+    elif (
+        normals is not None
+        and (
+            held := translation_constraint(
+                probe @ res.transform[:3, :3].T + res.transform[:3, 3], reference, normals, h
+            )
+        )
+        < cfg.min_constraint
+    ):
+        status, reason = (
+            'refused',
+            (
+                f'degenerate: the overlap leaves a direction free to slide (constraint '
+                f'{held:.3f} < min_constraint {cfg.min_constraint:.3f}: a plane, a corridor)'
+            ),
+        )
     elif confidence < cfg.min_confidence:
         apart = pose_distance(runner[2].transform, res.transform, probe)
-        status, reason = 'refused', (f'ambiguous: a pose {apart:.3g} away explains the data almost as well '
-                                     f'(confidence {confidence:.2f} < min_confidence {cfg.min_confidence:.2f})')
+        status, reason = (
+            'refused',
+            (
+                f'ambiguous: a pose {apart:.3g} away explains the data almost as well '
+                f'(confidence {confidence:.2f} < min_confidence {cfg.min_confidence:.2f})'
+            ),
+        )
     return GlobalOutcome(res, obj, overlap, confidence, status, reason, cands)
 
 
@@ -136,7 +195,9 @@ MASS_SCALE = 5.0
 MASS_PASSES = 3
 
 
-def _mass_ratio(source: np.ndarray, reference: cKDTree, pose: np.ndarray, overlap: float, voxel: float) -> float:
+def _mass_ratio(
+    source: np.ndarray, reference: cKDTree, pose: np.ndarray, overlap: float, voxel: float
+) -> float:
     """The mass ratio of the winner's mass-type fine-tune: the smaller of two overlap estimates at
     ``pose`` (source -> reference): ``overlap``, the candidates' (within 1.5 feature ``voxel``), and
     the fraction of the dense ``source`` points (n, 3) within :data:`MASS_SCALE` median residuals
@@ -145,9 +206,11 @@ def _mass_ratio(source: np.ndarray, reference: cKDTree, pose: np.ndarray, overla
     the pose ends 1-1.5 deg off instead of 0.2-0.4), the second a lidar scan's (rings farther apart
     than the median residual); a mass above the overlap pulls the pose towards the parts that do
     not overlap, one below only drops constraints."""
-    d, _ = reference.query(source @ pose[:3, :3].T + pose[:3, 3], k=1, distance_upper_bound=1.5 * voxel)
+    d, _ = reference.query(
+        source @ pose[:3, :3].T + pose[:3, 3], k=1, distance_upper_bound=1.5 * voxel
+    )
     near = d[np.isfinite(d)]
-    if len(near):     # the scale floored at a tenth of a voxel: exact copies have residuals of 0
+    if len(near):  # the scale floored at a tenth of a voxel: exact copies have residuals of 0
         overlap = min(overlap, float(np.mean(d <= max(MASS_SCALE * np.median(near), 0.1 * voxel))))
     return float(np.clip(overlap, 0.05, 1.0))
 
@@ -163,6 +226,7 @@ def register_global(source, reference, config, reference_cache=None, refine=None
     import dataclasses
     from .errors import PwanInputError
     from .preprocess import check_rank, median_spacing
+
     t0 = time.perf_counter()
     cfg = config.global_search
     src = np.asarray(source, dtype=np.float64)
@@ -172,7 +236,7 @@ def register_global(source, reference, config, reference_cache=None, refine=None
     src_f, ref_f = src[np.isfinite(src).all(1)], ref[np.isfinite(ref).all(1)]
     if len(src_f) < 10 or len(ref_f) < 10:
         raise PwanInputError("init='global' needs at least 10 finite points per set")
-    check_rank(src_f, 'rigid', 'source')         # points at one place or on a line: no pose
+    check_rank(src_f, 'rigid', 'source')  # points at one place or on a line: no pose
     check_rank(ref_f, 'rigid', 'reference')
     wide = 0 if viewpoints is None else WIDE_FACTOR * cfg.candidates
     hyps, voxel, n_matches, timings = feature_hypotheses(src_f, ref_f, cfg, config.seed, wide)
@@ -183,20 +247,32 @@ def register_global(source, reference, config, reference_cache=None, refine=None
     seen_through = None
     if viewpoints is not None:
         from .free_space import FreeSpace, contradiction, supported
+
         ss, sr = vs[supported(vs, voxel)], vr[supported(vr, voxel)]
         spaces = FreeSpace(ss, viewpoints[0], voxel), FreeSpace(sr, viewpoints[1], voxel)
 
         def seen_through(pose):
             return contradiction(pose, ss, sr, *spaces)
+
         # the poses of the wide RANSAC join those refined without viewpoints when, as they are (before
         # refinement), they do not contradict the free space and explain most of the source: a
         # repetitive scene (a room's box-like furniture) gives its symmetric poses more feature
         # support than the true one
         vtree = cKDTree(vr)
-        extra = sorted((partial_objective_of(vs @ h.transform[:3, :3].T + h.transform[:3, 3], vtree, 1.5 * voxel)[0],
-                        k, h) for k, h in enumerate(hyps) if h.origin == 'ransac_wide'
-                       and seen_through(h.transform) <= cfg.max_free_space)
-        hyps = [h for h in hyps if h.origin != 'ransac_wide'] + [h for _, _, h in extra[:cfg.candidates]]
+        extra = sorted(
+            (
+                partial_objective_of(
+                    vs @ h.transform[:3, :3].T + h.transform[:3, 3], vtree, 1.5 * voxel
+                )[0],
+                k,
+                h,
+            )
+            for k, h in enumerate(hyps)
+            if h.origin == 'ransac_wide' and seen_through(h.transform) <= cfg.max_free_space
+        )
+        hyps = [h for h in hyps if h.origin != 'ransac_wide'] + [
+            h for _, _, h in extra[: cfg.candidates]
+        ]
     if max((h.support for h in hyps), default=0) < cfg.weak_support:
         hyps = hyps + rotation_hypotheses(vs, vr, voxel, config.seed, ROTATION_KEEP)
     rng = np.random.default_rng(config.seed + 41)
@@ -204,15 +280,28 @@ def register_global(source, reference, config, reference_cache=None, refine=None
     sub_s = src_f[rng.choice(len(src_f), min(cap, len(src_f)), replace=False)]
     sub_r = ref_f[rng.choice(len(ref_f), min(4 * cap, len(ref_f)), replace=False)]
     dist_cfg = config.replace(divergence='distance', transform='rigid')
-    small = dist_cfg.replace(self_check=False, finetune=dataclasses.replace(dist_cfg.finetune, max_points=cap,
-                                                          max_iterations=config.start_finetune_iterations))
-    h = config.distance_threshold or 2.0 * median_spacing(ref_f[rng.choice(len(ref_f), min(20000, len(ref_f)),
-                                                                           replace=False)])
+    small = dist_cfg.replace(
+        self_check=False,
+        finetune=dataclasses.replace(
+            dist_cfg.finetune, max_points=cap, max_iterations=config.start_finetune_iterations
+        ),
+    )
+    h = config.distance_threshold or 2.0 * median_spacing(
+        ref_f[rng.choice(len(ref_f), min(20000, len(ref_f)), replace=False)]
+    )
     t1 = time.perf_counter()
-    with warnings.catch_warnings():     # the candidates' refinements are capped on purpose
+    with warnings.catch_warnings():  # the candidates' refinements are capped on purpose
         warnings.filterwarnings('ignore', message='the fine-tune stopped', category=RuntimeWarning)
-        out = choose(vr, hyps, cfg, lambda init: refine(sub_s, sub_r, init=init, config=small), 1.5 * voxel, vs,
-                     seen_through, feature_normals(vr, voxel))
+        out = choose(
+            vr,
+            hyps,
+            cfg,
+            lambda init: refine(sub_s, sub_r, init=init, config=small),
+            1.5 * voxel,
+            vs,
+            seen_through,
+            feature_normals(vr, voxel),
+        )
     t2 = time.perf_counter()
     final_cfg = dist_cfg.replace(distance_threshold=h)
     if config.divergence == 'mass':
@@ -220,11 +309,23 @@ def register_global(source, reference, config, reference_cache=None, refine=None
         dense_r = cKDTree(ref_f[rng.choice(len(ref_f), min(80000, len(ref_f)), replace=False)])
         mass = _mass_ratio(dense_s, dense_r, out.result.transform, out.overlap, voxel)
         final_cfg = config.replace(transform='rigid', mass=None, mass_ratio=mass)
-    if out.status != 'ok':      # a best guess only: the candidates' iteration cap, not the dense one's
-        final_cfg = final_cfg.replace(finetune=dataclasses.replace(
-            final_cfg.finetune, max_iterations=min(final_cfg.finetune.max_iterations, config.start_finetune_iterations)))
-    final_cfg = final_cfg.replace(self_check=False)        # judged below, with the viewpoints
-    final = refine(source, reference, init=out.result.transform, config=final_cfg, reference_cache=reference_cache)
+    if out.status != 'ok':  # a best guess only: the candidates' iteration cap, not the dense one's
+        final_cfg = final_cfg.replace(
+            finetune=dataclasses.replace(
+                final_cfg.finetune,
+                max_iterations=min(
+                    final_cfg.finetune.max_iterations, config.start_finetune_iterations
+                ),
+            )
+        )
+    final_cfg = final_cfg.replace(self_check=False)  # judged below, with the viewpoints
+    final = refine(
+        source,
+        reference,
+        init=out.result.transform,
+        config=final_cfg,
+        reference_cache=reference_cache,
+    )
     if config.divergence == 'mass' and out.status == 'ok':
         # the candidate was refined on subsets (a few degrees off on a hard pair): its residuals,
         # and so the mass, shrink at the refined pose; again from there while they do
@@ -233,8 +334,13 @@ def register_global(source, reference, config, reference_cache=None, refine=None
             if again >= mass - 0.02:
                 break
             mass = again
-            final = refine(source, reference, init=final.transform, config=final_cfg.replace(mass_ratio=mass),
-                           reference_cache=reference_cache)
+            final = refine(
+                source,
+                reference,
+                init=final.transform,
+                config=final_cfg.replace(mass_ratio=mass),
+                reference_cache=reference_cache,
+            )
     timings.update(choose=t2 - t1, finetune=time.perf_counter() - t2)
     overlap = final.matched_ratio if config.divergence == 'distance' else out.overlap
     status, reason = out.status, out.reason
@@ -244,13 +350,27 @@ def register_global(source, reference, config, reference_cache=None, refine=None
         # cloud where the other sensor saw free space is no rival
         admissible = None
         if seen_through is not None:
+
             def admissible(t):
                 return seen_through(t @ final.transform) <= cfg.max_free_space
-        check = check_pose(final.transformed_source, ref_f, seed=config.seed, admissible=admissible)
+
+        check = check_pose(
+            final.transformed_source, ref_f, seed=config.seed, admissible=admissible
+        )
         if status == 'ok' and check.status != 'ok':
             status, reason = check.status, check.reason
-    return dataclasses.replace(final, time_s=time.perf_counter() - t0, timings=timings, status=status,
-                               reason=reason, check=check, overlap=overlap, confidence=out.confidence,
-                               candidates=[{'origin': o, 'support': sup, 'objective': obj, 'free_space': fs}
-                                           for o, sup, obj, fs in out.candidates],
-                               distance_threshold=final.distance_threshold)
+    return dataclasses.replace(
+        final,
+        time_s=time.perf_counter() - t0,
+        timings=timings,
+        status=status,
+        reason=reason,
+        check=check,
+        overlap=overlap,
+        confidence=out.confidence,
+        candidates=[
+            {'origin': o, 'support': sup, 'objective': obj, 'free_space': fs}
+            for o, sup, obj, fs in out.candidates
+        ],
+        distance_threshold=final.distance_threshold,
+    )

@@ -3,6 +3,7 @@
 seeded runs of Open3D's FGR, KISS-Matcher when installed, the identity prior, and PWAN's own
 rotation starts translated by votes. :mod:`global_search` chooses among them.
 """
+
 from __future__ import annotations
 
 import time
@@ -16,8 +17,16 @@ from .config import GlobalConfig
 from .preprocess import median_spacing
 from .votes import start_translations
 
-__all__ = ['FGR_RUNS', 'ROTATION_KEEP', 'Hypothesis', 'pose_distance', 'voxelised', 'feature_normals',
-           'feature_hypotheses', 'rotation_hypotheses']
+__all__ = [
+    'FGR_RUNS',
+    'ROTATION_KEEP',
+    'Hypothesis',
+    'pose_distance',
+    'voxelised',
+    'feature_normals',
+    'feature_hypotheses',
+    'rotation_hypotheses',
+]
 
 #: seeded runs of Open3D's FGR (distinct poses become candidates)
 FGR_RUNS = 4
@@ -43,10 +52,12 @@ def pose_distance(a: np.ndarray, b: np.ndarray, points: np.ndarray) -> float:
 
 # --------------------------------------------------------------------------- features
 
+
 def _open3d():
     """open3d, printing only its errors: its warnings (FGR's 'Not enough correspondences') go to
     stdout, where they would break ``pwan_register --json``."""
     import open3d as o3d
+
     o3d.utility.set_verbosity_level(o3d.utility.VerbosityLevel.Error)
     return o3d
 
@@ -54,7 +65,9 @@ def _open3d():
 def _pcd(points: np.ndarray):
     """An Open3D point cloud of (n, 3) points."""
     o3d = _open3d()
-    return o3d.geometry.PointCloud(o3d.utility.Vector3dVector(np.asarray(points, dtype=np.float64)))
+    return o3d.geometry.PointCloud(
+        o3d.utility.Vector3dVector(np.asarray(points, dtype=np.float64))
+    )
 
 
 def _downsample(points: np.ndarray, target: int):
@@ -62,14 +75,14 @@ def _downsample(points: np.ndarray, target: int):
     a cloud with fewer, half its median point spacing (every point kept)."""
     pcd = _pcd(points)
     extent = float(np.linalg.norm(points.max(0) - points.min(0)))
-    floor = max(0.5 * median_spacing(points), 1e-6 * extent)     # below it every point is kept
+    floor = max(0.5 * median_spacing(points), 1e-6 * extent)  # below it every point is kept
     voxel = max(extent / 100.0, floor)
     for _ in range(30):
         down = pcd.voxel_down_sample(voxel)
         n = len(down.points)
         if 0.7 * target <= n <= 1.4 * target or (n < target and voxel <= floor):
             break
-        voxel = max(voxel * (n / target) ** 0.5, floor)      # surface points scale ~ 1 / voxel^2
+        voxel = max(voxel * (n / target) ** 0.5, floor)  # surface points scale ~ 1 / voxel^2
     return voxel, down
 
 
@@ -81,7 +94,8 @@ def _fpfh(down, voxel: float) -> np.ndarray:
     o3d = _open3d()
     down.estimate_normals(o3d.geometry.KDTreeSearchParamHybrid(radius=2.0 * voxel, max_nn=30))
     feat = o3d.pipelines.registration.compute_fpfh_feature(
-        down, o3d.geometry.KDTreeSearchParamHybrid(radius=5.0 * voxel, max_nn=100))
+        down, o3d.geometry.KDTreeSearchParamHybrid(radius=5.0 * voxel, max_nn=100)
+    )
     return np.asarray(feat.data).T.copy()
 
 
@@ -107,7 +121,9 @@ def _kabsch_batch(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     pc, qc = p.mean(1, keepdims=True), q.mean(1, keepdims=True)
     h = np.einsum('bki,bkj->bij', p - pc, q - qc)
     u, _, vt = np.linalg.svd(h)
-    d = np.sign(np.linalg.det(np.einsum('bij,bjk->bik', vt.transpose(0, 2, 1), u.transpose(0, 2, 1))))
+    d = np.sign(
+        np.linalg.det(np.einsum('bij,bjk->bik', vt.transpose(0, 2, 1), u.transpose(0, 2, 1)))
+    )
     fix = np.ones((len(p), 3))
     fix[:, 2] = d
     r = np.einsum('bij,bj,bkj->bik', vt.transpose(0, 2, 1), fix, u)
@@ -117,8 +133,15 @@ def _kabsch_batch(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     return out
 
 
-def _ransac(ps: np.ndarray, pr: np.ndarray, matches: np.ndarray, inlier: float, iterations: int, keep: int,
-            rng: np.random.Generator) -> List[Hypothesis]:
+def _ransac(
+    ps: np.ndarray,
+    pr: np.ndarray,
+    matches: np.ndarray,
+    inlier: float,
+    iterations: int,
+    keep: int,
+    rng: np.random.Generator,
+) -> List[Hypothesis]:
     """The ``keep`` best distinct poses by inlier count (matches within ``inlier`` after the pose),
     each re-estimated on its inliers."""
     if len(matches) < 3:
@@ -138,7 +161,7 @@ def _ransac(ps: np.ndarray, pr: np.ndarray, matches: np.ndarray, inlier: float, 
         poses = _kabsch_batch(sa[ok], sb[ok])
         moved = np.einsum('bij,nj->bni', poses[:, :3, :3], a) + poses[:, None, :3, 3]
         count = (np.sum((moved - b[None]) ** 2, axis=2) < inlier * inlier).sum(1)
-        top = np.argsort(-count)[:4 * keep]
+        top = np.argsort(-count)[: 4 * keep]
         scored.extend((int(count[t]), poses[t]) for t in top)
     scored.sort(key=lambda c: -c[0])
     out: List[Hypothesis] = []
@@ -153,8 +176,9 @@ def _ransac(ps: np.ndarray, pr: np.ndarray, matches: np.ndarray, inlier: float, 
     return out
 
 
-def feature_hypotheses(source: np.ndarray, reference: np.ndarray, cfg: GlobalConfig, seed: int = 0,
-                       wide: int = 0):
+def feature_hypotheses(
+    source: np.ndarray, reference: np.ndarray, cfg: GlobalConfig, seed: int = 0, wide: int = 0
+):
     """(hypotheses, voxel, matches, timings): the candidate poses (source -> reference) from FPFH
     features, best support first, plus FGR / KISS-Matcher / the identity prior; ``voxel`` is the
     feature voxel size (caller units), ``matches`` the number of mutual feature matches. wide > 0:
@@ -173,16 +197,34 @@ def feature_hypotheses(source: np.ndarray, reference: np.ndarray, cfg: GlobalCon
     ps, pr = np.asarray(ds.points), np.asarray(dr.points)
     t1 = time.perf_counter()
     matches = _mutual_matches(fs, fr)
-    hyps = _ransac(ps, pr, matches, 1.5 * voxel, cfg.ransac_iterations, cfg.candidates,
-                   np.random.default_rng(seed))
+    hyps = _ransac(
+        ps,
+        pr,
+        matches,
+        1.5 * voxel,
+        cfg.ransac_iterations,
+        cfg.candidates,
+        np.random.default_rng(seed),
+    )
     matched = ps[matches[:, 0]] if len(matches) else ps
 
-    def distinct(pose, kept):         # farther than 3 inlier distances from every kept pose
+    def distinct(pose, kept):  # farther than 3 inlier distances from every kept pose
         return all(pose_distance(pose, k.transform, matched) > 4.5 * voxel for k in kept)
+
     if wide:
-        hyps += [Hypothesis(h.transform, h.support, 'ransac_wide')
-                 for h in _ransac(ps, pr, matches, 1.5 * voxel, cfg.ransac_iterations, wide,
-                                  np.random.default_rng(seed + 1)) if distinct(h.transform, hyps)]
+        hyps += [
+            Hypothesis(h.transform, h.support, 'ransac_wide')
+            for h in _ransac(
+                ps,
+                pr,
+                matches,
+                1.5 * voxel,
+                cfg.ransac_iterations,
+                wide,
+                np.random.default_rng(seed + 1),
+            )
+            if distinct(h.transform, hyps)
+        ]
     t2 = time.perf_counter()
     extra: List[Hypothesis] = []
     if cfg.fgr:
@@ -195,7 +237,12 @@ def feature_hypotheses(source: np.ndarray, reference: np.ndarray, cfg: GlobalCon
             # only sometimes (bunny 180->270 with outliers: 1 of 2 unseeded runs)
             o3d.utility.random.seed(seed + run)
             res = reg.registration_fgr_based_on_feature_matching(
-                ds, dr, fs_o, fr_o, reg.FastGlobalRegistrationOption(maximum_correspondence_distance=1.5 * voxel))
+                ds,
+                dr,
+                fs_o,
+                fr_o,
+                reg.FastGlobalRegistrationOption(maximum_correspondence_distance=1.5 * voxel),
+            )
             pose = np.asarray(res.transformation).copy()
             if distinct(pose, extra):
                 extra.append(Hypothesis(pose, 0, 'fgr'))
@@ -227,17 +274,21 @@ def _kiss_matcher(source: np.ndarray, reference: np.ndarray, voxel: float) -> Op
 ROTATION_KEEP = 8
 
 
-def rotation_hypotheses(source: np.ndarray, reference: np.ndarray, voxel: float, seed: int = 0,
-                        keep: int = 24) -> List[Hypothesis]:
+def rotation_hypotheses(
+    source: np.ndarray, reference: np.ndarray, voxel: float, seed: int = 0, keep: int = 24
+) -> List[Hypothesis]:
     """The 24 rotations of the cube's group, each with the translation most point pairs vote for
     (:func:`votes.start_translations`, cells of 2 ``voxel``, the reference voxelised at 1.5
     ``voxel``): PWAN's own starts, for when the features are weak; the ``keep`` with the
     most votes, most first."""
     from .multistart import start_rotations
+
     rots = start_rotations(3, 24)
     out = []
-    for rot, (trans, votes) in zip(rots, start_translations(source, voxelised(reference, 1.5 * voxel), rots,
-                                                             2.0 * voxel, seed)):
+    for rot, (trans, votes) in zip(
+        rots,
+        start_translations(source, voxelised(reference, 1.5 * voxel), rots, 2.0 * voxel, seed),
+    ):
         t = np.eye(4)
         t[:3, :3], t[:3, 3] = rot, trans
         out.append((votes, Hypothesis(t, 0, 'rotation')))

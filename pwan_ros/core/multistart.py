@@ -1,5 +1,6 @@
 """Multi-start (rigid / affine): initial rotations, the coarse-to-fine tournament run in lock-step
 (:func:`alg1.run_alg1` with S starts) and the overlap score that compares the candidates."""
+
 from __future__ import annotations
 
 import itertools
@@ -16,8 +17,16 @@ from .finetune_stage import FineTuneData
 from .preprocess import median_spacing
 from .votes import start_translations
 
-__all__ = ['ENSEMBLE_POINTS', 'OverlapScorer', 'overlap_score', 'start_rotations', 'own_poses', 'partial_objective',
-           'distinct_poses', 'run_multistart']
+__all__ = [
+    'ENSEMBLE_POINTS',
+    'OverlapScorer',
+    'overlap_score',
+    'start_rotations',
+    'own_poses',
+    'partial_objective',
+    'distinct_poses',
+    'run_multistart',
+]
 
 #: points (starts x mini-batch) of one lock-step group of the tournament's short stage
 ENSEMBLE_POINTS = 1 << 16
@@ -57,7 +66,6 @@ def overlap_score(points: np.ndarray, reference: np.ndarray, seed: int = 0) -> f
     return scorer(np.eye(d), np.zeros(d))
 
 
-
 def start_rotations(dim: int, count: int) -> list:
     """``count`` initial rotations (d, d), identity first: 2-D evenly spaced angles; 3-D the
     rotation group of the cube ordered by angle (90, 120, 180 deg), then random (seeded)."""
@@ -75,16 +83,26 @@ def start_rotations(dim: int, count: int) -> list:
                 m[i, j] = signs[i]
             if np.linalg.det(m) > 0:
                 mats.append(m)
-    mats.sort(key=lambda m: (round(float(np.arccos(np.clip((np.trace(m) - 1) / 2, -1, 1))), 6),
-                             tuple(m.ravel())))
+    mats.sort(
+        key=lambda m: (
+            round(float(np.arccos(np.clip((np.trace(m) - 1) / 2, -1, 1))), 6),
+            tuple(m.ravel()),
+        )
+    )
     rng = np.random.default_rng(12345)
     while len(mats) < count:
         q = rng.normal(size=4)
         q /= np.linalg.norm(q)
         w, x, y, z = q
-        mats.append(np.array([[1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
-                              [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
-                              [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)]]))
+        mats.append(
+            np.array(
+                [
+                    [1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
+                    [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
+                    [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)],
+                ]
+            )
+        )
     return mats[:count]
 
 
@@ -94,7 +112,6 @@ def partial_objective(dist: np.ndarray, sel: np.ndarray, divergence: str, h: flo
     if divergence == 'mass':
         return float(dist[sel].sum())
     return float((dist[sel] - h).sum())
-
 
 
 def distinct_poses(placements: list, tol: float, keep: int) -> list:
@@ -109,7 +126,6 @@ def distinct_poses(placements: list, tol: float, keep: int) -> list:
     return kept
 
 
-
 def own_poses(ys: np.ndarray, xs: np.ndarray, rots: list, seed: int):
     """[(a (3, 3), t (3,))] per start rotation in the solver's convention (``ys @ a + t``): the
     rotation with the translation most point pairs vote for (:func:`votes.start_translations`, cells
@@ -117,11 +133,28 @@ def own_poses(ys: np.ndarray, xs: np.ndarray, rots: list, seed: int):
     if ys.shape[1] != 3 or rots[0] is None:
         return None
     cell = 2.0 * median_spacing(xs)
-    return [(rot.T.copy(), t) for rot, (t, _) in zip(rots, start_translations(ys, xs, rots, cell, seed + 3))]
+    return [
+        (rot.T.copy(), t)
+        for rot, (t, _) in zip(rots, start_translations(ys, xs, rots, cell, seed + 3))
+    ]
 
 
-def run_multistart(config: RegistrationConfig, device, ys_np, xs_np, mass_n, h_n, h_floor, rots, should_stop,
-                potential_state, timings, tot, finetune, score_of) -> list:
+def run_multistart(
+    config: RegistrationConfig,
+    device,
+    ys_np,
+    xs_np,
+    mass_n,
+    h_n,
+    h_floor,
+    rots,
+    should_stop,
+    potential_state,
+    timings,
+    tot,
+    finetune,
+    score_of,
+) -> list:
     """Multi-start (rigid/affine), all starts in lock-step (:func:`alg1.run_alg1`).
 
     ``start_steps > 0`` (coarse-to-fine tournament): every start runs ``start_steps`` steps of
@@ -142,13 +175,25 @@ def run_multistart(config: RegistrationConfig, device, ys_np, xs_np, mass_n, h_n
         for g0 in range(0, len(items), group):
             if g0 > 0 and should_stop is not None and should_stop():
                 return
-            part = items[g0:g0 + group]
+            part = items[g0 : g0 + group]
             ta = time.perf_counter()
             with thread_scope(config.threads):
                 out = run_alg1(
-                    cfg, device, ys_np, xs_np, mass_n, h_n, [p[0] for p in part], steps, seed + g0, should_stop,
-                    states=[p[2] for p in part], translations=None if part[0][1] is None else [p[1] for p in part],
-                    h_floor=h_floor, **kw)
+                    cfg,
+                    device,
+                    ys_np,
+                    xs_np,
+                    mass_n,
+                    h_n,
+                    [p[0] for p in part],
+                    steps,
+                    seed + g0,
+                    should_stop,
+                    states=[p[2] for p in part],
+                    translations=None if part[0][1] is None else [p[1] for p in part],
+                    h_floor=h_floor,
+                    **kw,
+                )
                 starts, done, updates = out.starts, out.steps, out.updates
             timings['adversarial'] += time.perf_counter() - ta
             for k, st in enumerate(starts):
@@ -160,11 +205,16 @@ def run_multistart(config: RegistrationConfig, device, ys_np, xs_np, mass_n, h_n
         cfg1 = config.replace(min_steps=min(config.min_steps, config.start_steps))
         cands = []
         own = own_poses(ys_np, xs_np, rots, config.seed)
-        if own is not None:      # only the best few by the score as they are get a fine-tune
+        if own is not None:  # only the best few by the score as they are get a fine-tune
             raw = [score_of(a, t) for a, t in own]
             own = {int(k): own[k] for k in np.argsort(raw, kind='stable')[:OWN_KEEP]}
-        for i, st in stage(cfg1, [(rot, None, potential_state) for rot in rots], config.start_steps, config.seed,
-                           converge=False):
+        for i, st in stage(
+            cfg1,
+            [(rot, None, potential_state) for rot in rots],
+            config.start_steps,
+            config.seed,
+            converge=False,
+        ):
             a, t, _, _ = finetune(st.a, st.t, small=True)
             cands.append((score_of(a, t), a, t, st.state, i))
             if own is not None and i in own:
@@ -173,19 +223,29 @@ def run_multistart(config: RegistrationConfig, device, ys_np, xs_np, mass_n, h_n
                 a, t, _, _ = finetune(own[i][0], own[i][1], small=True)
                 cands[-1] = min(cands[-1], (score_of(a, t), a, t, st.state, i), key=lambda c: c[0])
             if config.verbose:
-                print(f'[pwan] start {i + 1}/{len(rots)}: score {cands[-1][0]:.5g}', file=sys.stderr)
+                print(
+                    f'[pwan] start {i + 1}/{len(rots)}: score {cands[-1][0]:.5g}', file=sys.stderr
+                )
         # the first start (the caller's init / identity) is always a finalist: it is the prior,
         # and a short run from it may simply not have converged yet
-        keep = sorted(cands, key=lambda c: c[0])[:config.start_keep]
+        keep = sorted(cands, key=lambda c: c[0])[: config.start_keep]
         if all(c[4] != 0 for c in keep):
             keep.append(cands[0])
         items = [(c[1].T, c[2], c[3]) for c in keep]
         index = [c[4] for c in keep]
-        rest = 0 if should_stop is not None and should_stop() else max(config.steps - config.start_steps, 0)
-        finals = stage(config, items, rest, config.seed + 7919, step_offset=config.start_steps, warmup=False)
+        rest = (
+            0
+            if should_stop is not None and should_stop()
+            else max(config.steps - config.start_steps, 0)
+        )
+        finals = stage(
+            config, items, rest, config.seed + 7919, step_offset=config.start_steps, warmup=False
+        )
     else:
         index = list(range(len(rots)))
-        finals = stage(config, [(rot, None, potential_state) for rot in rots], config.steps, config.seed)
+        finals = stage(
+            config, [(rot, None, potential_state) for rot in rots], config.steps, config.seed
+        )
     out = []
     for i, st in finals:
         poses = [(st.a, st.t)]

@@ -9,6 +9,7 @@ winner is a nearest neighbour up to float32 rounding (near-ties closer than ~1e-
 extent may pick either point); the returned distance is recomputed in float64 for that winner, so
 it is exact for the index returned (and the bound is applied to it).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -35,8 +36,15 @@ class TorchNearest:
         self._ref64 = torch.as_tensor(self.data - self.center, device=self.device)
         self._ref32 = self._ref64.to(torch.float32)
 
-    def query(self, x, k: int = 1, eps: float = 0.0, p: float = 2.0, distance_upper_bound: float = np.inf,
-              workers: int = 1):
+    def query(
+        self,
+        x,
+        k: int = 1,
+        eps: float = 0.0,
+        p: float = 2.0,
+        distance_upper_bound: float = np.inf,
+        workers: int = 1,
+    ):
         """(distances, indices) of the ``k`` nearest reference points of each row of x (m, d), as
         cKDTree.query (eps, p and workers are accepted for the interface; the search is exact
         Euclidean). k = 1: (m,) arrays, else (m, k), nearest first."""
@@ -49,12 +57,16 @@ class TorchNearest:
         row_step = max(1, self.chunk // ref_step)
         idx = torch.empty((m, kk), dtype=torch.int64, device=self.device)
         for r0 in range(0, m, row_step):
-            rows = q32[r0:r0 + row_step]
+            rows = q32[r0 : r0 + row_step]
             best_d = best_i = None
             for c0 in range(0, self.n, ref_step):
                 # direct differences (no |x|^2 + |y|^2 - 2xy expansion, which cancels catastrophically
                 # for points far from the origin relative to their spacing)
-                dist = torch.cdist(rows, self._ref32[c0:c0 + ref_step], compute_mode='donot_use_mm_for_euclid_dist')
+                dist = torch.cdist(
+                    rows,
+                    self._ref32[c0 : c0 + ref_step],
+                    compute_mode='donot_use_mm_for_euclid_dist',
+                )
                 if kk == 1:
                     d_c, i_c = dist.min(dim=1, keepdim=True)
                 else:
@@ -63,14 +75,17 @@ class TorchNearest:
                 if best_d is None:
                     best_d, best_i = d_c, i_c
                 elif kk == 1:
-                    closer = d_c < best_d          # strict: on equal distances the earlier slice wins
-                    best_d, best_i = torch.where(closer, d_c, best_d), torch.where(closer, i_c, best_i)
+                    closer = d_c < best_d  # strict: on equal distances the earlier slice wins
+                    best_d, best_i = (
+                        torch.where(closer, d_c, best_d),
+                        torch.where(closer, i_c, best_i),
+                    )
                 else:
                     # earlier chunks first: on equal distances the lower index wins, as in a sorted scan
                     d_all, i_all = torch.cat((best_d, d_c), 1), torch.cat((best_i, i_c), 1)
                     order = torch.sort(d_all, dim=1, stable=True)[1][:, :kk]
                     best_d, best_i = torch.gather(d_all, 1, order), torch.gather(i_all, 1, order)
-            idx[r0:r0 + row_step] = best_i
+            idx[r0 : r0 + row_step] = best_i
         # exact float64 distance of each winner, and the bound on it
         diff = q64[:, None, :] - self._ref64[idx]
         dist = torch.sqrt((diff * diff).sum(-1))
@@ -78,7 +93,7 @@ class TorchNearest:
             dist, order = torch.sort(dist, dim=1, stable=True)
             idx = torch.gather(idx, 1, order)
         dist, idx = dist.cpu().numpy(), idx.cpu().numpy()
-        if kk < k:      # fewer points than k: pad as cKDTree does
+        if kk < k:  # fewer points than k: pad as cKDTree does
             dist = np.hstack((dist, np.full((m, k - kk), np.inf)))
             idx = np.hstack((idx, np.full((m, k - kk), self.n, dtype=np.int64)))
         if np.isfinite(distance_upper_bound):

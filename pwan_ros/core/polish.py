@@ -12,6 +12,7 @@ finest gate of the reference than the fine-tuned pose: on a small object with as
 outliers as points, where both poses match everything at that distance, GICP's pull toward the
 outliers would otherwise cost a degree.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -52,14 +53,22 @@ def _subset(points: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
 WIDE_GATE = 0.02
 
 
-def gicp_polish(source: np.ndarray, reference: np.ndarray, transform: np.ndarray, gate: float,
-                reference_tree: cKDTree | None = None, num_threads: int = 1, seed: int = 0) -> PolishResult:
+def gicp_polish(
+    source: np.ndarray,
+    reference: np.ndarray,
+    transform: np.ndarray,
+    gate: float,
+    reference_tree: cKDTree | None = None,
+    num_threads: int = 1,
+    seed: int = 0,
+) -> PolishResult:
     """Polish ``transform`` (4, 4, source -> reference) of (N, 3) / (M, 3) point sets (caller
     units). gate: the matching gate (caller units, the partial selection: pairs farther apart do
     not count); the passes start at WIDE_GATE x the reference's diagonal when that is wider.
     reference_tree: a k-d tree of ``reference`` to score with (else built). num_threads > 1 is
     faster but not bit-reproducible (small_gicp's parallel sums)."""
     import small_gicp
+
     transform = np.asarray(transform, dtype=np.float64)
     if len(source) < MIN_POINTS or len(reference) < MIN_POINTS or not gate > 0:
         return PolishResult(transform, False, float('nan'), float('nan'), 0)
@@ -70,17 +79,28 @@ def gicp_polish(source: np.ndarray, reference: np.ndarray, transform: np.ndarray
     target_tree = small_gicp.KdTree(target, num_threads=num_threads)
     small_gicp.estimate_covariances(target, target_tree, num_neighbors=10, num_threads=num_threads)
     moving = small_gicp.PointCloud(src)
-    small_gicp.estimate_covariances(moving, small_gicp.KdTree(moving, num_threads=num_threads),
-                                    num_neighbors=10, num_threads=num_threads)
+    small_gicp.estimate_covariances(
+        moving,
+        small_gicp.KdTree(moving, num_threads=num_threads),
+        num_neighbors=10,
+        num_threads=num_threads,
+    )
     wide = WIDE_GATE * float(np.linalg.norm(ref.max(axis=0) - ref.min(axis=0)))
     gates = [gate]
     while gates[0] * 2.0 <= wide:
         gates.insert(0, gates[0] * 2.0)
     polished, iterations = transform, 0
     for g in gates:
-        res = small_gicp.align(target, moving, target_tree, init_T_target_source=polished,
-                               registration_type='GICP', max_correspondence_distance=g,
-                               num_threads=num_threads, max_iterations=50)
+        res = small_gicp.align(
+            target,
+            moving,
+            target_tree,
+            init_T_target_source=polished,
+            registration_type='GICP',
+            max_correspondence_distance=g,
+            num_threads=num_threads,
+            max_iterations=50,
+        )
         polished = np.asarray(res.T_target_source, dtype=np.float64)
         iterations += int(res.iterations)
     tree = reference_tree if reference_tree is not None else cKDTree(reference)
@@ -89,6 +109,7 @@ def gicp_polish(source: np.ndarray, reference: np.ndarray, transform: np.ndarray
         moved = src @ t[:3, :3].T + t[:3, 3]
         dist, _ = tree.query(moved, k=1, distance_upper_bound=gate / 2)
         return float(np.mean(dist <= gate / 2))
+
     before, after = matched(transform), matched(polished)
     if not np.isfinite(polished).all() or after < before + MIN_GAIN:
         return PolishResult(transform, False, before, after, iterations)

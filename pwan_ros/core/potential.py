@@ -9,6 +9,7 @@ act = LeakyReLU. Inputs are points in the internal normalised frame, shape (n, d
 :class:`PotentialNet` is one network (the discrepancy estimator's); :class:`BatchedPotential` holds
 S of them for Alg. 1, with :func:`forward` / :func:`backward` written out by hand (below).
 """
+
 from __future__ import annotations
 
 import math
@@ -48,7 +49,9 @@ class PotentialNet(nn.Module):
         """Map g to the non-positive potential -|g| (before the clip at -h)."""
         return -g.abs()
 
-    def potential(self, x: torch.Tensor, h: Optional[torch.Tensor], clip: bool = True) -> torch.Tensor:
+    def potential(
+        self, x: torch.Tensor, h: Optional[torch.Tensor], clip: bool = True
+    ) -> torch.Tensor:
         """f(x) = clip(-|g(x)|, -h, 0) (no lower clip when ``clip`` is False or h is None)."""
         f = self.negpart(self.raw(x))
         if clip and h is not None:
@@ -60,13 +63,15 @@ class PotentialNet(nn.Module):
         return {k: v.detach().to('cpu').clone() for k, v in self.state_dict().items()}
 
 
-def gradient_norm(net: PotentialNet, x: torch.Tensor, h: Optional[torch.Tensor], chunk: int = 65536) -> torch.Tensor:
+def gradient_norm(
+    net: PotentialNet, x: torch.Tensor, h: Optional[torch.Tensor], chunk: int = 65536
+) -> torch.Tensor:
     """|grad_x f(x)| of the clipped potential at points x (n, d) -> (n,), no graph kept.
 
     Points where the clip is active (f = -h) have zero gradient: they are "omitted"."""
     out = []
     for s in range(0, x.shape[0], chunk):
-        xc = x[s:s + chunk].detach().requires_grad_(True)
+        xc = x[s : s + chunk].detach().requires_grad_(True)
         with torch.enable_grad():
             f = net.potential(xc, h, clip=True)
             (g,) = torch.autograd.grad(f.sum(), xc)
@@ -98,7 +103,9 @@ def gradient_penalty(net: PotentialNet, x: torch.Tensor) -> torch.Tensor:
 # exactly where its pre-activation is (slope >= 0), so it is its own mask.
 
 
-def _lrelu_backward(grad: torch.Tensor, result: torch.Tensor, slope: float, out: Optional[torch.Tensor]):
+def _lrelu_backward(
+    grad: torch.Tensor, result: torch.Tensor, slope: float, out: Optional[torch.Tensor]
+):
     """grad * (1 if result > 0 else slope), ``result`` = the activation's output; into ``out``."""
     if out is None:
         return torch.ops.aten.leaky_relu_backward(grad, result, slope, True)
@@ -117,12 +124,19 @@ class Workspace:
 
     def get(self, key: str, shape, like: torch.Tensor) -> torch.Tensor:
         buf = self._bufs.get(key)
-        if buf is None or buf.shape != shape or buf.dtype != like.dtype or buf.device != like.device:
+        if (
+            buf is None
+            or buf.shape != shape
+            or buf.dtype != like.dtype
+            or buf.device != like.device
+        ):
             buf = self._bufs[key] = torch.empty(shape, dtype=like.dtype, device=like.device)
         return buf
 
 
-def buffer(work: Optional[Workspace], key: str, shape, like: torch.Tensor) -> Optional[torch.Tensor]:
+def buffer(
+    work: Optional[Workspace], key: str, shape, like: torch.Tensor
+) -> Optional[torch.Tensor]:
     """``work``'s buffer ``key`` of ``shape`` (an ``out=`` argument), or None without a workspace."""
     return None if work is None else work.get(key, torch.Size(shape), like)
 
@@ -141,9 +155,17 @@ class Tape:
     t_skip: Optional[torch.Tensor] = None
 
 
-def forward(ws: Sequence[torch.Tensor], bs: Sequence[torch.Tensor], length: torch.Tensor, slope: float,
-            x: torch.Tensor, tangents: Optional[torch.Tensor] = None, grad_index: Optional[torch.Tensor] = None,
-            work: Optional[Workspace] = None, tag: str = ''):
+def forward(
+    ws: Sequence[torch.Tensor],
+    bs: Sequence[torch.Tensor],
+    length: torch.Tensor,
+    slope: float,
+    x: torch.Tensor,
+    tangents: Optional[torch.Tensor] = None,
+    grad_index: Optional[torch.Tensor] = None,
+    work: Optional[Workspace] = None,
+    tag: str = '',
+):
     """g_w(x) for every start and, with ``grad_index`` (k,), its input gradient at those points.
 
     ws / bs: the 5 weights (S, in, out) and biases (S, 1, out); x (S, n, d) normalised points;
@@ -164,24 +186,39 @@ def forward(ws: Sequence[torch.Tensor], bs: Sequence[torch.Tensor], length: torc
         nn.functional.leaky_relu(a, slope, inplace=True)
         acts.append(a)
         if rep is not None:
-            mask = torch.index_select(a, 1, rep, out=buffer(work, f'{tag}m{i}', (s, rep.shape[0], width), x))
+            mask = torch.index_select(
+                a, 1, rep, out=buffer(work, f'{tag}m{i}', (s, rep.shape[0], width), x)
+            )
             t = torch.bmm(t, ws[i], out=buffer(work, f'{tag}t{i}', (s, rep.shape[0], width), x))
             t = _lrelu_backward(t, mask, slope, t)
             t_masks.append(mask)
             t_acts.append(t)
-    skip = torch.cat((acts[2], acts[4]), 2, out=buffer(work, tag + 'skip', (s, n, 2 * ws[1].shape[2]), x))
+    skip = torch.cat(
+        (acts[2], acts[4]), 2, out=buffer(work, tag + 'skip', (s, n, 2 * ws[1].shape[2]), x)
+    )
     g = torch.baddbmm(bs[4], skip, ws[4])[:, :, 0] * length
     grad = t_skip = None
     if rep is not None:
-        t_skip = torch.cat((t_acts[2], t_acts[4]), 2,
-                           out=buffer(work, tag + 'tskip', (s, rep.shape[0], 2 * ws[1].shape[2]), x))
+        t_skip = torch.cat(
+            (t_acts[2], t_acts[4]),
+            2,
+            out=buffer(work, tag + 'tskip', (s, rep.shape[0], 2 * ws[1].shape[2]), x),
+        )
         grad = torch.bmm(t_skip, ws[4]).view(s, -1, d)
     return g, grad, Tape(acts, skip, t_acts, t_masks, t_skip)
 
 
-def backward(ws: Sequence[torch.Tensor], length: torch.Tensor, tape: Tape, dg: torch.Tensor, slope: float,
-             dgrad: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None,
-             work: Optional[Workspace] = None, tag: str = ''):
+def backward(
+    ws: Sequence[torch.Tensor],
+    length: torch.Tensor,
+    tape: Tape,
+    dg: torch.Tensor,
+    slope: float,
+    dgrad: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None,
+    work: Optional[Workspace] = None,
+    tag: str = '',
+):
     """Reverse pass of :func:`forward` for the upstream gradients dg (S, n) of g and dgrad (S, k, d)
     of the input gradient. With ``out`` (the flat gradient buffer, :func:`split` layout): writes
     the parameter gradients there and returns it; without: returns the gradient with respect to
@@ -189,13 +226,17 @@ def backward(ws: Sequence[torch.Tensor], length: torch.Tensor, tape: Tape, dg: t
     s, n = dg.shape
     tangents = dgrad is not None
     h2 = ws[1].shape[2]
-    w5 = ws[4].transpose(1, 2)                                   # (S, 1, 2 h2)
+    w5 = ws[4].transpose(1, 2)  # (S, 1, 2 h2)
     dout = (dg * length)[:, :, None]
-    dskip = torch.mul(dout, w5, out=buffer(work, tag + 'dskip', (s, n, 2 * h2), dg))     # outer product
+    dskip = torch.mul(
+        dout, w5, out=buffer(work, tag + 'dskip', (s, n, 2 * h2), dg)
+    )  # outer product
     t_dout = t_dskip = t_dz = None
     if tangents:
         t_dout = dgrad.reshape(s, -1, 1)
-        t_dskip = torch.mul(t_dout, w5, out=buffer(work, tag + 'tdskip', (s, t_dout.shape[1], 2 * h2), dg))
+        t_dskip = torch.mul(
+            t_dout, w5, out=buffer(work, tag + 'tdskip', (s, t_dout.shape[1], 2 * h2), dg)
+        )
     if out is not None:
         gw, gb = split(out, [w.shape for w in ws])
         torch.bmm(tape.skip.transpose(1, 2), dout, out=gw[4])
@@ -205,9 +246,13 @@ def backward(ws: Sequence[torch.Tensor], length: torch.Tensor, tape: Tape, dg: t
     da = dskip[:, :, h2:]
     t_da = t_dskip[:, :, h2:] if tangents else None
     for i in (3, 2, 1, 0):
-        dz = _lrelu_backward(da, tape.acts[i + 1], slope, buffer(work, f'{tag}dz{i}', (s, n, ws[i].shape[2]), dg))
+        dz = _lrelu_backward(
+            da, tape.acts[i + 1], slope, buffer(work, f'{tag}dz{i}', (s, n, ws[i].shape[2]), dg)
+        )
         if tangents:
-            t_dz = _lrelu_backward(t_da, tape.t_masks[i], slope, buffer(work, f'{tag}tdz{i}', t_da.shape, dg))
+            t_dz = _lrelu_backward(
+                t_da, tape.t_masks[i], slope, buffer(work, f'{tag}tdz{i}', t_da.shape, dg)
+            )
         if out is not None:
             torch.bmm(tape.acts[i].transpose(1, 2), dz, out=gw[i])
             if tangents:
@@ -218,14 +263,18 @@ def backward(ws: Sequence[torch.Tensor], length: torch.Tensor, tape: Tape, dg: t
         wt = ws[i].transpose(1, 2)
         da = torch.bmm(dz, wt, out=buffer(work, f'{tag}da{i}', (s, n, wt.shape[2]), dg))
         if tangents:
-            t_da = torch.bmm(t_dz, wt, out=buffer(work, f'{tag}tda{i}', (s, t_dz.shape[1], wt.shape[2]), dg))
+            t_da = torch.bmm(
+                t_dz, wt, out=buffer(work, f'{tag}tda{i}', (s, t_dz.shape[1], wt.shape[2]), dg)
+            )
         if i == 2:
             da.add_(dskip[:, :, :h2])
             if tangents:
                 t_da.add_(t_dskip[:, :, :h2])
     if out is not None:
         return out
-    return torch.bmm(dz, ws[0].transpose(1, 2), out=buffer(work, tag + 'dx', (s, n, ws[0].shape[1]), dg)).div_(length)
+    return torch.bmm(
+        dz, ws[0].transpose(1, 2), out=buffer(work, tag + 'dx', (s, n, ws[0].shape[1]), dg)
+    ).div_(length)
 
 
 def split(flat: torch.Tensor, shapes: Sequence[Sequence[int]]):
@@ -234,9 +283,9 @@ def split(flat: torch.Tensor, shapes: Sequence[Sequence[int]]):
     parameters."""
     gw, gb, off = [], [], 0
     for s, fan_in, fan_out in shapes:
-        gw.append(flat[off:off + s * fan_in * fan_out].view(s, fan_in, fan_out))
+        gw.append(flat[off : off + s * fan_in * fan_out].view(s, fan_in, fan_out))
         off += s * fan_in * fan_out
-        gb.append(flat[off:off + s * fan_out].view(s, 1, fan_out))
+        gb.append(flat[off : off + s * fan_out].view(s, 1, fan_out))
         off += s * fan_out
     return gw, gb
 
@@ -260,9 +309,15 @@ class BatchedPotential(nn.Module):
         self.shapes = [(dim, h1), (h1, h2), (h2, 2 * h2), (2 * h2, h2), (2 * h2, 1)]
         blocks = []
         for fan_in, fan_out in self.shapes:
-            bound = 1.0 / math.sqrt(fan_in)   # nn.Linear's default init law
-            blocks.append(((torch.rand(count, fan_in, fan_out, generator=generator) * 2 - 1) * bound).reshape(-1))
-            blocks.append(((torch.rand(count, 1, fan_out, generator=generator) * 2 - 1) * bound).reshape(-1))
+            bound = 1.0 / math.sqrt(fan_in)  # nn.Linear's default init law
+            blocks.append(
+                (
+                    (torch.rand(count, fan_in, fan_out, generator=generator) * 2 - 1) * bound
+                ).reshape(-1)
+            )
+            blocks.append(
+                ((torch.rand(count, 1, fan_out, generator=generator) * 2 - 1) * bound).reshape(-1)
+            )
         blocks.append(torch.full((count,), float(config.h_init)))
         self.theta = nn.Parameter(torch.cat(blocks), requires_grad=False)
         self.count = count
@@ -276,7 +331,7 @@ class BatchedPotential(nn.Module):
     @property
     def h(self) -> torch.Tensor:
         """(S,) clip levels (normalised units), a view of ``theta``."""
-        return self.theta[-self.count:]
+        return self.theta[-self.count :]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ws, bs = self.views()

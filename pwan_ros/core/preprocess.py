@@ -1,4 +1,5 @@
 """Input validation, cleaning, downsampling and normalisation of point sets (numpy only)."""
+
 from __future__ import annotations
 
 import warnings
@@ -73,8 +74,11 @@ def clean_points(points, name: str) -> CleanPoints:
     valid = np.isfinite(arr).all(axis=1)
     dropped = int((~valid).sum())
     if dropped:
-        warnings.warn(f'{name}: dropped {dropped} of {arr.shape[0]} rows containing NaN/inf', RuntimeWarning,
-                      stacklevel=3)
+        warnings.warn(
+            f'{name}: dropped {dropped} of {arr.shape[0]} rows containing NaN/inf',
+            RuntimeWarning,
+            stacklevel=3,
+        )
     pts = arr[valid]
     if pts.shape[0] < 3:
         raise PwanInputError(f'{name}: need at least 3 finite points, got {pts.shape[0]}')
@@ -82,13 +86,19 @@ def clean_points(points, name: str) -> CleanPoints:
     core = ~far
     n_distinct = _count_distinct(pts[core])
     if n_distinct < 3:
-        raise PwanInputError(f'{name}: degenerate point set: {n_distinct} distinct point(s) among {pts.shape[0]} '
-                             f'finite ones (need at least 3)')
+        raise PwanInputError(
+            f'{name}: degenerate point set: {n_distinct} distinct point(s) among {pts.shape[0]} '
+            f'finite ones (need at least 3)'
+        )
     if far.any():
         r_max = float(np.abs(pts[far]).max())
-        warnings.warn(f'{name}: {int(far.sum())} of {pts.shape[0]} points lie more than {FAR_OUTLIER_FACTOR:g}x '
-                      f'the median spread from the median (up to {r_max:.3g} in the input units) and are left '
-                      'out of the estimation', RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f'{name}: {int(far.sum())} of {pts.shape[0]} points lie more than {FAR_OUTLIER_FACTOR:g}x '
+            f'the median spread from the median (up to {r_max:.3g} in the input units) and are left '
+            'out of the estimation',
+            RuntimeWarning,
+            stacklevel=3,
+        )
     return CleanPoints(points=pts, valid=valid, dropped=dropped, core=core if far.any() else None)
 
 
@@ -113,8 +123,10 @@ def check_rank(points: np.ndarray, transform: str, name: str) -> None:
     need = 2 if transform == 'rigid' else d
     if rank < need:
         shape = 'collinear' if rank == 1 else ('coplanar' if rank == 2 else 'coincident')
-        raise PwanInputError(f'{name}: degenerate point set: all points are {shape}, which cannot determine a '
-                             f'{"non-rigid" if transform == "nonrigid" else transform} transform')
+        raise PwanInputError(
+            f'{name}: degenerate point set: all points are {shape}, which cannot determine a '
+            f'{"non-rigid" if transform == "nonrigid" else transform} transform'
+        )
 
 
 def voxel_downsample(points: np.ndarray, voxel: float) -> np.ndarray:
@@ -124,8 +136,10 @@ def voxel_downsample(points: np.ndarray, voxel: float) -> np.ndarray:
     if voxel is None or voxel <= 0:
         return points
     cells = (points - points.min(axis=0)) / voxel
-    if not float(cells.max(initial=0.0)) < 2.0 ** 52:
-        raise PwanInputError(f'voxel_size {voxel:g} is too small for a set spanning {float(np.ptp(points, axis=0).max()):g}')
+    if not float(cells.max(initial=0.0)) < 2.0**52:
+        raise PwanInputError(
+            f'voxel_size {voxel:g} is too small for a set spanning {float(np.ptp(points, axis=0).max()):g}'
+        )
     keys = np.floor(cells).astype(np.int64)
     _, inverse, counts = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
     inverse = inverse.reshape(-1)
@@ -179,7 +193,9 @@ class Normaliser:
         return m, b
 
 
-def make_normaliser(source: np.ndarray, reference: np.ndarray, align_centroids: bool) -> Normaliser:
+def make_normaliser(
+    source: np.ndarray, reference: np.ndarray, align_centroids: bool
+) -> Normaliser:
     """Centre the reference on its centroid; the source on its own centroid when
     ``align_centroids`` (cold start) or on the reference centroid (warm start keeps ``init``).
     Scale = RMS distance of the reference to its centroid (unit-RMS internal frame)."""
@@ -211,7 +227,9 @@ def check_init(init: Optional[np.ndarray], dim: int) -> Optional[np.ndarray]:
     except (TypeError, ValueError):
         raise PwanInputError('init: not a numeric matrix') from None
     if arr.shape != (dim + 1, dim + 1):
-        raise PwanInputError(f'init: expected a {dim + 1}x{dim + 1} homogeneous transform, got shape {arr.shape}')
+        raise PwanInputError(
+            f'init: expected a {dim + 1}x{dim + 1} homogeneous transform, got shape {arr.shape}'
+        )
     if not np.isfinite(arr).all():
         raise PwanInputError('init: contains NaN/inf')
     return arr

@@ -1,5 +1,6 @@
 """Input preparation of a registration: validated sets, far outliers left out, the init applied,
 the mass resolved and the common normalisation (caller units unless noted)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,7 +10,15 @@ import numpy as np
 
 from .config import RegistrationConfig
 from .errors import PwanInputError
-from .preprocess import CleanPoints, Normaliser, check_init, check_rank, clean_points, make_normaliser, median_spacing
+from .preprocess import (
+    CleanPoints,
+    Normaliser,
+    check_init,
+    check_rank,
+    clean_points,
+    make_normaliser,
+    median_spacing,
+)
 
 __all__ = ['Problem', 'prepare', 'finetune_set', 'threshold']
 
@@ -20,8 +29,8 @@ class Problem:
 
     src: CleanPoints
     ref: CleanPoints
-    src_init: np.ndarray        # valid source points after the init transform
-    init: np.ndarray            # (d+1, d+1)
+    src_init: np.ndarray  # valid source points after the init transform
+    init: np.ndarray  # (d+1, d+1)
     norm: Normaliser
     dim: int
     ratio_min: Optional[float]  # mass / min(N_s, N_r) (mass type)
@@ -52,7 +61,9 @@ def prepare(source, reference, config: RegistrationConfig, init) -> Problem:
     if config.divergence == 'mass':
         if config.mass is not None:
             if config.mass > n_min:
-                raise PwanInputError(f'mass {config.mass:g} exceeds the smaller set ({n_min} valid points)')
+                raise PwanInputError(
+                    f'mass {config.mass:g} exceeds the smaller set ({n_min} valid points)'
+                )
             mass = float(config.mass)
             ratio = mass / n_min
         else:
@@ -79,5 +90,7 @@ def threshold(config: RegistrationConfig, ref_points: np.ndarray) -> float:
         return float(config.distance_threshold)
     h = 2.0 * median_spacing(ref_points)
     if not h > 0:
-        raise PwanInputError('cannot derive a distance threshold (duplicate reference points); set distance_threshold')
+        raise PwanInputError(
+            'cannot derive a distance threshold (duplicate reference points); set distance_threshold'
+        )
     return h

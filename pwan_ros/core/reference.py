@@ -10,6 +10,7 @@ centred caller frame, distances divided by the scale). Normals are unit vectors,
 A registration without a cache builds the same objects on the spot, so a reused reference gives
 the result of a fresh one (tested).
 """
+
 from __future__ import annotations
 
 import threading
@@ -93,8 +94,14 @@ class PreparedReference:
             self._subsets[key] = (key, idx, centred, cKDTree(centred))
         return self._subsets[key]
 
-    def finetune_reference(self, norm: Normaliser, cap: int, seed: int, normal_neighbors: Optional[int],
-                           device: Optional[torch.device] = None):
+    def finetune_reference(
+        self,
+        norm: Normaliser,
+        cap: int,
+        seed: int,
+        normal_neighbors: Optional[int],
+        device: Optional[torch.device] = None,
+    ):
         """(xr (q, d) normalised, search over it answering normalised queries, normals (q, d) or None)
         of the fine-tune: ``cap`` reference points at most (0 = all), normals from
         ``normal_neighbors`` neighbours (None = none), the search a k-d tree (device None) or a
@@ -105,7 +112,9 @@ class PreparedReference:
         if normal_neighbors:
             nkey = key + (int(normal_neighbors),)
             if nkey not in self._normals:
-                self._normals[nkey] = estimate_normals(centred, tree, k=normal_neighbors, workers=-1)
+                self._normals[nkey] = estimate_normals(
+                    centred, tree, k=normal_neighbors, workers=-1
+                )
             normals = self._normals[nkey]
         search = tree
         if device is not None:

@@ -1,4 +1,5 @@
 """Result type of :func:`register` / :func:`refine`."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

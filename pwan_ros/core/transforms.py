@@ -5,6 +5,7 @@ Points are (S, n, d) tensors in the internal normalised frame, d in {2, 3}, for 
 normalised on use) or an angle (2-D). affine: A free. nonrigid: A, t and per-point offsets V
 (r, d) of the source set.
 """
+
 from __future__ import annotations
 
 import functools
@@ -26,9 +27,14 @@ def _quadratic_form() -> torch.Tensor:
     for k, sign in ((w, 1), (x, -1), (y, -1), (z, 1)):
         c[k, k, 2, 2] = sign
     # off-diagonal terms 2 (a b +- w e): each product appears twice in the symmetric q q^T
-    for (i, j), (a, b), (e, sign) in (((0, 1), (x, y), (z, -1)), ((1, 0), (x, y), (z, 1)),
-                                      ((0, 2), (x, z), (y, 1)), ((2, 0), (x, z), (y, -1)),
-                                      ((1, 2), (y, z), (x, -1)), ((2, 1), (y, z), (x, 1))):
+    for (i, j), (a, b), (e, sign) in (
+        ((0, 1), (x, y), (z, -1)),
+        ((1, 0), (x, y), (z, 1)),
+        ((0, 2), (x, z), (y, 1)),
+        ((2, 0), (x, z), (y, -1)),
+        ((1, 2), (y, z), (x, -1)),
+        ((2, 1), (y, z), (x, 1)),
+    ):
         c[a, b, i, j] = c[b, a, i, j] = 1.0
         c[w, e, i, j] = c[e, w, i, j] = float(sign)
     return c.reshape(16, 9)
@@ -74,12 +80,16 @@ class BatchedTransform(nn.Module):
     """S transforms y (S, n, d) -> y A_s + t_s (+ V_s[idx] for nonrigid): rigid (unit quaternion /
     2-D angle), affine, or nonrigid (affine + per-source-point offsets V (S, r, d))."""
 
-    def __init__(self, kind: str, rotations: Sequence[np.ndarray], dtype: torch.dtype, num_points: int = 0):
+    def __init__(
+        self, kind: str, rotations: Sequence[np.ndarray], dtype: torch.dtype, num_points: int = 0
+    ):
         super().__init__()
         self.kind = kind
         count, dim = len(rotations), rotations[0].shape[0]
         self.dim = dim
-        rots = torch.as_tensor(np.stack(rotations), dtype=torch.float64)   # (S, d, d), column convention
+        rots = torch.as_tensor(
+            np.stack(rotations), dtype=torch.float64
+        )  # (S, d, d), column convention
         if kind in ('affine', 'nonrigid'):
             self.a = nn.Parameter(rots.transpose(1, 2).to(dtype).contiguous())
         elif dim == 3:
@@ -99,7 +109,9 @@ class BatchedTransform(nn.Module):
         c, s = torch.cos(self.q[:, 0]), torch.sin(self.q[:, 0])
         return torch.stack((torch.stack((c, s), 1), torch.stack((-s, c), 1)), 1)
 
-    def apply(self, y: torch.Tensor, a: torch.Tensor, idx: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def apply(
+        self, y: torch.Tensor, a: torch.Tensor, idx: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         """y (S, n, d) moved by linear part ``a`` (from :meth:`linear`) and t (+ V rows ``idx``;
         None = all r source points in order)."""
         z = torch.baddbmm(self.t[:, None, :], y, a)

@@ -26,6 +26,7 @@ then weighs no more than any other surface. The gate is g = 1.5 judging voxels.
 source and multiples of the judging voxel, never lengths of any scene; ``bench/bench_verify.py``
 validates them on every real data set.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -85,7 +86,9 @@ class PoseCheck:
     @property
     def rival_better(self) -> bool:
         """A distinct pose fits clearly better (by more than ``RIVAL_MARGIN``)."""
-        return self.rival_transform is not None and self.rival_overlap > self.overlap + RIVAL_MARGIN
+        return (
+            self.rival_transform is not None and self.rival_overlap > self.overlap + RIVAL_MARGIN
+        )
 
     def as_dict(self) -> dict:
         """The measurements as JSON-ready values (no transform)."""
@@ -93,7 +96,9 @@ class PoseCheck:
         for k, v in self.__dict__.items():
             if k == 'rival_transform':
                 continue
-            out[k] = (None if not np.isfinite(v) else round(float(v), 6)) if isinstance(v, float) else v
+            out[k] = (
+                (None if not np.isfinite(v) else round(float(v), 6)) if isinstance(v, float) else v
+            )
         return out
 
 
@@ -119,7 +124,9 @@ def _surface(points: np.ndarray, voxel: float) -> np.ndarray:
         flat = flat * span[k] + keys[:, k]
     _, inverse, counts = np.unique(flat, return_inverse=True, return_counts=True)
     inverse = inverse.reshape(-1)
-    sums = np.stack([np.bincount(inverse, points[:, i], len(counts)) for i in range(points.shape[1])], axis=1)
+    sums = np.stack(
+        [np.bincount(inverse, points[:, i], len(counts)) for i in range(points.shape[1])], axis=1
+    )
     centroids = sums / counts[:, None]
     shared = counts >= 2
     return centroids[shared] if shared.sum() >= 10 else centroids
@@ -137,8 +144,12 @@ def judging_voxel(reference: np.ndarray, target: int = JUDGE_POINTS) -> float:
     falling branch, so outliers cannot coarsen the judgement."""
     pts = np.asarray(reference, dtype=np.float64)
     extent = float(np.linalg.norm(np.ptp(pts, axis=0)))
-    nn = np.sort(cKDTree(pts).query(random_subset(pts, 4 * target, np.random.default_rng(0)), k=2)[0][:, 1])
-    floor = max(0.5 * float(nn[len(nn) // 4]), 1e-6 * extent, 1e-12)   # a quartile: outliers cannot raise it
+    nn = np.sort(
+        cKDTree(pts).query(random_subset(pts, 4 * target, np.random.default_rng(0)), k=2)[0][:, 1]
+    )
+    floor = max(
+        0.5 * float(nn[len(nn) // 4]), 1e-6 * extent, 1e-12
+    )  # a quartile: outliers cannot raise it
     voxel, prev = floor, 0
     while voxel < 0.1 * extent:
         voxel *= 1.5
@@ -149,9 +160,15 @@ def judging_voxel(reference: np.ndarray, target: int = JUDGE_POINTS) -> float:
     return floor
 
 
-def check_pose(moved: np.ndarray, reference: np.ndarray, voxel: Optional[float] = None, seed: int = 0,
-               max_points: int = CHECK_POINTS, rivals: bool = True,
-               admissible: Optional[Callable[[np.ndarray], bool]] = None) -> PoseCheck:
+def check_pose(
+    moved: np.ndarray,
+    reference: np.ndarray,
+    voxel: Optional[float] = None,
+    seed: int = 0,
+    max_points: int = CHECK_POINTS,
+    rivals: bool = True,
+    admissible: Optional[Callable[[np.ndarray], bool]] = None,
+) -> PoseCheck:
     """Check a registration result: ``moved`` (n, d) the source points mapped into the reference
     frame, ``reference`` (m, d), caller units. voxel: the judging voxel (None:
     :func:`judging_voxel` of the reference). rivals: run the rival search (3-D only).
@@ -165,19 +182,36 @@ def check_pose(moved: np.ndarray, reference: np.ndarray, voxel: Optional[float] 
     # source points beyond the reference's box by more than its size (far glitches) cannot overlap
     lo, hi = reference.min(axis=0), reference.max(axis=0)
     reach = hi - lo
-    near = np.isfinite(moved).all(axis=1) & (moved >= lo - reach).all(axis=1) & (moved <= hi + reach).all(axis=1)
-    kept = near.sum() / max(len(moved), 1)      # overlaps count the far glitches as unmatched
+    near = (
+        np.isfinite(moved).all(axis=1)
+        & (moved >= lo - reach).all(axis=1)
+        & (moved <= hi + reach).all(axis=1)
+    )
+    kept = near.sum() / max(len(moved), 1)  # overlaps count the far glitches as unmatched
     if not near.any():
-        return PoseCheck('refused', 'no source point lies near the reference', 0.0, 0.0, 0.0, float('nan'),
-                         float('nan'), voxel, 1.5 * voxel)
+        return PoseCheck(
+            'refused',
+            'no source point lies near the reference',
+            0.0,
+            0.0,
+            0.0,
+            float('nan'),
+            float('nan'),
+            voxel,
+            1.5 * voxel,
+        )
     source = moved[near]
     for attempt in range(MAX_REFINE):
-        voxel = voxel if attempt == 0 else voxel / 1.5   # a gate most of the box lies within tells nothing
+        voxel = (
+            voxel if attempt == 0 else voxel / 1.5
+        )  # a gate most of the box lies within tells nothing
         g = 1.5 * voxel
         reference_tree = cKDTree(_surface(reference, voxel))
         moved = voxel_downsample(source, voxel)
         if len(moved) > max_points:
-            moved = moved[np.random.default_rng(seed).choice(len(moved), max_points, replace=False)]
+            moved = moved[
+                np.random.default_rng(seed).choice(len(moved), max_points, replace=False)
+            ]
         d0, _ = reference_tree.query(moved, k=1, distance_upper_bound=g)
         overlap = float(np.isfinite(d0).mean()) * kept
         probes = rng.uniform(moved.min(axis=0), moved.max(axis=0), size=moved.shape)
@@ -188,43 +222,93 @@ def check_pose(moved: np.ndarray, reference: np.ndarray, voxel: Optional[float] 
     excess = (overlap - chance) / (1.0 - chance) if chance < 1.0 else 0.0
     nan = float('nan')
     if excess < MIN_EXCESS_OVERLAP:
-        return PoseCheck('refused', f'only {overlap:.0%} of the source lies within {g:.3g} of the reference '
-                         f'({chance:.0%} would by chance)', overlap, chance, excess, nan, nan, voxel, g)
+        return PoseCheck(
+            'refused',
+            f'only {overlap:.0%} of the source lies within {g:.3g} of the reference '
+            f'({chance:.0%} would by chance)',
+            overlap,
+            chance,
+            excess,
+            nan,
+            nan,
+            voxel,
+            g,
+        )
     if len(moved) < MIN_JUDGED:
-        return PoseCheck('refused', f'{len(moved)} source points at the judging voxel {voxel:.3g}: too few to vouch '
-                         f'for a pose (need {MIN_JUDGED})', overlap, chance, excess, nan, nan, voxel, g)
+        return PoseCheck(
+            'refused',
+            f'{len(moved)} source points at the judging voxel {voxel:.3g}: too few to vouch '
+            f'for a pose (need {MIN_JUDGED})',
+            overlap,
+            chance,
+            excess,
+            nan,
+            nan,
+            voxel,
+            g,
+        )
     if dim != 3 or not rivals:
         return PoseCheck('ok', '', overlap, chance, excess, nan, nan, voxel, g)
-    better, rival = (None if r is None else (r[0], r[1] * kept, r[2], r[3])
-                     for r in _rivals(moved, reference_tree, g, moved[np.isfinite(d0)].mean(axis=0), admissible))
+    better, rival = (
+        None if r is None else (r[0], r[1] * kept, r[2], r[3])
+        for r in _rivals(moved, reference_tree, g, moved[np.isfinite(d0)].mean(axis=0), admissible)
+    )
     if better is not None and better[1] > overlap + RIVAL_MARGIN:
         label, rival_overlap, shift, rival_t = better
-        return PoseCheck('refused', f'a pose {shift:.3g} away (GICP {label}) fits better: {rival_overlap:.0%} of the '
-                         f'source within {g:.3g} of the reference against {overlap:.0%}', overlap, chance, excess,
-                         rival_overlap, shift, voxel, g, rival_t)
+        return PoseCheck(
+            'refused',
+            f'a pose {shift:.3g} away (GICP {label}) fits better: {rival_overlap:.0%} of the '
+            f'source within {g:.3g} of the reference against {overlap:.0%}',
+            overlap,
+            chance,
+            excess,
+            rival_overlap,
+            shift,
+            voxel,
+            g,
+            rival_t,
+        )
     if rival is None:
         return PoseCheck('ok', '', overlap, chance, excess, nan, nan, voxel, g)
     label, rival_overlap, shift, rival_t = rival
     if rival_overlap >= overlap - RIVAL_MARGIN:
-        return PoseCheck('refused', f'a pose {shift:.3g} away (GICP {label}) fits about as well (the data does not '
-                         f'pin the pose down): {rival_overlap:.0%} of the source within {g:.3g} of the reference '
-                         f'against {overlap:.0%}', overlap, chance, excess, rival_overlap, shift, voxel, g, rival_t)
+        return PoseCheck(
+            'refused',
+            f'a pose {shift:.3g} away (GICP {label}) fits about as well (the data does not '
+            f'pin the pose down): {rival_overlap:.0%} of the source within {g:.3g} of the reference '
+            f'against {overlap:.0%}',
+            overlap,
+            chance,
+            excess,
+            rival_overlap,
+            shift,
+            voxel,
+            g,
+            rival_t,
+        )
     return PoseCheck('ok', '', overlap, chance, excess, rival_overlap, shift, voxel, g, rival_t)
 
 
-def _rivals(moved: np.ndarray, reference_tree: cKDTree, g: float, center: np.ndarray,
-            admissible: Optional[Callable[[np.ndarray], bool]] = None):
+def _rivals(
+    moved: np.ndarray,
+    reference_tree: cKDTree,
+    g: float,
+    center: np.ndarray,
+    admissible: Optional[Callable[[np.ndarray], bool]] = None,
+):
     """GICP from starts around the result (module docstring). Returns (better, rival): the pose
     of highest overlap any start reaches, and the best *distinct* one (points moved by more than
     ``RIVAL_DISTINCT`` gates RMS), each (start in words, overlap, RMS shift of the points, (4, 4)
     transform from the result) or None. Single-threaded: bit-reproducible."""
     import small_gicp
+
     target = small_gicp.PointCloud(np.ascontiguousarray(reference_tree.data, dtype=np.float64))
     target_tree = small_gicp.KdTree(target, num_threads=1)
     small_gicp.estimate_covariances(target, target_tree, num_neighbors=10, num_threads=1)
     source = small_gicp.PointCloud(np.ascontiguousarray(moved))
-    small_gicp.estimate_covariances(source, small_gicp.KdTree(source, num_threads=1), num_neighbors=10,
-                                    num_threads=1)
+    small_gicp.estimate_covariances(
+        source, small_gicp.KdTree(source, num_threads=1), num_neighbors=10, num_threads=1
+    )
     starts = []
     for k in range(3):
         for sign in (1.0, -1.0):
@@ -234,18 +318,29 @@ def _rivals(moved: np.ndarray, reference_tree: cKDTree, g: float, center: np.nda
                 shifted[k, 3] = sign * reach * g
                 starts.append((f'from {reach * g:.3g} along {axis}', shifted, reach * g))
             turned = np.eye(4)
-            turned[:3, :3] = Rotation.from_rotvec(np.eye(3)[k] * sign * np.radians(RIVAL_TURN_DEG)).as_matrix()
+            turned[:3, :3] = Rotation.from_rotvec(
+                np.eye(3)[k] * sign * np.radians(RIVAL_TURN_DEG)
+            ).as_matrix()
             turned[:3, 3] = center - turned[:3, :3] @ center
-            starts.append((f'from a {RIVAL_TURN_DEG:g} deg turn about {axis}', turned, RIVAL_REACH[0] * g))
+            starts.append(
+                (f'from a {RIVAL_TURN_DEG:g} deg turn about {axis}', turned, RIVAL_REACH[0] * g)
+            )
     better = rival = None
     for label, t, reach in starts:
         gates = [g]
         while gates[0] * 2.0 <= reach:
             gates.insert(0, gates[0] * 2.0)
         for gate in gates:
-            res = small_gicp.align(target, source, target_tree, init_T_target_source=t,
-                                   registration_type='GICP', max_correspondence_distance=gate,
-                                   num_threads=1, max_iterations=30)
+            res = small_gicp.align(
+                target,
+                source,
+                target_tree,
+                init_T_target_source=t,
+                registration_type='GICP',
+                max_correspondence_distance=gate,
+                num_threads=1,
+                max_iterations=30,
+            )
             t = np.asarray(res.T_target_source, dtype=np.float64)
         if not np.isfinite(t).all() or (admissible is not None and not admissible(t)):
             continue

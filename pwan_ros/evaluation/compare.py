@@ -6,6 +6,7 @@ where full PWAN engaged, scans that lost track (:func:`~pwan_ros.evaluation.metr
 and the median latency. The plot (top view + ATE over time) marks where PWAN engaged, where each
 run lost track, and the stress events of the drive (spans in seconds from the first scan).
 """
+
 from __future__ import annotations
 
 import pathlib
@@ -13,15 +14,32 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pwan_ros.evaluation.metrics import EvalResult, evaluate, format_optional, save_figure, track_losses
+from pwan_ros.evaluation.metrics import (
+    EvalResult,
+    evaluate,
+    format_optional,
+    save_figure,
+    track_losses,
+)
 from pwan_ros.evaluation.run_record import RunRecord
 from pwan_ros.io.trajectory import Trajectory
 
 __all__ = ['RunSummary', 'summarise_run', 'skipped_run', 'format_comparison', 'plot_comparison']
 
 #: the metrics every run reports (None where a run cannot measure one)
-RUN_KEYS = ('scans', 'scans_published', 'scans_pwan_engaged', 'scans_lost_track', 'ate_rmse_m', 'rpe_trans_m',
-            'rpe_rot_deg', 'rpe_trans_pct', 'rpe_rot_deg_per_m', 'median_latency_ms', 'max_latency_ms')
+RUN_KEYS = (
+    'scans',
+    'scans_published',
+    'scans_pwan_engaged',
+    'scans_lost_track',
+    'ate_rmse_m',
+    'rpe_trans_m',
+    'rpe_rot_deg',
+    'rpe_trans_pct',
+    'rpe_rot_deg_per_m',
+    'median_latency_ms',
+    'max_latency_ms',
+)
 
 
 @dataclass(frozen=True)
@@ -42,11 +60,19 @@ class RunSummary:
             return {'skipped': self.skipped}
         r, run = self.result, self.run
         pwan = len(run.pwan_stamps) if run.mode == 'replay' else None
-        return {'scans': run.scans, 'scans_published': run.scans_published, 'scans_pwan_engaged': pwan,
-                'scans_lost_track': int(len(self.losses)), 'ate_rmse_m': r.ate_rmse_m, 'rpe_trans_m': r.rpe_trans_m,
-                'rpe_rot_deg': r.rpe_rot_deg, 'rpe_trans_pct': r.rpe_trans_pct,
-                'rpe_rot_deg_per_m': r.rpe_rot_deg_per_m, 'median_latency_ms': run.median_latency_ms(),
-                'max_latency_ms': float(max(run.latencies_ms)) if run.latencies_ms else None}
+        return {
+            'scans': run.scans,
+            'scans_published': run.scans_published,
+            'scans_pwan_engaged': pwan,
+            'scans_lost_track': int(len(self.losses)),
+            'ate_rmse_m': r.ate_rmse_m,
+            'rpe_trans_m': r.rpe_trans_m,
+            'rpe_rot_deg': r.rpe_rot_deg,
+            'rpe_trans_pct': r.rpe_trans_pct,
+            'rpe_rot_deg_per_m': r.rpe_rot_deg_per_m,
+            'median_latency_ms': run.median_latency_ms(),
+            'max_latency_ms': float(max(run.latencies_ms)) if run.latencies_ms else None,
+        }
 
 
 def summarise_run(name: str, label: str, run: RunRecord, gt: Trajectory) -> RunSummary:
@@ -62,21 +88,38 @@ def skipped_run(name: str, label: str, why: str) -> RunSummary:
 def format_comparison(runs: list[RunSummary]) -> str:
     """The side-by-side table (one row per run)."""
     fmt = format_optional
-    head = ('run', 'answered', 'PWAN engaged', 'lost track', 'ATE RMSE [m]', 'RPE [%]', 'RPE [deg/m]',
-            'latency median / max [ms]')
+    head = (
+        'run',
+        'answered',
+        'PWAN engaged',
+        'lost track',
+        'ATE RMSE [m]',
+        'RPE [%]',
+        'RPE [deg/m]',
+        'latency median / max [ms]',
+    )
     rows = []
     for r in runs:
-        if r.skipped:                 # the reason spans the other columns
+        if r.skipped:  # the reason spans the other columns
             rows.append((r.label, f'skipped: {r.skipped}'))
             continue
         m = r.metrics()
-        rows.append((r.label, f"{m['scans']}/{m['scans_published']}", fmt(m['scans_pwan_engaged'], 'd'),
-                     str(m['scans_lost_track']), f"{m['ate_rmse_m']:.3f}", fmt(m['rpe_trans_pct'], '.2f'),
-                     fmt(m['rpe_rot_deg_per_m'], '.4f'),
-                     f"{fmt(m['median_latency_ms'], '.0f')} / {fmt(m['max_latency_ms'], '.0f')}"))
+        rows.append(
+            (
+                r.label,
+                f"{m['scans']}/{m['scans_published']}",
+                fmt(m['scans_pwan_engaged'], 'd'),
+                str(m['scans_lost_track']),
+                f"{m['ate_rmse_m']:.3f}",
+                fmt(m['rpe_trans_pct'], '.2f'),
+                fmt(m['rpe_rot_deg_per_m'], '.4f'),
+                f"{fmt(m['median_latency_ms'], '.0f')} / {fmt(m['max_latency_ms'], '.0f')}",
+            )
+        )
     full = [head] + [row for row in rows if len(row) == len(head)]
-    widths = [max(len(row[0]) for row in [head] + rows)] + [max(len(row[i]) for row in full)
-                                                              for i in range(1, len(head))]
+    widths = [max(len(row[0]) for row in [head] + rows)] + [
+        max(len(row[i]) for row in full) for i in range(1, len(head))
+    ]
     line = lambda row: '  '.join(f'{str(v):<{w}}' for v, w in zip(row, widths)).rstrip()  # noqa: E731
     return '\n'.join([line(head), line(['-' * w for w in widths])] + [line(r) for r in rows])
 
@@ -88,12 +131,15 @@ def _at(traj: Trajectory, stamps) -> np.ndarray:
     return np.clip(np.searchsorted(traj.stamps, np.asarray(stamps) - 1e-6), 0, len(traj) - 1)
 
 
-def plot_comparison(runs: list[RunSummary], gt: Trajectory, path, events=(), title: str = '') -> pathlib.Path:
+def plot_comparison(
+    runs: list[RunSummary], gt: Trajectory, path, events=(), title: str = ''
+) -> pathlib.Path:
     """PNG: top view of the ground truth and every run and the position error of every run over
     time, both aligned at the first pose; triangles: scans where PWAN engaged; crosses: scans
     that lost track; shaded: ``events`` [(label, t0, t1)] in seconds from the first ground-truth
     pose."""
     import matplotlib
+
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
@@ -104,8 +150,16 @@ def plot_comparison(runs: list[RunSummary], gt: Trajectory, path, events=(), tit
     t_start = gt.stamps[0]
     for (label, t0, t1), shade in zip(events, ('0.85', '0.75', '0.9', '0.8')):
         ax1.axvspan(t0, max(t1, t0 + 0.05), color=shade, alpha=0.6)
-        ax1.text(t0, 0.02, label, transform=ax1.get_xaxis_transform(), rotation=90, va='bottom', ha='right',
-                 fontsize=8)
+        ax1.text(
+            t0,
+            0.02,
+            label,
+            transform=ax1.get_xaxis_transform(),
+            rotation=90,
+            va='bottom',
+            ha='right',
+            fontsize=8,
+        )
         k = _at(gt, [t_start + t0])
         ax0.annotate(label, g[k[0], :2], fontsize=8, xytext=(4, -10), textcoords='offset points')
     for r, colour in zip([r for r in runs if not r.skipped], colours):
@@ -117,7 +171,9 @@ def plot_comparison(runs: list[RunSummary], gt: Trajectory, path, events=(), tit
         err = np.linalg.norm(e - g_r[:, :3, 3], axis=1)
         ax0.plot(e[:, 0], e[:, 1], '-', color=colour, lw=1.3, label=r.label)
         t = r.result.gt.stamps - t_start
-        ax1.plot(t, err, '-', color=colour, lw=1.3, label=f'{r.label} (ATE {r.result.ate_rmse_m:.3f} m)')
+        ax1.plot(
+            t, err, '-', color=colour, lw=1.3, label=f'{r.label} (ATE {r.result.ate_rmse_m:.3f} m)'
+        )
         lost = _at(r.result.gt, r.losses)
         ax0.plot(e[lost, 0], e[lost, 1], 'x', color=colour, ms=8, mew=2)
         ax1.plot(t[lost], err[lost], 'x', color=colour, ms=8, mew=2)

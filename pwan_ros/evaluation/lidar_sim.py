@@ -17,6 +17,7 @@ the LiDAR sits at the base_link origin, so clouds are in ``base_link`` (metres).
 
 CLI: ``pwan_sim --output BAG_DIR [--scans 80 --rate-hz 10 ...]`` (flags = SimConfig fields).
 """
+
 from __future__ import annotations
 
 import pathlib
@@ -30,8 +31,16 @@ from pwan_ros.io import bags as bag_io
 from pwan_ros.io.pointcloud2 import create_cloud
 from pwan_ros.params import check, param
 
-__all__ = ['SimConfig', 'SimScan', 'SimResult', 'STRESS_EVENTS', 'stress_event', 'ground_truth_pose', 'simulate',
-           'write_sim_bag']
+__all__ = [
+    'SimConfig',
+    'SimScan',
+    'SimResult',
+    'STRESS_EVENTS',
+    'stress_event',
+    'ground_truth_pose',
+    'simulate',
+    'write_sim_bag',
+]
 
 EXTRAS_DTYPE = np.dtype([('intensity', np.float32), ('ring', np.uint16)])
 #: the extra fields of a ``sweep`` scan: + per-point time (ns since the header stamp)
@@ -60,36 +69,56 @@ class SimConfig:
     rate_hz: float = param(10.0, 'scan rate (Hz)', 0.0, 1000.0, low_open=True)
     beams: int = param(24, 'vertical channels of the simulated LiDAR', 1, 1024)
     azimuth_steps: int = param(720, 'rays per channel and revolution', 1, 100_000)
-    fov_up_deg: float = param(12.0, 'upper edge of the vertical field of view (degrees)', -90.0, 90.0,
-                              low_open=True)
-    fov_down_deg: float = param(-22.0, 'lower edge of the vertical field of view (degrees; below fov_up_deg)',
-                                -90.0, 90.0, high_open=True)
-    max_range: float = param(60.0, 'maximum range (m); returns beyond are dropped', 0.0, 10_000.0, low_open=True)
+    fov_up_deg: float = param(
+        12.0, 'upper edge of the vertical field of view (degrees)', -90.0, 90.0, low_open=True
+    )
+    fov_down_deg: float = param(
+        -22.0,
+        'lower edge of the vertical field of view (degrees; below fov_up_deg)',
+        -90.0,
+        90.0,
+        high_open=True,
+    )
+    max_range: float = param(
+        60.0, 'maximum range (m); returns beyond are dropped', 0.0, 10_000.0, low_open=True
+    )
     range_noise: float = param(0.02, 'standard deviation of Gaussian range noise (m)', 0.0, 100.0)
     dropout: float = param(0.05, 'fraction of returns dropped at random', 0.0, 1.0, high_open=True)
-    outliers: float = param(0.01, 'spurious points as a fraction of returns', 0.0, 1.0, high_open=True)
+    outliers: float = param(
+        0.01, 'spurious points as a fraction of returns', 0.0, 1.0, high_open=True
+    )
     moving_objects: int = param(4, 'pedestrians and cars moving through the scene', 0, 1000)
     speed: float = param(3.0, 'sensor speed along the path (m/s)', 0.0, 1000.0, low_open=True)
     seed: int = param(0, 'random seed of scene, noise and objects', 0, 2**32 - 1)
     start_time: float = param(1.7e9, 'stamp of the first scan (s since the epoch)', 0.0)
-    clock_hz: float = param(100.0, '/clock messages per second of bag time', 0.0, 100_000.0, low_open=True)
+    clock_hz: float = param(
+        100.0, '/clock messages per second of bag time', 0.0, 100_000.0, low_open=True
+    )
     frame_id: str = param('base_link', 'frame of the clouds (the sensor, REP-105 base_link)')
     world_frame: str = param('world', 'parent frame of the ground truth poses')
     points_topic: str = param('/points', 'topic of the clouds (sensor_msgs/PointCloud2)')
     gt_topic: str = param('/ground_truth', 'topic of the ground truth (nav_msgs/Odometry)')
-    sweep: bool = param(False, 'the sensor moves during each revolution (in SWEEP_SECTORS steps) and every '
-                               "point carries its time in a 't' field (uint32 ns since the header stamp, the Ouster "
-                               'convention): the distortion deskewing removes')
-    stress: bool = param(False, 'add the stress events of a real drive (see STRESS_EVENTS): a burst of spurious '
-                                'returns, a sensor blackout during a fast turn, a glitch scan with far points')
+    sweep: bool = param(
+        False,
+        'the sensor moves during each revolution (in SWEEP_SECTORS steps) and every '
+        "point carries its time in a 't' field (uint32 ns since the header stamp, the Ouster "
+        'convention): the distortion deskewing removes',
+    )
+    stress: bool = param(
+        False,
+        'add the stress events of a real drive (see STRESS_EVENTS): a burst of spurious '
+        'returns, a sensor blackout during a fast turn, a glitch scan with far points',
+    )
 
     def __post_init__(self):
         check(self)
         if not self.fov_down_deg < self.fov_up_deg:
             raise ValueError('--fov-down-deg must be below --fov-up-deg')
         if self.stress and self.scans / self.rate_hz < 4.0:
-            raise ValueError(f'--stress needs a drive of at least 4 s to keep its events apart '
-                             f'({int(np.ceil(4.0 * self.rate_hz))} scans at {self.rate_hz:g} Hz)')
+            raise ValueError(
+                f'--stress needs a drive of at least 4 s to keep its events apart '
+                f'({int(np.ceil(4.0 * self.rate_hz))} scans at {self.rate_hz:g} Hz)'
+            )
 
 
 @dataclass(frozen=True)
@@ -110,8 +139,10 @@ def stress_event(k: int, cfg: SimConfig) -> tuple[str, bool]:
     """(event, blackout) of scan ``k`` (see STRESS_EVENTS); ('', False) without ``cfg.stress``."""
     if not cfg.stress:
         return '', False
-    centre = round(STRESS_EVENTS['turn'] * cfg.scans)          # the scan at the middle of the turn
-    blackout = abs(k - centre) < round(0.5 * TURN_S * cfg.rate_hz)  # TURN_S from the last scan before to the next
+    centre = round(STRESS_EVENTS['turn'] * cfg.scans)  # the scan at the middle of the turn
+    blackout = abs(k - centre) < round(
+        0.5 * TURN_S * cfg.rate_hz
+    )  # TURN_S from the last scan before to the next
     burst0 = int(round(STRESS_EVENTS['burst'] * cfg.scans))
     if burst0 <= k < burst0 + BURST_SCANS:
         return 'burst', blackout
@@ -151,10 +182,21 @@ def _path(s: np.ndarray, cfg: SimConfig):
 
 
 def _rot(roll, pitch, yaw) -> np.ndarray:
-    cr, sr, cp, sp, cy, sy = np.cos(roll), np.sin(roll), np.cos(pitch), np.sin(pitch), np.cos(yaw), np.sin(yaw)
-    return np.array([[cy * cp, cy * sp * sr - sy * cr, cy * sp * cr + sy * sr],
-                     [sy * cp, sy * sp * sr + cy * cr, sy * sp * cr - cy * sr],
-                     [-sp, cp * sr, cp * cr]])
+    cr, sr, cp, sp, cy, sy = (
+        np.cos(roll),
+        np.sin(roll),
+        np.cos(pitch),
+        np.sin(pitch),
+        np.cos(yaw),
+        np.sin(yaw),
+    )
+    return np.array(
+        [
+            [cy * cp, cy * sp * sr - sy * cr, cy * sp * cr + sy * sr],
+            [sy * cp, sy * sp * sr + cy * cr, sy * sp * cr - cy * sr],
+            [-sp, cp * sr, cp * cr],
+        ]
+    )
 
 
 def ground_truth_pose(s: float, cfg: SimConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -165,14 +207,19 @@ def ground_truth_pose(s: float, cfg: SimConfig) -> tuple[np.ndarray, np.ndarray,
 
     def attitude(t):
         d = (_path(np.array(t + h), cfg) - _path(np.array(t - h), cfg)) / (2 * h)
-        return _rot(0.02 * np.sin(2 * np.pi * t / 3.1), 0.015 * np.sin(2 * np.pi * t / 4.3),
-                    np.arctan2(d[1], d[0]) + _turn_yaw(t, cfg))
+        return _rot(
+            0.02 * np.sin(2 * np.pi * t / 3.1),
+            0.015 * np.sin(2 * np.pi * t / 4.3),
+            np.arctan2(d[1], d[0]) + _turn_yaw(t, cfg),
+        )
 
     rot = attitude(s)
     pose = np.eye(4)
     pose[:3, :3], pose[:3, 3] = rot, p1
     dr = attitude(s + h) @ attitude(s - h).T  # world-frame rotation over 2h
-    omega_world = np.array([dr[2, 1] - dr[1, 2], dr[0, 2] - dr[2, 0], dr[1, 0] - dr[0, 1]]) / (4 * h)
+    omega_world = np.array([dr[2, 1] - dr[1, 2], dr[0, 2] - dr[2, 0], dr[1, 0] - dr[0, 1]]) / (
+        4 * h
+    )
     return pose, rot.T @ vel, rot.T @ omega_world
 
 
@@ -198,8 +245,16 @@ def _static_meshes(o3d, cfg: SimConfig, rng: np.random.Generator):
             depth = rng.uniform(6.0, 12.0)
             setback = rng.uniform(11.0, 15.0)
             height = rng.uniform(5.0, 15.0)
-            items.append((_box(o3d, (length, depth, height),
-                               (x + length / 2, side * (setback + depth / 2), height / 2)), rng.uniform(0.4, 0.8)))
+            items.append(
+                (
+                    _box(
+                        o3d,
+                        (length, depth, height),
+                        (x + length / 2, side * (setback + depth / 2), height / 2),
+                    ),
+                    rng.uniform(0.4, 0.8),
+                )
+            )
             x += length + rng.uniform(2.0, 6.0)
     for _ in range(int(half / 2.5)):  # poles along both kerbs
         x, side = rng.uniform(-half, half), rng.choice([-1, 1])
@@ -209,8 +264,17 @@ def _static_meshes(o3d, cfg: SimConfig, rng: np.random.Generator):
     for _ in range(int(half / 4.0)):  # parked cars / boxes
         x, side = rng.uniform(-half, half), rng.choice([-1, 1])
         size = (rng.uniform(1.0, 4.5), rng.uniform(1.0, 2.0), rng.uniform(0.8, 1.8))
-        items.append((_box(o3d, size, (x, side * rng.uniform(7.0, 10.0), size[2] / 2), rng.uniform(-0.3, 0.3)),
-                      rng.uniform(0.3, 1.0)))
+        items.append(
+            (
+                _box(
+                    o3d,
+                    size,
+                    (x, side * rng.uniform(7.0, 10.0), size[2] / 2),
+                    rng.uniform(-0.3, 0.3),
+                ),
+                rng.uniform(0.3, 1.0),
+            )
+        )
     return items
 
 
@@ -223,7 +287,10 @@ def _movers(cfg: SimConfig, rng: np.random.Generator):
             size, vel = (4.2, 1.8, 1.5), (-rng.uniform(4.0, 8.0), 0.0)
             start = (rng.uniform(0.0, half + 20.0), -rng.uniform(3.5, 4.5))
         else:  # pedestrian crossing
-            size, vel = (0.5, 0.5, 1.75), (rng.uniform(-0.5, 0.5), rng.choice([-1, 1]) * rng.uniform(1.0, 1.6))
+            size, vel = (
+                (0.5, 0.5, 1.75),
+                (rng.uniform(-0.5, 0.5), rng.choice([-1, 1]) * rng.uniform(1.0, 1.6)),
+            )
             start = (rng.uniform(-half, half), -np.sign(vel[1]) * 8.0)
         out.append((size, np.array(start), np.array(vel)))
     return out
@@ -234,7 +301,9 @@ def _ray_directions(cfg: SimConfig) -> tuple[np.ndarray, np.ndarray]:
     elev = np.deg2rad(np.linspace(cfg.fov_down_deg, cfg.fov_up_deg, cfg.beams))
     azim = np.linspace(-np.pi, np.pi, cfg.azimuth_steps, endpoint=False)
     e, a = np.meshgrid(elev, azim, indexing='ij')
-    dirs = np.stack([np.cos(e) * np.cos(a), np.cos(e) * np.sin(a), np.sin(e)], axis=-1).reshape(-1, 3)
+    dirs = np.stack([np.cos(e) * np.cos(a), np.cos(e) * np.sin(a), np.sin(e)], axis=-1).reshape(
+        -1, 3
+    )
     ring = np.repeat(np.arange(cfg.beams, dtype=np.uint16), cfg.azimuth_steps)
     return dirs, ring
 
@@ -244,7 +313,9 @@ def simulate(cfg: SimConfig) -> Iterator[SimScan]:
     import open3d as o3d
 
     rng = np.random.default_rng(cfg.seed)
-    static = [(o3d.t.geometry.TriangleMesh.from_legacy(m), r) for m, r in _static_meshes(o3d, cfg, rng)]
+    static = [
+        (o3d.t.geometry.TriangleMesh.from_legacy(m), r) for m, r in _static_meshes(o3d, cfg, rng)
+    ]
     movers = _movers(cfg, rng)
     dirs, ring = _ray_directions(cfg)
     # sweep: the sector (0..SWEEP_SECTORS-1) of every ray, in firing (azimuth) order
@@ -263,9 +334,11 @@ def simulate(cfg: SimConfig) -> Iterator[SimScan]:
             scene.add_triangles(o3d.t.geometry.TriangleMesh.from_legacy(mesh))
             refl.append(0.6)
         pose, _, _ = ground_truth_pose(s, cfg)
-        if cfg.sweep:      # each sector from the pose of its instant within the revolution
-            sector_poses = [ground_truth_pose(s + j / (SWEEP_SECTORS * cfg.rate_hz), cfg)[0]
-                            for j in range(SWEEP_SECTORS)]
+        if cfg.sweep:  # each sector from the pose of its instant within the revolution
+            sector_poses = [
+                ground_truth_pose(s + j / (SWEEP_SECTORS * cfg.rate_hz), cfg)[0]
+                for j in range(SWEEP_SECTORS)
+            ]
             rot = np.stack([p[:3, :3] for p in sector_poses])[sector]
             world_dirs = np.einsum('nij,nj->ni', rot, dirs)
             origins = np.stack([p[:3, 3] for p in sector_poses])[sector]
@@ -277,7 +350,11 @@ def simulate(cfg: SimConfig) -> Iterator[SimScan]:
         rng_m = hit['t_hit'].numpy().astype(np.float64)
         geom = hit['geometry_ids'].numpy()
         normals = hit['primitive_normals'].numpy()
-        keep = np.isfinite(rng_m) & (rng_m < cfg.max_range) & (rng.random(rng_m.shape[0]) >= cfg.dropout)
+        keep = (
+            np.isfinite(rng_m)
+            & (rng_m < cfg.max_range)
+            & (rng.random(rng_m.shape[0]) >= cfg.dropout)
+        )
         r = rng_m[keep] + rng.normal(0.0, cfg.range_noise, keep.sum())
         xyz = dirs[keep] * r[:, None]
         cos_inc = np.abs(np.einsum('ij,ij->i', normals[keep], world_dirs[keep]))
@@ -285,7 +362,9 @@ def simulate(cfg: SimConfig) -> Iterator[SimScan]:
         extras = np.empty(xyz.shape[0], dtype=extras_dtype)
         extras['intensity'], extras['ring'] = intensity, ring[keep]
         if cfg.sweep:
-            extras['t'] = np.round(sector[keep] * (1e9 / (SWEEP_SECTORS * cfg.rate_hz))).astype(np.uint32)
+            extras['t'] = np.round(sector[keep] * (1e9 / (SWEEP_SECTORS * cfg.rate_hz))).astype(
+                np.uint32
+            )
         event, blackout = stress_event(k, cfg)
         fraction = rng.uniform(0.5, 1.0) if event == 'burst' else cfg.outliers
         n_out = int(round(fraction * xyz.shape[0]))
@@ -303,8 +382,14 @@ def simulate(cfg: SimConfig) -> Iterator[SimScan]:
                 out_ex['t'] = rng.integers(0, int(1e9 / cfg.rate_hz), n_out)
             xyz, extras = np.vstack([xyz, out_xyz]), np.concatenate([extras, out_ex])
         stamp_ns = int(round(cfg.start_time * 1e9)) + int(round(s * 1e9))
-        yield SimScan(stamp_ns=stamp_ns, xyz=xyz.astype(np.float32), extras=extras, pose=pose, event=event,
-                      blackout=blackout)
+        yield SimScan(
+            stamp_ns=stamp_ns,
+            xyz=xyz.astype(np.float32),
+            extras=extras,
+            pose=pose,
+            event=event,
+            blackout=blackout,
+        )
 
 
 def write_sim_bag(path, cfg: SimConfig = SimConfig(), storage: str = 'mcap') -> SimResult:
@@ -324,17 +409,34 @@ def write_sim_bag(path, cfg: SimConfig = SimConfig(), storage: str = 'mcap') -> 
                 next_clock += clock_step
             s = (scan.stamp_ns - start_ns) * 1e-9
             _, lin, ang = ground_truth_pose(s, cfg)
-            writer.write(cfg.gt_topic, scan.stamp_ns,
-                         bag_io.odometry(scan.stamp_ns, scan.pose, cfg.world_frame, cfg.frame_id, lin, ang))
+            writer.write(
+                cfg.gt_topic,
+                scan.stamp_ns,
+                bag_io.odometry(scan.stamp_ns, scan.pose, cfg.world_frame, cfg.frame_id, lin, ang),
+            )
             positions.append(scan.pose[:3, 3])
             if scan.blackout:
                 continue
-            msg = create_cloud(bag_io.header(scan.stamp_ns, cfg.frame_id), scan.xyz, scan.extras, msg_cls=cloud_cls)
+            msg = create_cloud(
+                bag_io.header(scan.stamp_ns, cfg.frame_id),
+                scan.xyz,
+                scan.extras,
+                msg_cls=cloud_cls,
+            )
             writer.write(cfg.points_topic, scan.stamp_ns, msg)
             n_points.append(scan.xyz.shape[0])
         while next_clock <= end_ns:
             writer.write('/clock', next_clock, bag_io.clock(next_clock))
             next_clock += clock_step
-    length = float(np.linalg.norm(np.diff(np.array(positions), axis=0), axis=1).sum()) if len(positions) > 1 else 0.0
-    return SimResult(bag=pathlib.Path(path), scans=len(n_points), mean_points=float(np.mean(n_points)),
-                     path_length_m=length, seconds=time.perf_counter() - t0)
+    length = (
+        float(np.linalg.norm(np.diff(np.array(positions), axis=0), axis=1).sum())
+        if len(positions) > 1
+        else 0.0
+    )
+    return SimResult(
+        bag=pathlib.Path(path),
+        scans=len(n_points),
+        mean_points=float(np.mean(n_points)),
+        path_length_m=length,
+        seconds=time.perf_counter() - t0,
+    )

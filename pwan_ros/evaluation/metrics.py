@@ -22,6 +22,7 @@ CLI (writes ``summary.json``, ``trajectory_est.tum``, ``trajectory.png`` into ``
     pwan_evaluate --offline --bag BAG [BAG ...] [--estimator icp|module:factory]
     options: --topic /points --gt-topic /ground_truth --frame base_link --align se3 --json
 """
+
 from __future__ import annotations
 
 import json
@@ -37,11 +38,28 @@ from pwan_ros.evaluation.run_record import RunRecord
 from pwan_ros.io.trajectory import Trajectory, TrajectoryError, read_pose_file, write_tum
 from pwan_ros.params import check, param
 
-__all__ = ['EvalConfig', 'EvalResult', 'EvaluationError', 'evaluate', 'load_ground_truth',
-           'make_summary', 'write_outputs', 'format_table', 'track_losses', 'SUMMARY_KEYS']
+__all__ = [
+    'EvalConfig',
+    'EvalResult',
+    'EvaluationError',
+    'evaluate',
+    'load_ground_truth',
+    'make_summary',
+    'write_outputs',
+    'format_table',
+    'track_losses',
+    'SUMMARY_KEYS',
+]
 
 #: Keys every summary.json has (values may be null when not measurable, e.g. latency of a pose file).
-SUMMARY_KEYS = ('scans', 'scans_dropped', 'median_latency_ms', 'ate_rmse_m', 'rpe_trans_pct', 'rpe_rot_deg_per_m')
+SUMMARY_KEYS = (
+    'scans',
+    'scans_dropped',
+    'median_latency_ms',
+    'ate_rmse_m',
+    'rpe_trans_pct',
+    'rpe_rot_deg_per_m',
+)
 ALIGN_MODES = ('se3', 'origin', 'none')
 
 
@@ -53,8 +71,12 @@ class EvaluationError(RuntimeError):
 class EvalConfig:
     """Evaluation options (CLI flags: same names with dashes)."""
 
-    align: str = param('se3', 'alignment of the estimate to the ground truth before ATE: se3 (Umeyama), origin '
-                       '(first poses), none', choices=ALIGN_MODES)
+    align: str = param(
+        'se3',
+        'alignment of the estimate to the ground truth before ATE: se3 (Umeyama), origin '
+        '(first poses), none',
+        choices=ALIGN_MODES,
+    )
     max_dt: float = param(0.01, 'stamp association tolerance (s)', 0.0, 10.0, low_open=True)
     rpe_lengths: tuple = param((), 'RPE segment lengths (m); empty = automatic (see module doc)')
 
@@ -84,14 +106,15 @@ class EvalResult:
     rpe_lengths_m: tuple
     rpe_pairs: int
     align: str
-    gt: Trajectory            # associated ground truth
-    est_aligned: Trajectory   # associated estimate after alignment
-    ate_errors: np.ndarray    # (matched,) metres
+    gt: Trajectory  # associated ground truth
+    est_aligned: Trajectory  # associated estimate after alignment
+    ate_errors: np.ndarray  # (matched,) metres
 
     def metrics(self) -> dict:
         """The scalar metrics as a JSON-ready dict."""
-        return {k: v for k, v in asdict(self).items() if k not in ('gt', 'est_aligned', 'ate_errors')} | {
-            'rpe_lengths_m': list(self.rpe_lengths_m)}
+        return {
+            k: v for k, v in asdict(self).items() if k not in ('gt', 'est_aligned', 'ate_errors')
+        } | {'rpe_lengths_m': list(self.rpe_lengths_m)}
 
 
 #: a scan whose motion since the previous answered scan is off by more than either bound lost track
@@ -99,19 +122,24 @@ LOST_TRANS_M = 0.25
 LOST_ROT_DEG = 2.5
 
 
-def track_losses(result: EvalResult, trans_m: float = LOST_TRANS_M, rot_deg: float = LOST_ROT_DEG) -> np.ndarray:
+def track_losses(
+    result: EvalResult, trans_m: float = LOST_TRANS_M, rot_deg: float = LOST_ROT_DEG
+) -> np.ndarray:
     """Stamps (s) of the matched poses whose relative motion since the previous matched pose is
     off by more than ``trans_m`` metres or ``rot_deg`` degrees: where the estimate lost track (a
     rejected scan that holds the last pose during motion counts too)."""
     n = result.matched
     if n < 2:
         return np.zeros(0)
-    t_err, r_err = _relative_errors(result.gt.poses, result.est_aligned.poses, [(k, k + 1) for k in range(n - 1)])
+    t_err, r_err = _relative_errors(
+        result.gt.poses, result.est_aligned.poses, [(k, k + 1) for k in range(n - 1)]
+    )
     return result.gt.stamps[1:][(t_err > trans_m) | (r_err > rot_deg)]
 
 
 def _evo(traj: Trajectory):
     from evo.core.trajectory import PoseTrajectory3D
+
     return PoseTrajectory3D(poses_se3=list(traj.poses), timestamps=traj.stamps.copy())
 
 
@@ -164,16 +192,21 @@ def evaluate(est: Trajectory, gt: Trajectory, cfg: EvalConfig = EvalConfig()) ->
 
     logging.getLogger('evo').setLevel(logging.WARNING)
     if len(est) < 2 or len(gt) < 2:
-        raise EvaluationError(f'need at least 2 poses in each trajectory (estimate {len(est)}, ground truth {len(gt)})')
+        raise EvaluationError(
+            f'need at least 2 poses in each trajectory (estimate {len(est)}, ground truth {len(gt)})'
+        )
     try:
         ref_s, est_s = sync.associate_trajectories(_evo(gt), _evo(est), max_diff=cfg.max_dt)
     except sync.SyncException as exc:
         raise EvaluationError(
             f'no estimated pose has a ground-truth pose within {cfg.max_dt} s (estimate '
             f'{est.stamps[0]:.3f}..{est.stamps[-1]:.3f} s, ground truth {gt.stamps[0]:.3f}..'
-            f'{gt.stamps[-1]:.3f} s); check --gt-topic/--gt-file and the stamps') from exc
+            f'{gt.stamps[-1]:.3f} s); check --gt-topic/--gt-file and the stamps'
+        ) from exc
     if ref_s.num_poses < 2:
-        raise EvaluationError(f'only {ref_s.num_poses} pose matched the ground truth within {cfg.max_dt} s')
+        raise EvaluationError(
+            f'only {ref_s.num_poses} pose matched the ground truth within {cfg.max_dt} s'
+        )
     gt_poses = np.array(ref_s.poses_se3)
     est_poses = np.array(est_s.poses_se3)
     aligned_poses = align_poses(est_poses, gt_poses, cfg.align)
@@ -184,7 +217,9 @@ def evaluate(est: Trajectory, gt: Trajectory, cfg: EvalConfig = EvalConfig()) ->
     gt_traj = Trajectory(ref_s.timestamps, gt_poses)
     path = gt_traj.path_length()
     lengths = cfg.rpe_lengths or _auto_lengths(path)
-    dist = np.concatenate([[0.0], np.cumsum(np.linalg.norm(np.diff(gt_poses[:, :3, 3], axis=0), axis=1))])
+    dist = np.concatenate(
+        [[0.0], np.cumsum(np.linalg.norm(np.diff(gt_poses[:, :3, 3], axis=0), axis=1))]
+    )
     pct, deg_per_m = [], []
     for length in lengths:
         pairs = filter_pairs_by_path(list(gt_poses), length, 0.1 * length, all_pairs=True)
@@ -195,18 +230,33 @@ def evaluate(est: Trajectory, gt: Trajectory, cfg: EvalConfig = EvalConfig()) ->
         pct.extend(100.0 * te / seg)
         deg_per_m.extend(re / seg)
     return EvalResult(
-        matched=int(ref_s.num_poses), path_length_m=path, duration_s=float(gt_traj.stamps[-1] - gt_traj.stamps[0]),
-        ate_rmse_m=float(np.sqrt(np.mean(ate ** 2))), ate_mean_m=float(np.mean(ate)),
-        ate_median_m=float(np.median(ate)), ate_max_m=float(np.max(ate)),
-        rpe_trans_m=float(np.sqrt(np.mean(t_err ** 2))), rpe_rot_deg=float(np.sqrt(np.mean(r_err ** 2))),
+        matched=int(ref_s.num_poses),
+        path_length_m=path,
+        duration_s=float(gt_traj.stamps[-1] - gt_traj.stamps[0]),
+        ate_rmse_m=float(np.sqrt(np.mean(ate**2))),
+        ate_mean_m=float(np.mean(ate)),
+        ate_median_m=float(np.median(ate)),
+        ate_max_m=float(np.max(ate)),
+        rpe_trans_m=float(np.sqrt(np.mean(t_err**2))),
+        rpe_rot_deg=float(np.sqrt(np.mean(r_err**2))),
         rpe_trans_pct=float(np.mean(pct)) if pct else None,
         rpe_rot_deg_per_m=float(np.mean(deg_per_m)) if deg_per_m else None,
-        rpe_lengths_m=tuple(lengths), rpe_pairs=len(pct), align=cfg.align, gt=gt_traj,
-        est_aligned=Trajectory(ref_s.timestamps, aligned_poses), ate_errors=ate)
+        rpe_lengths_m=tuple(lengths),
+        rpe_pairs=len(pct),
+        align=cfg.align,
+        gt=gt_traj,
+        est_aligned=Trajectory(ref_s.timestamps, aligned_poses),
+        ate_errors=ate,
+    )
 
 
-def load_ground_truth(bag=None, gt_topic: str = '/ground_truth', gt_file=None, frame: str | None = None,
-                      parent: str | None = None) -> tuple[Trajectory, str]:
+def load_ground_truth(
+    bag=None,
+    gt_topic: str = '/ground_truth',
+    gt_file=None,
+    frame: str | None = None,
+    parent: str | None = None,
+) -> tuple[Trajectory, str]:
     """(ground truth, description) from a pose file (TUM/KITTI/4x4 blocks) or a bag topic."""
     if gt_file:
         try:
@@ -230,9 +280,17 @@ def make_summary(result: EvalResult, run: RunRecord | None = None, **extra) -> d
     }
     out.update(result.metrics())
     if run is not None:
-        out.update({'scans_published': run.scans_published, 'median_node_latency_ms': run.median_node_latency_ms(),
-                    'node_scans_dropped': run.node_scans_dropped, 'mode': run.mode, 'run_wall_s': run.wall_s,
-                    'bag': run.bag, 'topic': run.topic})
+        out.update(
+            {
+                'scans_published': run.scans_published,
+                'median_node_latency_ms': run.median_node_latency_ms(),
+                'node_scans_dropped': run.node_scans_dropped,
+                'mode': run.mode,
+                'run_wall_s': run.wall_s,
+                'bag': run.bag,
+                'topic': run.topic,
+            }
+        )
     out.update(extra)
     return out
 
@@ -240,6 +298,7 @@ def make_summary(result: EvalResult, run: RunRecord | None = None, **extra) -> d
 def plot(result: EvalResult, path, title: str = '') -> pathlib.Path:
     """PNG: top view (x, y) of ground truth and aligned estimate; ATE and per-frame RPE over time."""
     import matplotlib
+
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
@@ -270,6 +329,7 @@ def plot(result: EvalResult, path, title: str = '') -> pathlib.Path:
 def save_figure(fig, path, title: str = '') -> pathlib.Path:
     """Lay out ``fig`` (with ``title``), write it as a PNG atomically to ``path`` and close it."""
     import matplotlib.pyplot as plt
+
     if title:
         fig.suptitle(title)
     fig.tight_layout()
@@ -282,8 +342,14 @@ def save_figure(fig, path, title: str = '') -> pathlib.Path:
     return path
 
 
-def write_outputs(output, result: EvalResult, est: Trajectory, run: RunRecord | None = None,
-                  title: str = '', **extra) -> tuple[dict, pathlib.Path]:
+def write_outputs(
+    output,
+    result: EvalResult,
+    est: Trajectory,
+    run: RunRecord | None = None,
+    title: str = '',
+    **extra,
+) -> tuple[dict, pathlib.Path]:
     """Write trajectory_est.tum, trajectory.png and summary.json into ``output``; (summary, json path)."""
     output = pathlib.Path(output)
     tum = write_tum(output / 'trajectory_est.tum', est)
@@ -303,12 +369,24 @@ def format_table(summary: dict) -> str:
     """A short human-readable table of a summary."""
     fmt = format_optional
     rows = [
-        ('scans (answered / dropped)', f"{summary['scans']} / {fmt(summary['scans_dropped'], 'd')}"),
+        (
+            'scans (answered / dropped)',
+            f"{summary['scans']} / {fmt(summary['scans_dropped'], 'd')}",
+        ),
         ('median latency', f"{fmt(summary['median_latency_ms'], '.1f')} ms"),
-        ('ATE RMSE', f"{summary['ate_rmse_m']:.3f} m  (align {summary['align']}, {summary['matched']} poses)"),
-        ('RPE per frame', f"{fmt(summary['rpe_trans_m'], '.3f')} m, {fmt(summary['rpe_rot_deg'], '.3f')} deg"),
-        ('RPE drift', f"{fmt(summary['rpe_trans_pct'], '.2f')} %, {fmt(summary['rpe_rot_deg_per_m'], '.4f')} deg/m "
-                      f"(lengths {', '.join(f'{v:g}' for v in summary['rpe_lengths_m'])} m)"),
+        (
+            'ATE RMSE',
+            f"{summary['ate_rmse_m']:.3f} m  (align {summary['align']}, {summary['matched']} poses)",
+        ),
+        (
+            'RPE per frame',
+            f"{fmt(summary['rpe_trans_m'], '.3f')} m, {fmt(summary['rpe_rot_deg'], '.3f')} deg",
+        ),
+        (
+            'RPE drift',
+            f"{fmt(summary['rpe_trans_pct'], '.2f')} %, {fmt(summary['rpe_rot_deg_per_m'], '.4f')} deg/m "
+            f"(lengths {', '.join(f'{v:g}' for v in summary['rpe_lengths_m'])} m)",
+        ),
         ('path', f"{summary['path_length_m']:.1f} m in {summary['duration_s']:.1f} s"),
     ]
     width = max(len(k) for k, _ in rows)

@@ -10,6 +10,7 @@ scan-to-scan ICP with a constant-velocity guess); ``'kiss_icp'`` is KISS-ICP's P
 (``pip install kiss-icp``, optional); ``'package.module:factory'`` imports ``factory`` and calls
 it without arguments to obtain the estimator.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -23,7 +24,14 @@ from pwan_ros.io.pointcloud2 import read_xyz
 from pwan_ros.evaluation.run_record import RunRecord
 from pwan_ros.io.trajectory import Trajectory
 
-__all__ = ['Estimator', 'IcpOdometry', 'KissIcpOdometry', 'kiss_icp_available', 'load_estimator', 'run_offline']
+__all__ = [
+    'Estimator',
+    'IcpOdometry',
+    'KissIcpOdometry',
+    'kiss_icp_available',
+    'load_estimator',
+    'run_offline',
+]
 
 Estimator = Callable[[np.ndarray, float], 'np.ndarray | None']
 
@@ -36,6 +44,7 @@ class IcpOdometry:
 
     def __init__(self, voxel: float = 0.4, max_corr: float = 1.0, iterations: int = 30):
         import open3d as o3d
+
         self._o3d = o3d
         self.voxel, self.max_corr, self.iterations = voxel, max_corr, iterations
         self._prev = None
@@ -54,9 +63,13 @@ class IcpOdometry:
         cur = self._cloud(xyz)
         if self._prev is not None:
             reg = o3d.pipelines.registration.registration_icp(
-                cur, self._prev, self.max_corr, self._motion,
+                cur,
+                self._prev,
+                self.max_corr,
+                self._motion,
                 o3d.pipelines.registration.TransformationEstimationPointToPlane(),
-                o3d.pipelines.registration.ICPConvergenceCriteria(max_iteration=self.iterations))
+                o3d.pipelines.registration.ICPConvergenceCriteria(max_iteration=self.iterations),
+            )
             self._motion = reg.transformation  # T_prev_cur
             self._pose = self._pose @ self._motion
         self._prev = cur
@@ -78,7 +91,7 @@ class KissIcpOdometry:
         cfg = KISSConfig()
         cfg.data.max_range = float(max_range)
         cfg.data.deskew = False
-        cfg.mapping.voxel_size = cfg.data.max_range / 100.0   # what KISS-ICP's own pipeline sets
+        cfg.mapping.voxel_size = cfg.data.max_range / 100.0  # what KISS-ICP's own pipeline sets
         self._odometry = KissICP(cfg)
 
     def __call__(self, xyz: np.ndarray, stamp: float) -> np.ndarray:
@@ -90,6 +103,7 @@ class KissIcpOdometry:
 def kiss_icp_available() -> bool:
     """Whether the optional ``kiss-icp`` package can be imported."""
     import importlib.util
+
     return importlib.util.find_spec('kiss_icp') is not None
 
 
@@ -104,7 +118,9 @@ def load_estimator(spec: str) -> Estimator:
             raise ValueError(str(exc)) from None
     module, sep, attr = spec.partition(':')
     if not sep or not module or not attr:
-        raise ValueError(f"--estimator must be 'icp', 'kiss_icp' or 'package.module:factory', got {spec!r}")
+        raise ValueError(
+            f"--estimator must be 'icp', 'kiss_icp' or 'package.module:factory', got {spec!r}"
+        )
     try:
         factory = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as exc:
@@ -112,7 +128,9 @@ def load_estimator(spec: str) -> Estimator:
     return factory()
 
 
-def run_offline(bag, estimate: Estimator, topic: str = '/points', max_scans: int | None = None) -> RunRecord:
+def run_offline(
+    bag, estimate: Estimator, topic: str = '/points', max_scans: int | None = None
+) -> RunRecord:
     """Run ``estimate`` on every scan of ``topic`` in ``bag`` (in order); latency = estimate() wall time."""
     stamps, poses, latencies = [], [], []
     published = 0
@@ -133,6 +151,15 @@ def run_offline(bag, estimate: Estimator, topic: str = '/points', max_scans: int
             raise ValueError(f'estimator returned shape {pose.shape}, expected (4, 4)')
         stamps.append(stamp)
         poses.append(pose)
-    est = Trajectory.from_unsorted(np.array(stamps, dtype=np.float64), np.array(poses).reshape(-1, 4, 4))
-    return RunRecord(estimate=est, scans_published=published, latencies_ms=latencies, mode='offline',
-                     wall_s=time.perf_counter() - t_start, bag=str(bag), topic=topic)
+    est = Trajectory.from_unsorted(
+        np.array(stamps, dtype=np.float64), np.array(poses).reshape(-1, 4, 4)
+    )
+    return RunRecord(
+        estimate=est,
+        scans_published=published,
+        latencies_ms=latencies,
+        mode='offline',
+        wall_s=time.perf_counter() - t_start,
+        bag=str(bag),
+        topic=topic,
+    )

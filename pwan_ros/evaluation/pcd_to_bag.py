@@ -11,6 +11,7 @@ file name as the 0-based pose index (``full26.pcd.gz`` -> pose 26, the BALM conv
 
     pwan_pcd2bag --scans DIR --poses POSES --output BAG [--pose-format auto|tum|kitti|blocks]
 """
+
 from __future__ import annotations
 
 import pathlib
@@ -34,18 +35,33 @@ class ConvertConfig:
     scans: str = param(REQUIRED, 'folder of .pcd / .pcd.gz files, one scan each')
     poses: str = param(REQUIRED, 'pose file (TUM, KITTI or blocks), T_world_sensor per scan')
     output: str = param(REQUIRED, 'rosbag2 directory to create (must not exist)')
-    pose_format: str = param('auto', 'format of the pose file; auto = detect', choices=('auto', 'tum', 'kitti', 'blocks'))
-    match: str = param('name-index', 'scan-to-pose pairing: the last number in the file name indexes the poses, '
-                       'or sorted order', choices=('name-index', 'order'))
+    pose_format: str = param(
+        'auto',
+        'format of the pose file; auto = detect',
+        choices=('auto', 'tum', 'kitti', 'blocks'),
+    )
+    match: str = param(
+        'name-index',
+        'scan-to-pose pairing: the last number in the file name indexes the poses, '
+        'or sorted order',
+        choices=('name-index', 'order'),
+    )
     pattern: str = param('*.pcd*', 'glob of scan files inside the scans folder')
-    rate_hz: float = param(10.0, 'scan rate for stamps when the pose file has none (KITTI; Hz)', 0.0, 1000.0,
-                           low_open=True)
+    rate_hz: float = param(
+        10.0,
+        'scan rate for stamps when the pose file has none (KITTI; Hz)',
+        0.0,
+        1000.0,
+        low_open=True,
+    )
     start_time: float = param(0.0, 'first stamp when rate_hz is used (s)', 0.0)
     frame_id: str = param('base_link', 'frame of the clouds (the sensor)')
     world_frame: str = param('world', 'parent frame of the ground truth poses')
     topic: str = param('/points', 'topic of the clouds (sensor_msgs/PointCloud2)')
     gt_topic: str = param('/ground_truth', 'topic of the ground truth (nav_msgs/Odometry)')
-    clock_hz: float = param(100.0, '/clock messages per second of bag time', 0.0, 100_000.0, low_open=True)
+    clock_hz: float = param(
+        100.0, '/clock messages per second of bag time', 0.0, 100_000.0, low_open=True
+    )
     storage: str = param('mcap', 'rosbag2 storage plugin', choices=('mcap', 'sqlite3'))
 
     def __post_init__(self):
@@ -94,7 +110,10 @@ def convert(cfg: ConvertConfig, log=print) -> ConvertResult:
         if bad:
             raise ValueError(f'{bad[0]}: pose index beyond the {len(traj)} poses in {cfg.poses}')
     store = bag_io.typestore()
-    cloud_cls, field_cls = store.types['sensor_msgs/msg/PointCloud2'], store.types['sensor_msgs/msg/PointField']
+    cloud_cls, field_cls = (
+        store.types['sensor_msgs/msg/PointCloud2'],
+        store.types['sensor_msgs/msg/PointField'],
+    )
     clock_step = int(round(1e9 / cfg.clock_hz))
     next_clock, n_points = None, []
     with bag_io.BagWriter(cfg.output, storage=cfg.storage) as writer:
@@ -106,15 +125,32 @@ def convert(cfg: ConvertConfig, log=print) -> ConvertResult:
                 writer.write('/clock', next_clock, bag_io.clock(next_clock))
                 next_clock += clock_step
             enc = read_pcd(path)
-            msg = cloud_cls(header=bag_io.header(stamp_ns, cfg.frame_id), height=enc.height, width=enc.width,
-                            fields=[field_cls(name=f.name, offset=f.offset, datatype=f.datatype, count=f.count)
-                                    for f in enc.fields],
-                            is_bigendian=False, point_step=enc.point_step, row_step=enc.row_step, data=enc.data,
-                            is_dense=enc.is_dense)
-            writer.write(cfg.gt_topic, stamp_ns, bag_io.odometry(stamp_ns, traj.poses[k], cfg.world_frame, cfg.frame_id))
+            msg = cloud_cls(
+                header=bag_io.header(stamp_ns, cfg.frame_id),
+                height=enc.height,
+                width=enc.width,
+                fields=[
+                    field_cls(name=f.name, offset=f.offset, datatype=f.datatype, count=f.count)
+                    for f in enc.fields
+                ],
+                is_bigendian=False,
+                point_step=enc.point_step,
+                row_step=enc.row_step,
+                data=enc.data,
+                is_dense=enc.is_dense,
+            )
+            writer.write(
+                cfg.gt_topic,
+                stamp_ns,
+                bag_io.odometry(stamp_ns, traj.poses[k], cfg.world_frame, cfg.frame_id),
+            )
             writer.write(cfg.topic, stamp_ns, msg)
             n_points.append(enc.width * enc.height)
             log(f'{path.name}: pose {k}, {n_points[-1]} points, stamp {stamp_ns * 1e-9:.3f}')
-    duration = (traj.stamps[pairs[-1][1]] - traj.stamps[pairs[0][1]])
-    return ConvertResult(bag=pathlib.Path(cfg.output), scans=len(pairs), mean_points=float(np.mean(n_points)),
-                         duration_s=float(duration))
+    duration = traj.stamps[pairs[-1][1]] - traj.stamps[pairs[0][1]]
+    return ConvertResult(
+        bag=pathlib.Path(cfg.output),
+        scans=len(pairs),
+        mean_points=float(np.mean(n_points)),
+        duration_s=float(duration),
+    )

@@ -21,6 +21,7 @@ CLI::
 
 On a ROS machine ``ros2 bag play BAG --clock`` plus any recorder does the same job.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -51,21 +52,40 @@ class ReplayConfig:
     topics: tuple = param((), 'bag topics to play; empty = all')
     points_topic: str = param('/points', 'the scan topic (scans counted, latency measured)')
     odom_topic: str = param('/odometry', "odometry topic to record; '' = record nothing")
-    diagnostics_topic: str = param('/diagnostics', "diagnostics topic to record; '' = ignore diagnostics")
+    diagnostics_topic: str = param(
+        '/diagnostics', "diagnostics topic to record; '' = ignore diagnostics"
+    )
     rate: float = param(1.0, 'playback speed factor', 0.0, 1000.0, low_open=True)
-    clock_hz: float = param(100.0, 'rate of the generated /clock (bag time), if the bag has none', 0.0, 100_000.0,
-                            low_open=True)
-    reliability: str = param('reliable', 'QoS reliability of the played topics (a LiDAR driver: best_effort)',
-                             choices=('reliable', 'best_effort'))
+    clock_hz: float = param(
+        100.0,
+        'rate of the generated /clock (bag time), if the bag has none',
+        0.0,
+        100_000.0,
+        low_open=True,
+    )
+    reliability: str = param(
+        'reliable',
+        'QoS reliability of the played topics (a LiDAR driver: best_effort)',
+        choices=('reliable', 'best_effort'),
+    )
     depth: int = param(10, 'QoS history depth of the played topics', 1, 100_000)
     remap: tuple = param((), "'FROM:=TO' topic renames for playing")
-    startup_timeout: float = param(60.0, "wait for the node's subscription and publisher (s)", 0.0, low_open=True)
-    drain_timeout: float = param(10.0, 'stop this long without new odometry after the end (s)', 0.0, low_open=True)
+    startup_timeout: float = param(
+        60.0, "wait for the node's subscription and publisher (s)", 0.0, low_open=True
+    )
+    drain_timeout: float = param(
+        10.0, 'stop this long without new odometry after the end (s)', 0.0, low_open=True
+    )
     settle: float = param(0.5, 'wait after discovery before the first message (s)', 0.0)
-    wait_for_pose: float = param(0.0, 'after each scan, wait up to this long (s) for its pose before playing on '
-                                      '(the bag clock pauses meanwhile): every scan is answered however slow the '
-                                      'node is; 0 = sensor pace, scans arriving while the node is busy are dropped '
-                                      'as on a robot', 0.0, 3600.0)
+    wait_for_pose: float = param(
+        0.0,
+        'after each scan, wait up to this long (s) for its pose before playing on '
+        '(the bag clock pauses meanwhile): every scan is answered however slow the '
+        'node is; 0 = sensor pace, scans arriving while the node is busy are dropped '
+        'as on a robot',
+        0.0,
+        3600.0,
+    )
 
     def __post_init__(self):
         check(self)
@@ -85,8 +105,10 @@ def message_class(msgtype: str):
     try:
         return getattr(importlib.import_module(f'{pkg}.msg'), name)
     except (ImportError, AttributeError) as exc:
-        raise ReplayError(f'message type {msgtype} is not available to rclpy here (install the '
-                          f'{pkg} interface package or leave the topic out with --topics)') from exc
+        raise ReplayError(
+            f'message type {msgtype} is not available to rclpy here (install the '
+            f'{pkg} interface package or leave the topic out with --topics)'
+        ) from exc
 
 
 def _header_stamp_ns(raw: bytes) -> int:
@@ -99,14 +121,14 @@ def _header_stamp_ns(raw: bytes) -> int:
 @dataclass
 class _Recorder:
     lock: threading.Lock = field(default_factory=threading.Lock)
-    published_wall: dict = field(default_factory=dict)    # scan stamp ns -> wall time published
-    odom: dict = field(default_factory=dict)              # stamp ns -> 4x4
+    published_wall: dict = field(default_factory=dict)  # scan stamp ns -> wall time published
+    odom: dict = field(default_factory=dict)  # stamp ns -> 4x4
     latencies_ms: list = field(default_factory=list)
     node_latencies_ms: list = field(default_factory=list)
     node_scans_dropped: int | None = None
     diagnostics_last: dict = field(default_factory=dict)
-    pwan_stamps: set = field(default_factory=set)           # scan stamps ns where full PWAN ran
-    rejected_stamps: set = field(default_factory=set)       # ... rejected or re-anchored
+    pwan_stamps: set = field(default_factory=set)  # scan stamps ns where full PWAN ran
+    rejected_stamps: set = field(default_factory=set)  # ... rejected or re-anchored
     last_odom_wall: float = 0.0
 
 
@@ -129,26 +151,45 @@ def replay(cfg: ReplayConfig, log=print) -> RunRecord:
     for t in played:
         bag_io.require_topic(cfg.bag, t)
     if cfg.points_topic not in played:
-        raise ReplayError(f"scan topic '{cfg.points_topic}' is not among the played topics {played}")
+        raise ReplayError(
+            f"scan topic '{cfg.points_topic}' is not among the played topics {played}"
+        )
     classes = {t: message_class(topics[t].msgtype) for t in played}
     renames = cfg.renames()
     generate_clock = '/clock' not in played
 
-    reliability = ReliabilityPolicy.RELIABLE if cfg.reliability == 'reliable' else ReliabilityPolicy.BEST_EFFORT
-    qos = QoSProfile(depth=cfg.depth, reliability=reliability, history=HistoryPolicy.KEEP_LAST,
-                     durability=DurabilityPolicy.VOLATILE)
+    reliability = (
+        ReliabilityPolicy.RELIABLE
+        if cfg.reliability == 'reliable'
+        else ReliabilityPolicy.BEST_EFFORT
+    )
+    qos = QoSProfile(
+        depth=cfg.depth,
+        reliability=reliability,
+        history=HistoryPolicy.KEEP_LAST,
+        durability=DurabilityPolicy.VOLATILE,
+    )
     clock_qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
     # /tf_static is latched (TRANSIENT_LOCAL) in ROS 2: late subscribers still get the transforms
-    static_qos = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE,
-                            durability=DurabilityPolicy.TRANSIENT_LOCAL)
+    static_qos = QoSProfile(
+        depth=100,
+        reliability=ReliabilityPolicy.RELIABLE,
+        durability=DurabilityPolicy.TRANSIENT_LOCAL,
+    )
     rec_qos = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
 
-    rclpy.init(args=[])   # our argv is not ROS arguments (--remap A:=B would read as a deprecated rcl remap)
+    rclpy.init(
+        args=[]
+    )  # our argv is not ROS arguments (--remap A:=B would read as a deprecated rcl remap)
     try:
         node = rclpy.create_node('pwan_replay')
         from rosgraph_msgs.msg import Clock
+
         special = {'/clock': clock_qos, '/tf_static': static_qos}
-        pubs = {t: node.create_publisher(classes[t], renames.get(t, t), special.get(t, qos)) for t in played}
+        pubs = {
+            t: node.create_publisher(classes[t], renames.get(t, t), special.get(t, qos))
+            for t in played
+        }
         clock_pub = node.create_publisher(Clock, '/clock', clock_qos) if generate_clock else None
         rec = _Recorder()
 
@@ -181,9 +222,11 @@ def replay(cfg: ReplayConfig, log=print) -> RunRecord:
         odom_sub = None
         if cfg.odom_topic:
             from nav_msgs.msg import Odometry
+
             odom_sub = node.create_subscription(Odometry, cfg.odom_topic, on_odom, rec_qos)
         if cfg.diagnostics_topic:
             from diagnostic_msgs.msg import DiagnosticArray
+
             node.create_subscription(DiagnosticArray, cfg.diagnostics_topic, on_diag, rec_qos)
         executor = SingleThreadedExecutor()
         executor.add_node(node)
@@ -192,13 +235,19 @@ def replay(cfg: ReplayConfig, log=print) -> RunRecord:
         try:
             scan_pub = pubs[cfg.points_topic]
             deadline = time.monotonic() + cfg.startup_timeout
-            while scan_pub.get_subscription_count() < 1 or (odom_sub is not None and odom_sub.get_publisher_count() < 1):
+            while scan_pub.get_subscription_count() < 1 or (
+                odom_sub is not None and odom_sub.get_publisher_count() < 1
+            ):
                 if time.monotonic() > deadline:
-                    missing = (f"no subscriber on '{renames.get(cfg.points_topic, cfg.points_topic)}'"
-                               if scan_pub.get_subscription_count() < 1 else
-                               f"no publisher on '{cfg.odom_topic}'")
-                    raise ReplayError(f'{missing} after {cfg.startup_timeout:.0f} s: is the node running '
-                                      '(same ROS_DOMAIN_ID, topic names/remaps right)?')
+                    missing = (
+                        f"no subscriber on '{renames.get(cfg.points_topic, cfg.points_topic)}'"
+                        if scan_pub.get_subscription_count() < 1
+                        else f"no publisher on '{cfg.odom_topic}'"
+                    )
+                    raise ReplayError(
+                        f'{missing} after {cfg.startup_timeout:.0f} s: is the node running '
+                        '(same ROS_DOMAIN_ID, topic names/remaps right)?'
+                    )
                 time.sleep(0.05)
             time.sleep(cfg.settle)
             log(f'replay: playing {", ".join(played)} from {cfg.bag} at rate {cfg.rate:g}')
@@ -224,17 +273,29 @@ def replay(cfg: ReplayConfig, log=print) -> RunRecord:
 
     with rec.lock:
         stamps = sorted(rec.odom)
-        est = Trajectory(np.array(stamps, dtype=np.float64) * 1e-9,
-                         np.array([rec.odom[s] for s in stamps]).reshape(-1, 4, 4))
-        return RunRecord(estimate=est, scans_published=n_scans, latencies_ms=list(rec.latencies_ms),
-                         node_latencies_ms=list(rec.node_latencies_ms),
-                         node_scans_dropped=rec.node_scans_dropped, mode='replay', wall_s=wall,
-                         bag=str(cfg.bag), topic=cfg.points_topic, diagnostics_last=dict(rec.diagnostics_last),
-                         pwan_stamps=[ns * 1e-9 for ns in sorted(rec.pwan_stamps)],
-                         rejected_stamps=[ns * 1e-9 for ns in sorted(rec.rejected_stamps)])
+        est = Trajectory(
+            np.array(stamps, dtype=np.float64) * 1e-9,
+            np.array([rec.odom[s] for s in stamps]).reshape(-1, 4, 4),
+        )
+        return RunRecord(
+            estimate=est,
+            scans_published=n_scans,
+            latencies_ms=list(rec.latencies_ms),
+            node_latencies_ms=list(rec.node_latencies_ms),
+            node_scans_dropped=rec.node_scans_dropped,
+            mode='replay',
+            wall_s=wall,
+            bag=str(cfg.bag),
+            topic=cfg.points_topic,
+            diagnostics_last=dict(rec.diagnostics_last),
+            pwan_stamps=[ns * 1e-9 for ns in sorted(rec.pwan_stamps)],
+            rejected_stamps=[ns * 1e-9 for ns in sorted(rec.rejected_stamps)],
+        )
 
 
-def _play(cfg: ReplayConfig, pubs, clock_pub, rec: _Recorder, generate_clock: bool, played) -> dict:
+def _play(
+    cfg: ReplayConfig, pubs, clock_pub, rec: _Recorder, generate_clock: bool, played
+) -> dict:
     """Publish the bag's messages paced by their log times; returns per-topic counts."""
     from builtin_interfaces.msg import Time
     from rosgraph_msgs.msg import Clock
@@ -271,7 +332,7 @@ def _play(cfg: ReplayConfig, pubs, clock_pub, rec: _Recorder, generate_clock: bo
         counts[topic] = counts.get(topic, 0) + 1
         if stamp_ns is not None and cfg.wait_for_pose > 0:
             waited = _wait_for_pose(rec, stamp_ns, cfg.wait_for_pose)
-            t0_wall += waited            # the bag clock pauses while the node works
+            t0_wall += waited  # the bag clock pauses while the node works
             next_clock_wall += waited
     if not counts:
         raise ReplayError(f'bag {cfg.bag} has no messages on {played}')

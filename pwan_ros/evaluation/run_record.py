@@ -3,6 +3,7 @@
 Saved as ``run.json`` next to the estimated trajectory (TUM) so that evaluation can be
 repeated without re-running anything.
 """
+
 from __future__ import annotations
 
 import pathlib
@@ -88,13 +89,19 @@ class RunRecord:
         unknown = sorted(set(data) - known - {'trajectory_tum'})
         if unknown:
             raise ValueError(f'{path}: not a run record (unknown keys {", ".join(unknown)})')
-        if not isinstance(data['scans_published'], int) or not isinstance(data['trajectory_tum'], str):
-            raise ValueError(f'{path}: not a run record (scans_published must be an integer, '
-                             'trajectory_tum a file name)')
+        if not isinstance(data['scans_published'], int) or not isinstance(
+            data['trajectory_tum'], str
+        ):
+            raise ValueError(
+                f'{path}: not a run record (scans_published must be an integer, '
+                'trajectory_tum a file name)'
+            )
         tum = path.parent / data.pop('trajectory_tum')
         if not tum.is_file():
             raise ValueError(f'{path}: its trajectory {tum} is missing')
-        estimate = read_tum(tum) if tum.stat().st_size else Trajectory(np.zeros(0), np.zeros((0, 4, 4)))
+        estimate = (
+            read_tum(tum) if tum.stat().st_size else Trajectory(np.zeros(0), np.zeros((0, 4, 4)))
+        )
         try:
             return cls(estimate=estimate, **data)
         except TypeError as exc:

@@ -1,4 +1,5 @@
 """Static transforms between named frames, composed through chains of edges (a tiny /tf_static)."""
+
 from __future__ import annotations
 
 import threading
@@ -22,7 +23,9 @@ class FrameGraph:
         """Record (4, 4) ``T_parent_child`` (maps points in ``child`` into ``parent``); a later
         edge between the same frames replaces the earlier one. Leading slashes are ignored."""
         with self._lock:
-            self._edges[(parent.lstrip('/'), child.lstrip('/'))] = np.asarray(t_parent_child, dtype=np.float64)
+            self._edges[(parent.lstrip('/'), child.lstrip('/'))] = np.asarray(
+                t_parent_child, dtype=np.float64
+            )
 
     def lookup(self, target: str, source: str) -> Optional[np.ndarray]:
         """(4, 4) ``T_target_source`` (maps points in ``source`` into ``target``), or None if no chain
@@ -34,8 +37,8 @@ class FrameGraph:
             edges = list(self._edges.items())
         graph: Dict[str, List[Tuple[str, np.ndarray]]] = {}
         for (p, c), m in edges:
-            graph.setdefault(p, []).append((c, m))              # T_p_c
-            graph.setdefault(c, []).append((p, invert(m)))      # T_c_p
+            graph.setdefault(p, []).append((c, m))  # T_p_c
+            graph.setdefault(c, []).append((p, invert(m)))  # T_c_p
         frontier, seen = [(target, np.eye(4))], {target}
         while frontier:
             frame, t_target_frame = frontier.pop()

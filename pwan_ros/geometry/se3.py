@@ -2,6 +2,7 @@
 
 Quaternions are (x, y, z, w) as in geometry_msgs. Conversions use scipy's Rotation.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -5,6 +5,7 @@ but truncated output. Final permissions follow the process umask (like ``open(pa
 ``check_output(path)`` validates an output path before any work starts (parent writable, not a
 directory where a file is expected), raising :class:`OutputError` with a one-line message.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -79,7 +80,9 @@ def atomic_path(path, suffix: str = '.tmp') -> Iterator[str]:
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix='.' + os.path.basename(path) + '.', suffix=suffix, dir=directory)
+    fd, tmp = tempfile.mkstemp(
+        prefix='.' + os.path.basename(path) + '.', suffix=suffix, dir=directory
+    )
     os.close(fd)
     try:
         yield tmp
@@ -152,6 +155,10 @@ def read_json(path) -> Any:
     except FileNotFoundError:
         raise ValueError(f'{path}: no such file') from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f'{path}: cannot read ({exc.strerror if isinstance(exc, OSError) else exc})') from None
+        raise ValueError(
+            f'{path}: cannot read ({exc.strerror if isinstance(exc, OSError) else exc})'
+        ) from None
     except json.JSONDecodeError as exc:
-        raise ValueError(f'{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})') from None
+        raise ValueError(
+            f'{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})'
+        ) from None

@@ -11,6 +11,7 @@ child frame there). Stamps are header stamps in seconds; poses are ``T_parent_ch
 Every failure (missing path, not a bag, corrupt file, missing topic, wrong type, empty
 topic) raises :class:`BagError` naming the bag and the problem.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -23,14 +24,34 @@ import numpy as np
 
 from pwan_ros.io.trajectory import Trajectory, pose_from_tq, tq_from_pose
 
-__all__ = ['BagError', 'TopicInfo', 'typestore', 'BagWriter', 'bag_topics', 'require_topic',
-           'iter_raw', 'iter_decoded', 'read_trajectory', 'stamp_to_ns', 'ns_to_stamp',
-           'header', 'odometry', 'clock', 'pose_from_msg', 'TRAJECTORY_TYPES', 'CLOUD_TYPE']
+__all__ = [
+    'BagError',
+    'TopicInfo',
+    'typestore',
+    'BagWriter',
+    'bag_topics',
+    'require_topic',
+    'iter_raw',
+    'iter_decoded',
+    'read_trajectory',
+    'stamp_to_ns',
+    'ns_to_stamp',
+    'header',
+    'odometry',
+    'clock',
+    'pose_from_msg',
+    'TRAJECTORY_TYPES',
+    'CLOUD_TYPE',
+]
 
 CLOUD_TYPE = 'sensor_msgs/msg/PointCloud2'
-TRAJECTORY_TYPES = ('nav_msgs/msg/Odometry', 'geometry_msgs/msg/PoseStamped',
-                    'geometry_msgs/msg/PoseWithCovarianceStamped', 'geometry_msgs/msg/TransformStamped',
-                    'tf2_msgs/msg/TFMessage')
+TRAJECTORY_TYPES = (
+    'nav_msgs/msg/Odometry',
+    'geometry_msgs/msg/PoseStamped',
+    'geometry_msgs/msg/PoseWithCovarianceStamped',
+    'geometry_msgs/msg/TransformStamped',
+    'tf2_msgs/msg/TFMessage',
+)
 _TYPESTORE = None
 
 
@@ -43,6 +64,7 @@ def typestore():
     global _TYPESTORE
     if _TYPESTORE is None:
         from rosbags.typesys import Stores, get_typestore
+
         _TYPESTORE = get_typestore(Stores.ROS2_JAZZY)
     return _TYPESTORE
 
@@ -55,7 +77,9 @@ def stamp_to_ns(stamp: Any) -> int:
 def ns_to_stamp(ns: int):
     """Integer nanoseconds -> rosbags builtin_interfaces/Time."""
     ns = int(ns)
-    return typestore().types['builtin_interfaces/msg/Time'](sec=ns // 1_000_000_000, nanosec=ns % 1_000_000_000)
+    return typestore().types['builtin_interfaces/msg/Time'](
+        sec=ns // 1_000_000_000, nanosec=ns % 1_000_000_000
+    )
 
 
 def header(stamp_ns: int, frame_id: str):
@@ -63,21 +87,33 @@ def header(stamp_ns: int, frame_id: str):
     return typestore().types['std_msgs/msg/Header'](stamp=ns_to_stamp(stamp_ns), frame_id=frame_id)
 
 
-def odometry(stamp_ns: int, pose: np.ndarray, frame_id: str, child_frame_id: str,
-             linear_velocity=(0.0, 0.0, 0.0), angular_velocity=(0.0, 0.0, 0.0)):
+def odometry(
+    stamp_ns: int,
+    pose: np.ndarray,
+    frame_id: str,
+    child_frame_id: str,
+    linear_velocity=(0.0, 0.0, 0.0),
+    angular_velocity=(0.0, 0.0, 0.0),
+):
     """rosbags nav_msgs/Odometry with ``pose`` = T_frame_child (4x4); twist in the child frame."""
     types = typestore().types
     t, q = tq_from_pose(pose)
     vec = types['geometry_msgs/msg/Vector3']
     pose_msg = types['geometry_msgs/msg/Pose'](
         position=types['geometry_msgs/msg/Point'](x=t[0, 0], y=t[0, 1], z=t[0, 2]),
-        orientation=types['geometry_msgs/msg/Quaternion'](x=q[0, 0], y=q[0, 1], z=q[0, 2], w=q[0, 3]))
-    twist = types['geometry_msgs/msg/Twist'](linear=vec(*map(float, linear_velocity)),
-                                             angular=vec(*map(float, angular_velocity)))
+        orientation=types['geometry_msgs/msg/Quaternion'](
+            x=q[0, 0], y=q[0, 1], z=q[0, 2], w=q[0, 3]
+        ),
+    )
+    twist = types['geometry_msgs/msg/Twist'](
+        linear=vec(*map(float, linear_velocity)), angular=vec(*map(float, angular_velocity))
+    )
     return types['nav_msgs/msg/Odometry'](
-        header=header(stamp_ns, frame_id), child_frame_id=child_frame_id,
+        header=header(stamp_ns, frame_id),
+        child_frame_id=child_frame_id,
         pose=types['geometry_msgs/msg/PoseWithCovariance'](pose=pose_msg, covariance=np.zeros(36)),
-        twist=types['geometry_msgs/msg/TwistWithCovariance'](twist=twist, covariance=np.zeros(36)))
+        twist=types['geometry_msgs/msg/TwistWithCovariance'](twist=twist, covariance=np.zeros(36)),
+    )
 
 
 def clock(stamp_ns: int):
@@ -98,6 +134,7 @@ class BagWriter:
     def __init__(self, path, storage: str = 'mcap'):
         from rosbags.rosbag2 import StoragePlugin
         from pwan_ros.io.atomic import OutputError, check_output
+
         self.path = pathlib.Path(path)
         if self.path.exists():
             raise BagError(f'{self.path} already exists; rosbag2 writers need a new directory')
@@ -117,6 +154,7 @@ class BagWriter:
     def __enter__(self) -> 'BagWriter':
         from rosbags.rosbag2 import Writer
         from pwan_ros.io.atomic import atomic_dir
+
         self._atomic = atomic_dir(self.path)
         tmp = self._atomic.__enter__()
         try:
@@ -155,7 +193,9 @@ class BagWriter:
             if conn is None:
                 conn = self._writer.add_connection(topic, msg.__msgtype__, typestore=typestore())
                 self._connections[topic] = conn
-            self._writer.write(conn, int(stamp_ns), typestore().serialize_cdr(msg, msg.__msgtype__))
+            self._writer.write(
+                conn, int(stamp_ns), typestore().serialize_cdr(msg, msg.__msgtype__)
+            )
         self.counts[topic] = self.counts.get(topic, 0) + 1
 
 
@@ -170,6 +210,7 @@ class TopicInfo:
 
 def _open(path):
     from rosbags.highlevel import AnyReader
+
     path = pathlib.Path(path)
     if not path.exists():
         raise BagError(f'bag {path} does not exist')
@@ -205,7 +246,9 @@ def require_topic(path, topic: str, msgtypes: Sequence[str] | None = None) -> To
         raise BagError(f"bag {path} has no topic '{topic}'; topics: {listing}")
     info = topics[topic]
     if msgtypes is not None and info.msgtype not in msgtypes:
-        raise BagError(f"topic '{topic}' in {path} has type {info.msgtype}; expected one of {list(msgtypes)}")
+        raise BagError(
+            f"topic '{topic}' in {path} has type {info.msgtype}; expected one of {list(msgtypes)}"
+        )
     if info.count == 0:
         raise BagError(f"topic '{topic}' in {path} has no messages (empty)")
     return info
@@ -227,7 +270,9 @@ def iter_raw(path, topics: Sequence[str] | None = None) -> Iterator[tuple[str, s
         reader.close()
 
 
-def iter_decoded(path, topic: str, msgtypes: Sequence[str] | None = None) -> Iterator[tuple[int, Any]]:
+def iter_decoded(
+    path, topic: str, msgtypes: Sequence[str] | None = None
+) -> Iterator[tuple[int, Any]]:
     """(bag log time ns, rosbags message) of one topic; checks the topic first (require_topic)."""
     info = require_topic(path, topic, msgtypes)
     store = typestore()
@@ -235,10 +280,14 @@ def iter_decoded(path, topic: str, msgtypes: Sequence[str] | None = None) -> Ite
         try:
             yield t_ns, store.deserialize_cdr(raw, msgtype)
         except KeyError as exc:
-            raise BagError(f"bag {path}: message type {info.msgtype} of '{topic}' is unknown to the "
-                           'ROS 2 Jazzy typestore') from exc
+            raise BagError(
+                f"bag {path}: message type {info.msgtype} of '{topic}' is unknown to the "
+                'ROS 2 Jazzy typestore'
+            ) from exc
         except Exception as exc:
-            raise BagError(f"bag {path}: cannot decode a '{topic}' message: {type(exc).__name__}: {exc}") from exc
+            raise BagError(
+                f"bag {path}: cannot decode a '{topic}' message: {type(exc).__name__}: {exc}"
+            ) from exc
 
 
 def pose_from_msg(pose_msg: Any) -> np.ndarray:
@@ -257,12 +306,17 @@ def _pose_of(msg: Any, msgtype: str, frame: str | None, parent: str | None):
     if msgtype == 'geometry_msgs/msg/PoseStamped':
         return [(stamp_to_ns(msg.header.stamp), pose_from_msg(msg.pose))]
     transforms = [msg] if msgtype == 'geometry_msgs/msg/TransformStamped' else msg.transforms
-    return [(stamp_to_ns(t.header.stamp), pose_from_msg(t.transform)) for t in transforms
-            if (frame is None or t.child_frame_id == frame)
-            and (parent is None or t.header.frame_id == parent)]
+    return [
+        (stamp_to_ns(t.header.stamp), pose_from_msg(t.transform))
+        for t in transforms
+        if (frame is None or t.child_frame_id == frame)
+        and (parent is None or t.header.frame_id == parent)
+    ]
 
 
-def read_trajectory(path, topic: str, frame: str | None = None, parent: str | None = None) -> Trajectory:
+def read_trajectory(
+    path, topic: str, frame: str | None = None, parent: str | None = None
+) -> Trajectory:
     """Poses of one topic as a Trajectory (header stamps, seconds).
 
     frame:  child frame to keep (required for tf2_msgs/TFMessage topics such as /tf; for other
@@ -271,14 +325,24 @@ def read_trajectory(path, topic: str, frame: str | None = None, parent: str | No
     """
     info = require_topic(path, topic, TRAJECTORY_TYPES)
     if info.msgtype == 'tf2_msgs/msg/TFMessage' and frame is None:
-        raise BagError(f"'{topic}' is a TF topic: pass the child frame (--frame) whose pose is wanted")
+        raise BagError(
+            f"'{topic}' is a TF topic: pass the child frame (--frame) whose pose is wanted"
+        )
     stamps, poses = [], []
     for _, msg in iter_decoded(path, topic, TRAJECTORY_TYPES):
-        if frame is not None and info.msgtype == 'nav_msgs/msg/Odometry' and msg.child_frame_id != frame:
-            raise BagError(f"'{topic}' holds poses of child frame '{msg.child_frame_id}', not '{frame}'")
+        if (
+            frame is not None
+            and info.msgtype == 'nav_msgs/msg/Odometry'
+            and msg.child_frame_id != frame
+        ):
+            raise BagError(
+                f"'{topic}' holds poses of child frame '{msg.child_frame_id}', not '{frame}'"
+            )
         for ns, pose in _pose_of(msg, info.msgtype, frame, parent):
             stamps.append(ns * 1e-9)
             poses.append(pose)
     if not stamps:
-        raise BagError(f"no poses for frame '{frame}' (parent {parent or 'any'}) on '{topic}' in {path}")
+        raise BagError(
+            f"no poses for frame '{frame}' (parent {parent or 'any'}) on '{topic}' in {path}"
+        )
     return Trajectory.from_unsorted(stamps, poses)

@@ -7,6 +7,7 @@ their bytes kept as padding). ``DATA binary_compressed`` files are read through 
 tensor reader, which keeps positions, intensity and other scalar attributes.
 Coordinates are in the sensor frame, metres; ``VIEWPOINT`` is ignored.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -16,12 +17,26 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pwan_ros.io.pointcloud2 import DATATYPE_TO_DTYPE, EncodedCloud, FieldSpec, PointCloud2Error, encode_cloud
+from pwan_ros.io.pointcloud2 import (
+    DATATYPE_TO_DTYPE,
+    EncodedCloud,
+    FieldSpec,
+    PointCloud2Error,
+    encode_cloud,
+)
 
 __all__ = ['PcdError', 'PcdHeader', 'read_pcd']
 
-_PCD_TYPES = {('I', 1): 1, ('U', 1): 2, ('I', 2): 3, ('U', 2): 4, ('I', 4): 5, ('U', 4): 6,
-              ('F', 4): 7, ('F', 8): 8}
+_PCD_TYPES = {
+    ('I', 1): 1,
+    ('U', 1): 2,
+    ('I', 2): 3,
+    ('U', 2): 4,
+    ('I', 4): 5,
+    ('U', 4): 6,
+    ('F', 4): 7,
+    ('F', 8): 8,
+}
 
 
 class PcdError(ValueError):
@@ -75,7 +90,9 @@ def _layout(h: PcdHeader, path) -> tuple[list[FieldSpec], int, np.dtype]:
     for name, size, kind, count in zip(h.fields, h.sizes, h.types, h.counts):
         code = _PCD_TYPES.get((kind, size))
         if code is None:
-            raise PcdError(f"{path}: field '{name}' has TYPE {kind} SIZE {size}, which PointCloud2 cannot hold")
+            raise PcdError(
+                f"{path}: field '{name}' has TYPE {kind} SIZE {size}, which PointCloud2 cannot hold"
+            )
         if name != '_':
             specs.append(FieldSpec(name, offset, code, count))
             base = DATATYPE_TO_DTYPE[code].newbyteorder('<')
@@ -83,7 +100,11 @@ def _layout(h: PcdHeader, path) -> tuple[list[FieldSpec], int, np.dtype]:
             formats.append(base if count == 1 else np.dtype((base, (count,))))
             offsets.append(offset)
         offset += size * count
-    return specs, offset, np.dtype({'names': names, 'formats': formats, 'offsets': offsets, 'itemsize': offset})
+    return (
+        specs,
+        offset,
+        np.dtype({'names': names, 'formats': formats, 'offsets': offsets, 'itemsize': offset}),
+    )
 
 
 def read_pcd(path) -> EncodedCloud:
@@ -103,8 +124,10 @@ def read_pcd(path) -> EncodedCloud:
     if header.data == 'binary':
         body = np.frombuffer(raw, dtype=np.uint8, offset=start)
         if body.size < n * step:
-            raise PcdError(f'{path}: {body.size} data bytes, header promises {n} points x {step} bytes')
-        data = body[:n * step].copy()
+            raise PcdError(
+                f'{path}: {body.size} data bytes, header promises {n} points x {step} bytes'
+            )
+        data = body[: n * step].copy()
     elif header.data == 'ascii':
         cols = sum(header.counts)
         values = np.array(raw[start:].split(), dtype=np.float64)
@@ -115,7 +138,7 @@ def read_pcd(path) -> EncodedCloud:
         col = 0
         for name, count in zip(header.fields, header.counts):
             if name != '_':
-                arr[name] = values[:, col] if count == 1 else values[:, col:col + count]
+                arr[name] = values[:, col] if count == 1 else values[:, col : col + count]
             col += count
         data = arr.view(np.uint8).reshape(-1).copy()
     else:
@@ -123,14 +146,34 @@ def read_pcd(path) -> EncodedCloud:
     height, width = (header.height, header.width) if header.height * header.width == n else (1, n)
     if not {'x', 'y', 'z'} <= {s.name for s in specs}:
         raise PcdError(f'{path}: PCD has no x/y/z fields (fields: {list(header.fields)})')
-    xyz = np.stack([np.ndarray(n, dtype=dtype['x'], buffer=data, offset=dtype.fields[c][1], strides=(step,))
-                    for c in 'xyz'], axis=1) if n else np.zeros((0, 3))
-    return EncodedCloud(height=height, width=width, fields=tuple(specs), is_bigendian=False, point_step=step,
-                        row_step=step * width, data=data, is_dense=bool(np.isfinite(xyz).all()))
+    xyz = (
+        np.stack(
+            [
+                np.ndarray(
+                    n, dtype=dtype['x'], buffer=data, offset=dtype.fields[c][1], strides=(step,)
+                )
+                for c in 'xyz'
+            ],
+            axis=1,
+        )
+        if n
+        else np.zeros((0, 3))
+    )
+    return EncodedCloud(
+        height=height,
+        width=width,
+        fields=tuple(specs),
+        is_bigendian=False,
+        point_step=step,
+        row_step=step * width,
+        data=data,
+        is_dense=bool(np.isfinite(xyz).all()),
+    )
 
 
 def _read_with_open3d(raw: bytes, path) -> EncodedCloud:
     import open3d as o3d
+
     with tempfile.TemporaryDirectory() as tmp:
         plain = pathlib.Path(tmp) / 'cloud.pcd'
         plain.write_bytes(raw)
@@ -141,11 +184,16 @@ def _read_with_open3d(raw: bytes, path) -> EncodedCloud:
     extra = [(k, pc.point[k].numpy()) for k in pc.point if k != 'positions']
     extras = None
     if extra:
-        dt = [(k, v.dtype) if v.ndim == 1 or v.shape[1] == 1 else (k, v.dtype, (v.shape[1],)) for k, v in extra]
+        dt = [
+            (k, v.dtype) if v.ndim == 1 or v.shape[1] == 1 else (k, v.dtype, (v.shape[1],))
+            for k, v in extra
+        ]
         extras = np.zeros(xyz.shape[0], dtype=dt)
         for k, v in extra:
             extras[k] = v[:, 0] if v.ndim == 2 and v.shape[1] == 1 else v
     try:
-        return encode_cloud(xyz, extras, xyz_dtype=xyz.dtype if xyz.dtype == np.float64 else np.float32)
+        return encode_cloud(
+            xyz, extras, xyz_dtype=xyz.dtype if xyz.dtype == np.float64 else np.float32
+        )
     except PointCloud2Error as exc:
         raise PcdError(f'{path}: {exc}') from exc

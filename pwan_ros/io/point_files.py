@@ -5,6 +5,7 @@ package's one PCD reader (:mod:`pwan_ros.io.pcd`: every DATA kind, also for bags
 writing PLY/PCD go through Open3D (imported lazily), text formats through numpy. Problems raise
 :class:`pwan_ros.core.errors.PwanInputError` with a readable message.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -58,6 +59,7 @@ def _read_text(data: str, path: str) -> np.ndarray:
 
 def _read_o3d(path: str, ext: str, gz: bool) -> np.ndarray:
     import open3d as o3d
+
     tmp = None
     try:
         if gz:
@@ -67,8 +69,9 @@ def _read_o3d(path: str, ext: str, gz: bool) -> np.ndarray:
             target = tmp
         else:
             target = path
-        pcd = o3d.io.read_point_cloud(target, format=ext[1:], remove_nan_points=False,
-                                      remove_infinite_points=False)
+        pcd = o3d.io.read_point_cloud(
+            target, format=ext[1:], remove_nan_points=False, remove_infinite_points=False
+        )
         pts = np.asarray(pcd.points, dtype=np.float64)
     except (OSError, EOFError, gzip.BadGzipFile) as exc:
         raise PwanInputError(f'{path}: cannot read ({exc})') from None
@@ -76,7 +79,9 @@ def _read_o3d(path: str, ext: str, gz: bool) -> np.ndarray:
         if tmp is not None:
             os.unlink(tmp)
     if pts.size == 0:
-        raise PwanInputError(f'{path}: no points read (unreadable or empty {ext[1:].upper()} file)')
+        raise PwanInputError(
+            f'{path}: no points read (unreadable or empty {ext[1:].upper()} file)'
+        )
     return pts
 
 
@@ -84,6 +89,7 @@ def _read_pcd_xyz(path: str) -> np.ndarray:
     """x, y, z of a PCD file through the package's one PCD reader (:func:`pwan_ros.io.pcd.read_pcd`)."""
     from pwan_ros.io.pcd import PcdError, read_pcd
     from pwan_ros.io.pointcloud2 import PointCloud2Error, read_xyz
+
     try:
         pts = read_xyz(read_pcd(path), dtype=np.float64)
     except (PcdError, PointCloud2Error) as exc:
@@ -104,7 +110,9 @@ def read_points(path: str) -> np.ndarray:
         raise PwanInputError(f'{path}: empty file')
     ext, gz = _split_ext(path)
     if ext not in READ_EXTENSIONS:
-        raise PwanInputError(f'{path}: unsupported extension (use {", ".join(READ_EXTENSIONS)}, optionally .gz)')
+        raise PwanInputError(
+            f'{path}: unsupported extension (use {", ".join(READ_EXTENSIONS)}, optionally .gz)'
+        )
     if ext == '.npy':
         if gz:
             raise PwanInputError(f'{path}: compressed .npy is not supported')
@@ -138,7 +146,9 @@ def check_output_path(path: str) -> str:
     path = os.fspath(path)
     ext, gz = _split_ext(path)
     if gz or ext not in WRITE_EXTENSIONS:
-        raise PwanInputError(f'{path}: unsupported output extension (use {", ".join(WRITE_EXTENSIONS)})')
+        raise PwanInputError(
+            f'{path}: unsupported output extension (use {", ".join(WRITE_EXTENSIONS)})'
+        )
     try:
         return check_output(path)
     except OutputError as exc:
@@ -160,6 +170,7 @@ def write_points(path: str, points: np.ndarray, interrupted=None) -> None:
                     np.save(fh, pts)
             elif ext in ('.ply', '.pcd'):
                 import open3d as o3d
+
                 p3 = pts if pts.shape[1] == 3 else np.hstack((pts, np.zeros((pts.shape[0], 1))))
                 pcd = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(p3))
                 if not o3d.io.write_point_cloud(tmp, pcd, write_ascii=False):

@@ -17,6 +17,7 @@ The convention is read from the values, not assumed from the driver: values with
 header stamp (in s or ns, and nearer to it than to zero) are absolute; otherwise integers are nanoseconds and floats seconds,
 unless a float field spans more than a second (no sweep does), then nanoseconds.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -57,7 +58,9 @@ def point_times(extras: np.ndarray, stamp: float) -> PointTimes | None:
         return None
     raw = extras[field]
     if raw.ndim != 1:
-        raise PointTimesError(f"time field '{field}' has {raw.shape[1]} values per point, expected 1")
+        raise PointTimesError(
+            f"time field '{field}' has {raw.shape[1]} values per point, expected 1"
+        )
     if raw.size == 0:
         return PointTimes(np.zeros(0), field, 'empty')
     values = raw.astype(np.float64)
@@ -68,8 +71,9 @@ def point_times(extras: np.ndarray, stamp: float) -> PointTimes | None:
     span = float(finite.max() - finite.min())
     integer = raw.dtype.kind in 'iu'
 
-    def absolute(c: float) -> bool:      # nearer the stamp than zero, and within the window
+    def absolute(c: float) -> bool:  # nearer the stamp than zero, and within the window
         return abs(c - stamp) < min(ABSOLUTE_WINDOW_S, abs(c))
+
     if absolute(centre * 1e-9):
         offsets, convention = (values - stamp * 1e9) * 1e-9, 'absolute ns'
     elif absolute(centre):
@@ -79,8 +83,13 @@ def point_times(extras: np.ndarray, stamp: float) -> PointTimes | None:
     else:
         offsets, convention = values, 'relative s'
     kept = offsets[np.isfinite(offsets)]
-    if float(kept.max() - kept.min()) > MAX_SWEEP_S or float(np.abs(kept).max()) > ABSOLUTE_WINDOW_S:
-        raise PointTimesError(f"time field '{field}' ({raw.dtype}) fits no known convention: read as "
-                              f'{convention}, its points span {kept.min():.3g}..{kept.max():.3g} s around the '
-                              'header stamp')
+    if (
+        float(kept.max() - kept.min()) > MAX_SWEEP_S
+        or float(np.abs(kept).max()) > ABSOLUTE_WINDOW_S
+    ):
+        raise PointTimesError(
+            f"time field '{field}' ({raw.dtype}) fits no known convention: read as "
+            f'{convention}, its points span {kept.min():.3g}..{kept.max():.3g} s around the '
+            'header stamp'
+        )
     return PointTimes(offsets, field, convention)

@@ -24,6 +24,7 @@ Writing (e.g. the aligned cloud, keeping intensity etc.)::
 Every inconsistency raises :class:`PointCloud2Error` with a message naming the problem.
 Points are in the message's ``header.frame_id``; this module does not touch headers.
 """
+
 from __future__ import annotations
 
 import array
@@ -34,10 +35,27 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 __all__ = [
-    'PointCloud2Error', 'FieldSpec', 'DecodedCloud', 'EncodedCloud',
-    'INT8', 'UINT8', 'INT16', 'UINT16', 'INT32', 'UINT32', 'FLOAT32', 'FLOAT64',
-    'DATATYPE_TO_DTYPE', 'field_specs', 'point_dtype', 'structured_view', 'read_points',
-    'read_xyz', 'read_cloud', 'encode_cloud', 'create_cloud',
+    'PointCloud2Error',
+    'FieldSpec',
+    'DecodedCloud',
+    'EncodedCloud',
+    'INT8',
+    'UINT8',
+    'INT16',
+    'UINT16',
+    'INT32',
+    'UINT32',
+    'FLOAT32',
+    'FLOAT64',
+    'DATATYPE_TO_DTYPE',
+    'field_specs',
+    'point_dtype',
+    'structured_view',
+    'read_points',
+    'read_xyz',
+    'read_cloud',
+    'encode_cloud',
+    'create_cloud',
 ]
 
 # sensor_msgs/msg/PointField datatype constants.
@@ -45,10 +63,14 @@ INT8, UINT8, INT16, UINT16, INT32, UINT32, FLOAT32, FLOAT64 = range(1, 9)
 
 #: PointField datatype -> numpy dtype (native byte order; the codec applies endianness).
 DATATYPE_TO_DTYPE = {
-    INT8: np.dtype(np.int8), UINT8: np.dtype(np.uint8),
-    INT16: np.dtype(np.int16), UINT16: np.dtype(np.uint16),
-    INT32: np.dtype(np.int32), UINT32: np.dtype(np.uint32),
-    FLOAT32: np.dtype(np.float32), FLOAT64: np.dtype(np.float64),
+    INT8: np.dtype(np.int8),
+    UINT8: np.dtype(np.uint8),
+    INT16: np.dtype(np.int16),
+    UINT16: np.dtype(np.uint16),
+    INT32: np.dtype(np.int32),
+    UINT32: np.dtype(np.uint32),
+    FLOAT32: np.dtype(np.float32),
+    FLOAT64: np.dtype(np.float64),
 }
 _KIND_SIZE_TO_DATATYPE = {(dt.kind, dt.itemsize): code for code, dt in DATATYPE_TO_DTYPE.items()}
 _XYZ = ('x', 'y', 'z')
@@ -135,7 +157,8 @@ def point_dtype(fields: Iterable[Any], point_step: int, is_bigendian: bool = Fal
     for f in specs:
         if f.datatype not in DATATYPE_TO_DTYPE:
             raise PointCloud2Error(
-                f"field '{f.name}' has unsupported datatype {f.datatype} (expected 1..8, INT8..FLOAT64)")
+                f"field '{f.name}' has unsupported datatype {f.datatype} (expected 1..8, INT8..FLOAT64)"
+            )
         if f.count < 1:
             raise PointCloud2Error(f"field '{f.name}' has count {f.count} (must be >= 1)")
         if not f.name:
@@ -147,13 +170,20 @@ def point_dtype(fields: Iterable[Any], point_step: int, is_bigendian: bool = Fal
         if f.offset < 0 or f.offset + size > point_step:
             raise PointCloud2Error(
                 f"field '{f.name}' occupies bytes [{f.offset}, {f.offset + size}) but "
-                f'point_step is {point_step}')
+                f'point_step is {point_step}'
+            )
         names.append(f.name)
         formats.append(base if f.count == 1 else np.dtype((base, (f.count,))))
         offsets.append(f.offset)
     try:
-        return np.dtype({'names': names, 'formats': formats, 'offsets': offsets,
-                         'itemsize': max(point_step, 0)})
+        return np.dtype(
+            {
+                'names': names,
+                'formats': formats,
+                'offsets': offsets,
+                'itemsize': max(point_step, 0),
+            }
+        )
     except (ValueError, TypeError) as exc:  # overlapping fields and the like
         raise PointCloud2Error(f'invalid field layout: {exc}') from exc
 
@@ -183,16 +213,21 @@ def structured_view(cloud: Any) -> np.ndarray:
         raise PointCloud2Error(f'negative size height={height} width={width}')
     if height * width == 0:
         if data.size not in (0, row_step * height):
-            raise PointCloud2Error(f'empty cloud (height={height}, width={width}) carries {data.size} data bytes')
+            raise PointCloud2Error(
+                f'empty cloud (height={height}, width={width}) carries {data.size} data bytes'
+            )
         return np.empty((height, width), dtype=dtype)
     if row_step < width * point_step:
         raise PointCloud2Error(
-            f'row_step {row_step} is smaller than width*point_step = {width}*{point_step} = {width * point_step}')
+            f'row_step {row_step} is smaller than width*point_step = {width}*{point_step} = {width * point_step}'
+        )
     if data.size != row_step * height:
         raise PointCloud2Error(
-            f'data has {data.size} bytes but row_step*height = {row_step}*{height} = {row_step * height}')
-    view = np.ndarray(shape=(height, width), dtype=dtype, buffer=data, offset=0,
-                      strides=(row_step, point_step))
+            f'data has {data.size} bytes but row_step*height = {row_step}*{height} = {row_step * height}'
+        )
+    view = np.ndarray(
+        shape=(height, width), dtype=dtype, buffer=data, offset=0, strides=(row_step, point_step)
+    )
     view.flags.writeable = False
     return view
 
@@ -227,8 +262,12 @@ def _nan_mask(arr: np.ndarray, names: Sequence[str]) -> np.ndarray:
 # ----------------------------------------------------------------------------- reading
 
 
-def read_points(cloud: Any, field_names: Sequence[str] | None = None, skip_nans: bool = False,
-                reshape_organized: bool = False) -> np.ndarray:
+def read_points(
+    cloud: Any,
+    field_names: Sequence[str] | None = None,
+    skip_nans: bool = False,
+    reshape_organized: bool = False,
+) -> np.ndarray:
     """Selected fields of every point as a structured array (native byte order, packed).
 
     Like ``sensor_msgs_py.point_cloud2.read_points``: ``field_names=None`` reads all fields;
@@ -240,7 +279,9 @@ def read_points(cloud: Any, field_names: Sequence[str] | None = None, skip_nans:
     names = list(view.dtype.names or ()) if field_names is None else list(field_names)
     missing = [n for n in names if n not in (view.dtype.names or ())]
     if missing:
-        raise PointCloud2Error(f'cloud has no field(s) {missing}; fields: {list(view.dtype.names or ())}')
+        raise PointCloud2Error(
+            f'cloud has no field(s) {missing}; fields: {list(view.dtype.names or ())}'
+        )
     out = _packed_native(view, names)
     if skip_nans:
         if reshape_organized:
@@ -296,7 +337,9 @@ def read_cloud(cloud: Any, skip_nans: bool = False, dtype: Any = None) -> Decode
         keep = ~np.isnan(xyz).any(axis=1)
         if not keep.all():
             xyz, extras, index = xyz[keep], extras[keep], index[keep]
-    return DecodedCloud(xyz=xyz, extras=extras, index=index, height=view.shape[0], width=view.shape[1])
+    return DecodedCloud(
+        xyz=xyz, extras=extras, index=index, height=view.shape[0], width=view.shape[1]
+    )
 
 
 # ----------------------------------------------------------------------------- writing
@@ -308,18 +351,27 @@ def _datatype_of(dt: np.dtype, name: str) -> tuple[int, int, np.dtype]:
     if dt.subdtype is not None:
         dt, shape = dt.subdtype
         if len(shape) != 1:
-            raise PointCloud2Error(f"field '{name}' must be scalar or 1-D sub-array, got shape {shape}")
+            raise PointCloud2Error(
+                f"field '{name}' must be scalar or 1-D sub-array, got shape {shape}"
+            )
         count = int(shape[0])
     code = _KIND_SIZE_TO_DATATYPE.get((dt.kind, dt.itemsize))
     if code is None:
         raise PointCloud2Error(
             f"field '{name}' has dtype {dt} which PointField cannot represent "
-            '(int8/16/32, uint8/16/32, float32/64 only)')
+            '(int8/16/32, uint8/16/32, float32/64 only)'
+        )
     return code, count, dt
 
 
-def encode_cloud(xyz: np.ndarray, extras: np.ndarray | None = None, *, xyz_dtype: Any = np.float32,
-                 is_bigendian: bool = False, is_dense: bool | None = None) -> EncodedCloud:
+def encode_cloud(
+    xyz: np.ndarray,
+    extras: np.ndarray | None = None,
+    *,
+    xyz_dtype: Any = np.float32,
+    is_bigendian: bool = False,
+    is_dense: bool | None = None,
+) -> EncodedCloud:
     """Pack points into PointCloud2 payload fields (x, y, z first, then the ``extras`` fields).
 
     xyz:    (N, 3) (unorganised, height 1) or (H, W, 3) (organised) coordinates, metres.
@@ -355,7 +407,9 @@ def encode_cloud(xyz: np.ndarray, extras: np.ndarray | None = None, *, xyz_dtype
             raise PointCloud2Error(f'extras has {extras.shape[0]} rows but xyz has {n} points')
         for name in extras.dtype.names:
             if name in _XYZ:
-                raise PointCloud2Error(f"extras must not contain field '{name}' (xyz is passed separately)")
+                raise PointCloud2Error(
+                    f"extras must not contain field '{name}' (xyz is passed separately)"
+                )
             fcode, count, base = _datatype_of(extras.dtype.fields[name][0], name)
             names.append(name)
             base = base.newbyteorder(order)
@@ -371,9 +425,16 @@ def encode_cloud(xyz: np.ndarray, extras: np.ndarray | None = None, *, xyz_dtype
             packed[name] = extras[name]
     if is_dense is None:
         is_dense = bool(np.isfinite(flat_xyz).all())
-    return EncodedCloud(height=height, width=width, fields=tuple(specs), is_bigendian=bool(is_bigendian),
-                        point_step=offset, row_step=offset * width, data=packed.view(np.uint8).reshape(-1),
-                        is_dense=bool(is_dense))
+    return EncodedCloud(
+        height=height,
+        width=width,
+        fields=tuple(specs),
+        is_bigendian=bool(is_bigendian),
+        point_step=offset,
+        row_step=offset * width,
+        data=packed.view(np.uint8).reshape(-1),
+        is_dense=bool(is_dense),
+    )
 
 
 def _is_rclpy_class(cls: type) -> bool:
@@ -384,6 +445,7 @@ def _point_field_class(msg_cls: type) -> type:
     """The PointField class matching a PointCloud2 class (rclpy or rosbags typestore)."""
     if _is_rclpy_class(msg_cls):
         from sensor_msgs.msg import PointField
+
         return PointField
     ann = getattr(msg_cls, '__annotations__', {}).get('fields')
     if isinstance(ann, str) and ann.startswith('list[') and ann.endswith(']'):
@@ -393,10 +455,17 @@ def _point_field_class(msg_cls: type) -> type:
     raise PointCloud2Error(f'cannot find the PointField class for {msg_cls!r}; pass field_cls=')
 
 
-def create_cloud(header: Any, xyz: np.ndarray, extras: np.ndarray | None = None, *,
-                 msg_cls: type | None = None, field_cls: type | None = None,
-                 xyz_dtype: Any = np.float32, is_bigendian: bool = False,
-                 is_dense: bool | None = None) -> Any:
+def create_cloud(
+    header: Any,
+    xyz: np.ndarray,
+    extras: np.ndarray | None = None,
+    *,
+    msg_cls: type | None = None,
+    field_cls: type | None = None,
+    xyz_dtype: Any = np.float32,
+    is_bigendian: bool = False,
+    is_dense: bool | None = None,
+) -> Any:
     """Build a PointCloud2 message of class ``msg_cls`` from xyz (+ extra fields).
 
     msg_cls: default rclpy's ``sensor_msgs.msg.PointCloud2``; a rosbags typestore class
@@ -405,19 +474,32 @@ def create_cloud(header: Any, xyz: np.ndarray, extras: np.ndarray | None = None,
     header:  a Header of the same message family (frame_id = the frame of ``xyz``).
     Other arguments as in :func:`encode_cloud`.
     """
-    enc = encode_cloud(xyz, extras, xyz_dtype=xyz_dtype, is_bigendian=is_bigendian, is_dense=is_dense)
+    enc = encode_cloud(
+        xyz, extras, xyz_dtype=xyz_dtype, is_bigendian=is_bigendian, is_dense=is_dense
+    )
     if msg_cls is None:
         from sensor_msgs.msg import PointCloud2
+
         msg_cls = PointCloud2
     if field_cls is None:
         field_cls = _point_field_class(msg_cls)
-    fields = [field_cls(name=f.name, offset=f.offset, datatype=f.datatype, count=f.count)
-              for f in enc.fields]
+    fields = [
+        field_cls(name=f.name, offset=f.offset, datatype=f.datatype, count=f.count)
+        for f in enc.fields
+    ]
     if _is_rclpy_class(msg_cls):
         data = array.array('B')
         data.frombytes(enc.data)  # one memcpy; rclpy's setter accepts array.array('B') as is
     else:
         data = enc.data
-    return msg_cls(header=header, height=enc.height, width=enc.width, fields=fields,
-                   is_bigendian=enc.is_bigendian, point_step=enc.point_step, row_step=enc.row_step,
-                   data=data, is_dense=enc.is_dense)
+    return msg_cls(
+        header=header,
+        height=enc.height,
+        width=enc.width,
+        fields=fields,
+        is_bigendian=enc.is_bigendian,
+        point_step=enc.point_step,
+        row_step=enc.row_step,
+        data=data,
+        is_dense=enc.is_dense,
+    )

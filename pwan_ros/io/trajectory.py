@@ -11,6 +11,7 @@ File formats:
   ``stamp_in_corner`` element [3, 3] holds the stamp (it is replaced by 1), as in the BALM
   ``alidarPose.csv`` files.
 """
+
 from __future__ import annotations
 
 import pathlib
@@ -20,8 +21,20 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.spatial.transform import Rotation
 
-__all__ = ['Trajectory', 'TrajectoryError', 'pose_from_tq', 'tq_from_pose', 'read_tum', 'write_tum',
-           'read_kitti', 'write_kitti', 'read_blocks', 'read_pose_file', 'detect_pose_format', 'POSE_FORMATS']
+__all__ = [
+    'Trajectory',
+    'TrajectoryError',
+    'pose_from_tq',
+    'tq_from_pose',
+    'read_tum',
+    'write_tum',
+    'read_kitti',
+    'write_kitti',
+    'read_blocks',
+    'read_pose_file',
+    'detect_pose_format',
+    'POSE_FORMATS',
+]
 
 POSE_FORMATS = ('tum', 'kitti', 'blocks')
 
@@ -35,7 +48,9 @@ def pose_from_tq(t, q_xyzw) -> np.ndarray:
     t = np.asarray(t, dtype=np.float64)
     q = np.asarray(q_xyzw, dtype=np.float64)
     out = np.zeros(t.shape[:-1] + (4, 4))
-    out[..., :3, :3] = Rotation.from_quat(q.reshape(-1, 4)).as_matrix().reshape(t.shape[:-1] + (3, 3))
+    out[..., :3, :3] = (
+        Rotation.from_quat(q.reshape(-1, 4)).as_matrix().reshape(t.shape[:-1] + (3, 3))
+    )
     out[..., :3, 3] = t
     out[..., 3, 3] = 1.0
     return out
@@ -78,7 +93,11 @@ class Trajectory:
 
     def path_length(self) -> float:
         """Travelled distance along the positions, metres."""
-        return float(np.linalg.norm(np.diff(self.positions, axis=0), axis=1).sum()) if len(self) > 1 else 0.0
+        return (
+            float(np.linalg.norm(np.diff(self.positions, axis=0), axis=1).sum())
+            if len(self) > 1
+            else 0.0
+        )
 
     @classmethod
     def from_unsorted(cls, stamps, poses) -> 'Trajectory':
@@ -122,7 +141,9 @@ def read_tum(path) -> Trajectory:
     rows = _numeric_rows(path)
     bad = [i for i, r in enumerate(rows) if len(r) != 8]
     if bad:
-        raise TrajectoryError(f'{path}: TUM lines need 8 numbers, row {bad[0] + 1} has {len(rows[bad[0]])}')
+        raise TrajectoryError(
+            f'{path}: TUM lines need 8 numbers, row {bad[0] + 1} has {len(rows[bad[0]])}'
+        )
     arr = np.array(rows)
     return Trajectory.from_unsorted(arr[:, 0], pose_from_tq(arr[:, 1:4], arr[:, 4:8]))
 
@@ -130,10 +151,16 @@ def read_tum(path) -> Trajectory:
 def write_tum(path, traj: Trajectory) -> pathlib.Path:
     """Write a TUM file (stamps with 9 decimals, i.e. nanoseconds)."""
     from pwan_ros.io.atomic import write_text
+
     path = pathlib.Path(path)
     t, q = tq_from_pose(traj.poses)
-    write_text(path, ''.join(f'{s:.9f} ' + ' '.join(f'{v:.9g}' for v in (*ti, *qi)) + '\n'
-                             for s, ti, qi in zip(traj.stamps, t, q)))
+    write_text(
+        path,
+        ''.join(
+            f'{s:.9f} ' + ' '.join(f'{v:.9g}' for v in (*ti, *qi)) + '\n'
+            for s, ti, qi in zip(traj.stamps, t, q)
+        ),
+    )
     return path
 
 
@@ -142,10 +169,16 @@ def read_kitti(path, stamps=None) -> Trajectory:
     rows = _numeric_rows(path)
     bad = [i for i, r in enumerate(rows) if len(r) != 12]
     if bad:
-        raise TrajectoryError(f'{path}: KITTI lines need 12 numbers, row {bad[0] + 1} has {len(rows[bad[0]])}')
+        raise TrajectoryError(
+            f'{path}: KITTI lines need 12 numbers, row {bad[0] + 1} has {len(rows[bad[0]])}'
+        )
     poses = np.tile(np.eye(4), (len(rows), 1, 1))
     poses[:, :3, :] = np.array(rows).reshape(-1, 3, 4)
-    stamps = np.arange(len(rows), dtype=np.float64) if stamps is None else np.asarray(stamps, np.float64)
+    stamps = (
+        np.arange(len(rows), dtype=np.float64)
+        if stamps is None
+        else np.asarray(stamps, np.float64)
+    )
     if stamps.shape[0] != len(rows):
         raise TrajectoryError(f'{path}: {len(rows)} KITTI poses but {stamps.shape[0]} stamps')
     return Trajectory(stamps, poses)
@@ -178,8 +211,10 @@ def detect_pose_format(path) -> str:
     width = len(_numeric_rows(path)[0])
     fmt = {8: 'tum', 12: 'kitti', 4: 'blocks'}.get(width)
     if fmt is None:
-        raise TrajectoryError(f'{path}: cannot tell the pose format from {width} columns '
-                              '(TUM has 8, KITTI 12, 4x4 blocks 4)')
+        raise TrajectoryError(
+            f'{path}: cannot tell the pose format from {width} columns '
+            '(TUM has 8, KITTI 12, 4x4 blocks 4)'
+        )
     return fmt
 
 

@@ -10,6 +10,7 @@ Names shared with :class:`pwan_ros.core.RegistrationConfig` mean the same thing 
 ``steps``, ``pwan_max_points`` = ``max_points``); ``scan_<name>`` is per-scan preprocessing, which
 the core does not do the same way (``scan_voxel_size`` 0 = automatic, never off).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -44,77 +45,182 @@ class OdometryConfig:
     """Parameters of PWAN odometry (:class:`pwan_ros.odometry.pipeline.OdometryPipeline` and the
     ``pwan_odometry`` node), one per ROS parameter. See each field's spec (``specs()``)."""
 
-    mode: str = param('adaptive', 'adaptive: fast partial tracking against a keyframe, full PWAN when tracking is '
-                      'lost or untrustworthy; pwan: full PWAN on every scan, warm-started (meant for a GPU); tracking: '
-                      'tracking only, PWAN never runs (a baseline that shows what PWAN recovers)',
-                      choices=MODES)
-    transform: str = param('rigid', 'transform of the PWAN core; affine and nonrigid need reference_cloud '
-                           '(a scan-to-scan motion is rigid)', choices=TRANSFORMS)
-    divergence: str = param('distance', 'distance: d-PWAN, match pairs within distance_threshold (needs no '
-                            'overlap guess: after a blackout or along a corridor the overlap is unknown); mass: '
-                            'm-PWAN, match mass_ratio of the smaller set (can slide a scan along a street when the '
-                            'true overlap is below mass_ratio)', choices=DIVERGENCES)
-    mass_ratio: float = param(0.8, 'fraction of the smaller point set matched by m-PWAN', 0.0, 1.0, low_open=True)
-    distance_threshold: float = param(0.0, 'partial-matching distance h (m): pairs farther apart do not count '
-                                      '(tracking, d-PWAN, matched ratio); 0 = 2 x scan_voxel_size', 0.0, 1000.0)
-    deskew: str = param('auto', 'motion compensation of each scan with the constant-velocity model: auto = when '
-                        'the cloud has a per-point time field (t, time, timestamp, offset_time: Ouster, Velodyne, '
-                        'Hesai, Livox conventions), on = the same but warn when a cloud has none, off',
-                        choices=DESKEW_MODES)
-    scan_voxel_size: float = param(0.0, 'voxel-grid downsampling of each scan (m); 0 = automatic: 3.5 % of the '
-                                   "first scan's median range (isolated returns ignored), clamped to "
-                                   '[0.02, 1.0] m', 0.0, 100.0)
-    scan_max_points: int = param(10000, 'cap on points per scan after downsampling (random subset); a keyframe '
-                                 'keeps this many', 100, 10_000_000)
-    source_points: int = param(5000, 'points of each scan tracked against the keyframe (random subset; the '
-                               'tracking cost is linear in it; thousands already fix the 6 degrees of freedom)',
-                               100, 10_000_000)
-    pwan_max_points: int = param(1500, "cap on points per set for full PWAN (the core's max_points; its cost is "
-                                 'linear in it)', 50, 1_000_000)
-    pwan_steps: int = param(400, "maximum transform updates of one full-PWAN registration (the core's steps)",
-                            1, 1_000_000)
-    potential_updates: int = param(3, 'potential-network updates per transform update (u of Alg. 1)', 1, 10_000)
-    device: str = param('auto', 'compute device of PWAN: auto (CUDA when available) | cpu | cuda | cuda:N')
+    mode: str = param(
+        'adaptive',
+        'adaptive: fast partial tracking against a keyframe, full PWAN when tracking is '
+        'lost or untrustworthy; pwan: full PWAN on every scan, warm-started (meant for a GPU); tracking: '
+        'tracking only, PWAN never runs (a baseline that shows what PWAN recovers)',
+        choices=MODES,
+    )
+    transform: str = param(
+        'rigid',
+        'transform of the PWAN core; affine and nonrigid need reference_cloud '
+        '(a scan-to-scan motion is rigid)',
+        choices=TRANSFORMS,
+    )
+    divergence: str = param(
+        'distance',
+        'distance: d-PWAN, match pairs within distance_threshold (needs no '
+        'overlap guess: after a blackout or along a corridor the overlap is unknown); mass: '
+        'm-PWAN, match mass_ratio of the smaller set (can slide a scan along a street when the '
+        'true overlap is below mass_ratio)',
+        choices=DIVERGENCES,
+    )
+    mass_ratio: float = param(
+        0.8, 'fraction of the smaller point set matched by m-PWAN', 0.0, 1.0, low_open=True
+    )
+    distance_threshold: float = param(
+        0.0,
+        'partial-matching distance h (m): pairs farther apart do not count '
+        '(tracking, d-PWAN, matched ratio); 0 = 2 x scan_voxel_size',
+        0.0,
+        1000.0,
+    )
+    deskew: str = param(
+        'auto',
+        'motion compensation of each scan with the constant-velocity model: auto = when '
+        'the cloud has a per-point time field (t, time, timestamp, offset_time: Ouster, Velodyne, '
+        'Hesai, Livox conventions), on = the same but warn when a cloud has none, off',
+        choices=DESKEW_MODES,
+    )
+    scan_voxel_size: float = param(
+        0.0,
+        'voxel-grid downsampling of each scan (m); 0 = automatic: 3.5 % of the '
+        "first scan's median range (isolated returns ignored), clamped to "
+        '[0.02, 1.0] m',
+        0.0,
+        100.0,
+    )
+    scan_max_points: int = param(
+        10000,
+        'cap on points per scan after downsampling (random subset); a keyframe keeps this many',
+        100,
+        10_000_000,
+    )
+    source_points: int = param(
+        5000,
+        'points of each scan tracked against the keyframe (random subset; the '
+        'tracking cost is linear in it; thousands already fix the 6 degrees of freedom)',
+        100,
+        10_000_000,
+    )
+    pwan_max_points: int = param(
+        1500,
+        "cap on points per set for full PWAN (the core's max_points; its cost is linear in it)",
+        50,
+        1_000_000,
+    )
+    pwan_steps: int = param(
+        400,
+        "maximum transform updates of one full-PWAN registration (the core's steps)",
+        1,
+        1_000_000,
+    )
+    potential_updates: int = param(
+        3, 'potential-network updates per transform update (u of Alg. 1)', 1, 10_000
+    )
+    device: str = param(
+        'auto', 'compute device of PWAN: auto (CUDA when available) | cpu | cuda | cuda:N'
+    )
     seed: int = param(0, 'random seed of PWAN and of the point subsets', 0, 2**31 - 1)
     compile: str = param('auto', _CORE_COMPILE.description, choices=_CORE_COMPILE.choices)
-    min_range: float = param(0.0, 'drop points closer than this to the sensor (m); 0 = off', 0.0, 1e4)
-    max_range: float = param(0.0, 'drop points farther than this from the sensor (m); 0 = off', 0.0, 1e4)
-    recovery_yaw_starts: int = param(4, 'full PWAN starts from the prediction and, if that does not match well, '
-                                     'from it turned by k x 360/n degrees about the sensor z axis (n starts)',
-                                     1, 36)
-    recovery_global: bool = param(True, 'when no start of a full-PWAN recovery matches well, also register from no '
-                                        'initial pose (FPFH hypotheses chosen by the partial objective; a kidnapped '
-                                        'robot, a jump far beyond the prediction); kept unless it is refused')
-    min_matched_ratio: float = param(0.3, "registrations matching a smaller fraction of the scan's points "
-                                     '(within h) are rejected and the last good pose is kept', 0.0, 1.0)
-    ratio_drop: float = param(0.6, 'a matched ratio below ratio_drop x the median of recent accepted scans '
-                              'makes tracking untrustworthy (full PWAN runs) and is never accepted', 0.0, 1.0)
-    max_speed: float = param(10.0, 'fastest the sensor moves (m/s): while no velocity is known (start-up, after '
-                             'a rejected scan) tracking searches as far as max_speed x the time since the '
-                             'last accepted scan, coarse to fine', 0.0, 1e3)
-    keyframe_distance: float = param(1.0, 'translation from the keyframe (m) that starts a new keyframe', 0.0, 1e4)
-    keyframe_angle: float = param(0.2618, 'rotation from the keyframe (rad) that starts a new keyframe',
-                                  0.0, math.pi)
-    local_map_keyframes: int = param(3, 'recent keyframes whose union (voxel-downsampled, capped at scan_max_points) '
-                                     'the scans are tracked against (1 = the newest keyframe only); a re-anchor '
-                                     'starts a new map; ignored with reference_cloud', 1, 50)
+    min_range: float = param(
+        0.0, 'drop points closer than this to the sensor (m); 0 = off', 0.0, 1e4
+    )
+    max_range: float = param(
+        0.0, 'drop points farther than this from the sensor (m); 0 = off', 0.0, 1e4
+    )
+    recovery_yaw_starts: int = param(
+        4,
+        'full PWAN starts from the prediction and, if that does not match well, '
+        'from it turned by k x 360/n degrees about the sensor z axis (n starts)',
+        1,
+        36,
+    )
+    recovery_global: bool = param(
+        True,
+        'when no start of a full-PWAN recovery matches well, also register from no '
+        'initial pose (FPFH hypotheses chosen by the partial objective; a kidnapped '
+        'robot, a jump far beyond the prediction); kept unless it is refused',
+    )
+    min_matched_ratio: float = param(
+        0.3,
+        "registrations matching a smaller fraction of the scan's points "
+        '(within h) are rejected and the last good pose is kept',
+        0.0,
+        1.0,
+    )
+    ratio_drop: float = param(
+        0.6,
+        'a matched ratio below ratio_drop x the median of recent accepted scans '
+        'makes tracking untrustworthy (full PWAN runs) and is never accepted',
+        0.0,
+        1.0,
+    )
+    max_speed: float = param(
+        10.0,
+        'fastest the sensor moves (m/s): while no velocity is known (start-up, after '
+        'a rejected scan) tracking searches as far as max_speed x the time since the '
+        'last accepted scan, coarse to fine',
+        0.0,
+        1e3,
+    )
+    keyframe_distance: float = param(
+        1.0, 'translation from the keyframe (m) that starts a new keyframe', 0.0, 1e4
+    )
+    keyframe_angle: float = param(
+        0.2618, 'rotation from the keyframe (rad) that starts a new keyframe', 0.0, math.pi
+    )
+    local_map_keyframes: int = param(
+        3,
+        'recent keyframes whose union (voxel-downsampled, capped at scan_max_points) '
+        'the scans are tracked against (1 = the newest keyframe only); a re-anchor '
+        'starts a new map; ignored with reference_cloud',
+        1,
+        50,
+    )
     odom_frame: str = param('odom', 'fixed frame of the published pose (REP-105)')
-    base_frame: str = param('', "moving frame of the published pose; '' = the cloud's frame_id, otherwise a "
-                            'static transform base_frame -> cloud frame must be on /tf_static')
+    base_frame: str = param(
+        '',
+        "moving frame of the published pose; '' = the cloud's frame_id, otherwise a "
+        'static transform base_frame -> cloud frame must be on /tf_static',
+    )
     publish_tf: bool = param(True, 'broadcast odom_frame -> base_frame on /tf')
-    reliability: str = param('auto', 'QoS reliability of the points subscription: auto = a reliable and a '
-                             'best-effort reader together, so bag players (reliable) and lidar drivers (best '
-                             'effort) are both heard from their first scan; reliable never matches a '
-                             'best-effort driver', choices=RELIABILITIES)
-    reanchor_after: int = param(5, 'consecutive rejected scans after which the next scan becomes a new keyframe '
-                                'at the held pose (the motion in between is not recovered); 0 = never',
-                                0, 1_000_000)
-    reference_cloud: str = param('', 'point file (.ply .pcd .xyz .txt .csv .npy) in odom_frame to align every '
-                                 "scan to instead of the previous scans (a part, a prior map); '' = none")
-    time_budget_ms: float = param(100.0, 'per-scan time budget of the tracking path (ms); scans over it are '
-                                  'counted in the diagnostics', 0.0, 1e6, low_open=True)
-    pwan_time_budget_ms: float = param(20000.0, 'time budget of one full-PWAN recovery, all yaw starts (ms)',
-                                       0.0, 1e7, low_open=True)
+    reliability: str = param(
+        'auto',
+        'QoS reliability of the points subscription: auto = a reliable and a '
+        'best-effort reader together, so bag players (reliable) and lidar drivers (best '
+        'effort) are both heard from their first scan; reliable never matches a '
+        'best-effort driver',
+        choices=RELIABILITIES,
+    )
+    reanchor_after: int = param(
+        5,
+        'consecutive rejected scans after which the next scan becomes a new keyframe '
+        'at the held pose (the motion in between is not recovered); 0 = never',
+        0,
+        1_000_000,
+    )
+    reference_cloud: str = param(
+        '',
+        'point file (.ply .pcd .xyz .txt .csv .npy) in odom_frame to align every '
+        "scan to instead of the previous scans (a part, a prior map); '' = none",
+    )
+    time_budget_ms: float = param(
+        100.0,
+        'per-scan time budget of the tracking path (ms); scans over it are '
+        'counted in the diagnostics',
+        0.0,
+        1e6,
+        low_open=True,
+    )
+    pwan_time_budget_ms: float = param(
+        20000.0,
+        'time budget of one full-PWAN recovery, all yaw starts (ms)',
+        0.0,
+        1e7,
+        low_open=True,
+    )
 
     def __post_init__(self):
         for name in specs(type(self)):
@@ -123,22 +229,39 @@ class OdometryConfig:
             if why:
                 raise ConfigError(f"invalid value {value!r} for parameter '{name}': {why}")
             if value_type(type(self), name)[0] is float:
-                object.__setattr__(self, name, float(value))   # YAML / ROS may give 1 for 1.0
+                object.__setattr__(self, name, float(value))  # YAML / ROS may give 1 for 1.0
 
         def check(ok, name, allowed):
             if not ok:
-                raise ConfigError(f"invalid value {getattr(self, name)!r} for parameter '{name}': "
-                                  f'expected {allowed}')
+                raise ConfigError(
+                    f"invalid value {getattr(self, name)!r} for parameter '{name}': "
+                    f'expected {allowed}'
+                )
 
-        check(self.max_range == 0.0 or self.max_range > self.min_range, 'max_range',
-              '0 (off) or a number > min_range')
-        check(self.device in ('auto', 'cpu', 'cuda') or (self.device.startswith('cuda:') and self.device[5:].isdigit()),
-              'device', 'auto | cpu | cuda | cuda:N')
-        check(bool(self.odom_frame) and not self.odom_frame.startswith('/'), 'odom_frame',
-              'a non-empty frame id without a leading slash')
-        check(not self.base_frame.startswith('/'), 'base_frame', 'a frame id without a leading slash')
-        check(self.transform == 'rigid' or bool(self.reference_cloud), 'transform',
-              "'rigid' unless reference_cloud is set (scan-to-scan motion is rigid)")
+        check(
+            self.max_range == 0.0 or self.max_range > self.min_range,
+            'max_range',
+            '0 (off) or a number > min_range',
+        )
+        check(
+            self.device in ('auto', 'cpu', 'cuda')
+            or (self.device.startswith('cuda:') and self.device[5:].isdigit()),
+            'device',
+            'auto | cpu | cuda | cuda:N',
+        )
+        check(
+            bool(self.odom_frame) and not self.odom_frame.startswith('/'),
+            'odom_frame',
+            'a non-empty frame id without a leading slash',
+        )
+        check(
+            not self.base_frame.startswith('/'), 'base_frame', 'a frame id without a leading slash'
+        )
+        check(
+            self.transform == 'rigid' or bool(self.reference_cloud),
+            'transform',
+            "'rigid' unless reference_cloud is set (scan-to-scan motion is rigid)",
+        )
 
     def replace(self, **changes: Any) -> 'OdometryConfig':
         return dataclasses.replace(self, **changes)
@@ -171,7 +294,11 @@ def upgrade_names(values: Mapping[str, Any]) -> Dict[str, Any]:
         if old in out:
             if new in out:
                 raise ConfigError(f"parameter '{old}' was renamed '{new}': give only '{new}'")
-            warnings.warn(f"parameter '{old}' was renamed '{new}'; the old name will stop working in the "
-                          'next release', FutureWarning, stacklevel=3)
+            warnings.warn(
+                f"parameter '{old}' was renamed '{new}'; the old name will stop working in the "
+                'next release',
+                FutureWarning,
+                stacklevel=3,
+            )
             out[new] = out.pop(old)
     return out

@@ -8,6 +8,7 @@ model. The motion over an offset dt is the model's own
 extrapolation (:func:`pwan_ros.geometry.se3.scale_motion`): rotation exp(omega dt), translation
 v dt, both in the sensor frame at the stamp.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

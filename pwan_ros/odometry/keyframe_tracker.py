@@ -7,6 +7,7 @@ partial selection), and takes a Gauss-Newton step on the plane-aware GICP cost. 
 covariances and KD-tree (:class:`PreparedCloud`, built once per keyframe: the local map of
 :mod:`pwan_ros.odometry.keyframes`) are reused for every scan tracked against it.
 """
+
 from __future__ import annotations
 
 import time
@@ -29,12 +30,15 @@ class PreparedCloud:
     tree: 'small_gicp.KdTree'
 
     @classmethod
-    def build(cls, points: np.ndarray, num_threads: int = 2, num_neighbors: int = 10) -> 'PreparedCloud':
+    def build(
+        cls, points: np.ndarray, num_threads: int = 2, num_neighbors: int = 10
+    ) -> 'PreparedCloud':
         pts = np.ascontiguousarray(points, dtype=np.float64)
         cloud = small_gicp.PointCloud(pts)
         tree = small_gicp.KdTree(cloud, num_threads=num_threads)
-        small_gicp.estimate_covariances(cloud, tree, num_neighbors=num_neighbors,
-                                        num_threads=num_threads)
+        small_gicp.estimate_covariances(
+            cloud, tree, num_neighbors=num_neighbors, num_threads=num_threads
+        )
         return cls(pts, cloud, tree)
 
     def __len__(self):
@@ -63,8 +67,9 @@ class TrackResult:
     time_ms: float
 
 
-def match_quality(target: PreparedCloud, points: np.ndarray, transform: np.ndarray,
-                  h: float) -> MatchQuality:
+def match_quality(
+    target: PreparedCloud, points: np.ndarray, transform: np.ndarray, h: float
+) -> MatchQuality:
     """Partial-matching quality of ``points`` (M, 3), moved by ``transform``, against ``target``."""
     moved = transform_points(transform, points)
     _, sq = target.tree.batch_nearest_neighbor_search(moved)
@@ -75,8 +80,15 @@ def match_quality(target: PreparedCloud, points: np.ndarray, transform: np.ndarr
     return MatchQuality(ratio, med)
 
 
-def track(target: PreparedCloud, source: PreparedCloud, init: np.ndarray, h: float,
-          max_iterations: int = 30, num_threads: int = 2, capture: float = 0.0) -> TrackResult:
+def track(
+    target: PreparedCloud,
+    source: PreparedCloud,
+    init: np.ndarray,
+    h: float,
+    max_iterations: int = 30,
+    num_threads: int = 2,
+    capture: float = 0.0,
+) -> TrackResult:
     """Register ``source`` to ``target`` from ``init`` (4x4 T_target_source).
 
     While converging, correspondences are gated at 2h (a wider capture range from a poor
@@ -90,13 +102,19 @@ def track(target: PreparedCloud, source: PreparedCloud, init: np.ndarray, h: flo
         gates.insert(0, gates[0] * 2.0)
     t, iterations, converged = np.asarray(init, dtype=np.float64), 0, True
     for gate in gates:
-        res = small_gicp.align(target.cloud, source.cloud, target.tree, init_T_target_source=t,
-                               registration_type='GICP', max_correspondence_distance=gate,
-                               num_threads=num_threads, max_iterations=max_iterations)
+        res = small_gicp.align(
+            target.cloud,
+            source.cloud,
+            target.tree,
+            init_T_target_source=t,
+            registration_type='GICP',
+            max_correspondence_distance=gate,
+            num_threads=num_threads,
+            max_iterations=max_iterations,
+        )
         t = np.asarray(res.T_target_source, dtype=np.float64)
         iterations += int(res.iterations)
         converged = bool(res.converged)
     t = project_rigid(t)
     quality = match_quality(target, source.points, t, h)
-    return TrackResult(t, quality, iterations, converged,
-                       (time.perf_counter() - start) * 1e3)
+    return TrackResult(t, quality, iterations, converged, (time.perf_counter() - start) * 1e3)

@@ -6,6 +6,7 @@ scan voxel size and capped at ``scan_max_points`` (so tracking a scan against it
 what tracking against one keyframe does). With ``local_map_keyframes: 1`` it is the newest
 keyframe's scan alone. A fixed reference cloud replaces it while aligning to one.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -41,8 +42,12 @@ class Keyframes:
     with the first scan when automatic; default ``scan_voxel_size``); the local map is
     downsampled with it (0: only capped)."""
 
-    def __init__(self, config: OdometryConfig, num_threads: int = 2,
-                 voxel_size: Optional[Callable[[], float]] = None):
+    def __init__(
+        self,
+        config: OdometryConfig,
+        num_threads: int = 2,
+        voxel_size: Optional[Callable[[], float]] = None,
+    ):
         self.config = config
         self.num_threads = num_threads
         self.voxel_size = voxel_size or (lambda: config.scan_voxel_size)
@@ -51,7 +56,7 @@ class Keyframes:
     def reset(self) -> None:
         self.current: Optional[Keyframe] = None
         self._count = 0
-        self._recent: deque = deque(maxlen=self.config.local_map_keyframes)   # (M, 3) odom points
+        self._recent: deque = deque(maxlen=self.config.local_map_keyframes)  # (M, 3) odom points
         self._rng = np.random.default_rng(self.config.seed)
 
     def clear_map(self) -> None:
@@ -64,8 +69,9 @@ class Keyframes:
         self.current = Keyframe(cloud, np.eye(4), 0, True)
         return self.current
 
-    def start(self, points: np.ndarray, pose: np.ndarray,
-              prepare: Callable[[], PreparedCloud]) -> Keyframe:
+    def start(
+        self, points: np.ndarray, pose: np.ndarray, prepare: Callable[[], PreparedCloud]
+    ) -> Keyframe:
         """Make a downsampled scan, (M, 3) ``points`` in its sensor frame at (4, 4) T_odom_sensor
         ``pose``, the new keyframe, the newest of the local map that later scans are tracked
         against. ``prepare()`` returns the scan prepared for GICP; it is called only when the
@@ -100,5 +106,7 @@ class Keyframes:
         if self.current is None or self.current.is_reference:
             return False
         cfg = self.config
-        return (translation_norm(t_kf_scan) >= cfg.keyframe_distance
-                or rotation_angle(t_kf_scan) >= cfg.keyframe_angle)
+        return (
+            translation_norm(t_kf_scan) >= cfg.keyframe_distance
+            or rotation_angle(t_kf_scan) >= cfg.keyframe_angle
+        )

@@ -1,4 +1,5 @@
 """Constant-velocity motion prediction for warm-starting scan registration."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -27,7 +28,7 @@ class ConstantVelocityModel:
     def reset(self) -> None:
         self._pose: Optional[np.ndarray] = None
         self._stamp: Optional[float] = None
-        self._delta = np.eye(4)   # last motion, in the previous pose's frame
+        self._delta = np.eye(4)  # last motion, in the previous pose's frame
         self._dt: Optional[float] = None
 
     @property

@@ -7,6 +7,7 @@ resets odom to the current pose; the base pose is the sensor pose composed with 
 ``T_base_sensor``; the twist is the base-frame velocity between accepted scans; the pose
 covariance comes from the match quality.
 """
+
 from __future__ import annotations
 
 import math
@@ -46,32 +47,50 @@ class Odometer:
 
     def __init__(self, pipeline: OdometryPipeline):
         self.pipeline = pipeline
-        self.resets = 0                     # restarts and resets so far
-        self._origin = np.eye(4)            # T_odom_sensor at the start of the current pipeline run
-        self._last_pose = np.eye(4)         # last accepted T_odom_base
+        self.resets = 0  # restarts and resets so far
+        self._origin = np.eye(4)  # T_odom_sensor at the start of the current pipeline run
+        self._last_pose = np.eye(4)  # last accepted T_odom_base
         self._frame: Optional[str] = None
         self._last_stamp: Optional[float] = None
         self._pose_stamp: Optional[float] = None
 
-    def update(self, points: np.ndarray, stamp: float, frame: str, t_base_sensor: np.ndarray,
-               offsets: Optional[np.ndarray] = None) -> OdometryUpdate:
+    def update(
+        self,
+        points: np.ndarray,
+        stamp: float,
+        frame: str,
+        t_base_sensor: np.ndarray,
+        offsets: Optional[np.ndarray] = None,
+    ) -> OdometryUpdate:
         """Register one scan. points: (N, 3) in ``frame`` (metres); stamp: seconds; t_base_sensor:
         (4, 4) ``T_base_frame``; offsets: (N,) per-point times in seconds from ``stamp`` (deskew). Raises :class:`~pwan_ros.odometry.pipeline.ScanError` for a scan
         that cannot be registered (state unchanged except for a restart it triggered)."""
         notices = []
         if self._frame is not None and frame != self._frame:
-            notices.append(('frame_change', f"cloud frame changed from '{self._frame}' to '{frame}': "
-                                            'restarting registration from the last pose'))
+            notices.append(
+                (
+                    'frame_change',
+                    f"cloud frame changed from '{self._frame}' to '{frame}': "
+                    'restarting registration from the last pose',
+                )
+            )
             self._restart(keep_pose=True)
         if self._last_stamp is not None and stamp < self._last_stamp:
-            notices.append(('time', f'time went backwards ({stamp:.3f} < {self._last_stamp:.3f} s): '
-                                    'resetting odometry'))
+            notices.append(
+                (
+                    'time',
+                    f'time went backwards ({stamp:.3f} < {self._last_stamp:.3f} s): '
+                    'resetting odometry',
+                )
+            )
             self._restart(keep_pose=False)
         self._frame = frame
         est = self.pipeline.process(points, stamp, offsets)
         self._last_stamp = stamp
 
-        t_odom_base = t_base_sensor @ project_rigid(self._origin @ est.pose) @ invert(t_base_sensor)
+        t_odom_base = (
+            t_base_sensor @ project_rigid(self._origin @ est.pose) @ invert(t_base_sensor)
+        )
         twist = None
         if est.accepted:
             if self._pose_stamp is not None and stamp > self._pose_stamp:
@@ -82,8 +101,15 @@ class Odometer:
         deformed = None
         if est.aligned_points is not None:
             deformed = est.aligned_points @ self._origin[:3, :3].T + self._origin[:3, 3]
-        return OdometryUpdate(t_odom_base, t_odom_base @ t_base_sensor, twist,
-                              pose_covariance(est, self.pipeline.h), deformed, est, notices)
+        return OdometryUpdate(
+            t_odom_base,
+            t_odom_base @ t_base_sensor,
+            twist,
+            pose_covariance(est, self.pipeline.h),
+            deformed,
+            est,
+            notices,
+        )
 
     def _restart(self, keep_pose: bool) -> None:
         """keep_pose: the new pipeline run starts at the last sensor pose (odom continuous);
@@ -109,6 +135,6 @@ def pose_covariance(est: ScanEstimate, h: float) -> List[float]:
         sigma_t, sigma_r = sigma_t * 1e3, sigma_r * 1e3
     cov = [0.0] * 36
     for i in range(3):
-        cov[7 * i] = sigma_t ** 2
-        cov[7 * (i + 3)] = sigma_r ** 2
+        cov[7 * i] = sigma_t**2
+        cov[7 * (i + 3)] = sigma_r**2
     return cov

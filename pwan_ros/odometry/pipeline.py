@@ -20,6 +20,7 @@ become a keyframe. After ``reanchor_after`` consecutive rejections the next scan
 keyframe at the held pose (path 'reanchor'), so a keyframe that no longer matches cannot make the
 odometry reject forever.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,7 +42,14 @@ from pwan_ros.odometry.pwan_recovery import PwanAligner, recover
 from pwan_ros.odometry.scan_filter import filter_scan
 from pwan_ros.odometry.trust import TrustPolicy
 
-__all__ = ['OdometryPipeline', 'ScanPipeline', 'ScanEstimate', 'ScanError', 'Keyframe', 'MIN_POINTS']
+__all__ = [
+    'OdometryPipeline',
+    'ScanPipeline',
+    'ScanEstimate',
+    'ScanError',
+    'Keyframe',
+    'MIN_POINTS',
+]
 
 
 @dataclass(frozen=True)
@@ -101,8 +109,12 @@ class OdometryPipeline:
     small_gicp's parallel sums make results differ in the last bits from run to run; 1 makes them
     bit-reproducible."""
 
-    def __init__(self, config: OdometryConfig, reference_points: Optional[np.ndarray] = None,
-                 num_threads: int = 2):
+    def __init__(
+        self,
+        config: OdometryConfig,
+        reference_points: Optional[np.ndarray] = None,
+        num_threads: int = 2,
+    ):
         self.config = config
         self.num_threads = num_threads
         self.motion = ConstantVelocityModel()
@@ -147,7 +159,9 @@ class OdometryPipeline:
         return self.config.distance_threshold or 2.0 * self.voxel_size
 
     # ------------------------------------------------------------------ main entry
-    def process(self, points: np.ndarray, stamp: float, offsets: Optional[np.ndarray] = None) -> ScanEstimate:
+    def process(
+        self, points: np.ndarray, stamp: float, offsets: Optional[np.ndarray] = None
+    ) -> ScanEstimate:
         """Register one scan. points: (N, 3) sensor frame (metres), may contain NaN rows.
         stamp: seconds. offsets: (N,) acquisition time of each point in seconds from ``stamp``
         (None: unknown). With offsets (and ``deskew`` not 'off'), the scan is registered as a
@@ -176,15 +190,19 @@ class OdometryPipeline:
     def _process(self, points: np.ndarray, stamp: float, deskewed: bool) -> ScanEstimate:
         t0 = time.perf_counter()
         if self._last_stamp is not None and stamp < self._last_stamp:
-            raise ScanError(f'time went backwards ({stamp:.3f} s < {self._last_stamp:.3f} s); call reset()')
+            raise ScanError(
+                f'time went backwards ({stamp:.3f} s < {self._last_stamp:.3f} s); call reset()'
+            )
         scan = self.preparer(points)
         timings = {'preprocess': (time.perf_counter() - t0) * 1e3}
         self._last_stamp = stamp
         self._scan_index += 1
         done = _Finisher(stamp, scan, t0, timings, self.keyframes, deskewed)
         kf = self.keyframe or self._reference_keyframe()
-        if kf is None:                                      # the first scan defines odom
-            return done(self._start_keyframe(scan, np.eye(4), stamp), 'init', _Outcome(np.eye(4), _PERFECT))
+        if kf is None:  # the first scan defines odom
+            return done(
+                self._start_keyframe(scan, np.eye(4), stamp), 'init', _Outcome(np.eye(4), _PERFECT)
+            )
         if self.trust.should_reanchor() and not kf.is_reference:
             return self._reanchor(scan, stamp, done)
         init = invert(kf.pose) @ self.motion.predict(stamp)
@@ -199,26 +217,40 @@ class OdometryPipeline:
         ratio = outcome.quality.matched_ratio
         if ratio < floor:
             why = f'matched ratio {ratio:.2f} < required {floor:.2f}'
-            if (ratio >= self.config.min_matched_ratio and deviation is not None
-                    and self.trust.agrees_with_motion(deviation, self.h)):
-                outcome.reason = (why + f', accepted: agrees with the motion prediction ({deviation[0]:.3f} m, '
-                                  f'{deviation[1]:.2f} deg)' + (f' ({outcome.reason})' if outcome.reason else ''))
+            if (
+                ratio >= self.config.min_matched_ratio
+                and deviation is not None
+                and self.trust.agrees_with_motion(deviation, self.h)
+            ):
+                outcome.reason = (
+                    why + f', accepted: agrees with the motion prediction ({deviation[0]:.3f} m, '
+                    f'{deviation[1]:.2f} deg)' + (f' ({outcome.reason})' if outcome.reason else '')
+                )
                 return self._accept(kf, scan, stamp, outcome, done, deviation, by_motion=True)
             outcome.reason = why + (f' ({outcome.reason})' if outcome.reason else '')
             return self._reject(stamp, done, outcome)
         return self._accept(kf, scan, stamp, outcome, done, deviation)
 
     # ------------------------------------------------------------------ stages
-    def _register(self, kf: Keyframe, scan: PreparedScan, init: np.ndarray, timings: Dict[str, float]) -> _Outcome:
+    def _register(
+        self, kf: Keyframe, scan: PreparedScan, init: np.ndarray, timings: Dict[str, float]
+    ) -> _Outcome:
         """Track from the prediction; full PWAN when the trust policy distrusts the result (or
         always in mode 'pwan'). The better of the two by matched ratio wins."""
         best = None
         if self.config.mode in ('adaptive', 'tracking'):
             t0 = time.perf_counter()
             capture = self._capture_range()
-            tr = track(kf.cloud, scan.tracked, init, self.h, num_threads=self.num_threads, capture=capture)
+            tr = track(
+                kf.cloud, scan.tracked, init, self.h, num_threads=self.num_threads, capture=capture
+            )
             timings['track'] = (time.perf_counter() - t0) * 1e3
-            best = _Outcome(tr.transform, tr.quality, tr.iterations, reason=self.trust.distrust(tr.quality, self.h))
+            best = _Outcome(
+                tr.transform,
+                tr.quality,
+                tr.iterations,
+                reason=self.trust.distrust(tr.quality, self.h),
+            )
             if not best.reason and capture > 2.0 * self.h:
                 # a gap with no velocity to predict from: a wide search can settle on a pose near the
                 # last one ("no motion" on a road); the self-check judges it before it is trusted
@@ -228,14 +260,26 @@ class OdometryPipeline:
                 if check.status != 'ok':
                     best.reason = f'tracking across a {capture:.3g} m gap refused by its self-check: {check.reason}'
             if self._scan_index == 1 and kf.is_reference:
-                best.reason = 'start-up against the reference cloud' + (f' ({best.reason})' if best.reason else '')
+                best.reason = 'start-up against the reference cloud' + (
+                    f' ({best.reason})' if best.reason else ''
+                )
             if not best.reason or self.config.mode == 'tracking':
                 return best
         reason = best.reason if best else 'mode pwan'
         deadline = time.perf_counter() + self.config.pwan_time_budget_ms * 1e-3
-        good = self.trust.good_match()     # infinite without a history: then no global search either
-        rec = recover(self.pwan, kf.cloud, scan.tracked, init, self.h, self.config.recovery_yaw_starts, good,
-                      deadline, self.num_threads, use_global=self.config.recovery_global and np.isfinite(good))
+        good = self.trust.good_match()  # infinite without a history: then no global search either
+        rec = recover(
+            self.pwan,
+            kf.cloud,
+            scan.tracked,
+            init,
+            self.h,
+            self.config.recovery_yaw_starts,
+            good,
+            deadline,
+            self.num_threads,
+            use_global=self.config.recovery_global and np.isfinite(good),
+        )
         timings['pwan'], timings['polish'] = rec.pwan_ms, rec.polish_ms
         iterations = rec.iterations + (best.iterations if best else 0)
         if rec.check is not None and rec.check.status != 'ok':
@@ -260,22 +304,34 @@ class OdometryPipeline:
             return 0.0
         return self.config.max_speed * max(self._last_stamp - self.motion.stamp, 0.0)
 
-    def _accept(self, kf: Keyframe, scan: PreparedScan, stamp: float, outcome: _Outcome, done,
-                deviation: Optional[tuple] = None, by_motion: bool = False) -> ScanEstimate:
+    def _accept(
+        self,
+        kf: Keyframe,
+        scan: PreparedScan,
+        stamp: float,
+        outcome: _Outcome,
+        done,
+        deviation: Optional[tuple] = None,
+        by_motion: bool = False,
+    ) -> ScanEstimate:
         """Accept ``outcome``. ``by_motion``: accepted below the quality floor because it agrees
         with the motion prediction; such a scan (flooded with spurious returns) never becomes a
         keyframe, and the motion model keeps extrapolating through it."""
-        pose = project_rigid(kf.pose @ outcome.transform)   # orthonormal poses: no compounding drift
+        pose = project_rigid(
+            kf.pose @ outcome.transform
+        )  # orthonormal poses: no compounding drift
         self.motion.update(pose, stamp)
         if outcome.pwan_engaged and self.config.mode == 'adaptive' and not by_motion:
-            self.motion.hold(stamp)   # a recovered jump is not a velocity to extrapolate
+            self.motion.hold(stamp)  # a recovered jump is not a velocity to extrapolate
         self.trust.accepted(outcome.quality, len(scan.dense), deviation, by_motion)
         new_kf = not by_motion and self.keyframes.due(outcome.transform)
         if new_kf:
             t0 = time.perf_counter()
             self.keyframes.start(scan.dense, pose, lambda: scan.keyframe_cloud(self.num_threads))
             done.timings['map'] = (time.perf_counter() - t0) * 1e3
-        return done(pose, 'pwan' if outcome.pwan_engaged else 'track', outcome, new_keyframe=new_kf)
+        return done(
+            pose, 'pwan' if outcome.pwan_engaged else 'track', outcome, new_keyframe=new_kf
+        )
 
     def _reject(self, stamp: float, done, outcome: _Outcome) -> ScanEstimate:
         """Keep the last good pose, stop extrapolating, count the rejection."""
@@ -287,9 +343,11 @@ class OdometryPipeline:
     def _reanchor(self, scan: PreparedScan, stamp: float, done) -> ScanEstimate:
         """The keyframe has stopped matching: restart tracking from this scan at the held pose."""
         pose = self.motion.pose if self.motion.pose is not None else self.keyframe.pose
-        why = (f're-anchored on this scan after {self.trust.rejections} rejected scans '
-               '(motion since not recovered)')
-        self.keyframes.clear_map()          # the old keyframes do not line up with the held pose
+        why = (
+            f're-anchored on this scan after {self.trust.rejections} rejected scans '
+            '(motion since not recovered)'
+        )
+        self.keyframes.clear_map()  # the old keyframes do not line up with the held pose
         self._start_keyframe(scan, pose, stamp)
         self.motion.hold(stamp)
         self.trust.reanchored(len(scan.dense))
@@ -304,8 +362,9 @@ class OdometryPipeline:
         """The reference cloud as the fixed keyframe (once the voxel size is known), or None."""
         if self._reference_points is None:
             return None
-        ref = filter_scan(self._reference_points, self.voxel_size, self.config.scan_max_points * 4,
-                          rng=self._rng).points
+        ref = filter_scan(
+            self._reference_points, self.voxel_size, self.config.scan_max_points * 4, rng=self._rng
+        ).points
         return self.keyframes.set_reference(PreparedCloud.build(ref, self.num_threads))
 
     def _deform(self, kf: Keyframe, scan: PreparedScan, init: np.ndarray, done) -> ScanEstimate:
@@ -318,8 +377,10 @@ class OdometryPipeline:
         quality = match_quality(kf.cloud, result.transformed_source, np.eye(4), self.h)
         outcome = _Outcome(result.transform, quality, result.iterations, True, starts=1)
         if quality.matched_ratio < self.config.min_matched_ratio:
-            outcome.reason = (f'matched ratio {quality.matched_ratio:.2f} < min_matched_ratio '
-                              f'{self.config.min_matched_ratio:.2f}')
+            outcome.reason = (
+                f'matched ratio {quality.matched_ratio:.2f} < min_matched_ratio '
+                f'{self.config.min_matched_ratio:.2f}'
+            )
             last = self.motion.pose if self.motion.pose is not None else np.eye(4)
             return done(last.copy(), 'rejected', outcome, accepted=False)
         pose = kf.pose @ project_rigid(result.transform)
@@ -342,23 +403,55 @@ _NOTHING = MatchQuality(0.0, float('inf'))
 class _Finisher:
     """Builds the :class:`ScanEstimate` of one scan (latency and keyframe taken at the call)."""
 
-    def __init__(self, stamp: float, scan: PreparedScan, t0: float, timings: Dict[str, float],
-                 keyframes: Keyframes, deskewed: bool = False):
-        self.stamp, self.scan, self.t0, self.timings, self.keyframes = stamp, scan, t0, timings, keyframes
+    def __init__(
+        self,
+        stamp: float,
+        scan: PreparedScan,
+        t0: float,
+        timings: Dict[str, float],
+        keyframes: Keyframes,
+        deskewed: bool = False,
+    ):
+        self.stamp, self.scan, self.t0, self.timings, self.keyframes = (
+            stamp,
+            scan,
+            t0,
+            timings,
+            keyframes,
+        )
         self.deskewed = deskewed
 
-    def __call__(self, pose: np.ndarray, path: str, outcome: _Outcome, accepted: bool = True,
-                 new_keyframe: Optional[bool] = None, aligned_points: Optional[np.ndarray] = None) -> ScanEstimate:
+    def __call__(
+        self,
+        pose: np.ndarray,
+        path: str,
+        outcome: _Outcome,
+        accepted: bool = True,
+        new_keyframe: Optional[bool] = None,
+        aligned_points: Optional[np.ndarray] = None,
+    ) -> ScanEstimate:
         filt = self.scan.filtered
         return ScanEstimate(
-            stamp=self.stamp, pose=pose, path=path, accepted=accepted, pwan_engaged=outcome.pwan_engaged,
-            reason=outcome.reason, matched_ratio=outcome.quality.matched_ratio,
-            median_residual=outcome.quality.median_residual, iterations=outcome.iterations,
-            num_points=len(filt.points), num_input=filt.num_input, num_far=filt.num_far,
+            stamp=self.stamp,
+            pose=pose,
+            path=path,
+            accepted=accepted,
+            pwan_engaged=outcome.pwan_engaged,
+            reason=outcome.reason,
+            matched_ratio=outcome.quality.matched_ratio,
+            median_residual=outcome.quality.median_residual,
+            iterations=outcome.iterations,
+            num_points=len(filt.points),
+            num_input=filt.num_input,
+            num_far=filt.num_far,
             keyframe=self.keyframes.current.index if self.keyframes.current is not None else -1,
             new_keyframe=path in ('init', 'reanchor') if new_keyframe is None else new_keyframe,
-            latency_ms=(time.perf_counter() - self.t0) * 1e3, timings_ms=self.timings,
-            aligned_points=aligned_points, pwan_starts=outcome.starts, deskewed=self.deskewed)
+            latency_ms=(time.perf_counter() - self.t0) * 1e3,
+            timings_ms=self.timings,
+            aligned_points=aligned_points,
+            pwan_starts=outcome.starts,
+            deskewed=self.deskewed,
+        )
 
 
 #: the old name, kept for one release

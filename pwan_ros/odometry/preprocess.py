@@ -1,4 +1,5 @@
 """The preprocessing stage of the odometry: one raw scan -> the points it is registered with."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -57,13 +58,21 @@ class ScanPreparer:
                 raise ScanError(f'scan has {len(finite)} valid points, need {MIN_POINTS}')
             self.voxel_size = automatic_voxel_size(finite)
         try:
-            filt = filter_scan(pts, self.voxel_size, cfg.scan_max_points, cfg.min_range, cfg.max_range,
-                               rng=self.rng)
+            filt = filter_scan(
+                pts,
+                self.voxel_size,
+                cfg.scan_max_points,
+                cfg.min_range,
+                cfg.max_range,
+                rng=self.rng,
+            )
         except ValueError as exc:
             raise ScanError(str(exc)) from None
         if len(filt.points) < MIN_POINTS:
-            raise ScanError(f'scan has {len(filt.points)} usable points after filtering '
-                            f'({filt.num_input} received, {filt.num_finite} finite), need {MIN_POINTS}')
+            raise ScanError(
+                f'scan has {len(filt.points)} usable points after filtering '
+                f'({filt.num_input} received, {filt.num_finite} finite), need {MIN_POINTS}'
+            )
         dense = filt.points
         tracked = dense
         if len(dense) > cfg.source_points:

@@ -6,6 +6,7 @@ point sets at ``pwan_max_points``, warm-starts from the motion prediction and â€
 ``mode='pwan'`` â€” from the previous scan's potential network weights, and keeps the keyframe's
 search structures (k-d tree, normals) while the keyframe stays (:class:`ReferenceCache`).
 """
+
 from __future__ import annotations
 
 import threading
@@ -28,10 +29,18 @@ def core_config(cfg: OdometryConfig, h: Optional[float] = None) -> RegistrationC
     """The core configuration for the node parameters. h: distance threshold in metres
     (d-PWAN and the fine-tune stage), None = the core's automatic choice."""
     return RegistrationConfig(
-        transform=cfg.transform, divergence=cfg.divergence, mass_ratio=cfg.mass_ratio,
-        distance_threshold=h, max_points=cfg.pwan_max_points, steps=cfg.pwan_steps,
-        potential_updates=cfg.potential_updates, device=cfg.device, seed=cfg.seed, compile=cfg.compile,
-        self_check=False)   # the pipeline judges the tracked result of a recovery itself (recover())
+        transform=cfg.transform,
+        divergence=cfg.divergence,
+        mass_ratio=cfg.mass_ratio,
+        distance_threshold=h,
+        max_points=cfg.pwan_max_points,
+        steps=cfg.pwan_steps,
+        potential_updates=cfg.potential_updates,
+        device=cfg.device,
+        seed=cfg.seed,
+        compile=cfg.compile,
+        self_check=False,
+    )  # the pipeline judges the tracked result of a recovery itself (recover())
 
 
 class PwanAligner:
@@ -45,8 +54,14 @@ class PwanAligner:
         self._cancel = threading.Event()
         self.reference_cache: Optional[ReferenceCache] = ReferenceCache()
 
-    def align(self, source: np.ndarray, reference: np.ndarray, init: np.ndarray,
-              h: Optional[float] = None, deadline: Optional[float] = None) -> RegistrationResult:
+    def align(
+        self,
+        source: np.ndarray,
+        reference: np.ndarray,
+        init: np.ndarray,
+        h: Optional[float] = None,
+        deadline: Optional[float] = None,
+    ) -> RegistrationResult:
         """Register source (N, 3) onto reference (M, 3), both metres, from ``init`` (4x4
         T_reference_source). ``deadline`` (time.perf_counter() seconds) ends the adversarial
         stage early, as does :meth:`cancel`. Returns the core result (``transform`` maps
@@ -54,17 +69,28 @@ class PwanAligner:
         warm = self._state if self.config.mode == 'pwan' else None
 
         def should_stop() -> bool:
-            return self._cancel.is_set() or (deadline is not None and time.perf_counter() > deadline)
+            return self._cancel.is_set() or (
+                deadline is not None and time.perf_counter() > deadline
+            )
 
         # the cache compares the keyframe's points by value: a new keyframe replaces the entry
         cache = self.reference_cache
         kwargs = {} if cache is None else {'reference_cache': cache}
-        result = register(source, reference, core_config(self.config, h), init=init,
-                          potential_state=warm, should_stop=should_stop, **kwargs)
+        result = register(
+            source,
+            reference,
+            core_config(self.config, h),
+            init=init,
+            potential_state=warm,
+            should_stop=should_stop,
+            **kwargs,
+        )
         self._state = result.potential_state
         return result
 
-    def align_global(self, source: np.ndarray, reference: np.ndarray, h: Optional[float] = None) -> RegistrationResult:
+    def align_global(
+        self, source: np.ndarray, reference: np.ndarray, h: Optional[float] = None
+    ) -> RegistrationResult:
         """Register source onto reference (metres) from an unknown pose: the core's
         ``init='global'`` (feature hypotheses chosen and refined by the partial objective); the
         result's ``status`` says whether it is trustworthy. Both clouds are in their sensors' frames
@@ -72,8 +98,14 @@ class PwanAligner:
         saw rejects poses that geometry alone cannot tell apart (``viewpoints='origin'``)."""
         cache = self.reference_cache
         kwargs = {} if cache is None else {'reference_cache': cache}
-        return register(source, reference, core_config(self.config, h).replace(transform='rigid'), init='global',
-                        viewpoints='origin', **kwargs)
+        return register(
+            source,
+            reference,
+            core_config(self.config, h).replace(transform='rigid'),
+            init='global',
+            viewpoints='origin',
+            **kwargs,
+        )
 
     def reset(self) -> None:
         self._state = None
@@ -105,9 +137,18 @@ class Recovery:
     check: Optional[PoseCheck] = None
 
 
-def recover(aligner: PwanAligner, keyframe: PreparedCloud, scan: PreparedCloud, init: np.ndarray, h: float,
-            yaw_starts: int, good: float, deadline: float, num_threads: int = 2,
-            use_global: bool = False) -> Recovery:
+def recover(
+    aligner: PwanAligner,
+    keyframe: PreparedCloud,
+    scan: PreparedCloud,
+    init: np.ndarray,
+    h: float,
+    yaw_starts: int,
+    good: float,
+    deadline: float,
+    num_threads: int = 2,
+    use_global: bool = False,
+) -> Recovery:
     """Full PWAN of ``scan`` onto ``keyframe`` from ``init`` (T_keyframe_scan), then from rotations
     of it by k x 360/yaw_starts degrees about the sensor's z axis (REP-103: z up), nearest first,
     each polished by the partial tracker. Stops at the first start matching ``good`` or at
@@ -119,7 +160,9 @@ def recover(aligner: PwanAligner, keyframe: PreparedCloud, scan: PreparedCloud, 
     best = None
     iterations, pwan_ms, polish_ms = 0, 0.0, 0.0
     for k, yaw in enumerate(yaws):
-        start = init @ make_transform(Rotation.from_rotvec([0.0, 0.0, yaw]).as_matrix(), np.zeros(3))
+        start = init @ make_transform(
+            Rotation.from_rotvec([0.0, 0.0, yaw]).as_matrix(), np.zeros(3)
+        )
         t0 = time.perf_counter()
         result = aligner.align(scan.points, keyframe.points, start, h, deadline)
         t1 = time.perf_counter()
@@ -148,5 +191,14 @@ def recover(aligner: PwanAligner, keyframe: PreparedCloud, scan: PreparedCloud, 
     moved = scan.points @ best.transform[:3, :3].T + best.transform[:3, 3]
     check = check_pose(moved, keyframe.points)
     polish_ms += (time.perf_counter() - t1) * 1e3
-    return Recovery(best.transform, best.quality, iterations, starts, pwan_ms, polish_ms, origin, global_status,
-                    check)
+    return Recovery(
+        best.transform,
+        best.quality,
+        iterations,
+        starts,
+        pwan_ms,
+        polish_ms,
+        origin,
+        global_status,
+        check,
+    )

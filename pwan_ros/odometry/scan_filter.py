@@ -13,6 +13,7 @@ neighbours along the surface). When isolated voxels make up more than
 ``DENSE_MASS_FRACTION`` of the returns, the isolated voxels are dropped. A clean scan (few
 isolated voxels) and a cloud that is sparse everywhere are left untouched.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,8 +27,10 @@ DENSE_MASS_FRACTION = 0.3
 #: 1e19 m or 3e38 m): physically implausible, and they would overflow voxel keys. Statistics a
 #: few points cannot move; 100 x keeps every real return of a lidar whose median range is >= 3 m.
 FAR_RANGE_FACTOR = 100.0
-_MAX_FLAT_KEY = 2 ** 62
-_NEIGHBOURS = np.array([o for o in product((-1, 0, 1), repeat=3) if o != (0, 0, 0)], dtype=np.int64)
+_MAX_FLAT_KEY = 2**62
+_NEIGHBOURS = np.array(
+    [o for o in product((-1, 0, 1), repeat=3) if o != (0, 0, 0)], dtype=np.int64
+)
 #: order in which :func:`isolated_voxels` tries the neighbour offsets (any order gives the same
 #: result): the same layer first, sides before diagonals (a lidar ring's neighbours lie along it,
 #: in a sensor frame with z up), then the layers above and below
@@ -79,16 +82,20 @@ def voxel_grid(points: np.ndarray, voxel_size: float) -> VoxelGrid:
     # floor is monotone: the min / max cell of a column is the cell of its min / max point
     lo = np.array([c.min() for c in cols]) if len(pts) else np.zeros(3)
     hi = np.array([c.max() for c in cols]) if len(pts) else np.zeros(3)
-    span_f = hi - lo + 3.0                 # keys are >= 1, so neighbour keys stay non-negative
+    span_f = hi - lo + 3.0  # keys are >= 1, so neighbour keys stay non-negative
     if not float(np.prod(span_f)) < _MAX_FLAT_KEY:
-        raise ValueError(f'voxel_size {voxel_size:g} m is too small for a scan spanning '
-                         f'{float(np.ptp(pts, axis=0).max()):.4g} m')
+        raise ValueError(
+            f'voxel_size {voxel_size:g} m is too small for a scan spanning '
+            f'{float(np.ptp(pts, axis=0).max()):.4g} m'
+        )
     span = span_f.astype(np.int64)
     kx, ky, kz = ((c - lo[i] + 1.0).astype(np.int64) for i, c in enumerate(cols))
     flat = (kx * span[1] + ky) * span[2] + kz
     order = np.argsort(flat, kind='stable')
     sflat = flat[order]
-    first_sorted = np.flatnonzero(np.concatenate((np.ones(min(len(sflat), 1), dtype=bool), sflat[1:] != sflat[:-1])))
+    first_sorted = np.flatnonzero(
+        np.concatenate((np.ones(min(len(sflat), 1), dtype=bool), sflat[1:] != sflat[:-1]))
+    )
     counts = np.diff(np.append(first_sorted, len(sflat)))
     inverse = np.empty(len(flat), dtype=np.int64)
     inverse[order] = np.repeat(np.arange(len(counts)), counts)
@@ -115,7 +122,7 @@ def isolated_voxels(grid: VoxelGrid) -> np.ndarray:
         return drop
     span, flat = grid.span, grid.flat
     offsets = (_NEIGHBOURS[:, 0] * span[1] + _NEIGHBOURS[:, 1]) * span[2] + _NEIGHBOURS[:, 2]
-    isolated, keys = single, flat[single]   # candidates, sorted
+    isolated, keys = single, flat[single]  # candidates, sorted
     last = len(flat) - 1
     for off in offsets[_OFFSET_ORDER]:
         nk = keys + off
@@ -123,8 +130,10 @@ def isolated_voxels(grid: VoxelGrid) -> np.ndarray:
         isolated, keys = isolated[alone], keys[alone]
         if len(isolated) <= enough:
             return drop
-    if (len(isolated) > ISOLATED_VOXEL_FRACTION * len(grid.counts)
-            and grid.counts.sum() - len(isolated) >= DENSE_MASS_FRACTION * grid.counts.sum()):
+    if (
+        len(isolated) > ISOLATED_VOXEL_FRACTION * len(grid.counts)
+        and grid.counts.sum() - len(isolated) >= DENSE_MASS_FRACTION * grid.counts.sum()
+    ):
         drop[isolated] = True
     return drop
 
@@ -171,8 +180,14 @@ def automatic_voxel_size(points: np.ndarray) -> float:
     return from_ranges(pts, 0.035)
 
 
-def filter_scan(points: np.ndarray, voxel_size: float, max_points: int, min_range: float = 0.0,
-                max_range: float = 0.0, rng: np.random.Generator | None = None) -> FilteredScan:
+def filter_scan(
+    points: np.ndarray,
+    voxel_size: float,
+    max_points: int,
+    min_range: float = 0.0,
+    max_range: float = 0.0,
+    rng: np.random.Generator | None = None,
+) -> FilteredScan:
     """Finite-point filter, far-glitch gate (:func:`far_returns`), range gate (0 = off), voxel grid
     (voxel_size > 0) with isolated-return removal, and random cap at ``max_points``.
 
@@ -206,5 +221,12 @@ def filter_scan(points: np.ndarray, voxel_size: float, max_points: int, min_rang
     if len(pts) > max_points:
         rng = rng or np.random.default_rng(0)
         pts = pts[np.sort(rng.choice(len(pts), max_points, replace=False))]
-    return FilteredScan(np.ascontiguousarray(pts), int(np.asarray(points).shape[0]), num_finite,
-                        num_in_range, float(voxel_size), removed, num_far)
+    return FilteredScan(
+        np.ascontiguousarray(pts),
+        int(np.asarray(points).shape[0]),
+        num_finite,
+        num_in_range,
+        float(voxel_size),
+        removed,
+        num_far,
+    )

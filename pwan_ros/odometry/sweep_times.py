@@ -13,6 +13,7 @@ otherwise the scan is registered as it is (not deskewed) and :attr:`SweepTimes.w
 why, for the log and the diagnostics. Points whose own time is NaN or infinite are kept and
 simply not moved by the deskew (offset = the scan's median time).
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -82,8 +83,10 @@ class SweepClock:
         if times is None:
             warning = None
             if self.deskew == 'on':
-                warning = ('deskew=on but the cloud has no per-point time field '
-                           f"({', '.join(TIME_FIELDS)}): not deskewing")
+                warning = (
+                    'deskew=on but the cloud has no per-point time field '
+                    f"({', '.join(TIME_FIELDS)}): not deskewing"
+                )
             return SweepTimes(None, 'none', '', warning)
         offsets = times.offsets
         finite = np.isfinite(offsets)
@@ -95,18 +98,22 @@ class SweepClock:
             return self._refuse(
                 f"time field '{times.field}' ({times.convention}) does not describe one sweep at the "
                 f'header stamp: its points lie {lo:+.3f}..{hi:+.3f} s from it, a sweep here lasts at '
-                f'most {limit:.3f} s')
+                f'most {limit:.3f} s'
+            )
         median = float(np.median(offsets[finite]))
         sweep = stamp + median
         if self._last_sweep is not None and sweep <= self._last_sweep:
             return self._refuse(
                 f"time field '{times.field}' goes back: this sweep's median time is "
-                f'{self._last_sweep - sweep:.3f} s before the previous one')
+                f'{self._last_sweep - sweep:.3f} s before the previous one'
+            )
         self._last_sweep = sweep
         bad = int((~finite).sum())
         if bad:
             offsets = np.where(finite, offsets, median)
-        detail = f'{times.field} ({times.convention})' + (f', {bad} points without a time' if bad else '')
+        detail = f'{times.field} ({times.convention})' + (
+            f', {bad} points without a time' if bad else ''
+        )
         return SweepTimes(offsets, 'used', detail)
 
     def _refuse(self, why: str) -> SweepTimes:

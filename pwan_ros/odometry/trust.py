@@ -1,5 +1,6 @@
 """The trust policy of the odometry: when a registration is distrusted (full PWAN runs), accepted
 or rejected, judged against the recent accepted scans."""
+
 from __future__ import annotations
 
 import collections
@@ -37,7 +38,9 @@ class TrustPolicy:
         self._ratios: Deque[float] = collections.deque(maxlen=HISTORY)
         self._residuals: Deque[float] = collections.deque(maxlen=HISTORY)
         self._sizes: Deque[int] = collections.deque(maxlen=HISTORY)
-        self._deviations: Deque[tuple] = collections.deque(maxlen=HISTORY)   # (m, deg) from the prediction
+        self._deviations: Deque[tuple] = collections.deque(
+            maxlen=HISTORY
+        )  # (m, deg) from the prediction
         self.rejections = 0
 
     def forget(self) -> None:
@@ -86,8 +89,10 @@ class TrustPolicy:
         if len(self._deviations) < 3:
             return False
         med_m, med_deg = np.median(np.array(self._deviations), axis=0)
-        return (deviation[0] <= AGREEMENT_FACTOR * med_m + AGREEMENT_FLOOR_H * h
-                and deviation[1] <= AGREEMENT_FACTOR * med_deg + AGREEMENT_FLOOR_DEG)
+        return (
+            deviation[0] <= AGREEMENT_FACTOR * med_m + AGREEMENT_FLOOR_H * h
+            and deviation[1] <= AGREEMENT_FACTOR * med_deg + AGREEMENT_FLOOR_DEG
+        )
 
     def good_match(self) -> float:
         """Matched ratio that ends a multi-start recovery early: about the recent quality; without
@@ -100,7 +105,9 @@ class TrustPolicy:
         n = self.config.reanchor_after
         return bool(n) and self.rejections >= n
 
-    def accepted(self, q: MatchQuality, size: int, deviation: tuple | None = None, by_motion: bool = False) -> None:
+    def accepted(
+        self, q: MatchQuality, size: int, deviation: tuple | None = None, by_motion: bool = False
+    ) -> None:
         """An accepted scan: its quality, usable points, and deviation (m, deg) from the motion
         prediction (None: there was none). ``by_motion``: accepted only by agreeing with the
         prediction; its quality is not the scene's and stays out of the history."""

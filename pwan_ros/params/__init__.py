@@ -1,5 +1,6 @@
 """Typed parameters: each config field declares its default, description and range once; config
 validation, ROS parameter descriptors, CLI flags, YAML files and the docs tables are read from it."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -9,8 +10,17 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-__all__ = ['FieldSpec', 'REQUIRED', 'param', 'specs', 'value_type', 'problem', 'check', 'markdown_table',
-           'ros_params_yaml']
+__all__ = [
+    'FieldSpec',
+    'REQUIRED',
+    'param',
+    'specs',
+    'value_type',
+    'problem',
+    'check',
+    'markdown_table',
+    'ros_params_yaml',
+]
 
 #: ``param(REQUIRED, ...)``: a field without a default (a positional input such as a path)
 REQUIRED = dataclasses.MISSING
@@ -42,23 +52,34 @@ class FieldSpec:
             return f"{'>' if self.low_open else '>='} {_num(self.low)}"
         if self.low is None:
             return f"{'<' if self.high_open else '<='} {_num(self.high)}"
-        return (f"{'(' if self.low_open else '['}{_num(self.low)}, {_num(self.high)}"
-                f"{')' if self.high_open else ']'}")
+        return (
+            f"{'(' if self.low_open else '['}{_num(self.low)}, {_num(self.high)}"
+            f"{')' if self.high_open else ']'}"
+        )
 
 
 def _num(v: float) -> str:
     return str(int(v)) if float(v).is_integer() and abs(v) < 1e10 else f'{v:.6g}'
 
 
-def param(default, description: str, low=None, high=None, choices=(), low_open: bool = False,
-          high_open: bool = False):
+def param(
+    default,
+    description: str,
+    low=None,
+    high=None,
+    choices=(),
+    low_open: bool = False,
+    high_open: bool = False,
+):
     """A dataclass field carrying its :class:`FieldSpec` (``metadata['spec']``); ``default``
     :data:`REQUIRED` makes a field without a default."""
     spec = FieldSpec(description, low, high, tuple(choices), low_open, high_open)
     if default is REQUIRED:
         return dataclasses.field(metadata={'spec': spec})
     if isinstance(default, (list, dict, set)):
-        return dataclasses.field(default_factory=lambda: type(default)(default), metadata={'spec': spec})
+        return dataclasses.field(
+            default_factory=lambda: type(default)(default), metadata={'spec': spec}
+        )
     return dataclasses.field(default=default, metadata={'spec': spec})
 
 
@@ -68,8 +89,13 @@ def specs(cls) -> Dict[str, Tuple[Any, FieldSpec]]:
     out = {}
     for f in dataclasses.fields(cls):
         if 'spec' in f.metadata:
-            default = (f.default if f.default is not dataclasses.MISSING else
-                       f.default_factory() if f.default_factory is not dataclasses.MISSING else REQUIRED)
+            default = (
+                f.default
+                if f.default is not dataclasses.MISSING
+                else f.default_factory()
+                if f.default_factory is not dataclasses.MISSING
+                else REQUIRED
+            )
             out[f.name] = (default, f.metadata['spec'])
     return out
 
@@ -111,12 +137,16 @@ def problem(cls, name: str, value: Any) -> Optional[str]:
         is_int = isinstance(value, int) and not isinstance(value, bool)
         ok_type = is_int if kind is int else (is_int or isinstance(value, float))
         noun = 'an integer' if kind is int else 'a number'
-        want = f'expected {noun}' + (f' {rng}' if rng.startswith(('<', '>')) else f' in {rng}' if rng else '')
+        want = f'expected {noun}' + (
+            f' {rng}' if rng.startswith(('<', '>')) else f' in {rng}' if rng else ''
+        )
         if not ok_type or not math.isfinite(value):
             return want
         if spec.low is not None and (value < spec.low or (spec.low_open and value == spec.low)):
             return want
-        if spec.high is not None and (value > spec.high or (spec.high_open and value == spec.high)):
+        if spec.high is not None and (
+            value > spec.high or (spec.high_open and value == spec.high)
+        ):
             return want
     return None
 
@@ -135,7 +165,11 @@ def check(config, error=ValueError, flags: bool = True) -> None:
             if flags:
                 raise error(f"--{name.replace('_', '-')} {value!r}: {why}")
             raise error(f"invalid value {value!r} for parameter '{name}': {why}")
-        if value_type(cls, name)[0] is float and isinstance(value, int) and not isinstance(value, bool):
+        if (
+            value_type(cls, name)[0] is float
+            and isinstance(value, int)
+            and not isinstance(value, bool)
+        ):
             object.__setattr__(config, name, float(value))
 
 
@@ -144,8 +178,15 @@ def markdown_table(cls, prefix: str = '') -> str:
     (names as ``prefix + name``, e.g. ``'potential.'`` for a nested config)."""
     rows = ['| name | default | range | description |', '|---|---|---|---|']
     for name, (default, spec) in specs(cls).items():
-        shown = ('required' if default is REQUIRED else "''" if default == '' else
-                 str(default).lower() if isinstance(default, bool) else default)
+        shown = (
+            'required'
+            if default is REQUIRED
+            else "''"
+            if default == ''
+            else str(default).lower()
+            if isinstance(default, bool)
+            else default
+        )
         cells = (f'`{prefix}{name}`', f'`{shown}`', spec.range_text(), spec.description)
         rows.append('| ' + ' | '.join(c.replace('|', '\\|') for c in cells) + ' |')
     return '\n'.join(rows) + '\n'
@@ -158,6 +199,7 @@ def ros_params_yaml(cls, node: str, header: str, aliases: Mapping[str, str] = No
     import textwrap
 
     import yaml
+
     out = [f'# {line}'.rstrip() for line in header.strip().splitlines()]
     out += [f'{node}:', '  ros__parameters:']
     for name, (default, spec) in specs(cls).items():

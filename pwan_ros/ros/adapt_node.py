@@ -12,6 +12,7 @@ done (status 0). SIGINT/SIGTERM stop training after the current step, write
 written (read-only or full disk), exit 2 with a clear log line (and ``state: error`` on
 /diagnostics once training was started).
 """
+
 from __future__ import annotations
 
 import signal
@@ -33,13 +34,22 @@ from pwan_ros.ros.params import descriptor
 STATUS_NAME = 'adapt_node: training'
 #: the node's parameters besides the AdaptConfig fields: name -> (default, spec)
 IO_PARAMS = {
-    'labelled': ('', FieldSpec('.npz with features (N, D), labels (N,), optional class_names (required)')),
-    'unlabelled': ('', FieldSpec('.npz with features (M, D), optional evaluation labels (required)')),
+    'labelled': (
+        '',
+        FieldSpec('.npz with features (N, D), labels (N,), optional class_names (required)'),
+    ),
+    'unlabelled': (
+        '',
+        FieldSpec('.npz with features (M, D), optional evaluation labels (required)'),
+    ),
     'output': ('', FieldSpec('output directory (required)')),
 }
 NODE_PARAMS = {
     'resume': (False, FieldSpec('continue from output/checkpoints/latest.pt')),
-    'progress_interval': (20, FieldSpec('training steps between status messages on /diagnostics', 1, 1_000_000)),
+    'progress_interval': (
+        20,
+        FieldSpec('training steps between status messages on /diagnostics', 1, 1_000_000),
+    ),
 }
 
 
@@ -54,14 +64,25 @@ class AdaptNode(Node):
         values: Dict[str, Any] = {}
         for name, (default, spec) in specs.items():
             values[name] = self._declare(name, default, descriptor(name, default, spec))
-        io = {name: self._declare(name, d, descriptor(name, d, spec)) for name, (d, spec) in IO_PARAMS.items()}
+        io = {
+            name: self._declare(name, d, descriptor(name, d, spec))
+            for name, (d, spec) in IO_PARAMS.items()
+        }
         resume = self._declare('resume', False, descriptor('resume', *NODE_PARAMS['resume']))
-        interval = self._declare('progress_interval', 20, descriptor('progress_interval',
-                                                                     *NODE_PARAMS['progress_interval']))
+        interval = self._declare(
+            'progress_interval',
+            20,
+            descriptor('progress_interval', *NODE_PARAMS['progress_interval']),
+        )
         for name, value in io.items():
             if not value:
-                self.errors.append(f"parameter '{name}' is required (a path), e.g. -p {name}:=/path")
-        for name, value in values.items():  # every field on its own, so that all problems are listed
+                self.errors.append(
+                    f"parameter '{name}' is required (a path), e.g. -p {name}:=/path"
+                )
+        for (
+            name,
+            value,
+        ) in values.items():  # every field on its own, so that all problems are listed
             try:
                 AdaptConfig.from_mapping({name: value})
             except AdaptError as exc:
@@ -83,13 +104,17 @@ class AdaptNode(Node):
             return self.declare_parameter(name, default, desc).value
         except Exception as exc:  # rclpy's exception classes differ between distros
             if 'Type' in type(exc).__name__:
-                kind = {ParameterType.PARAMETER_DOUBLE: 'a double (write e.g. 1.0, not 1)',
-                        ParameterType.PARAMETER_INTEGER: 'an integer', ParameterType.PARAMETER_BOOL: 'a bool',
-                        ParameterType.PARAMETER_STRING: 'a string'}[desc.type]
+                kind = {
+                    ParameterType.PARAMETER_DOUBLE: 'a double (write e.g. 1.0, not 1)',
+                    ParameterType.PARAMETER_INTEGER: 'an integer',
+                    ParameterType.PARAMETER_BOOL: 'a bool',
+                    ParameterType.PARAMETER_STRING: 'a string',
+                }[desc.type]
                 self.errors.append(f"invalid parameter '{name}': expects {kind}")
             else:
-                self.errors.append(f"invalid parameter '{name}': out of range{self._range_text(desc)} "
-                                   f'({exc})')
+                self.errors.append(
+                    f"invalid parameter '{name}': out of range{self._range_text(desc)} ({exc})"
+                )
             return default
 
     @staticmethod
@@ -103,21 +128,33 @@ class AdaptNode(Node):
         self._last_status = (level, message, values)
         arr = DiagnosticArray()
         arr.header.stamp = self.get_clock().now().to_msg()
-        st = DiagnosticStatus(level=level, name=STATUS_NAME, message=message, hardware_id='pwan_ros')
+        st = DiagnosticStatus(
+            level=level, name=STATUS_NAME, message=message, hardware_id='pwan_ros'
+        )
         st.values = [KeyValue(key=k, value=str(v)) for k, v in values.items()]
         arr.status = [st]
         self.pub.publish(arr)
 
     def run(self) -> int:
         from pwan_ros.adaptation.runner import run_adaptation
+
         cfg = self.config
         last_eval: Dict[str, Any] = {}
 
         def on_step(trainer, m):
             if (m.step + 1) % self.interval == 0 or m.step + 1 == cfg.steps:
-                vals = {'state': 'training', 'step': m.step + 1, 'steps': cfg.steps, 'loss': f'{m.loss:.6g}',
-                        'ce': f'{m.ce:.6g}', 'w1': f'{m.w1:.6g}', 'entropy': f'{m.entropy:.6g}',
-                        'm_alpha': f'{m.m_alpha:.6g}', 'lr': f'{m.lr:.6g}', **last_eval}
+                vals = {
+                    'state': 'training',
+                    'step': m.step + 1,
+                    'steps': cfg.steps,
+                    'loss': f'{m.loss:.6g}',
+                    'ce': f'{m.ce:.6g}',
+                    'w1': f'{m.w1:.6g}',
+                    'entropy': f'{m.entropy:.6g}',
+                    'm_alpha': f'{m.m_alpha:.6g}',
+                    'lr': f'{m.lr:.6g}',
+                    **last_eval,
+                }
                 self.publish_status(DiagnosticStatus.OK, f'step {m.step + 1}/{cfg.steps}', vals)
                 rclpy.spin_once(self, timeout_sec=0.0)
 
@@ -126,23 +163,37 @@ class AdaptNode(Node):
             if res.accuracy is not None:
                 last_eval['accuracy'] = f'{res.accuracy:.6g}'
 
-        self.get_logger().info(f"training {cfg.method} for {cfg.steps} steps -> {self.io['output']}")
+        self.get_logger().info(
+            f"training {cfg.method} for {cfg.steps} steps -> {self.io['output']}"
+        )
         # a monitor already listening (rqt, a test) gets the progress from the first step: a short
         # training otherwise ended before DDS had matched it and only the final status arrived
         self._await_subscriber(2.0)
         try:
-            result = run_adaptation(cfg, self.io['labelled'], self.io['unlabelled'], self.io['output'],
-                                    resume=self.resume, on_step=on_step, on_eval=on_eval,
-                                    should_stop=lambda: self.stop_requested,
-                                    log=lambda s: self.get_logger().info(s))
+            result = run_adaptation(
+                cfg,
+                self.io['labelled'],
+                self.io['unlabelled'],
+                self.io['output'],
+                resume=self.resume,
+                on_step=on_step,
+                on_eval=on_eval,
+                should_stop=lambda: self.stop_requested,
+                log=lambda s: self.get_logger().info(s),
+            )
         except AdaptError as exc:
             self.get_logger().error(str(exc))
             self.publish_status(DiagnosticStatus.ERROR, str(exc), {'state': 'error'})
             self._flush()
             return 2
         state = 'done' if result.completed else 'interrupted'
-        vals = {'state': state, 'step': result.steps_done, 'steps': result.steps,
-                'summary': result.summary_path, 'checkpoint': result.checkpoint_path}
+        vals = {
+            'state': state,
+            'step': result.steps_done,
+            'steps': result.steps,
+            'summary': result.summary_path,
+            'checkpoint': result.checkpoint_path,
+        }
         if result.predictions_path:
             vals['predictions'] = result.predictions_path
         if result.accuracy is not None:
@@ -150,7 +201,9 @@ class AdaptNode(Node):
         if result.deployed is not None:
             vals.update(deployed=result.deployed, deployed_reason=result.deployed_reason)
         self.publish_status(DiagnosticStatus.OK, state, vals)
-        self.get_logger().info(f'{state} at step {result.steps_done}/{result.steps}; summary {result.summary_path}')
+        self.get_logger().info(
+            f'{state} at step {result.steps_done}/{result.steps}; summary {result.summary_path}'
+        )
         self._flush()
         return 0
 
@@ -183,6 +236,7 @@ def _init(args) -> None:
     """rclpy.init without rclpy's own SIGINT handling where the distro allows it."""
     try:
         from rclpy.signals import SignalHandlerOptions
+
         rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
     except (ImportError, TypeError):
         rclpy.init(args=args)
@@ -203,6 +257,7 @@ def main(args: Optional[List[str]] = None) -> int:
     node = AdaptNode()
     handlers = {}
     try:
+
         def on_signal(signum, frame):
             node.stop_requested = True
             node.get_logger().info(f'signal {signum}: stopping after the current step')

@@ -3,6 +3,7 @@
 rcl rejects a missing or malformed ``--params-file`` with a multi-line C error that rclpy turns
 into a traceback; :func:`params_file_problem` finds those cases first and names the file.
 """
+
 from __future__ import annotations
 
 import os
@@ -39,7 +40,11 @@ def params_file_problem(argv: Sequence[str]) -> Optional[str]:
                 at = f' at line {where.line + 1}' if where is not None else ''
                 return f'params file {path}: not valid YAML{at}'
             if not isinstance(data, dict) or not all(
-                    isinstance(v, dict) and isinstance(v.get('ros__parameters', {}), dict) for v in data.values()):
-                return (f'params file {path}: expected a YAML mapping of node names to '
-                        "{ros__parameters: {name: value}}")
+                isinstance(v, dict) and isinstance(v.get('ros__parameters', {}), dict)
+                for v in data.values()
+            ):
+                return (
+                    f'params file {path}: expected a YAML mapping of node names to '
+                    "{ros__parameters: {name: value}}"
+                )
     return None

@@ -18,6 +18,7 @@ on ``/diagnostics`` (status ``pwan_classifier``) every ``status_period`` seconds
 Parameters: :class:`pwan_ros.adaptation.deploy.ClassifierConfig` (read-only). A missing or
 unusable model or an invalid parameter: one line on stderr, exit status 2, before ``ready``.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,15 +48,26 @@ class ClassifierNode(Node):
         values, _ = declare_config(self, ClassifierConfig, read_only=True)
         cfg = self.config = ClassifierConfig(**values)
         if not cfg.model:
-            raise AdaptConfigError("parameter 'model' is required: the model.ts written by pwan_adapt, "
-                                   'e.g. -p model:=/path/to/output/model.ts')
+            raise AdaptConfigError(
+                "parameter 'model' is required: the model.ts written by pwan_adapt, "
+                'e.g. -p model:=/path/to/output/model.ts'
+            )
         self.classifier = load_classifier(cfg.model, cfg.device)
-        reliability = ReliabilityPolicy.RELIABLE if cfg.reliability == 'reliable' else ReliabilityPolicy.BEST_EFFORT
-        qos = QoSProfile(depth=cfg.queue_depth, history=HistoryPolicy.KEEP_LAST, reliability=reliability)
+        reliability = (
+            ReliabilityPolicy.RELIABLE
+            if cfg.reliability == 'reliable'
+            else ReliabilityPolicy.BEST_EFFORT
+        )
+        qos = QoSProfile(
+            depth=cfg.queue_depth, history=HistoryPolicy.KEEP_LAST, reliability=reliability
+        )
         self.id_pub = self.create_publisher(Int32, 'class_id', cfg.queue_depth)
         self.conf_pub = self.create_publisher(Float32, 'confidence', cfg.queue_depth)
-        self.name_pub = (self.create_publisher(String, 'class_name', cfg.queue_depth)
-                         if self.classifier.class_names else None)
+        self.name_pub = (
+            self.create_publisher(String, 'class_name', cfg.queue_depth)
+            if self.classifier.class_names
+            else None
+        )
         self.pred_pub = self.create_publisher(String, 'prediction', cfg.queue_depth)
         self.sub = self.create_subscription(Float32MultiArray, 'features', self._on_features, qos)
         self.diag_pub = self.create_publisher(DiagnosticArray, '/diagnostics', 10)
@@ -68,7 +80,9 @@ class ClassifierNode(Node):
         self.get_logger().info(
             f"{NAME} ready: model='{c.path}' dim={c.dim} classes={c.num_classes} device={c.device} "
             f'features={self.sub.topic_name} ({cfg.reliability}, depth {cfg.queue_depth}) -> class_id, confidence'
-            + (', class_name' if self.name_pub is not None else '') + ', prediction')
+            + (', class_name' if self.name_pub is not None else '')
+            + ', prediction'
+        )
 
     def _warn(self, key: str, text: str, period: float = 5.0) -> None:
         now = time.monotonic()
@@ -80,14 +94,18 @@ class ClassifierNode(Node):
         """Count inputs lost before this callback: gaps in the publisher's sequence numbers (a
         number that goes back means another or a restarted publisher: no gap is counted)."""
         seq = None if info is None else info.get('publication_sequence_number')
-        if not seq or seq >= 2**63:      # 0 / all ones: the middleware does not report it
+        if not seq or seq >= 2**63:  # 0 / all ones: the middleware does not report it
             return
         if self._last_seq is not None and seq > self._last_seq + 1:
             lost = seq - self._last_seq - 1
             self.counts['dropped'] += lost
-            self._warn('dropped', f"{lost} features message(s) lost before classification ({self.counts['dropped']} "
-                                  f'so far): the input arrives faster than it is classified; raise queue_depth '
-                                  f'(now {self.config.queue_depth}) or the publisher\'s history depth', period=1.0)
+            self._warn(
+                'dropped',
+                f"{lost} features message(s) lost before classification ({self.counts['dropped']} "
+                f'so far): the input arrives faster than it is classified; raise queue_depth '
+                f'(now {self.config.queue_depth}) or the publisher\'s history depth',
+                period=1.0,
+            )
         self._last_seq = seq
 
     def _on_features(self, msg: Float32MultiArray, info: dict) -> None:
@@ -98,11 +116,16 @@ class ClassifierNode(Node):
             pred = self.classifier.classify(np.asarray(msg.data, dtype=np.float32).ravel())
         except AdaptInputError as exc:
             self.counts['skipped'] += 1
-            self._warn('input', f"features message {index} skipped: {exc} ({self.counts['skipped']} skipped so far)")
+            self._warn(
+                'input',
+                f"features message {index} skipped: {exc} ({self.counts['skipped']} skipped so far)",
+            )
             return
         except Exception as exc:  # never let one message kill the node
             self.counts['skipped'] += 1
-            self._warn('internal', f'features message {index} skipped after an internal error: {exc!r}')
+            self._warn(
+                'internal', f'features message {index} skipped after an internal error: {exc!r}'
+            )
             return
         self.id_pub.publish(Int32(data=pred.class_id))
         self.conf_pub.publish(Float32(data=pred.confidence))
@@ -110,20 +133,36 @@ class ClassifierNode(Node):
             self.name_pub.publish(String(data=pred.class_name))
         seq = None if info is None else info.get('publication_sequence_number')
         stamp = None if info is None else info.get('source_timestamp')
-        self.pred_pub.publish(String(data=json.dumps(
-            {'index': index, 'seq': seq, 'stamp_ns': stamp, 'class_id': pred.class_id,
-             'confidence': pred.confidence, 'class_name': pred.class_name})))
+        self.pred_pub.publish(
+            String(
+                data=json.dumps(
+                    {
+                        'index': index,
+                        'seq': seq,
+                        'stamp_ns': stamp,
+                        'class_id': pred.class_id,
+                        'confidence': pred.confidence,
+                        'class_name': pred.class_name,
+                    }
+                )
+            )
+        )
         self.counts['classified'] += 1
 
     def publish_status(self) -> None:
         """Counts on /diagnostics (WARN while messages are being dropped or skipped)."""
-        new_loss = (self.counts['dropped'] > self._reported['dropped'] or
-                    self.counts['skipped'] > self._reported['skipped'])
+        new_loss = (
+            self.counts['dropped'] > self._reported['dropped']
+            or self.counts['skipped'] > self._reported['skipped']
+        )
         self._reported = dict(self.counts)
         st = DiagnosticStatus(name=NAME, hardware_id=self.get_fully_qualified_name())
         st.level = DiagnosticStatus.WARN if new_loss else DiagnosticStatus.OK
-        st.message = (f"{self.counts['dropped']} dropped, {self.counts['skipped']} skipped" if new_loss
-                      else 'ok')
+        st.message = (
+            f"{self.counts['dropped']} dropped, {self.counts['skipped']} skipped"
+            if new_loss
+            else 'ok'
+        )
         st.values = [KeyValue(key=k, value=str(v)) for k, v in self.counts.items()]
         arr = DiagnosticArray(status=[st])
         arr.header.stamp = self.get_clock().now().to_msg()
@@ -134,10 +173,12 @@ class ClassifierNode(Node):
         c = self.counts
         try:
             self.publish_status()
-        except Exception:   # context already shut down: the log line still reports
+        except Exception:  # context already shut down: the log line still reports
             pass
-        self.get_logger().info(f"{NAME}: received {c['received']}, classified {c['classified']}, skipped "
-                               f"{c['skipped']}, dropped {c['dropped']}")
+        self.get_logger().info(
+            f"{NAME}: received {c['received']}, classified {c['classified']}, skipped "
+            f"{c['skipped']}, dropped {c['dropped']}"
+        )
         return super().destroy_node()
 
 

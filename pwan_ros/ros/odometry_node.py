@@ -10,6 +10,7 @@ Topics (relative names, remap them): subscribes ``points`` (sensor_msgs/PointClo
 (nav_msgs/Odometry), ``/tf`` (odom_frame -> base_frame), ``aligned_points`` (the scan in
 odom_frame) and ``/diagnostics``. Parameters: see :mod:`pwan_ros.odometry.config`.
 """
+
 from __future__ import annotations
 
 import sys
@@ -58,58 +59,83 @@ class OdometryNode(Node):
 
     def __init__(self, **kwargs):
         super().__init__('pwan_odometry', **kwargs)
-        values, renamed_notes = declare_config(self, OdometryConfig, read_only=True, renamed=RENAMED)
+        values, renamed_notes = declare_config(
+            self, OdometryConfig, read_only=True, renamed=RENAMED
+        )
         for note in renamed_notes:
             self.get_logger().warning(note)
-        self.config = OdometryConfig.from_dict(values)   # raises ConfigError
+        self.config = OdometryConfig.from_dict(values)  # raises ConfigError
         cfg = self.config
         from pwan_ros.core.device import resolve_device
         from pwan_ros.core.errors import PwanInputError
+
         try:
-            resolve_device(cfg.device)      # 'cuda' without CUDA fails here, not on every scan
+            resolve_device(cfg.device)  # 'cuda' without CUDA fails here, not on every scan
         except PwanInputError as exc:
-            raise ConfigError(f"invalid value '{cfg.device}' for parameter 'device': {exc}") from None
+            raise ConfigError(
+                f"invalid value '{cfg.device}' for parameter 'device': {exc}"
+            ) from None
 
         reference = None
         if cfg.reference_cloud:
             from pwan_ros.io.point_files import read_points
+
             try:
                 reference = read_points(cfg.reference_cloud)
             except Exception as exc:  # unreadable / corrupt file: a configuration error
                 raise ConfigError(f"cannot read reference_cloud '{cfg.reference_cloud}': {exc}")
             if reference.ndim != 2 or reference.shape[1] != 3:
-                raise ConfigError(f"reference_cloud '{cfg.reference_cloud}' must hold 3-D points, "
-                                  f'got shape {reference.shape}')
+                raise ConfigError(
+                    f"reference_cloud '{cfg.reference_cloud}' must hold 3-D points, "
+                    f'got shape {reference.shape}'
+                )
         self.pipeline = OdometryPipeline(cfg, reference)
         self.odometer = Odometer(self.pipeline)
         self.static_frames = FrameGraph()
-        self.sweep_clock = SweepClock(cfg.deskew)     # which per-point times to deskew with
+        self.sweep_clock = SweepClock(cfg.deskew)  # which per-point times to deskew with
 
         # 'auto': one reliable and one best-effort reader, so that bag players and drivers are both
         # heard from their first scan (see pwan_ros.ros.scan_subscription)
-        self.points = ScanSubscription(self, PointCloud2, 'points', cfg.reliability, self._on_points)
-        static_qos = QoSProfile(depth=100, durability=DurabilityPolicy.TRANSIENT_LOCAL,
-                                reliability=ReliabilityPolicy.RELIABLE)
-        self.create_subscription(TFMessage, '/tf_static', lambda m: _add_static(self.static_frames, m), static_qos)
+        self.points = ScanSubscription(
+            self, PointCloud2, 'points', cfg.reliability, self._on_points
+        )
+        static_qos = QoSProfile(
+            depth=100,
+            durability=DurabilityPolicy.TRANSIENT_LOCAL,
+            reliability=ReliabilityPolicy.RELIABLE,
+        )
+        self.create_subscription(
+            TFMessage, '/tf_static', lambda m: _add_static(self.static_frames, m), static_qos
+        )
         self.odom_pub = self.create_publisher(Odometry, 'odometry', 10)
         self.cloud_pub = self.create_publisher(PointCloud2, 'aligned_points', 5)
         self.diag_pub = self.create_publisher(DiagnosticArray, '/diagnostics', 10)
-        self.tf_pub = (self.create_publisher(TFMessage, '/tf', 100) if cfg.publish_tf else None)
+        self.tf_pub = self.create_publisher(TFMessage, '/tf', 100) if cfg.publish_tf else None
 
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._pending: Optional[Tuple[PointCloud2, float]] = None
         self._stop = False
-        self.counts = dict(received=0, processed=0, dropped=0, invalid=0, rejected=0,
-                           pwan_engaged=0, reanchored=0, resets=0, over_budget=0)
-        self._frame = ''                # the last cloud frame (diagnostics hardware_id)
+        self.counts = dict(
+            received=0,
+            processed=0,
+            dropped=0,
+            invalid=0,
+            rejected=0,
+            pwan_engaged=0,
+            reanchored=0,
+            resets=0,
+            over_budget=0,
+        )
+        self._frame = ''  # the last cloud frame (diagnostics hardware_id)
         self._warned: Dict[str, float] = {}
         self._worker = threading.Thread(target=self._run, name='pwan_odometry_worker', daemon=True)
         self._worker.start()
         self.get_logger().info(
             f'pwan_odometry ready: mode={cfg.mode} transform={cfg.transform} '
             f'divergence={cfg.divergence} device={cfg.device} reliability={cfg.reliability}'
-            + (f" reference_cloud='{cfg.reference_cloud}'" if cfg.reference_cloud else ''))
+            + (f" reference_cloud='{cfg.reference_cloud}'" if cfg.reference_cloud else '')
+        )
 
     # ------------------------------------------------------------------ callbacks
     def _on_points(self, msg: PointCloud2) -> None:
@@ -140,12 +166,13 @@ class OdometryNode(Node):
                 self._handle(msg, t_received)
             except Exception as exc:  # never let one scan kill the node
                 if self._stop or not self.context.ok():
-                    return            # shutting down: publishers are gone
+                    return  # shutting down: publishers are gone
                 self._count(invalid=1)
                 self._warn('internal', f'scan skipped after an internal error: {exc!r}')
                 try:
-                    self._publish_diagnostics(msg.header.stamp, DiagnosticStatus.ERROR,
-                                              f'internal error: {exc}', {})
+                    self._publish_diagnostics(
+                        msg.header.stamp, DiagnosticStatus.ERROR, f'internal error: {exc}', {}
+                    )
                 except Exception:
                     pass
 
@@ -158,23 +185,30 @@ class OdometryNode(Node):
         except pc2.PointCloud2Error as exc:
             self._count(invalid=1)
             self._warn('decode', f'invalid PointCloud2 skipped: {exc}')
-            self._publish_diagnostics(msg.header.stamp, DiagnosticStatus.WARN,
-                                      f'invalid cloud: {exc}', {})
+            self._publish_diagnostics(
+                msg.header.stamp, DiagnosticStatus.WARN, f'invalid cloud: {exc}', {}
+            )
             return
         if not frame:
             self._count(invalid=1)
             self._warn('frame', 'PointCloud2 without header.frame_id skipped')
-            self._publish_diagnostics(msg.header.stamp, DiagnosticStatus.WARN,
-                                      'cloud without frame_id', {})
+            self._publish_diagnostics(
+                msg.header.stamp, DiagnosticStatus.WARN, 'cloud without frame_id', {}
+            )
             return
         base = cfg.base_frame or frame
         t_base_sensor = self.static_frames.lookup(base, frame)
         if t_base_sensor is None:
             self._count(invalid=1)
-            self._warn('tf', f"no static transform {base} -> {frame} on /tf_static yet; "
-                             'scan skipped')
-            self._publish_diagnostics(msg.header.stamp, DiagnosticStatus.WARN,
-                                      f'missing static transform {base} -> {frame}', {})
+            self._warn(
+                'tf', f"no static transform {base} -> {frame} on /tf_static yet; scan skipped"
+            )
+            self._publish_diagnostics(
+                msg.header.stamp,
+                DiagnosticStatus.WARN,
+                f'missing static transform {base} -> {frame}',
+                {},
+            )
             return
         self._frame = frame
         times = self.sweep_clock.read(cloud.extras, stamp)
@@ -193,29 +227,48 @@ class OdometryNode(Node):
         for key, text in update.notices:
             self._warn(key, text, 0.0)
         est = update.estimate
-        self._count(processed=1, pwan_engaged=int(est.pwan_engaged), rejected=int(not est.accepted),
-                    reanchored=int(est.path == 'reanchor'),
-                    over_budget=int(est.path != 'pwan' and est.latency_ms > cfg.time_budget_ms))
+        self._count(
+            processed=1,
+            pwan_engaged=int(est.pwan_engaged),
+            rejected=int(not est.accepted),
+            reanchored=int(est.path == 'reanchor'),
+            over_budget=int(est.path != 'pwan' and est.latency_ms > cfg.time_budget_ms),
+        )
         self._publish_pose(msg.header.stamp, base, update)
         self._publish_aligned(msg, cloud, update)
-        level = DiagnosticStatus.OK if est.accepted and est.path != 'reanchor' else DiagnosticStatus.WARN
+        level = (
+            DiagnosticStatus.OK
+            if est.accepted and est.path != 'reanchor'
+            else DiagnosticStatus.WARN
+        )
         latency = (time.perf_counter() - t_received) * 1e3
         text = est.path + (f': {est.reason}' if est.reason else '')
-        self._publish_diagnostics(msg.header.stamp, level, text, {
-            'latency_ms': f'{latency:.2f}', 'processing_ms': f'{est.latency_ms:.2f}',
-            'path': est.path, 'accepted': str(est.accepted).lower(),
-            'pwan_engaged': str(est.pwan_engaged).lower(), 'pwan_starts': str(est.pwan_starts),
-            'deskewed': str(est.deskewed).lower(), 'point_times': times.status,
-            'point_times_detail': times.detail,
-            'matched_ratio': f'{est.matched_ratio:.4f}',
-            'median_residual_m': f'{est.median_residual:.4f}',
-            'iterations': str(est.iterations), 'num_points': str(est.num_points),
-            'num_input_points': str(est.num_input), 'num_far_points': str(est.num_far),
-            'keyframe': str(est.keyframe),
-            'voxel_size_m': f'{self.pipeline.voxel_size:.4f}',
-            'distance_threshold_m': f'{self.pipeline.h:.4f}',
-            **{f'{k}_ms': f'{v:.2f}' for k, v in est.timings_ms.items()},
-        })
+        self._publish_diagnostics(
+            msg.header.stamp,
+            level,
+            text,
+            {
+                'latency_ms': f'{latency:.2f}',
+                'processing_ms': f'{est.latency_ms:.2f}',
+                'path': est.path,
+                'accepted': str(est.accepted).lower(),
+                'pwan_engaged': str(est.pwan_engaged).lower(),
+                'pwan_starts': str(est.pwan_starts),
+                'deskewed': str(est.deskewed).lower(),
+                'point_times': times.status,
+                'point_times_detail': times.detail,
+                'matched_ratio': f'{est.matched_ratio:.4f}',
+                'median_residual_m': f'{est.median_residual:.4f}',
+                'iterations': str(est.iterations),
+                'num_points': str(est.num_points),
+                'num_input_points': str(est.num_input),
+                'num_far_points': str(est.num_far),
+                'keyframe': str(est.keyframe),
+                'voxel_size_m': f'{self.pipeline.voxel_size:.4f}',
+                'distance_threshold_m': f'{self.pipeline.h:.4f}',
+                **{f'{k}_ms': f'{v:.2f}' for k, v in est.timings_ms.items()},
+            },
+        )
 
     def _count(self, **increments: int) -> None:
         """Add to the scan counters (shared with the subscription callback)."""
@@ -241,7 +294,7 @@ class OdometryNode(Node):
             v.x, v.y, v.z = (float(x) for x in lin)
             w.x, w.y, w.z = (float(x) for x in ang)
         else:
-            odom.twist.covariance = [-1.0 if i % 7 == 0 else 0.0 for i in range(36)]   # unknown
+            odom.twist.covariance = [-1.0 if i % 7 == 0 else 0.0 for i in range(36)]  # unknown
         self.odom_pub.publish(odom)
         if self.tf_pub is not None:
             tf = TransformStamped()
@@ -253,13 +306,15 @@ class OdometryNode(Node):
             tf.transform.rotation = p.orientation
             self.tf_pub.publish(TFMessage(transforms=[tf]))
 
-    def _publish_aligned(self, msg: PointCloud2, cloud: pc2.DecodedCloud, update: OdometryUpdate) -> None:
+    def _publish_aligned(
+        self, msg: PointCloud2, cloud: pc2.DecodedCloud, update: OdometryUpdate
+    ) -> None:
         if self.cloud_pub.get_subscription_count() == 0:
             return
         header = type(msg.header)()
         header.stamp = msg.header.stamp
         header.frame_id = self.config.odom_frame
-        if update.deformed_points is not None:      # affine / non-rigid: the deformed scan
+        if update.deformed_points is not None:  # affine / non-rigid: the deformed scan
             out = pc2.create_cloud(header, update.deformed_points.astype(np.float32))
         else:
             keep = np.isfinite(cloud.xyz).all(axis=1)
@@ -275,10 +330,14 @@ class OdometryNode(Node):
         status.message = message
         with self._lock:
             snapshot = dict(self.counts)
-        counts = {k if k in ('resets', 'over_budget') else f'scans_{k}': str(v)
-                  for k, v in snapshot.items()}
-        status.values = [KeyValue(key=k, value=v) for k, v in {**values, **counts,
-                                                                 'mode': self.config.mode}.items()]
+        counts = {
+            k if k in ('resets', 'over_budget') else f'scans_{k}': str(v)
+            for k, v in snapshot.items()
+        }
+        status.values = [
+            KeyValue(key=k, value=v)
+            for k, v in {**values, **counts, 'mode': self.config.mode}.items()
+        ]
         arr = DiagnosticArray()
         arr.header.stamp = stamp
         arr.status = [status]
@@ -288,7 +347,7 @@ class OdometryNode(Node):
         with self._lock:
             self._stop = True
             self._wake.notify()
-        self.pipeline.pwan.cancel()       # a running PWAN registration stops at its next step
+        self.pipeline.pwan.cancel()  # a running PWAN registration stops at its next step
         self._worker.join(timeout=30.0)
         return super().destroy_node()
 

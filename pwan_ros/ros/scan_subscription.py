@@ -19,6 +19,7 @@ the subscription loses its first scan in about half the start-ups, with any read
 driver streaming at its rate loses at most that first scan. A best-effort driver also logs once
 that the reliable reader requests an incompatible QoS; ``reliability: best_effort`` silences it.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -30,10 +31,12 @@ from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
 __all__ = ['ScanSubscription']
 
-_POLICIES = {'auto': (ReliabilityPolicy.RELIABLE, ReliabilityPolicy.BEST_EFFORT),
-             'best_effort': (ReliabilityPolicy.BEST_EFFORT,),
-             'reliable': (ReliabilityPolicy.RELIABLE,)}
-_SEEN = 256   # samples remembered for duplicate detection (both readers run within a few samples)
+_POLICIES = {
+    'auto': (ReliabilityPolicy.RELIABLE, ReliabilityPolicy.BEST_EFFORT),
+    'best_effort': (ReliabilityPolicy.BEST_EFFORT,),
+    'reliable': (ReliabilityPolicy.RELIABLE,),
+}
+_SEEN = 256  # samples remembered for duplicate detection (both readers run within a few samples)
 
 
 class ScanSubscription:
@@ -44,24 +47,37 @@ class ScanSubscription:
     readers share the node's default (mutually exclusive) callback group, so calls never overlap.
     """
 
-    def __init__(self, node: Node, msg_type, topic: str, reliability: str,
-                 callback: Callable[[object], None], depth: int = 5):
+    def __init__(
+        self,
+        node: Node,
+        msg_type,
+        topic: str,
+        reliability: str,
+        callback: Callable[[object], None],
+        depth: int = 5,
+    ):
         self._callback = callback
         self._seen: 'OrderedDict[Tuple[int, int], None]' = OrderedDict()
         self.duplicates = 0
         policies = _POLICIES.get(reliability)
         if policies is None:
-            raise ValueError(f"reliability must be one of {', '.join(_POLICIES)}, got {reliability!r}")
+            raise ValueError(
+                f"reliability must be one of {', '.join(_POLICIES)}, got {reliability!r}"
+            )
         self._dedupe = len(policies) > 1
         # in 'auto' the reliable reader's mismatch with a best-effort driver is expected (the other
         # reader hears it): no warning from this side
         quiet = SubscriptionEventCallbacks(incompatible_qos=lambda info: None)
         self.subscriptions: List = [
-            node.create_subscription(msg_type, topic, self._on_sample,
-                                     QoSProfile(depth=depth, history=HistoryPolicy.KEEP_LAST,
-                                                reliability=policy),
-                                     event_callbacks=quiet if self._dedupe else None)
-            for policy in policies]
+            node.create_subscription(
+                msg_type,
+                topic,
+                self._on_sample,
+                QoSProfile(depth=depth, history=HistoryPolicy.KEEP_LAST, reliability=policy),
+                event_callbacks=quiet if self._dedupe else None,
+            )
+            for policy in policies
+        ]
 
     @property
     def topic_name(self) -> str:

@@ -10,6 +10,7 @@ follows wait on it (seen: about one replay in ten, the node ignored the first SI
 bag ended); a signal ends the node promptly, also when it was started with SIGINT ignored (a
 background job of a non-interactive shell).
 """
+
 from __future__ import annotations
 
 import signal
@@ -24,8 +25,13 @@ from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from pwan_ros.ros.args import params_file_problem
 
 
-def spin_node(prog: str, make_node: Callable[[], object], errors: Tuple[Type[BaseException], ...],
-              args: Optional[Sequence[str]] = None, error_prefix: str = '') -> int:
+def spin_node(
+    prog: str,
+    make_node: Callable[[], object],
+    errors: Tuple[Type[BaseException], ...],
+    args: Optional[Sequence[str]] = None,
+    error_prefix: str = '',
+) -> int:
     """Init rclpy with ``args``, build the node with ``make_node()`` and spin it; returns the exit code.
     ``errors``: the node's configuration errors, printed as ``prog: error_prefix message``."""
     problem = params_file_problem(sys.argv if args is None else args)
@@ -35,12 +41,17 @@ def spin_node(prog: str, make_node: Callable[[], object], errors: Tuple[Type[Bas
     try:
         _init(args)
     except Exception as exc:  # rcl's argument errors (RCLError) are multi-line C messages
-        print(f"{prog}: invalid ROS arguments: {str(exc).splitlines()[0] if str(exc) else exc!r}", file=sys.stderr)
+        print(
+            f"{prog}: invalid ROS arguments: {str(exc).splitlines()[0] if str(exc) else exc!r}",
+            file=sys.stderr,
+        )
         return 2
     node = None
     stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda signum, frame: stop.set())
-                for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {
+        sig: signal.signal(sig, lambda signum, frame: stop.set())
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
         node = make_node()
         executor = SingleThreadedExecutor()
@@ -69,7 +80,7 @@ def _init(args) -> None:
     """rclpy.init without rclpy's own signal handlers (the loop above handles signals)."""
     try:
         from rclpy.signals import SignalHandlerOptions
-    except ImportError:      # older rclpy: its handlers stay, the loop still polls
+    except ImportError:  # older rclpy: its handlers stay, the loop still polls
         rclpy.init(args=args)
         return
     rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)

@@ -4,6 +4,7 @@ PointCloud2 and a TFMessage over real DDS.
   python dds_peer.py publish --points N --duration S
   python dds_peer.py receive --out result.json --timeout S
 """
+
 import argparse
 import hashlib
 import json
@@ -19,8 +20,9 @@ from sensor_msgs.msg import PointCloud2, PointField
 from tf2_msgs.msg import TFMessage
 
 QOS = QoSProfile(depth=5, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
-TF_QOS = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE,
-                    durability=DurabilityPolicy.VOLATILE)
+TF_QOS = QoSProfile(
+    depth=100, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.VOLATILE
+)
 
 
 def make_points(n):
@@ -35,8 +37,10 @@ def make_cloud(points, stamp):
     msg.header.stamp = stamp
     msg.height = 1
     msg.width = points.shape[0]
-    msg.fields = [PointField(name=name, offset=4 * i, datatype=PointField.FLOAT32, count=1)
-                  for i, name in enumerate(('x', 'y', 'z', 'intensity'))]
+    msg.fields = [
+        PointField(name=name, offset=4 * i, datatype=PointField.FLOAT32, count=1)
+        for i, name in enumerate(('x', 'y', 'z', 'intensity'))
+    ]
     msg.is_bigendian = False
     msg.point_step = 16
     msg.row_step = 16 * points.shape[0]
@@ -50,7 +54,11 @@ def make_tf(stamp):
     t.header.frame_id = 'odom'
     t.header.stamp = stamp
     t.child_frame_id = 'base_link'
-    t.transform.translation.x, t.transform.translation.y, t.transform.translation.z = 1.5, -2.0, 0.25
+    t.transform.translation.x, t.transform.translation.y, t.transform.translation.z = (
+        1.5,
+        -2.0,
+        0.25,
+    )
     t.transform.rotation.z, t.transform.rotation.w = 0.3826834, 0.9238795
     return TFMessage(transforms=[t])
 
@@ -78,8 +86,11 @@ def receive(args):
             return
         data = np.frombuffer(msg.data, dtype=np.uint8)
         got['cloud'] = {
-            'width': msg.width, 'height': msg.height, 'point_step': msg.point_step,
-            'fields': [f.name for f in msg.fields], 'frame_id': msg.header.frame_id,
+            'width': msg.width,
+            'height': msg.height,
+            'point_step': msg.point_step,
+            'fields': [f.name for f in msg.fields],
+            'frame_id': msg.header.frame_id,
             'sha256': hashlib.sha256(data.tobytes()).hexdigest(),
         }
 
@@ -88,11 +99,19 @@ def receive(args):
             return
         t = msg.transforms[0]
         got['tf'] = {
-            'parent': t.header.frame_id, 'child': t.child_frame_id,
-            'translation': [t.transform.translation.x, t.transform.translation.y,
-                            t.transform.translation.z],
-            'rotation': [t.transform.rotation.x, t.transform.rotation.y,
-                         t.transform.rotation.z, t.transform.rotation.w],
+            'parent': t.header.frame_id,
+            'child': t.child_frame_id,
+            'translation': [
+                t.transform.translation.x,
+                t.transform.translation.y,
+                t.transform.translation.z,
+            ],
+            'rotation': [
+                t.transform.rotation.x,
+                t.transform.rotation.y,
+                t.transform.rotation.z,
+                t.transform.rotation.w,
+            ],
         }
         infos = node.get_publishers_info_by_topic('/tf')
         got['tf_type_hashes'] = sorted({str(i.topic_type_hash) for i in infos})

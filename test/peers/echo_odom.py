@@ -9,6 +9,7 @@ minus scan stamp; with use_sim_time this checks the replayed /clock).
 
   python echo_odom.py --drop-every K --drift D --ros-args -p use_sim_time:=true
 """
+
 import argparse
 import sys
 import time
@@ -72,13 +73,23 @@ class Echo(Node):
         o.x, o.y, o.z, o.w = map(float, q[0])
         self.odom_pub.publish(out)
         lag = (self.get_clock().now().nanoseconds - ns) * 1e-9
-        values = {'latency_ms': (time.perf_counter() - t0) * 1e3, 'scans_dropped': self.dropped,
-                  'points': n_points, 'sim_lag_s': lag}
+        values = {
+            'latency_ms': (time.perf_counter() - t0) * 1e3,
+            'scans_dropped': self.dropped,
+            'points': n_points,
+            'sim_lag_s': lag,
+        }
         diag = DiagnosticArray()
         diag.header.stamp = stamp
-        diag.status = [DiagnosticStatus(level=DiagnosticStatus.OK, name='pwan_odometry: registration',
-                                        message='ok', hardware_id='echo',
-                                        values=[KeyValue(key=k, value=str(v)) for k, v in values.items()])]
+        diag.status = [
+            DiagnosticStatus(
+                level=DiagnosticStatus.OK,
+                name='pwan_odometry: registration',
+                message='ok',
+                hardware_id='echo',
+                values=[KeyValue(key=k, value=str(v)) for k, v in values.items()],
+            )
+        ]
         self.diag_pub.publish(diag)
 
 

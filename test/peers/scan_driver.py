@@ -8,6 +8,7 @@ node published is written to a JSON file.
   python scan_driver.py --scenario sim --scans 12 --out result.json
   python scan_driver.py --scenario bad --out result.json
 """
+
 import argparse
 import json
 import sys
@@ -58,14 +59,17 @@ def glitch_messages(n):
         xyz, extras = s.xyz, s.extras
         label = 'scan'
         if k == 4:
-            far = (rng.choice([-1.0, 1.0], (10, 3)) * rng.uniform(1.0, 3.0, (10, 3))
-                   * np.array([1e19, 1e30, 1e38])).astype(np.float32)
+            far = (
+                rng.choice([-1.0, 1.0], (10, 3))
+                * rng.uniform(1.0, 3.0, (10, 3))
+                * np.array([1e19, 1e30, 1e38])
+            ).astype(np.float32)
             xyz = np.vstack([xyz, far])
             extras = None if extras is None else np.concatenate([extras, extras[:10]])
             label = 'far_glitch'
         elif k == 6:
-            xyz = xyz[:len(xyz) // 8]
-            extras = None if extras is None else extras[:len(xyz)]
+            xyz = xyz[: len(xyz) // 8]
+            extras = None if extras is None else extras[: len(xyz)]
             label = 'collapsed'
         yield label, pc2.create_cloud(header(s.stamp_ns), xyz, extras), s.pose
 
@@ -76,24 +80,45 @@ def bad_messages():
 
     def cloud(k, frame='base_link', stamp=None):
         s = scans[k]
-        return pc2.create_cloud(header(s.stamp_ns if stamp is None else stamp, frame), s.xyz, s.extras)
+        return pc2.create_cloud(
+            header(s.stamp_ns if stamp is None else stamp, frame), s.xyz, s.extras
+        )
 
     yield 'scan', cloud(0), scans[0].pose
     empty = pc2.create_cloud(header(scans[0].stamp_ns + 10_000_000), np.zeros((0, 3), np.float32))
     yield 'empty', empty, None
-    no_z = PointCloud2(header=header(scans[0].stamp_ns + 20_000_000), height=1, width=2,
-                       fields=[PointField(name='x', offset=0, datatype=PointField.FLOAT32, count=1),
-                               PointField(name='y', offset=4, datatype=PointField.FLOAT32, count=1)],
-                       is_bigendian=False, point_step=8, row_step=16, is_dense=True,
-                       data=np.zeros(4, np.float32).tobytes())
+    no_z = PointCloud2(
+        header=header(scans[0].stamp_ns + 20_000_000),
+        height=1,
+        width=2,
+        fields=[
+            PointField(name='x', offset=0, datatype=PointField.FLOAT32, count=1),
+            PointField(name='y', offset=4, datatype=PointField.FLOAT32, count=1),
+        ],
+        is_bigendian=False,
+        point_step=8,
+        row_step=16,
+        is_dense=True,
+        data=np.zeros(4, np.float32).tobytes(),
+    )
     yield 'no_z', no_z, None
-    nan = pc2.create_cloud(header(scans[0].stamp_ns + 30_000_000), np.full((500, 3), np.nan, np.float32))
+    nan = pc2.create_cloud(
+        header(scans[0].stamp_ns + 30_000_000), np.full((500, 3), np.nan, np.float32)
+    )
     yield 'all_nan', nan, None
-    bad_type = PointCloud2(header=header(scans[0].stamp_ns + 40_000_000), height=1, width=1,
-                           fields=[PointField(name=n, offset=4 * i, datatype=42, count=1)
-                                   for i, n in enumerate('xyz')],
-                           is_bigendian=False, point_step=12, row_step=12, is_dense=True,
-                           data=bytes(12))
+    bad_type = PointCloud2(
+        header=header(scans[0].stamp_ns + 40_000_000),
+        height=1,
+        width=1,
+        fields=[
+            PointField(name=n, offset=4 * i, datatype=42, count=1) for i, n in enumerate('xyz')
+        ],
+        is_bigendian=False,
+        point_step=12,
+        row_step=12,
+        is_dense=True,
+        data=bytes(12),
+    )
     yield 'bad_datatype', bad_type, None
     truncated = cloud(1, stamp=scans[0].stamp_ns + 50_000_000)
     truncated.data = bytes(truncated.data)[:100]
@@ -103,11 +128,19 @@ def bad_messages():
     yield 'no_frame', no_frame, None
     with_nans = scans[1].xyz.copy()
     with_nans[::3] = np.nan
-    yield 'scan_with_nans', pc2.create_cloud(header(scans[1].stamp_ns), with_nans, scans[1].extras), scans[1].pose
+    yield (
+        'scan_with_nans',
+        pc2.create_cloud(header(scans[1].stamp_ns), with_nans, scans[1].extras),
+        scans[1].pose,
+    )
     # A huge cloud: the scan repeated with millimetre jitter (must be downsampled, not choke).
     rng = np.random.default_rng(0)
-    big = np.concatenate([scans[2].xyz + rng.normal(0, 1e-3, scans[2].xyz.shape).astype(np.float32)
-                          for _ in range(20)])
+    big = np.concatenate(
+        [
+            scans[2].xyz + rng.normal(0, 1e-3, scans[2].xyz.shape).astype(np.float32)
+            for _ in range(20)
+        ]
+    )
     yield 'huge', pc2.create_cloud(header(scans[2].stamp_ns), big), scans[2].pose
     yield 'scan', cloud(3), scans[3].pose
     yield 'time_backwards', cloud(1, stamp=scans[1].stamp_ns - 5_000_000_000), None
@@ -120,8 +153,10 @@ class Driver(Node):
         super().__init__('scan_driver')
         qos = QoSProfile(depth=5, reliability=ReliabilityPolicy.RELIABLE)
         # a lidar driver publishes with the sensor-data profile (best effort); a bag player reliably
-        self.pub = self.create_publisher(PointCloud2, 'points', qos_profile_sensor_data if sensor_qos else qos)
-        self.answers = {}     # stamp_ns -> {'odom': ..., 'diag': ...}
+        self.pub = self.create_publisher(
+            PointCloud2, 'points', qos_profile_sensor_data if sensor_qos else qos
+        )
+        self.answers = {}  # stamp_ns -> {'odom': ..., 'diag': ...}
         self.tf = []
         self.aligned = []
         self.create_subscription(Odometry, 'odometry', self.on_odom, 50)
@@ -136,15 +171,22 @@ class Driver(Node):
     def on_odom(self, msg):
         p, q = msg.pose.pose.position, msg.pose.pose.orientation
         self.answers.setdefault(self.key(msg.header.stamp), {})['odom'] = {
-            'frame': msg.header.frame_id, 'child': msg.child_frame_id,
-            'position': [p.x, p.y, p.z], 'orientation': [q.x, q.y, q.z, q.w],
-            'covariance_xx': msg.pose.covariance[0]}
+            'frame': msg.header.frame_id,
+            'child': msg.child_frame_id,
+            'position': [p.x, p.y, p.z],
+            'orientation': [q.x, q.y, q.z, q.w],
+            'covariance_xx': msg.pose.covariance[0],
+        }
 
     def on_diag(self, msg):
         st = msg.status[0]
         self.answers.setdefault(self.key(msg.header.stamp), {})['diag'] = {
-            'level': int.from_bytes(st.level, 'little') if isinstance(st.level, bytes) else int(st.level),
-            'message': st.message, 'values': {kv.key: kv.value for kv in st.values}}
+            'level': int.from_bytes(st.level, 'little')
+            if isinstance(st.level, bytes)
+            else int(st.level),
+            'message': st.message,
+            'values': {kv.key: kv.value for kv in st.values},
+        }
 
     def on_tf(self, msg):
         for t in msg.transforms:
@@ -152,63 +194,98 @@ class Driver(Node):
 
     def on_aligned(self, msg):
         cloud = pc2.read_cloud(msg)
-        self.aligned.append({'stamp': self.key(msg.header.stamp), 'frame': msg.header.frame_id,
-                             'points': len(cloud), 'fields': [f.name for f in msg.fields],
-                             'xyz_mean': cloud.xyz.mean(axis=0).tolist() if len(cloud) else None})
+        self.aligned.append(
+            {
+                'stamp': self.key(msg.header.stamp),
+                'frame': msg.header.frame_id,
+                'points': len(cloud),
+                'fields': [f.name for f in msg.fields],
+                'xyz_mean': cloud.xyz.mean(axis=0).tolist() if len(cloud) else None,
+            }
+        )
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('--scenario', choices=('sim', 'bad', 'glitch', 'sweep'), required=True)
-    ap.add_argument('--sensor-qos', action='store_true',
-                    help='publish with the sensor-data QoS profile (best effort), as lidar drivers do')
+    ap.add_argument(
+        '--sensor-qos',
+        action='store_true',
+        help='publish with the sensor-data QoS profile (best effort), as lidar drivers do',
+    )
     ap.add_argument('--scans', type=int, default=12)
     ap.add_argument('--out', required=True)
     ap.add_argument('--timeout', type=float, default=60.0, help='seconds to wait per scan')
-    ap.add_argument('--static-tf', nargs=5, metavar=('PARENT', 'CHILD', 'X', 'Y', 'Z'),
-                    help='publish a static transform (translation only) on /tf_static first')
+    ap.add_argument(
+        '--static-tf',
+        nargs=5,
+        metavar=('PARENT', 'CHILD', 'X', 'Y', 'Z'),
+        help='publish a static transform (translation only) on /tf_static first',
+    )
     args = ap.parse_args()
     rclpy.init()
     node = Driver(args.sensor_qos)
     sent = []
     if args.static_tf:
         parent, child, x, y, z = args.static_tf
-        latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
-                             durability=DurabilityPolicy.TRANSIENT_LOCAL)
+        latched = QoSProfile(
+            depth=1,
+            reliability=ReliabilityPolicy.RELIABLE,
+            durability=DurabilityPolicy.TRANSIENT_LOCAL,
+        )
         static_pub = node.create_publisher(TFMessage, '/tf_static', latched)
         t = TransformStamped()
         t.header.frame_id, t.child_frame_id = parent, child
         t.transform.translation.x, t.transform.translation.y, t.transform.translation.z = (
-            float(x), float(y), float(z))
+            float(x),
+            float(y),
+            float(z),
+        )
         t.transform.rotation.w = 1.0
         static_pub.publish(TFMessage(transforms=[t]))
     try:
         deadline = time.monotonic() + 30.0
-        while (node.pub.get_subscription_count() == 0
-               or node.count_publishers('odometry') == 0) and time.monotonic() < deadline:
+        while (
+            node.pub.get_subscription_count() == 0 or node.count_publishers('odometry') == 0
+        ) and time.monotonic() < deadline:
             rclpy.spin_once(node, timeout_sec=0.1)
         if node.pub.get_subscription_count() == 0:
             print('pwan_odometry_node did not subscribe to points', file=sys.stderr)
             sys.exit(3)
         time.sleep(0.5)
-        msgs = {'sim': lambda: sim_messages(args.scans), 'bad': bad_messages,
-                'glitch': lambda: glitch_messages(args.scans),
-                'sweep': lambda: sweep_messages(args.scans)}[args.scenario]()
+        msgs = {
+            'sim': lambda: sim_messages(args.scans),
+            'bad': bad_messages,
+            'glitch': lambda: glitch_messages(args.scans),
+            'sweep': lambda: sweep_messages(args.scans),
+        }[args.scenario]()
         for label, msg, pose in msgs:
             key = Driver.key(msg.header.stamp)
             node.pub.publish(msg)
             end = time.monotonic() + args.timeout
             while key not in node.answers and time.monotonic() < end:
                 rclpy.spin_once(node, timeout_sec=0.05)
-            t_end = time.monotonic() + 0.3   # let the other outputs of this scan arrive
+            t_end = time.monotonic() + 0.3  # let the other outputs of this scan arrive
             while time.monotonic() < t_end:
                 rclpy.spin_once(node, timeout_sec=0.05)
-            sent.append({'label': label, 'stamp': key,
-                         'gt': None if pose is None else np.asarray(pose).tolist()})
+            sent.append(
+                {
+                    'label': label,
+                    'stamp': key,
+                    'gt': None if pose is None else np.asarray(pose).tolist(),
+                }
+            )
     finally:
         with open(args.out, 'w') as f:
-            json.dump({'sent': sent, 'answers': {str(k): v for k, v in node.answers.items()},
-                       'tf': node.tf, 'aligned': node.aligned}, f)
+            json.dump(
+                {
+                    'sent': sent,
+                    'answers': {str(k): v for k, v in node.answers.items()},
+                    'tf': node.tf,
+                    'aligned': node.aligned,
+                },
+                f,
+            )
         node.destroy_node()
         rclpy.try_shutdown()
 

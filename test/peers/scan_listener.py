@@ -4,6 +4,7 @@ stamp: the start-up race of the subscription, without the cost of registering sc
 
   python scan_listener.py --reliability auto
 """
+
 import argparse
 import sys
 

@@ -7,6 +7,7 @@ Each scan is a stationary simulated scan with a new stamp. After each scan the p
 up to ``--answer-timeout`` seconds for its odometry, then sends the next one either way, so a
 lost scan costs a timeout but never stops the run.
 """
+
 import argparse
 import json
 import sys
@@ -29,22 +30,34 @@ def scan_points(n_points: int, source: str) -> np.ndarray:
     if source == 'random':
         return np.random.default_rng(0).uniform(-20, 20, (n_points, 3)).astype(np.float32)
     from pwan_ros.evaluation.lidar_sim import SimConfig, simulate
+
     xyz = next(iter(simulate(SimConfig(scans=1, beams=16, azimuth_steps=720, seed=3)))).xyz
     reps = max(1, int(np.ceil(n_points / len(xyz))))
     rng = np.random.default_rng(0)
-    tiled = np.concatenate([xyz + rng.normal(0, 1e-3, xyz.shape).astype(np.float32)
-                            for _ in range(reps)])
+    tiled = np.concatenate(
+        [xyz + rng.normal(0, 1e-3, xyz.shape).astype(np.float32) for _ in range(reps)]
+    )
     return tiled[:n_points]
 
 
 class Publisher(Node):
     def __init__(self, reliability: str):
         super().__init__('startup_publisher')
-        rel = ReliabilityPolicy.RELIABLE if reliability == 'reliable' else ReliabilityPolicy.BEST_EFFORT
+        rel = (
+            ReliabilityPolicy.RELIABLE
+            if reliability == 'reliable'
+            else ReliabilityPolicy.BEST_EFFORT
+        )
         # rosbag2's player: reliable, keep last; a driver's sensor-data profile: best effort, depth 5
         self.pub = self.create_publisher(
-            PointCloud2, 'points', QoSProfile(depth=5 if rel == ReliabilityPolicy.BEST_EFFORT else 100,
-                                              history=HistoryPolicy.KEEP_LAST, reliability=rel))
+            PointCloud2,
+            'points',
+            QoSProfile(
+                depth=5 if rel == ReliabilityPolicy.BEST_EFFORT else 100,
+                history=HistoryPolicy.KEEP_LAST,
+                reliability=rel,
+            ),
+        )
         self.answered = set()
         self.create_subscription(Odometry, 'odometry', self.on_odom, 50)
 
