@@ -14,7 +14,9 @@ partial objective (``register(..., init='global')``).
    Feature support only proposes; the partial objective decides, so a pose that RANSAC ranks
    low (features broken by outliers) still wins when it explains the geometry.
 3. **Refusal.** ``overlap`` = fraction of the source within h at the winner. The confidence is
-   the margin of the winner's objective over the best *distinct* runner-up; when the overlap is
+   the margin of the winner's objective over the best *distinct* runner-up, relative to the
+   objective the winner explains beyond chance (random places in the source's box score the
+   chance level, which uniform outliers raise for every pose alike); when the overlap is
    below ``min_overlap``, the matched reference normals leave a direction free
    (:func:`translation_constraint` below ``min_constraint``: a plane, a corridor) or the margin is
    below ``min_confidence`` (two different poses explain the data almost equally: a symmetric
@@ -151,7 +153,17 @@ def choose(
         ),
         None,
     )
-    confidence = 1.0 if runner is None or obj >= 0 else float(min(1.0, (runner[0] - obj) / -obj))
+    # the margin is relative to what the winner explains beyond chance: spurious reference points
+    # (uniform outliers, clutter) lower every pose's objective alike, by the objective of random
+    # places in the box the source occupies, and must not shrink the margin
+    moved = probe @ res.transform[:3, :3].T + res.transform[:3, 3]
+    places = np.random.default_rng(0).uniform(moved.min(axis=0), moved.max(axis=0), moved.shape)
+    explained = partial_objective_of(places, tree, h)[0] - obj
+    confidence = (
+        1.0
+        if runner is None or explained <= 0
+        else float(np.clip((runner[0] - obj) / explained, 0.0, 1.0))
+    )
     status, reason = 'ok', ''
     if overlap < cfg.min_overlap:
         status, reason = (

@@ -19,7 +19,8 @@ then weighs no more than any other surface. The gate is g = 1.5 judging voxels.
   ``RIVAL_MARGIN`` more of the source lies on the reference (the result is not the fit its data
   shows: a slide, "no motion" kept by a sampling pattern, an early stop), or at a *distinct* pose
   (points moved by more than ``RIVAL_DISTINCT`` gates RMS) with at least the result's overlap
-  minus ``RIVAL_MARGIN`` (not the only fit: a plane, a corridor, a featureless road, a
+  minus ``RIVAL_MARGIN``, or explaining beyond chance at least ``1 - RIVAL_RATIO`` of what the
+  result explains (not the only fit: a plane, a corridor, a featureless road, a
   symmetric object).
 
 ``status`` is 'refused' with the reason when a test fails. The thresholds are fractions of the
@@ -47,6 +48,10 @@ RIVAL_REACH = (8.0, 32.0)
 RIVAL_TURN_DEG = 15.0
 #: refuse when a distinct rival pose puts at least the result's overlap minus this on the reference
 RIVAL_MARGIN = 0.05
+#: ... or explains at least (1 - this) of what the result explains beyond chance (the margin a
+#: global search's confidence asks of its runner-up, GlobalConfig.min_confidence): at a low
+#: overlap two poses a few points apart are not told apart by the data
+RIVAL_RATIO = 0.2
 #: a rival is distinct when it moves the source points by more than this many gates (RMS)
 RIVAL_DISTINCT = 2.0
 #: the judging voxel shrinks (by 1.5x, at most MAX_REFINE times) until random places in the source's
@@ -271,7 +276,8 @@ def check_pose(
     if rival is None:
         return PoseCheck('ok', '', overlap, chance, excess, nan, nan, voxel, g)
     label, rival_overlap, shift, rival_t = rival
-    if rival_overlap >= overlap - RIVAL_MARGIN:
+    rival_excess = (rival_overlap - chance) / (1.0 - chance) if chance < 1.0 else 0.0
+    if rival_overlap >= overlap - RIVAL_MARGIN or rival_excess >= (1.0 - RIVAL_RATIO) * excess:
         return PoseCheck(
             'refused',
             f'a pose {shift:.3g} away (GICP {label}) fits about as well (the data does not '
