@@ -77,7 +77,8 @@ setup(
     zip_safe=True,
     maintainer='pwan_ros maintainers',
     maintainer_email='maintainers@pwan-ros.dev',
-    description='Robust point cloud registration with Partial Wasserstein Adversarial Networks for ROS 2',
+    description='Robust point cloud registration with Partial Wasserstein Adversarial Networks '
+    'for ROS 2',
     license='MIT',
     tests_require=['pytest'],
     entry_points={

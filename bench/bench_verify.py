@@ -14,7 +14,8 @@ A second block judges the self-check alone: each pair's source at poses a local 
 (GICP from the reference transform moved 0.5 / 1 / 3 % of the diagonal, or turned 5 / 20 deg,
 and from identity), so that both right and wrong poses are judged.
 
-  python bench/bench_verify.py [--data ../shared/data] [--outliers 0 0.5 1] [--sets bunny scenes balm nuscenes]
+  python bench/bench_verify.py [--data ../shared/data] [--outliers 0 0.5 1] \
+      [--sets bunny scenes balm nuscenes]
   python bench/bench_verify.py --check-only | --register-only
 """
 
@@ -119,8 +120,8 @@ def run_register(pairs, ratios, args) -> list:
                 )
             )
             print(
-                f'  [{ratio:g}] {kind} {name}: {res.status} rot {r_err:.2f} deg, trans {t_err:.3g} '
-                f'({"correct" if ok else "WRONG"}) {dt:.1f} s',
+                f'  [{ratio:g}] {kind} {name}: {res.status} rot {r_err:.2f} deg, trans '
+                f'{t_err:.3g} ({"correct" if ok else "WRONG"}) {dt:.1f} s',
                 flush=True,
             )
             if args.anchor:
@@ -278,8 +279,8 @@ def main(argv=None) -> int:
             'wrong_without_warning',
             'median_s',
         ],
-        f'Self-check across real data (correct: <= {args.rot_tol:g} deg and <= {args.trans_tol:.1%} '
-        'of the diagonal)',
+        f'Self-check across real data (correct: <= {args.rot_tol:g} deg and <= '
+        f'{args.trans_tol:.1%} of the diagonal)',
     )
     write_results(args.results, 'bench_verify', rows, summary)
     return 0
