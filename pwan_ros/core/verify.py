@@ -43,7 +43,8 @@ __all__ = ['PoseCheck', 'check_pose', 'judging_voxel', 'MIN_EXCESS_OVERLAP', 'RI
 
 #: refuse when less than this fraction of the source lies on the reference beyond chance
 MIN_EXCESS_OVERLAP = 0.05
-#: the rival search: GICP starts these many gates away along each axis and turned this much about each
+#: the rival search: GICP starts these many gates away along each axis and turned this much about
+#: each
 RIVAL_REACH = (8.0, 32.0)
 RIVAL_TURN_DEG = 15.0
 #: refuse when a distinct rival pose puts at least the result's overlap minus this on the reference
@@ -54,15 +55,16 @@ RIVAL_MARGIN = 0.05
 RIVAL_RATIO = 0.2
 #: a rival is distinct when it moves the source points by more than this many gates (RMS)
 RIVAL_DISTINCT = 2.0
-#: the judging voxel shrinks (by 1.5x, at most MAX_REFINE times) until random places in the source's
-#: box are within the gate of the reference at most this often (a small or sparse cloud)
+#: the judging voxel shrinks (by 1.5x, at most MAX_REFINE times) until random places in the
+#: source's box are within the gate of the reference at most this often (a small or sparse cloud)
 MAX_CHANCE = 0.5
 MAX_REFINE = 8
 #: fewer judged source points than this cannot vouch for a pose
 MIN_JUDGED = 10
 #: source points used by the check (a random subset of the voxelised moved source)
 CHECK_POINTS = 4000
-#: the judging voxel leaves at most this many voxels with two or more reference points (:func:`judging_voxel`)
+#: the judging voxel leaves at most this many voxels with two or more reference points
+#: (:func:`judging_voxel`)
 JUDGE_POINTS = 10000
 
 
@@ -280,8 +282,8 @@ def check_pose(
     if rival_overlap >= overlap - RIVAL_MARGIN or rival_excess >= (1.0 - RIVAL_RATIO) * excess:
         return PoseCheck(
             'refused',
-            f'a pose {shift:.3g} away (GICP {label}) fits about as well (the data does not '
-            f'pin the pose down): {rival_overlap:.0%} of the source within {g:.3g} of the reference '
+            f'a pose {shift:.3g} away (GICP {label}) fits about as well (the data does not pin '
+            f'the pose down): {rival_overlap:.0%} of the source within {g:.3g} of the reference '
             f'against {overlap:.0%}',
             overlap,
             chance,
