@@ -84,13 +84,13 @@ def test_config_validation_and_yaml(tmp_path):
     cfg = AdaptConfig()
     assert cfg.method == 'pwan' and cfg.bottleneck_dim == 256
     for bad, msg in [
-        ({'steps': 0}, 'below the minimum'),
-        ({'method': 'dann'}, 'not one of'),
-        ({'lambda1': float('nan')}, 'finite'),
+        ({'steps': 0}, r"^invalid value 0 for parameter 'steps': expected an integer in \["),
+        ({'method': 'dann'}, r'expected pwan \| source_only \| wgan$'),
+        ({'lambda1': float('nan')}, r"'lambda1': expected a number in \[0, 1000000\]"),
         ({'m0': 0.5}, '>= 1'),
-        ({'device': 'gpu7'}, 'device'),
-        ({'steps': 1.5}, 'expected int'),
-        ({'no_such': 1}, 'unknown'),
+        ({'device': 'gpu7'}, r"'device': expected auto \| cpu \| cuda \| cuda:N$"),
+        ({'steps': 1.5}, "'steps': expected an integer"),
+        ({'no_such': 1}, r'^unknown parameter\(s\): no_such$'),
     ]:
         with pytest.raises(AdaptConfigError, match=msg):
             AdaptConfig.from_mapping(bad)

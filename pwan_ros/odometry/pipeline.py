@@ -44,7 +44,6 @@ from pwan_ros.odometry.trust import TrustPolicy
 
 __all__ = [
     'OdometryPipeline',
-    'ScanPipeline',
     'ScanEstimate',
     'ScanError',
     'Keyframe',
@@ -452,7 +451,3 @@ class _Finisher:
             pwan_starts=outcome.starts,
             deskewed=self.deskewed,
         )
-
-
-#: the old name, kept for one release
-ScanPipeline = OdometryPipeline
