@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 
 __all__ = [
     'ParamSpec',
+    'POINTS_TOPIC',
     'REQUIRED',
     'FORMATS',
     'param',
@@ -23,6 +24,9 @@ __all__ = [
     'markdown_table',
     'ros_params_yaml',
 ]
+
+#: the default scan topic (sensor_msgs/PointCloud2) of every tool and launch file
+POINTS_TOPIC = '/points'
 
 #: ``param(REQUIRED, ...)``: a field without a default (a positional input such as a path)
 REQUIRED = dataclasses.MISSING
