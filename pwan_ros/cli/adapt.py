@@ -145,15 +145,16 @@ def _main(args) -> int:
         acc = '' if result.accuracy is None else f' accuracy={result.accuracy:.4f}'
         dep = '' if result.deployed is None else f' deployed={result.deployed}'
         print(
-            f'{"done" if result.completed else "interrupted"}: {result.steps_done}/{result.steps} steps'
-            f'{dep}{acc} -> {result.output_dir}',
+            f'{"done" if result.completed else "interrupted"}: {result.steps_done}/{result.steps} '
+            f'steps{dep}{acc} -> {result.output_dir}',
             file=sys.stderr,
         )
     return 0 if result.completed else 130
 
 
 def import_main(argv: Optional[List[str]] = None) -> int:
-    """``pwan_adapt_import BAG --features-topic T [--label-topic L | --label-field F] --output X.npz``.
+    """``pwan_adapt_import BAG --features-topic T [--label-topic L | --label-field F] --output
+    X.npz``.
 
     Exit status: 0 written, 2 bad input or unwritable output (one line), 130 interrupted (nothing
     written)."""

@@ -1,4 +1,5 @@
-"""PWAN odometry, scan by scan: preprocess -> register against a keyframe -> trust -> pose (no ROS).
+"""PWAN odometry, scan by scan: preprocess -> register against a keyframe -> trust -> pose (no
+ROS).
 
 ``OdometryPipeline.process(points, stamp)`` turns one scan (sensor frame, metres) into a pose of
 the sensor in the odometry frame. Two paths produce poses:
@@ -13,10 +14,10 @@ the sensor in the odometry frame. Two paths produce poses:
 
 A registration that matches too little is rejected — unless it agrees with the motion prediction as
 closely as the recent scans did (a scan flooded with spurious returns matches few of its points
-at the right pose; :meth:`TrustPolicy.agrees_with_motion`): the last good pose is kept (and reported),
-the motion model stops extrapolating, and the next scan tries again. So is a scan whose usable
-points collapse against the recent scans (a driver glitch, a half-delivered scan), before it can
-become a keyframe. After ``reanchor_after`` consecutive rejections the next scan becomes a new
+at the right pose; :meth:`TrustPolicy.agrees_with_motion`): the last good pose is kept (and
+reported), the motion model stops extrapolating, and the next scan tries again. So is a scan whose
+usable points collapse against the recent scans (a driver glitch, a half-delivered scan), before it
+can become a keyframe. After ``reanchor_after`` consecutive rejections the next scan becomes a new
 keyframe at the held pose (path 'reanchor'), so a keyframe that no longer matches cannot make the
 odometry reject forever.
 """
@@ -168,7 +169,8 @@ class OdometryPipeline:
         velocity to extrapolate (before, the raw sweep approximates it), and the pose returned is
         moved back to ``stamp`` with the velocity. The mid-sweep reference keeps a velocity error
         from shifting the registered cloud, so it cannot feed back into the next velocity (as
-        KISS-ICP, which registers mid-sweep). Raises ScanError for a scan that cannot be registered."""
+        KISS-ICP, which registers mid-sweep). Raises ScanError for a scan that cannot be
+        registered."""
         t_ref, deskewed = 0.0, False
         if offsets is not None and self.config.deskew != 'off':
             offsets = np.asarray(offsets, dtype=np.float64)
@@ -251,13 +253,17 @@ class OdometryPipeline:
                 reason=self.trust.distrust(tr.quality, self.h),
             )
             if not best.reason and capture > 2.0 * self.h:
-                # a gap with no velocity to predict from: a wide search can settle on a pose near the
-                # last one ("no motion" on a road); the self-check judges it before it is trusted
+                # a gap with no velocity to predict from: a wide search can settle on a pose near
+                # the last one ("no motion" on a road); the self-check judges it before it is
+                # trusted
                 t1 = time.perf_counter()
                 check = check_pose(transform_points(tr.transform, scan.dense), kf.cloud.points)
                 timings['check'] = (time.perf_counter() - t1) * 1e3
                 if check.status != 'ok':
-                    best.reason = f'tracking across a {capture:.3g} m gap refused by its self-check: {check.reason}'
+                    best.reason = (
+                        f'tracking across a {capture:.3g} m gap refused by its self-check: '
+                        f'{check.reason}'
+                    )
             if self._scan_index == 1 and kf.is_reference:
                 best.reason = 'start-up against the reference cloud' + (
                     f' ({best.reason})' if best.reason else ''

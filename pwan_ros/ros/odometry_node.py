@@ -2,8 +2,9 @@
 
 A thin adapter over :class:`pwan_ros.odometry.odometer.Odometer`: PointCloud2 -> numpy
 (pwan_ros.io.pointcloud2) -> odometer -> Odometry, TF, aligned cloud, diagnostics; the node
-converts messages and publishes, the odometry policy lives in :mod:`pwan_ros.odometry`. The subscription callback only stores the newest scan (counting the one it
-replaces as dropped); a worker thread registers scans, so callbacks never block.
+converts messages and publishes, the odometry policy lives in :mod:`pwan_ros.odometry`. The
+subscription callback only stores the newest scan (counting the one it replaces as dropped); a
+worker thread registers scans, so callbacks never block.
 
 Topics (relative names, remap them): subscribes ``points`` (sensor_msgs/PointCloud2) and
 ``/tf_static`` (when base_frame differs from the cloud frame); publishes ``odometry``
