@@ -334,7 +334,10 @@ def test_cli_bad_input_writes_nothing(tmp_path, capsys):
     err = capsys.readouterr().err
     assert 'feature dimensions differ' in err and 'Traceback' not in err
     assert adapt_main(base + ['--lambda1', '-1']) == 2
-    assert 'lambda1: -1.0 is below the minimum' in capsys.readouterr().err
+    assert (
+        "pwan_adapt: error: invalid value -1.0 for parameter 'lambda1': expected a number in "
+        '[0, 1000000]\n'
+    ) == capsys.readouterr().err
     assert adapt_main(base[:4]) == 2
     assert 'missing required option(s): --output' in capsys.readouterr().err
     assert not out.exists()

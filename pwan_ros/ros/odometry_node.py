@@ -265,7 +265,7 @@ class OdometryNode(Node):
                 'num_far_points': str(est.num_far),
                 'keyframe': str(est.keyframe),
                 'voxel_size_m': f'{self.pipeline.voxel_size:.4f}',
-                'distance_threshold_m': f'{self.pipeline.h:.4f}',
+                'distance_threshold_m': f'{self.pipeline.distance_threshold:.4f}',
                 **{f'{k}_ms': f'{v:.2f}' for k, v in est.timings_ms.items()},
             },
         )
