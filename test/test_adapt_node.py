@@ -168,7 +168,15 @@ def test_node_rejects_invalid_parameters(tmp_path, ros_env):
     """All problems are reported at once, before anything is written."""
     node = subprocess.run(
         [str(NODE)]
-        + _params(tmp_path, steps=10, lambda1=1, gp_weight=-2.0, method='dann', output=None),
+        + _params(
+            tmp_path,
+            steps=10,
+            lambda1=1,
+            gp_weight=-2.0,
+            method='dann',
+            output=None,
+            batch_size_=8,
+        ),
         env=ros_env,
         capture_output=True,
         text=True,
@@ -180,6 +188,7 @@ def test_node_rejects_invalid_parameters(tmp_path, ros_env):
         "invalid parameter 'gp_weight': out of range [0.0, 1000000.0]",
         "invalid value 'dann' for parameter 'method': expected pwan | source_only | wgan",
         "parameter 'output' is required",
+        "unknown parameter 'batch_size_'",
     ):
         assert msg in node.stderr, (msg, node.stderr)
     assert 'Traceback' not in node.stderr
