@@ -1,6 +1,8 @@
 """Typed parameters: each config field declares its default, description and range once; config
 validation, ROS parameter descriptors, CLI flags, YAML files and the docs tables are read from
-it."""
+it. Every config validates in its ``__post_init__`` with :func:`check`: the field specs, then its
+few cross-field rules, each failure one line naming the parameter, its value and what is allowed.
+"""
 
 from __future__ import annotations
 
