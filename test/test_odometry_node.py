@@ -504,6 +504,25 @@ def test_launch_file_names_real_executable_and_config(fake_share):
     assert 'deprecat' not in (ROOT / 'launch' / 'register.launch.py').read_text().lower()
 
 
+def test_adapt_launch_passes_the_run_paths_described_by_their_specs(fake_share):
+    """adapt.launch.py (same launch fakes): the run's paths, AdaptIO parameters, reach adapt_node
+    over the installed config/adapt.yaml."""
+    from pwan_ros.adaptation.config import AdaptIO
+    from pwan_ros.params import specs
+
+    declared, launched, _ = run_launch(
+        fake_share, 'adapt.launch.py', labelled='l.npz', unlabelled='u.npz', output='out'
+    )
+    assert set(declared) == {'params_file', 'labelled', 'unlabelled', 'output', 'resume'}
+    ((kind, node),) = launched
+    assert (kind, node['executable'], node['name']) == ('Node', 'pwan_adapt_node', 'adapt_node')
+    assert node['parameters'] == [
+        str(fake_share / 'config' / 'adapt.yaml'),
+        {'labelled': 'l.npz', 'unlabelled': 'u.npz', 'output': 'out', 'resume': 'false'},
+    ]
+    assert set(node['parameters'][1]) <= set(specs(AdaptIO))
+
+
 def test_launch_defaults_keep_the_params_file_values(fake_share):
     """No arguments: the node gets the installed config/odometry.yaml and use_sim_time, nothing
     else, so no launch default overrides a value of the file; only the node is started."""
