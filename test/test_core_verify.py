@@ -105,7 +105,7 @@ def test_two_d_sets_get_the_overlap_test():
 
 @pytest.mark.parametrize('voxel', [None, 0.25])
 def test_register_street_scans_apart_in_metres(street, voxel):
-    """Scans 4 m apart, with and without --voxel: the result is right (the check's rival search
+    """Scans 4 m apart, with and without voxel_size: the result is right (the check's rival search
     takes a better pose next to a 'no motion' fit) and vouched for."""
     src, ref, gt = street
     with warnings.catch_warnings():

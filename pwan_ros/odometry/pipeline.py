@@ -45,7 +45,6 @@ from pwan_ros.odometry.trust import TrustPolicy
 
 __all__ = [
     'OdometryPipeline',
-    'ScanPipeline',
     'ScanEstimate',
     'ScanError',
     'Keyframe',
@@ -155,8 +154,8 @@ class OdometryPipeline:
         return self.preparer.voxel_size
 
     @property
-    def h(self) -> float:
-        """Partial-matching distance (m)."""
+    def distance_threshold(self) -> float:
+        """Partial-matching distance h (m): ``distance_threshold``, 0 = 2 x the voxel size."""
         return self.config.distance_threshold or 2.0 * self.voxel_size
 
     # ------------------------------------------------------------------ main entry
@@ -222,7 +221,7 @@ class OdometryPipeline:
             if (
                 ratio >= self.config.min_matched_ratio
                 and deviation is not None
-                and self.trust.agrees_with_motion(deviation, self.h)
+                and self.trust.agrees_with_motion(deviation, self.distance_threshold)
             ):
                 outcome.reason = (
                     why + f', accepted: agrees with the motion prediction ({deviation[0]:.3f} m, '
@@ -244,21 +243,26 @@ class OdometryPipeline:
             t0 = time.perf_counter()
             capture = self._capture_range()
             tr = track(
-                kf.cloud, scan.tracked, init, self.h, num_threads=self.num_threads, capture=capture
+                kf.local_map,
+                scan.tracked,
+                init,
+                self.distance_threshold,
+                num_threads=self.num_threads,
+                capture=capture,
             )
             timings['track'] = (time.perf_counter() - t0) * 1e3
             best = _Outcome(
                 tr.transform,
                 tr.quality,
                 tr.iterations,
-                reason=self.trust.distrust(tr.quality, self.h),
+                reason=self.trust.distrust(tr.quality, self.distance_threshold),
             )
-            if not best.reason and capture > 2.0 * self.h:
+            if not best.reason and capture > 2.0 * self.distance_threshold:
                 # a gap with no velocity to predict from: a wide search can settle on a pose near
                 # the last one ("no motion" on a road); the self-check judges it before it is
                 # trusted
                 t1 = time.perf_counter()
-                check = check_pose(transform_points(tr.transform, scan.dense), kf.cloud.points)
+                check = check_pose(transform_points(tr.transform, scan.dense), kf.local_map.points)
                 timings['check'] = (time.perf_counter() - t1) * 1e3
                 if check.status != 'ok':
                     best.reason = (
@@ -276,10 +280,10 @@ class OdometryPipeline:
         good = self.trust.good_match()  # infinite without a history: then no global search either
         rec = recover(
             self.pwan,
-            kf.cloud,
+            kf.local_map,
             scan.tracked,
             init,
-            self.h,
+            self.distance_threshold,
             self.config.recovery_yaw_starts,
             good,
             deadline,
@@ -378,9 +382,13 @@ class OdometryPipeline:
         published pose is the rigid part of the deformation's affine part."""
         t0 = time.perf_counter()
         deadline = t0 + self.config.pwan_time_budget_ms * 1e-3
-        result = self.pwan.align(scan.dense, kf.cloud.points, init, self.h, deadline)
+        result = self.pwan.align(
+            scan.dense, kf.local_map.points, init, self.distance_threshold, deadline
+        )
         done.timings['pwan'] = (time.perf_counter() - t0) * 1e3
-        quality = match_quality(kf.cloud, result.transformed_source, np.eye(4), self.h)
+        quality = match_quality(
+            kf.local_map, result.transformed_source, np.eye(4), self.distance_threshold
+        )
         outcome = _Outcome(result.transform, quality, result.iterations, True, starts=1)
         if quality.matched_ratio < self.config.min_matched_ratio:
             outcome.reason = (
@@ -458,7 +466,3 @@ class _Finisher:
             pwan_starts=outcome.starts,
             deskewed=self.deskewed,
         )
-
-
-#: the old name, kept for one release
-ScanPipeline = OdometryPipeline
