@@ -10,7 +10,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / 'pwan_ros'
 #: what each folder may import from the package (besides itself); cli may import anything
 ALLOWED = {
     'params': set(),
-    'core': {'params'},
+    'core': {'params', 'geometry'},
     'geometry': set(),
     'io': {'core', 'geometry'},
     'odometry': {'params', 'core', 'geometry', 'io'},

@@ -69,12 +69,12 @@ def test_isolated_returns_removed_only_when_noise_dominates():
 
 def _reference_filter(points, voxel_size, max_points, rng):
     """The plain numpy filter the fast one replaced (np.unique voxel grid, all 26 neighbours of
-    every single-return voxel searched, np.linalg.norm ranges): what filter_scan must return."""
+    every single-return voxel searched, axis-0 medians): what filter_scan must return."""
     from itertools import product
 
     pts = points[np.isfinite(points).all(axis=1)]
-    r = np.sqrt((pts**2).sum(axis=1))
-    far = r > 100.0 * max(float(np.median(r)), 1e-3)
+    spread = np.linalg.norm(pts - np.median(pts, axis=0), axis=1)  # far rule: geometry.outliers
+    far = spread > 50.0 * np.median(spread[spread > 0])
     pts = pts[~far]
     cells = np.floor(pts / voxel_size)
     cells -= cells.min(axis=0) - 1
@@ -127,6 +127,24 @@ def test_fast_filter_equals_reference_numpy_filter(sim_scans, noise):
             if noise:
                 assert removed > 0.5 * len(extra)  # the rule applied
             np.testing.assert_array_equal(fast.points, ref)
+
+
+def test_scan_filter_and_core_share_the_far_rule(sim_scans):
+    """One far-outlier rule (geometry.outliers): a return 60 median spreads out (inside the old
+    scan rule's 100 x the median range) and a 1e19 m glitch are dropped by the scan filter and
+    left out by the core alike; one at 40 spreads is kept by both."""
+    from pwan_ros.core.preprocess import clean_points
+
+    pts = sim_scans[0].xyz.astype(np.float64)
+    med = np.median(pts, axis=0)
+    spread = float(np.median(np.linalg.norm(pts - med, axis=1)))
+    out = med + np.array([[60.0 * spread, 0, 0], [0, 40.0 * spread, 0], [1e19, 0, 0]])
+    cloud = np.vstack([pts, out])
+    f = filter_scan(cloud, 0.0, 10**6)
+    with pytest.warns(RuntimeWarning, match='2 of'):
+        core = clean_points(cloud, 'source')
+    assert f.num_far == core.num_far == 2
+    assert np.array_equal(f.points, cloud[core.core])
 
 
 def test_automatic_voxel_size_ignores_far_outliers(sim_scans):

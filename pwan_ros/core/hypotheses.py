@@ -90,6 +90,11 @@ def _downsample(points: np.ndarray, target: int):
 
 
 def voxelised(points: np.ndarray, voxel: float) -> np.ndarray:
+    """(k, 3) centroids of the occupied voxels of edge ``voxel`` of (n, 3) points (caller units),
+    from Open3D's ``voxel_down_sample`` like the feature clouds: the centroids are those of
+    :func:`pwan_ros.geometry.voxels.voxel_grid` with the origin half a voxel below the points'
+    minimum, bit for bit, but in Open3D's (hash map) order, which the global search's seeded
+    samples of these clouds depend on."""
     return np.asarray(_pcd(points).voxel_down_sample(voxel).points)
 
 

@@ -9,15 +9,10 @@ from typing import Optional, Tuple
 import numpy as np
 from scipy.spatial import cKDTree
 
+from pwan_ros.geometry.outliers import FAR_OUTLIER_FACTOR, far_outliers
+from pwan_ros.geometry.voxels import voxel_grid
+
 from .errors import PwanInputError
-
-
-#: a point farther than this many median spreads (median distance of the set's points to their
-#: coordinate-wise median) from that median is a gross outlier: it is left out of the estimation
-#: (statistics, voxel grid, adversarial stage, fine-tune) and only moved by the result. A few such
-#: points (driver glitches at 1e19 m) would otherwise dominate the centroid and scale, and
-#: overflow voxel keys and float32 network inputs.
-FAR_OUTLIER_FACTOR = 50.0
 
 
 @dataclass(frozen=True)
@@ -39,19 +34,6 @@ class CleanPoints:
     @property
     def num_far(self) -> int:
         return 0 if self.core is None else int((~self.core).sum())
-
-
-def far_outliers(points: np.ndarray, factor: float = FAR_OUTLIER_FACTOR) -> np.ndarray:
-    """(n,) bool: rows farther than ``factor`` x the median spread from the coordinate-wise median.
-
-    Statistics a few points cannot move (the median moves by at most the spread when up to half
-    the points are replaced). The spread ignores exact duplicates of the median."""
-    med = np.median(points, axis=0)
-    r = np.sqrt(((points - med) ** 2).sum(axis=1))
-    pos = r[r > 0]
-    if pos.size == 0:
-        return np.zeros(points.shape[0], dtype=bool)
-    return r > factor * float(np.median(pos))
 
 
 def clean_points(points, name: str) -> CleanPoints:
@@ -130,23 +112,16 @@ def check_rank(points: np.ndarray, transform: str, name: str) -> None:
 
 
 def voxel_downsample(points: np.ndarray, voxel: float) -> np.ndarray:
-    """Centroid of the points in each occupied voxel of edge ``voxel`` (same units as points).
+    """Centroid of the points in each occupied voxel of edge ``voxel`` (same units as points),
+    the grid anchored at the set's lowest corner (:func:`pwan_ros.geometry.voxels.voxel_grid`).
 
     Returns (k, d), k <= n, ordered by voxel key (deterministic)."""
     if voxel is None or voxel <= 0:
         return points
-    cells = (points - points.min(axis=0)) / voxel
-    if not float(cells.max(initial=0.0)) < 2.0**52:
-        raise PwanInputError(
-            f'voxel_size {voxel:g} is too small for a set spanning '
-            f'{float(np.ptp(points, axis=0).max()):g}'
-        )
-    keys = np.floor(cells).astype(np.int64)
-    _, inverse, counts = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
-    inverse = inverse.reshape(-1)
-    sums = np.zeros((counts.shape[0], points.shape[1]))
-    np.add.at(sums, inverse, points)
-    return sums / counts[:, None]
+    try:
+        return voxel_grid(points, voxel, origin=points.min(axis=0)).centroids
+    except ValueError as exc:
+        raise PwanInputError(str(exc)) from None
 
 
 def random_subset(points: np.ndarray, max_points: int, rng: np.random.Generator) -> np.ndarray:

@@ -36,6 +36,8 @@ import numpy as np
 from scipy.spatial import cKDTree
 from scipy.spatial.transform import Rotation
 
+from pwan_ros.geometry.voxels import voxel_grid
+
 from .preprocess import random_subset, voxel_downsample
 
 __all__ = ['PoseCheck', 'check_pose', 'judging_voxel', 'MIN_EXCESS_OVERLAP', 'RIVAL_MARGIN']
@@ -108,32 +110,16 @@ class PoseCheck:
 
 def _shared_voxels(points: np.ndarray, voxel: float) -> int:
     """Occupied voxels of edge ``voxel`` that hold at least two of ``points`` (n, d)."""
-    keys = np.floor((points - points.min(axis=0)) / voxel).astype(np.int64)
-    span = keys.max(axis=0) + 1
-    flat = keys[:, 0]
-    for k in range(1, keys.shape[1]):
-        flat = flat * span[k] + keys[:, k]
-    _, counts = np.unique(flat, return_counts=True)
-    return int((counts >= 2).sum())
+    return int(voxel_grid(points, voxel, origin=points.min(axis=0)).shared.sum())
 
 
 def _surface(points: np.ndarray, voxel: float) -> np.ndarray:
     """Centroids (k, d) of the voxels of edge ``voxel`` holding two or more of ``points`` (n, d):
     the surfaces, without the returns that share a voxel with nothing (uniform outliers, stray
     returns). All occupied voxels' centroids when fewer than 10 voxels are shared."""
-    keys = np.floor((points - points.min(axis=0)) / voxel).astype(np.int64)
-    span = keys.max(axis=0) + 1
-    flat = keys[:, 0]
-    for k in range(1, keys.shape[1]):
-        flat = flat * span[k] + keys[:, k]
-    _, inverse, counts = np.unique(flat, return_inverse=True, return_counts=True)
-    inverse = inverse.reshape(-1)
-    sums = np.stack(
-        [np.bincount(inverse, points[:, i], len(counts)) for i in range(points.shape[1])], axis=1
-    )
-    centroids = sums / counts[:, None]
-    shared = counts >= 2
-    return centroids[shared] if shared.sum() >= 10 else centroids
+    grid = voxel_grid(points, voxel, origin=points.min(axis=0))
+    shared = grid.shared
+    return grid.centroids[shared] if shared.sum() >= 10 else grid.centroids
 
 
 def _finest_voxel(points: np.ndarray, target: int = JUDGE_POINTS) -> float:

@@ -21,13 +21,12 @@ from itertools import product
 
 import numpy as np
 
+from pwan_ros.geometry import voxels
+from pwan_ros.geometry.outliers import far_outliers
+from pwan_ros.geometry.voxels import VoxelGrid
+
 ISOLATED_VOXEL_FRACTION = 0.2
 DENSE_MASS_FRACTION = 0.3
-#: returns farther than this many times the scan's median range are glitches (a driver writing
-#: 1e19 m or 3e38 m): physically implausible, and they would overflow voxel keys. Statistics a
-#: few points cannot move; 100 x keeps every real return of a lidar whose median range is >= 3 m.
-FAR_RANGE_FACTOR = 100.0
-_MAX_FLAT_KEY = 2**62
 _NEIGHBOURS = np.array(
     [o for o in product((-1, 0, 1), repeat=3) if o != (0, 0, 0)], dtype=np.int64
 )
@@ -42,7 +41,7 @@ class FilteredScan:
     """points: (M, 3) float64, sensor frame. num_input: points received; num_finite: of those
     with finite x/y/z; num_in_range: of those inside the range gate; voxel_size: metres used;
     num_isolated_removed: isolated voxels dropped (see the module docstring); num_far: finite
-    returns dropped beyond ``FAR_RANGE_FACTOR`` x the median range."""
+    returns dropped as far glitches (:func:`~pwan_ros.geometry.outliers.far_outliers`)."""
 
     points: np.ndarray
     num_input: int
@@ -53,56 +52,14 @@ class FilteredScan:
     num_far: int = 0
 
 
-@dataclass(frozen=True)
-class VoxelGrid:
-    """Occupied voxels of a cloud. centroids: (M, 3) mean of each voxel's points (metres);
-    counts: (M,) points per voxel; keys: (M, 3) int64 voxel indices (>= 1); inverse: (N,) voxel
-    of each input point; flat: (M,) sorted int64 keys ``(kx * span[1] + ky) * span[2] + kz``;
-    span: (3,) int64, larger than every key by at least 2 (neighbour keys never wrap)."""
-
-    centroids: np.ndarray
-    counts: np.ndarray
-    keys: np.ndarray
-    inverse: np.ndarray
-    flat: np.ndarray
-    span: np.ndarray
-
-
 def voxel_grid(points: np.ndarray, voxel_size: float) -> VoxelGrid:
-    """Voxel-grid a (N, 3) float64 cloud (metres) with cubic voxels of ``voxel_size``.
-
-    One stable argsort of the flat keys; per-column min / max (numpy's axis-0 reductions of an
-    (N, 3) array are several times slower). Voxels come out sorted by flat key, each voxel's
-    points summed in input order.
+    """The occupied voxels (:class:`~pwan_ros.geometry.voxels.VoxelGrid`) of an (N, 3) float64
+    cloud (metres, sensor frame) with cubic voxels of ``voxel_size`` anchored at the sensor: voxels
+    sorted by flat key, each voxel's points summed in input order.
 
     Raises ValueError when the cloud spans too many voxels for 63-bit keys (far glitches are
-    removed before, see :func:`far_returns`)."""
-    pts = np.asarray(points, dtype=np.float64)
-    cols = [np.floor(pts[:, i] / voxel_size) for i in range(3)]
-    # floor is monotone: the min / max cell of a column is the cell of its min / max point
-    lo = np.array([c.min() for c in cols]) if len(pts) else np.zeros(3)
-    hi = np.array([c.max() for c in cols]) if len(pts) else np.zeros(3)
-    span_f = hi - lo + 3.0  # keys are >= 1, so neighbour keys stay non-negative
-    if not float(np.prod(span_f)) < _MAX_FLAT_KEY:
-        raise ValueError(
-            f'voxel_size {voxel_size:g} m is too small for a scan spanning '
-            f'{float(np.ptp(pts, axis=0).max()):.4g} m'
-        )
-    span = span_f.astype(np.int64)
-    kx, ky, kz = ((c - lo[i] + 1.0).astype(np.int64) for i, c in enumerate(cols))
-    flat = (kx * span[1] + ky) * span[2] + kz
-    order = np.argsort(flat, kind='stable')
-    sflat = flat[order]
-    first_sorted = np.flatnonzero(
-        np.concatenate((np.ones(min(len(sflat), 1), dtype=bool), sflat[1:] != sflat[:-1]))
-    )
-    counts = np.diff(np.append(first_sorted, len(sflat)))
-    inverse = np.empty(len(flat), dtype=np.int64)
-    inverse[order] = np.repeat(np.arange(len(counts)), counts)
-    sums = np.stack([np.bincount(inverse, pts[:, i], len(counts)) for i in range(3)], axis=1)
-    first = order[first_sorted]
-    keys = np.stack([kx[first], ky[first], kz[first]], axis=1)
-    return VoxelGrid(sums / counts[:, None], counts, keys, inverse, sflat[first_sorted], span)
+    removed before, see :func:`~pwan_ros.geometry.outliers.far_outliers`)."""
+    return voxels.voxel_grid(points, voxel_size, require_flat=True)
 
 
 def isolated_voxels(grid: VoxelGrid) -> np.ndarray:
@@ -138,15 +95,6 @@ def isolated_voxels(grid: VoxelGrid) -> np.ndarray:
     return drop
 
 
-def far_returns(points: np.ndarray, ranges: np.ndarray | None = None) -> np.ndarray:
-    """(N,) bool: finite returns (N, 3) farther than ``FAR_RANGE_FACTOR`` x the median range.
-    ranges: (N,) their norms (m) when already computed."""
-    r = _ranges(points) if ranges is None else ranges
-    if len(r) == 0:
-        return np.zeros(0, dtype=bool)
-    return r > FAR_RANGE_FACTOR * max(float(np.median(r)), 1e-3)
-
-
 def _ranges(points: np.ndarray) -> np.ndarray:
     """(N,) Euclidean norms of (N, 3) points (x^2 + y^2 + z^2 summed in that order)."""
     x, y, z = points[:, 0], points[:, 1], points[:, 2]
@@ -168,7 +116,7 @@ def automatic_voxel_size(points: np.ndarray) -> float:
     pts = np.asarray(points, dtype=np.float64)
     if len(pts) == 0:
         raise ValueError('cannot choose a voxel size for an empty scan')
-    pts = pts[~far_returns(pts)]
+    pts = pts[~far_outliers(pts)]
 
     def from_ranges(p, factor):
         return float(np.clip(factor * np.median(np.linalg.norm(p, axis=1)), 0.02, 1.0))
@@ -188,8 +136,9 @@ def filter_scan(
     max_range: float = 0.0,
     rng: np.random.Generator | None = None,
 ) -> FilteredScan:
-    """Finite-point filter, far-glitch gate (:func:`far_returns`), range gate (0 = off), voxel grid
-    (voxel_size > 0) with isolated-return removal, and random cap at ``max_points``.
+    """Finite-point filter, far-glitch gate (:func:`~pwan_ros.geometry.outliers.far_outliers`),
+    range gate (0 = off), voxel grid (voxel_size > 0) with isolated-return removal, and random
+    cap at ``max_points``.
 
     points: (N, 3) array-like in the sensor frame. Raises ValueError for a wrong shape.
     """
@@ -201,12 +150,12 @@ def filter_scan(
     if not finite.all():
         pts = pts[finite]
     num_finite = len(pts)
-    r = _ranges(pts)
-    far = far_returns(pts, r)
+    far = far_outliers(pts)
     num_far = int(far.sum())
     if num_far:
-        pts, r = pts[~far], r[~far]
+        pts = pts[~far]
     if min_range > 0.0 or max_range > 0.0:
+        r = _ranges(pts)
         keep = r >= min_range
         if max_range > 0.0:
             keep &= r <= max_range
