@@ -370,7 +370,7 @@ class OdometryPipeline:
             self.trust.reanchored(len(scan.dense))
             return pose.copy(), True
         if verdict.action == 'reject':  # keep the last good pose, stop extrapolating
-            if rigid:
+            if rigid:  # (a deformation to the reference cloud never re-anchors: not counted)
                 self.motion.hold(stamp)
                 self.trust.rejected()
             last = self.motion.pose if self.motion.pose is not None else np.eye(4)
@@ -379,8 +379,8 @@ class OdometryPipeline:
             pose = kf.pose @ project_rigid(reg.transform)
             self.motion.update(pose, stamp)
             return pose, False
-        # accepted by motion agreement: a scan flooded with spurious returns never becomes a
-        # keyframe, and the motion model keeps extrapolating through it
+        # accepted; by_motion (only agreeing with the prediction): a scan flooded with spurious
+        # returns never becomes a keyframe, and the motion model keeps extrapolating through it
         by_motion = verdict.by_motion
         pose = project_rigid(kf.pose @ reg.transform)  # orthonormal poses: no compounding drift
         self.motion.update(pose, stamp)
