@@ -8,6 +8,7 @@
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
+RUFF := $(VENV)/bin/ruff
 DATA ?= ../shared/data
 RESULTS ?= results
 PYTEST_ARGS ?=
@@ -15,12 +16,15 @@ PYTEST_ARGS ?=
 # ROS already sets AMENT_PREFIX_PATH.
 export AMENT_PREFIX_PATH ?= $(abspath $(VENV))
 
-.PHONY: setup setup-bench test test-unit test-slow test-all demo bench clean-venv help
+.PHONY: setup setup-bench test test-unit test-slow test-all lint format demo bench clean-venv help
 
 help:
 	@echo "make demo       run the main job on data the package makes itself"
-	@echo "make test       set up .venv and run the fast test suite"
-	@echo "make test-unit  the fast loop: no DDS processes, no colcon, no slow or heavy tests"
+	@echo "make test       set up .venv, check the style (ruff) and run the fast test suite"
+	@echo "make test-unit  the fast loop: style check, then no DDS processes, no colcon, no slow"
+	@echo "                or heavy tests"
+	@echo "make lint       only the style check: ruff check + ruff format --check (ruff.toml)"
+	@echo "make format     apply the house style: ruff check --fix, then ruff format"
 	@echo "make test-slow  run the slow tests (real data in $(DATA), large inputs)"
 	@echo "make bench      run the benchmarks on $(DATA), results in $(RESULTS)/"
 
@@ -35,11 +39,17 @@ setup-bench:
 demo: setup
 	$(PY) -m pwan_ros.cli.demo --output $(RESULTS)/demo
 
+# `test` and `test-unit` check the house style (ruff.toml: lint + formatting) before any test runs;
+# `make format` fixes what can be fixed automatically.
 test: setup
+	$(RUFF) check .
+	$(RUFF) format --check .
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 # The edit-test loop: no DDS processes, no colcon build, no slow or seconds-long (heavy) tests.
 test-unit: setup
+	$(RUFF) check .
+	$(RUFF) format --check .
 	$(PY) -m pytest -m "not slow and not ros and not build and not heavy" $(PYTEST_ARGS)
 
 test-slow: setup
@@ -47,6 +57,15 @@ test-slow: setup
 
 test-all: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(RUFF) check .
+	$(RUFF) format --check .
+
+# Fixes first (an import removed can leave lines to reformat), then the formatter.
+format: setup
+	$(RUFF) check --fix .
+	$(RUFF) format .
 
 clean-venv:
 	rm -rf $(VENV)

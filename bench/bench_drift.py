@@ -109,7 +109,8 @@ NUSCENES_MAX_RANGE = 100.0
 
 
 def load_nuscenes(data: pathlib.Path):
-    """(name, [xyz], stamps, gt poses) of the nuScenes keyframes (KITTI poses, T_lidar0_lidar_i)."""
+    """(name, [xyz], stamps, gt poses) of the nuScenes keyframes (KITTI poses,
+    T_lidar0_lidar_i)."""
     seq = data / 'lidar' / 'nuscenes_keyframes'
     files = sorted((seq / 'scans').glob('*.npy'))
     xyz = [np.load(f, allow_pickle=False)[:, :3].astype(np.float64) for f in files]

@@ -170,8 +170,9 @@ def main(argv=None):
             'adversarial_s',
             'gflops',
         ],
-        f'PWAN engine, bunny 045->000, {args.points} + {args.points} points, 1 thread, {args.device} '
-        f'(median of {args.repeats}); plain bmm of the network shapes: {ref_rate:.1f} GFLOP/s',
+        f'PWAN engine, bunny 045->000, {args.points} + {args.points} points, 1 thread, '
+        f'{args.device} (median of {args.repeats}); plain bmm of the network shapes: '
+        f'{ref_rate:.1f} GFLOP/s',
     )
     write_results(args.results, 'bench_engine', rows, summary + [{'matmul_gflops': ref_rate}])
 

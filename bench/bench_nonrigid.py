@@ -7,9 +7,9 @@ Protocols of the paper (Sec. 5.2.2):
  (b) partial overlap: sample 1000 corresponding points, cut each set by its own random plane
      keeping a fraction s, MSE over the points present in both.
 Methods: 'pwan' (m-PWAN, mass = the corresponding points: n in (a), the true overlap count in
-(b)), 'd-pwan' (distance type, h = 0.05 as in the paper's protocol (b)). Anchors: pycpd / probreg CPD (beta=2, lambda=2, w=0.1 as in the paper's settings) and the
-best-similarity oracle (Procrustes with the known correspondences, a floor for any method that is
-not truly non-rigid).
+(b)), 'd-pwan' (distance type, h = 0.05 as in the paper's protocol (b)). Anchors: pycpd / probreg
+CPD (beta=2, lambda=2, w=0.1 as in the paper's settings) and the best-similarity oracle (Procrustes
+with the known correspondences, a floor for any method that is not truly non-rigid).
 
     python bench/bench_nonrigid.py --data ../shared/data --results results/nonrigid --protocol a
     python bench/bench_nonrigid.py --data ../shared/data --results results/nonrigid --protocol b

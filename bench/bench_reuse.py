@@ -3,10 +3,11 @@ by side in one process on the same BALM scans (interleaved scan by scan, the ord
 once keeping the keyframe's prepared reference (k-d tree, normals; ``PwanAligner.reference_cache``,
 the default) and once preparing it for every registration (``reference_cache = None``).
 Reports the median per-scan latency and PWAN time of each (over ``--repeats`` runs), the median
-of the per-scan difference (same scan, same run: the load of a shared machine cancels), the accuracy
-of each and the largest difference between their poses, and what preparing the keyframe costs alone. Then the fine-tune's
-nearest-neighbour search (one query of every keyframe point against the keyframe): cKDTree vs
-:class:`pwan_ros.core.nearest.TorchNearest` on CPU and, when there is one, CUDA.
+of the per-scan difference (same scan, same run: the load of a shared machine cancels), the
+accuracy of each and the largest difference between their poses, and what preparing the keyframe
+costs alone. Then the fine-tune's nearest-neighbour search (one query of every keyframe point
+against the keyframe): cKDTree vs :class:`pwan_ros.core.nearest.TorchNearest` on CPU and, when
+there is one, CUDA.
 
   python bench/bench_reuse.py [--data ../shared/data] [--repeats 3] [--robust]
 """
@@ -90,7 +91,8 @@ def main(argv=None) -> int:
     ap.add_argument(
         '--robust',
         action='store_true',
-        help="bench_lidar's robust set: 50 %% uniform outliers, scans 30-32 dropped (a ~60 deg jump)",
+        help="bench_lidar's robust set: 50 %% uniform outliers, scans 30-32 dropped (a ~60 deg "
+        "jump)",
     )
     ap.add_argument(
         '--repeats', type=int, default=1, help='side-by-side runs (fresh pipelines each)'
@@ -126,28 +128,30 @@ def main(argv=None) -> int:
         + f', {args.repeats} run(s)'
     )
     print(
-        f"{'keyframe reference':20s} {'scan med':>9s} {'pwan med':>9s} {'rot med':>8s} {'rot max':>8s} "
-        f"{'tr med':>7s} {'tr max':>7s} {'ok':>5s}"
+        f"{'keyframe reference':20s} {'scan med':>9s} {'pwan med':>9s} {'rot med':>8s} "
+        f"{'rot max':>8s} {'tr med':>7s} {'tr max':>7s} {'ok':>5s}"
     )
     for k, r in rows.items():
         print(
-            f"{k:20s} {np.median(times[k][0]):9.1f} {np.median(times[k][1]):9.1f} {r['rot_median_deg']:8.3f} "
-            f"{r['rot_max_deg']:8.3f} {r['trans_median_mm']:7.1f} {r['trans_max_mm']:7.1f} "
-            f"{r['success']:>2d}/{r['pairs']:<2d}"
+            f"{k:20s} {np.median(times[k][0]):9.1f} {np.median(times[k][1]):9.1f} "
+            f"{r['rot_median_deg']:8.3f} {r['rot_max_deg']:8.3f} {r['trans_median_mm']:7.1f} "
+            f"{r['trans_max_mm']:7.1f} {r['success']:>2d}/{r['pairs']:<2d}"
         )
     print(
-        f'   (ms per scan; deg / mm per consecutive pair; per run: {builds} keyframe preparations, {hits} reuses)'
+        f'   (ms per scan; deg / mm per consecutive pair; per run: {builds} keyframe '
+        f'preparations, {hits} reuses)'
     )
     print(
-        f'per-scan time saved (rebuild - reuse, same scan and run): median {np.median(paired):.1f} ms, '
-        f'mean {np.mean(paired):.1f} ms; largest pose difference {diff:.1e}'
+        'per-scan time saved (rebuild - reuse, same scan and run): median '
+        f'{np.median(paired):.1f} ms, mean {np.mean(paired):.1f} ms; largest pose difference '
+        f'{diff:.1e}'
     )
     kf = OdometryPipeline(OdometryConfig(scan_voxel_size=0.25))
     kf.process(scans[0], 0.0)
     pts = kf.keyframe.cloud.points
     print(
-        f'\npreparing one keyframe ({len(pts)} points: fine-tune tree + normals + tree of the result): '
-        f'{prepare_cost(pts):.1f} ms'
+        f'\npreparing one keyframe ({len(pts)} points: fine-tune tree + normals + tree of the '
+        f'result): {prepare_cost(pts):.1f} ms'
     )
     print(f'\n== nearest-neighbour query of {len(pts)} points against the keyframe (k = 1)')
     devices = ['kdtree', 'cpu'] + (['cuda'] if torch.cuda.is_available() else [])

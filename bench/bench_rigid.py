@@ -7,7 +7,8 @@ identity; PWAN additionally refines on the dense (normalised) scans (fine-tune s
 Rotation error (deg) per pair; success = error < 2 deg.
 
     python bench/bench_rigid.py --data ../shared/data --results results/rigid --outliers 0 0.5 1.0
-    python bench/bench_rigid.py --methods pwan-global fpfh-ransac-icp fgr-icp kiss-matcher --outliers 0 0.5 1.0
+    python bench/bench_rigid.py --methods pwan-global fpfh-ransac-icp fgr-icp kiss-matcher \
+        --outliers 0 0.5 1.0
     python bench/bench_rigid.py --scenes --methods pwan-global fpfh-ransac-icp fgr-icp kiss-matcher
 """
 
@@ -127,7 +128,8 @@ def run_scenes(args):
                     }
                 )
                 print(
-                    f'{name} turned {yaw} deg, {m}: {rot:.2f} deg {trans:.3f} ({status}) {tm.s:.1f} s',
+                    f'{name} turned {yaw} deg, {m}: {rot:.2f} deg {trans:.3f} ({status}) '
+                    f'{tm.s:.1f} s',
                     flush=True,
                 )
     print_table(
@@ -164,7 +166,8 @@ def main(argv=None):
     p.add_argument(
         '--scenes',
         action='store_true',
-        help='the scene pairs (libpointmatcher car, small_gicp) from identity / 90 / 180 deg instead',
+        help='the scene pairs (libpointmatcher car, small_gicp) from identity / 90 / 180 deg '
+        'instead',
     )
     args = p.parse_args(argv)
     if args.scenes:
@@ -181,7 +184,8 @@ def main(argv=None):
         errs = {m: [] for m in args.methods}
         times = {m: [] for m in args.methods}
         for pi, (s_name, r_name) in zip(indices, pairs):
-            # the outliers of a pair are seeded by its index in the full list (same draw with --pairs)
+            # the outliers of a pair are seeded by its index in the full list (same draw with
+            # --pairs)
             src_n, ref_n, src_v, ref_v, gt = make_pair(
                 args.data, s_name, r_name, poses, ratio, seed=pi + args.outlier_seed
             )
@@ -236,8 +240,8 @@ def main(argv=None):
                     }
                 )
                 print(
-                    f'outliers {ratio:.1f} {s_name}->{r_name} ({true_angle:.0f} deg) {m}: {err:.2f} deg '
-                    f'{tm.s:.1f} s',
+                    f'outliers {ratio:.1f} {s_name}->{r_name} ({true_angle:.0f} deg) {m}: '
+                    f'{err:.2f} deg {tm.s:.1f} s',
                     flush=True,
                 )
         for m in args.methods:

@@ -17,7 +17,8 @@ repeats (first scan of each run excluded: it only defines odom) of:
 ``period`` the sensor's scan period: every scan is answered at the sensor's rate when max < period.
 ATE and drift (first repeat) as in bench_drift.py, to check that speed did not cost accuracy.
 
-  python bench/bench_scan_cost.py [--data ../shared/data] [--sequences nuscenes balm sim] [--repeats 3]
+  python bench/bench_scan_cost.py [--data ../shared/data] [--sequences nuscenes balm sim] \
+      [--repeats 3]
 """
 
 from __future__ import annotations

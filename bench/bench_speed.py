@@ -6,8 +6,10 @@ potential updates, rotation error, torch threads, and process CPU seconds (cpu_s
 torch thread this is the wall time the run would take on an idle core). Wall timings are noisy
 on shared machines: repeat with --repeats and compare methods within one run.
 
-    python bench/bench_speed.py --data ../shared/data --results results/speed --sizes 1000 2000 5000
-    python bench/bench_speed.py --sizes 2000 --methods pwan pwan-24 pwan-24-keep2-200   # multi-start cost
+    python bench/bench_speed.py --data ../shared/data --results results/speed \
+        --sizes 1000 2000 5000
+    # multi-start cost:
+    python bench/bench_speed.py --sizes 2000 --methods pwan pwan-24 pwan-24-keep2-200
 """
 
 from __future__ import annotations

@@ -1,20 +1,24 @@
-"""Never wrong without a warning: every real pair in ../shared/data through ``register()`` and its
-self-check (:mod:`pwan_ros.core.verify`), clean and with uniform outliers, side by side with
-FPFH+RANSAC+ICP (which has no self-check: every answer it gives is 'ok').
+"""Never wrong without a warning: every real pair in ../shared/data through ``register()`` in its
+default mode and with ``init='global'``, with the self-check (:mod:`pwan_ros.core.verify`), clean
+and with uniform outliers, as received and voxelised, side by side with FPFH+RANSAC+ICP, FGR+ICP
+and KISS-Matcher+ICP (global methods with no self-check: every answer they give is 'ok').
 
-Pairs (metres, as received): the 8 Stanford bunny pairs of ``common.BUNNY_PAIRS``, the
-libpointmatcher car pair, the small_gicp pair, 5 consecutive BALM pairs (0->1, 2->3, ... of seq a)
-and 7 nuScenes keyframe pairs (every 6th, 1-4.8 m apart; returns within 2.5 m of the sensor
-dropped). Outliers: ``ratio`` x the reference's points, uniform in its bounding box, added to
-the reference. A result is *correct* when its rotation is within ``--rot-tol`` degrees of the
-reference transform and its translation within ``--trans-tol`` of the reference's bounding-box
-diagonal; *wrong without warning* when it is not and ``status`` is 'ok'.
+Pairs (metres): the 8 Stanford bunny pairs of ``common.BUNNY_PAIRS``, the libpointmatcher car
+pair, the small_gicp pair, 5 consecutive BALM pairs (0->1, 2->3, ... of seq a) and 7 nuScenes
+keyframe pairs (every 6th, 1-4.8 m apart; returns within 2.5 m of the sensor dropped). Outliers:
+``ratio`` x the reference's points, uniform in its bounding box, added to the reference. Inputs:
+'raw' as received, 'voxelised' both clouds through a voxel grid at the judging voxel. A result is
+*correct* when its rotation is within ``--rot-tol`` degrees of the reference transform and its
+translation within ``--trans-tol`` of the reference's bounding-box diagonal; *wrong without
+warning* when it is not and ``status`` is 'ok'.
 
 A second block judges the self-check alone: each pair's source at poses a local method leaves
 (GICP from the reference transform moved 0.5 / 1 / 3 % of the diagonal, or turned 5 / 20 deg,
 and from identity), so that both right and wrong poses are judged.
 
-  python bench/bench_verify.py [--data ../shared/data] [--outliers 0 0.5 1] [--sets bunny scenes balm nuscenes]
+  python bench/bench_verify.py [--data ../shared/data] [--outliers 0 0.5 1]
+      [--sets bunny scenes balm nuscenes] [--modes default global] [--inputs raw voxelised]
+      [--anchors fpfh fgr kiss-matcher]
   python bench/bench_verify.py --check-only | --register-only
 """
 
@@ -85,68 +89,90 @@ def errors(t: np.ndarray, gt: np.ndarray) -> tuple:
     return float(np.degrees(rotation_angle(d))), float(np.linalg.norm(d[:3, 3]))
 
 
-def fpfh_ransac_icp(src, ref, voxel):
-    import anchors
+#: the side-by-side global methods (bench/anchors.py), each followed by point-to-plane ICP
+ANCHORS = {
+    'fpfh': ('FPFH+RANSAC+ICP', 'fpfh_ransac_icp'),
+    'fgr': ('FGR+ICP', 'fgr_icp'),
+    'kiss-matcher': ('KISS-Matcher+ICP', 'kiss_matcher'),
+}
+MODES = {'default': None, 'global': 'global'}
 
-    return anchors.fpfh_ransac_icp(src, ref, voxel)
+
+def prepared(src, ref, inputs: str, voxel: float) -> tuple:
+    """The pair as a user hands it over: 'raw' as received, 'voxelised' both clouds through a
+    voxel grid at ``voxel`` (what a ROS voxel filter or ``pcl_voxel_grid`` leaves)."""
+    if inputs == 'raw':
+        return src, ref
+    from pwan_ros.core.preprocess import voxel_downsample
+
+    return voxel_downsample(src, voxel), voxel_downsample(ref, voxel)
+
+
+def _row(kind, name, ratio, inputs, method, status, ok, r_err, t_err, dt, reason='', check=None):
+    row = dict(
+        set=kind,
+        pair=name,
+        outliers=ratio,
+        inputs=inputs,
+        method=method,
+        status=status,
+        correct=ok,
+        rot_deg=r_err,
+        trans=t_err,
+        time_s=dt,
+        reason=reason[:120],
+    )
+    if check is not None:
+        row.update({f'check_{k}': v for k, v in check.as_dict().items()})
+    return row
 
 
 def run_register(pairs, ratios, args) -> list:
+    import anchors
+
     rows = []
-    for ratio in ratios:
-        for kind, name, src, ref0, gt in pairs:
-            ref = with_outliers(ref0, ratio, 0)
-            diag = float(np.linalg.norm(np.ptp(ref0, axis=0)))
-            t0 = time.perf_counter()
-            with warnings.catch_warnings():
-                warnings.simplefilter('ignore')
-                res = register(src, ref, RegistrationConfig())
-            dt = time.perf_counter() - t0
-            r_err, t_err = errors(res.transform, gt)
-            ok = r_err <= args.rot_tol and t_err <= args.trans_tol * diag
-            rows.append(
-                dict(
-                    set=kind,
-                    pair=name,
-                    outliers=ratio,
-                    method='pwan_ros register',
-                    status=res.status,
-                    correct=ok,
-                    rot_deg=r_err,
-                    trans=t_err,
-                    time_s=dt,
-                    reason=res.reason[:90],
-                )
-            )
-            print(
-                f'  [{ratio:g}] {kind} {name}: {res.status} rot {r_err:.2f} deg, trans {t_err:.3g} '
-                f'({"correct" if ok else "WRONG"}) {dt:.1f} s',
-                flush=True,
-            )
-            if args.anchor:
-                t0 = time.perf_counter()
-                vox = judging_voxel(ref0) * 2.0
-                try:
-                    t_a = fpfh_ransac_icp(src, ref, vox)
-                    r_a, tr_a = errors(t_a, gt)
-                except Exception as exc:  # an anchor's failure is a row, not a crash
-                    print(f'    FPFH+RANSAC+ICP failed: {exc}')
-                    r_a, tr_a = float('inf'), float('inf')
-                ok_a = r_a <= args.rot_tol and tr_a <= args.trans_tol * diag
-                rows.append(
-                    dict(
-                        set=kind,
-                        pair=name,
-                        outliers=ratio,
-                        method='FPFH+RANSAC+ICP',
-                        status='ok',
-                        correct=ok_a,
-                        rot_deg=r_a,
-                        trans=tr_a,
-                        time_s=time.perf_counter() - t0,
-                        reason='',
+    for inputs in args.inputs:
+        for ratio in ratios:
+            for kind, name, src0, ref0, gt in pairs:
+                voxel = judging_voxel(ref0)
+                src, ref = prepared(src0, with_outliers(ref0, ratio, 0), inputs, voxel)
+                diag = float(np.linalg.norm(np.ptp(ref0, axis=0)))
+                for mode in args.modes:
+                    t0 = time.perf_counter()
+                    with warnings.catch_warnings():
+                        warnings.simplefilter('ignore')
+                        res = register(src, ref, RegistrationConfig(), init=MODES[mode])
+                    dt = time.perf_counter() - t0
+                    r_err, t_err = errors(res.transform, gt)
+                    ok = r_err <= args.rot_tol and t_err <= args.trans_tol * diag
+                    rows.append(
+                        _row(
+                            kind, name, ratio, inputs, f'pwan_ros {mode}', res.status, ok,
+                            r_err, t_err, dt, res.reason, res.check,
+                        )
+                    )  # fmt: skip
+                    print(
+                        f'  [{inputs} {ratio:g}] {kind} {name} {mode}: {res.status} rot '
+                        f'{r_err:.2f} deg, trans {t_err:.3g} ({"correct" if ok else "WRONG"}) '
+                        f'{dt:.1f} s {res.reason[:80]}',
+                        flush=True,
                     )
-                )
+                for key in args.anchors:
+                    label, fn = ANCHORS[key]
+                    t0 = time.perf_counter()
+                    try:  # the anchors' feature voxel: twice the judging voxel
+                        t_a = getattr(anchors, fn)(src, ref, 2.0 * voxel)
+                        r_a, tr_a = errors(t_a, gt)
+                    except Exception as exc:  # an anchor's failure is a row, not a crash
+                        print(f'    {label} failed: {exc}')
+                        r_a, tr_a = float('inf'), float('inf')
+                    ok_a = r_a <= args.rot_tol and tr_a <= args.trans_tol * diag
+                    rows.append(
+                        _row(
+                            kind, name, ratio, inputs, label, 'ok', ok_a, r_a, tr_a,
+                            time.perf_counter() - t0,
+                        )
+                    )  # fmt: skip
     return rows
 
 
@@ -188,32 +214,27 @@ def check_cases(pairs, ratios, args) -> list:
                 r_err, t_err = errors(pose, gt)
                 ok = r_err <= args.rot_tol and t_err <= args.trans_tol * diag
                 rows.append(
-                    dict(
-                        set=kind,
-                        pair=name,
-                        outliers=ratio,
-                        method=f'GICP {label} + check',
-                        status=c.status,
-                        correct=ok,
-                        rot_deg=r_err,
-                        trans=t_err,
-                        time_s=0.0,
-                        reason=c.reason[:90],
+                    _row(
+                        kind, name, ratio, 'raw', f'GICP {label} + check', c.status, ok,
+                        r_err, t_err, 0.0, c.reason, c,
                     )
-                )
+                )  # fmt: skip
             print(f'  [{ratio:g}] {kind} {name}: checked {len(starts)} poses', flush=True)
     return rows
 
 
 def summarise(rows) -> list:
     out = []
-    keys = sorted(
-        {(r['set'], r['outliers'], r['method']) for r in rows}, key=lambda k: (k[0], k[1], k[2])
-    )
-    for kind, ratio, method in keys:
-        sel = [r for r in rows if (r['set'], r['outliers'], r['method']) == (kind, ratio, method)]
+
+    def key(r):
+        return r['inputs'], r['set'], r['outliers'], r['method']
+
+    for k in sorted({key(r) for r in rows}):
+        sel = [r for r in rows if key(r) == k]
+        inputs, kind, ratio, method = k
         out.append(
             {
+                'inputs': inputs,
                 'set': kind,
                 'outliers': ratio,
                 'method': method,
@@ -254,8 +275,20 @@ def main(argv=None) -> int:
     )
     ap.add_argument('--check-only', action='store_true', help='only the self-check block')
     ap.add_argument('--register-only', action='store_true', help='skip the self-check block')
+    ap.add_argument('--modes', nargs='+', default=list(MODES), choices=list(MODES))
     ap.add_argument(
-        '--no-anchor', dest='anchor', action='store_false', help='skip FPFH+RANSAC+ICP'
+        '--inputs',
+        nargs='+',
+        default=['raw', 'voxelised'],
+        choices=['raw', 'voxelised'],
+        help='pairs as received, and both clouds voxelised at the judging voxel',
+    )
+    ap.add_argument(
+        '--anchors',
+        nargs='*',
+        default=list(ANCHORS),
+        choices=list(ANCHORS),
+        help='global methods side by side (none: --anchors)',
     )
     args = ap.parse_args(argv)
     pairs = load_pairs(args.data, args.sets)
@@ -268,6 +301,7 @@ def main(argv=None) -> int:
     print_table(
         summary,
         [
+            'inputs',
             'set',
             'outliers',
             'method',
@@ -278,8 +312,8 @@ def main(argv=None) -> int:
             'wrong_without_warning',
             'median_s',
         ],
-        f'Self-check across real data (correct: <= {args.rot_tol:g} deg and <= {args.trans_tol:.1%} '
-        'of the diagonal)',
+        f'Self-check across real data (correct: <= {args.rot_tol:g} deg and '
+        f'<= {args.trans_tol:.1%} of the diagonal)',
     )
     write_results(args.results, 'bench_verify', rows, summary)
     return 0

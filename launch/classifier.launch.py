@@ -1,6 +1,7 @@
 """Launch the adapted classifier (executable pwan_classifier_node, node pwan_classifier).
 
-  ros2 launch pwan_ros classifier.launch.py model:=/data/adapt_out/model.ts features:=/camera/features
+  ros2 launch pwan_ros classifier.launch.py model:=/data/adapt_out/model.ts \
+      features:=/camera/features
 
 Subscribes the ``features`` argument's topic (std_msgs/Float32MultiArray, one feature vector per
 message) and publishes ``class_id`` (std_msgs/Int32), ``confidence`` (std_msgs/Float32) and, when

@@ -194,8 +194,8 @@ def generate_launch_description():
             DeclareLaunchArgument(
                 'bagfile',
                 default_value='',
-                description="rosbag2 to play with `ros2 bag play BAGFILE` (--clock unless it records "
-                "/clock); '' = none",
+                description="rosbag2 to play with `ros2 bag play BAGFILE` (--clock unless it "
+                "records /clock); '' = none",
             ),
             DeclareLaunchArgument(
                 'rviz',

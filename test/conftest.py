@@ -33,6 +33,14 @@ def pytest_collection_modifyitems(config, items):
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(scope='module')
+def small_bag(tmp_path_factory):
+    """A tiny simulated rosbag2 (:func:`simbag.make_small_bag`), generated once per test module."""
+    from simbag import make_small_bag
+
+    return make_small_bag(tmp_path_factory.mktemp('simbag') / 'bag')
+
+
 @pytest.fixture(scope='session')
 def colcon_install(tmp_path_factory):
     """The package built by ``colcon build`` in a scratch workspace: its install base."""

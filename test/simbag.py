@@ -1,6 +1,5 @@
-"""Small simulated bags shared by the bag/replay/evaluation tests (generated per test module)."""
-
-import pytest
+"""Small simulated bags shared by the bag/replay/evaluation tests (the ``small_bag`` fixture of
+conftest.py, generated per test module)."""
 
 from pwan_ros.evaluation.lidar_sim import SimConfig, write_sim_bag
 
@@ -12,8 +11,3 @@ def make_small_bag(path, scans=6, **overrides):
     cfg = SimConfig(scans=scans, **{**SMALL, **overrides})
     write_sim_bag(path, cfg)
     return path
-
-
-@pytest.fixture(scope='module')
-def small_bag(tmp_path_factory):
-    return make_small_bag(tmp_path_factory.mktemp('simbag') / 'bag')

@@ -1,4 +1,5 @@
-"""Importing features recorded in a rosbag2 (written with rosbags, as a robot would record them)."""
+"""Importing features recorded in a rosbag2 (written with rosbags, as a robot would record
+them)."""
 
 import json
 import pathlib

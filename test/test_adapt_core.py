@@ -415,7 +415,7 @@ def test_resume_refuses_unsafe_or_broken_checkpoints(tmp_path, capsys, kind):
     assert not marker.exists()
 
 
-# ---------------------------------------------------------------------------- standardisation + safeguard
+# ------------------------------------------------------------------ standardisation + safeguard
 def test_standardisation_is_fitted_on_the_labelled_rows_and_robust():
     """zscore: per-column 1/std, a constant labelled column is ignored (scale 0) instead of being
     divided by ~0; standard: one common scale, so rotations (also into more dimensions), global
@@ -445,8 +445,8 @@ def test_standardisation_is_fitted_on_the_labelled_rows_and_robust():
 
 
 def test_saved_model_carries_its_standardisation(tmp_path):
-    """model.ts holds the labelled-domain mean/scale: it classifies raw features (here on a scale of
-    1e3 with an offset) exactly as the trainer does; the summary says which model it is."""
+    """model.ts holds the labelled-domain mean/scale: it classifies raw features (here on a scale
+    of 1e3 with an offset) exactly as the trainer does; the summary says which model it is."""
     xl, yl, xu, yu = gaussian_domains(0)
     xl, xu = xl * 1e3 + 5e3, xu * 1e3 + 5e3
     cfg = AdaptConfig.from_mapping(

@@ -30,13 +30,15 @@ LISTENER = textwrap.dedent('''
     def cb(msg):
         for st in msg.status:
             if st.name == 'adapt_node: training':
-                got.append({'level': int.from_bytes(st.level, 'little') if isinstance(st.level, bytes)
-                            else int(st.level), 'message': st.message,
+                level = st.level
+                level = int.from_bytes(level, 'little') if isinstance(level, bytes) else int(level)
+                got.append({'level': level, 'message': st.message,
                             **{kv.key: kv.value for kv in st.values}})
     node.create_subscription(DiagnosticArray, '/diagnostics', cb, 10)
     print('ready', flush=True)
     end = time.monotonic() + timeout
-    while time.monotonic() < end and not (got and got[-1]['state'] in ('done', 'interrupted', 'error')):
+    final = ('done', 'interrupted', 'error')
+    while time.monotonic() < end and not (got and got[-1]['state'] in final):
         rclpy.spin_once(node, timeout_sec=0.1)
     json.dump(got, open(out, 'w'))
     node.destroy_node()

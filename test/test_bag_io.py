@@ -8,7 +8,6 @@ from pwan_ros.io import bags as bag_io
 from pwan_ros.io.bags import BagError, BagWriter, read_trajectory
 from pwan_ros.evaluation.replay import ReplayError, message_class
 from pwan_ros.io.trajectory import pose_from_tq
-from simbag import small_bag  # noqa: F401  (fixture)
 
 T = bag_io.typestore().types
 

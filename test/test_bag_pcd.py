@@ -22,8 +22,8 @@ BALM = (
     pathlib.Path(__file__).resolve().parents[1] / '..' / 'shared' / 'data' / 'lidar' / 'balm_seq_a'
 )
 HEADER = (
-    '# .PCD v0.7 - Point Cloud Data file format\nVERSION 0.7\nFIELDS x y z intensity _ ring normal\n'
-    'SIZE 4 4 4 4 1 2 4\nTYPE F F F F U U F\nCOUNT 1 1 1 1 2 1 3\nWIDTH {n}\nHEIGHT 1\n'
+    '# .PCD v0.7 - Point Cloud Data file format\nVERSION 0.7\nFIELDS x y z intensity _ ring '
+    'normal\nSIZE 4 4 4 4 1 2 4\nTYPE F F F F U U F\nCOUNT 1 1 1 1 2 1 3\nWIDTH {n}\nHEIGHT 1\n'
     'VIEWPOINT 0 0 0 1 0 0 0\nPOINTS {n}\nDATA {kind}\n'
 )
 
@@ -92,7 +92,8 @@ def test_convert_folder_with_tum_and_kitti_poses(tmp_path, capsys):
         )
     gt = bag_io.read_trajectory(tmp_path / 'bag', '/ground_truth', frame='lidar')
     np.testing.assert_allclose(gt.poses, traj.poses[1:4])
-    # KITTI poses have no stamps: --rate-hz makes them; --match order pairs sorted files with poses 0..2
+    # KITTI poses have no stamps: --rate-hz makes them; --match order pairs sorted files with poses
+    # 0..2
     write_kitti(tmp_path / 'poses.kitti', traj)
     rc = pcd2bag_cli.main(
         [

@@ -38,7 +38,8 @@ pytestmark = pytest.mark.filterwarnings(
 
 @pytest.fixture(scope='module')
 def run_dir(tmp_path_factory):
-    """A finished adaptation run (model.ts, summary.json with class names) on 32-d Gaussian classes."""
+    """A finished adaptation run (model.ts, summary.json with class names) on 32-d Gaussian
+    classes."""
     tmp = tmp_path_factory.mktemp('adapt')
     xl, yl, xu, yu = gaussian_domains(0)
     save_npz(tmp / 'lab.npz', xl, yl, NAMES)

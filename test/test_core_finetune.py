@@ -20,7 +20,8 @@ class _UnboundedTree:
 
 
 def _partial_pair(seed=0):
-    """A curved sheet and a rotated, shifted copy of its other 60 %: partial overlap + far points."""
+    """A curved sheet and a rotated, shifted copy of its other 60 %: partial overlap + far
+    points."""
     rng = np.random.default_rng(seed)
     uv = rng.uniform(-1, 1, size=(3000, 2))
     sheet = np.column_stack((uv, 0.3 * np.sin(2 * uv[:, 0]) * np.cos(uv[:, 1])))

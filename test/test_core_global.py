@@ -91,21 +91,24 @@ def test_cli_global_reports_status_and_exit_codes(street, tmp_path):
     src, ref, gt, other = street
     for name, arr in (('src.npy', src), ('ref.npy', ref), ('other.npy', other)):
         np.save(tmp_path / name, arr)
-    run = lambda s: subprocess.run(
-        [
-            sys.executable,
-            '-m',
-            'pwan_ros.cli.register',
-            str(tmp_path / s),  # noqa: E731
-            str(tmp_path / 'ref.npy'),
-            '--global',
-            '--json',
-            '--quiet',
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+
+    def run(s):
+        return subprocess.run(
+            [
+                sys.executable,
+                '-m',
+                'pwan_ros.cli.register',
+                str(tmp_path / s),
+                str(tmp_path / 'ref.npy'),
+                '--global',
+                '--json',
+                '--quiet',
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
     ok = run('src.npy')
     assert ok.returncode == 0, ok.stderr
     out = json.loads(ok.stdout)
@@ -235,7 +238,8 @@ def test_cli_viewpoints_needs_global(street, tmp_path):
 
 
 def test_global_is_deterministic(street):
-    """The same inputs and seed give the same pose (Open3D's FGR is seeded: its generator is global)."""
+    """The same inputs and seed give the same pose (Open3D's FGR is seeded: its generator is
+    global)."""
     src, ref, _, _ = street
     a = register(src, ref, RegistrationConfig(), init='global')
     b = register(src, ref, RegistrationConfig(), init='global')
@@ -290,8 +294,8 @@ def test_rotation_starts_take_the_translation_the_votes_find():
 
 
 def _planes(rng, spacing=0.05, noise=0.005, **extent):
-    """Noisy samples (metres) of axis-aligned rectangles: name -> (axis held, value, (lo, hi) of the
-    other two axes as ((a0, a1), (b0, b1)))."""
+    """Noisy samples (metres) of axis-aligned rectangles: name -> (axis held, value, (lo, hi) of
+    the other two axes as ((a0, a1), (b0, b1)))."""
     out = []
     for axis, value, (ra, rb) in extent.values():
         a, b = np.meshgrid(np.arange(*ra, spacing), np.arange(*rb, spacing))

@@ -90,7 +90,8 @@ def test_nonrigid_recovers_smooth_deformation():
 @pytest.mark.heavy
 def test_nonrigid_multistart_compares_deformed_finalists():
     """A deformed curve rotated by 150 deg: out of reach from identity; the rigid tournament's
-    finalists are deformed and the best non-rigid result is returned (paper's defaults otherwise)."""
+    finalists are deformed and the best non-rigid result is returned (paper's defaults
+    otherwise)."""
     x = curve2d(150, 0)
     ang = np.radians(150)
     rot = np.array([[np.cos(ang), -np.sin(ang)], [np.sin(ang), np.cos(ang)]])
@@ -292,7 +293,8 @@ def test_tournament_keeps_each_starts_own_pose(monkeypatch):
 
 def test_learned_h_respects_the_resolution_floor():
     """Identical sets: nothing has to travel, so the learned h of the mass type sinks below the
-    sampling resolution; ``potential.h_floor`` (default 1 x the reference spacing) holds it there."""
+    sampling resolution; ``potential.h_floor`` (default 1 x the reference spacing) holds it
+    there."""
     pts = blob(400, 0)
     spacing = median_spacing(pts)  # no voxel grid, under max_points: the adversarial reference
     # 100 warm-up updates: enough for the free h to sink (nothing moves, so the run stops early)

@@ -8,7 +8,6 @@ import pytest
 from scipy.spatial.transform import Rotation
 
 from pwan_ros.cli import evaluate as evaluate_cli
-from simbag import small_bag  # noqa: F401  (fixture)
 from pwan_ros.evaluation.metrics import SUMMARY_KEYS, EvalConfig, EvaluationError, evaluate
 from pwan_ros.evaluation.offline import run_offline
 from pwan_ros.evaluation.run_record import RunRecord
@@ -194,13 +193,15 @@ def test_offline_run_and_run_record(tmp_path, small_bag):
     np.testing.assert_allclose(loaded.estimate.poses, run.estimate.poses, atol=1e-8)
     assert loaded.scans_dropped == 1
     r = evaluate(loaded.estimate, gt)
-    # translations scaled by 1.05: relative errors are 5 % of the chord, chord ~ path on this short bit
+    # translations scaled by 1.05: relative errors are 5 % of the chord, chord ~ path on this short
+    # bit
     assert 4.8 < r.rpe_trans_pct <= 5.0 + 1e-6
     assert r.rpe_rot_deg_per_m == pytest.approx(0.0, abs=1e-4)
 
 
 def test_cli_estimate_from_recorded_bag(tmp_path, small_bag, capsys):
-    """--est may be a bag with /odometry (e.g. from ros2 bag record); scans are counted from --bag."""
+    """--est may be a bag with /odometry (e.g. from ros2 bag record); scans are counted from
+    --bag."""
     from pwan_ros.io import bags as bag_io
 
     gt = bag_io.read_trajectory(small_bag, '/ground_truth')

@@ -19,7 +19,6 @@ import pytest
 from conftest import assert_one_line_failure
 from pwan_ros.evaluation.offline import run_offline
 from pwan_ros.evaluation.run_record import RunRecord
-from simbag import small_bag  # noqa: F401  (fixture)
 from test_bag_pcd import points, write_pcd
 
 BIN = pathlib.Path(sys.executable).parent

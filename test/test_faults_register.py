@@ -105,7 +105,8 @@ def test_init_and_multistart_in_metres(pair):
 
 
 def room(n=6000, seed=0):
-    """Points on the walls, floor and ceiling of a 10 x 6 x 3 m room with a 2 x 1 x 1 m table, metres."""
+    """Points on the walls, floor and ceiling of a 10 x 6 x 3 m room with a 2 x 1 x 1 m table,
+    metres."""
     rng = np.random.default_rng(seed)
     faces = []
     for axis, lo, hi in ((0, 0.0, 10.0), (1, 0.0, 6.0), (2, 0.0, 3.0)):
@@ -337,7 +338,8 @@ def test_cli_bad_input_one_line_exit_2(tmp_path):
 
 
 def _interrupt(tmp_path, src, ref, out, wait_for):
-    """Start pwan_register, send SIGINT once ``wait_for`` appears on stderr; (returncode, stderr)."""
+    """Start pwan_register, send SIGINT once ``wait_for`` appears on stderr; (returncode,
+    stderr)."""
     proc = subprocess.Popen(
         [
             str(BIN / 'pwan_register'),

@@ -12,7 +12,7 @@ from pwan_ros.io import bags as bag_io
 from pwan_ros.cli import sim as sim_cli
 from pwan_ros.evaluation.lidar_sim import SimConfig, _static_meshes, ground_truth_pose, simulate
 from pwan_ros.io.pointcloud2 import read_cloud
-from simbag import SMALL, small_bag  # noqa: F401  (fixture)
+from simbag import SMALL
 
 
 def test_bag_is_readable_by_rosbags_and_decodable_by_rclpy(small_bag):
@@ -53,7 +53,8 @@ def test_bag_is_readable_by_rosbags_and_decodable_by_rclpy(small_bag):
 
 
 def test_ground_truth_puts_every_return_on_the_scene_surfaces():
-    """Noise-free scans mapped with T_world_base lie on the scene's meshes; the inverse pose does not."""
+    """Noise-free scans mapped with T_world_base lie on the scene's meshes; the inverse pose does
+    not."""
     import open3d as o3d
 
     cfg = SimConfig(
@@ -74,7 +75,8 @@ def test_ground_truth_puts_every_return_on_the_scene_surfaces():
         inv = np.linalg.inv(scan.pose)
         wrong = (scan.xyz @ inv[:3, :3].T + inv[:3, 3]).astype(np.float32)
         assert np.median(scene.compute_distance(o3d.core.Tensor(wrong)).numpy()) > 0.05
-    # consecutive scans see partly different geometry: fewer than all points of scan 2 are near scan 0
+    # consecutive scans see partly different geometry: fewer than all points of scan 2 are near
+    # scan 0
     scans = list(simulate(SimConfig(scans=10, **SMALL)))
     world = [s.xyz @ s.pose[:3, :3].T + s.pose[:3, 3] for s in scans]
     d, _ = cKDTree(world[0]).query(world[9])

@@ -758,7 +758,8 @@ def test_base_frame_through_static_transform(tmp_path, ros_env):
 def test_node_ends_promptly_on_each_signal_even_if_started_with_sigint_ignored(tmp_path, ros_env):
     """After serving scans and idling, SIGINT and SIGTERM end the node within seconds with exit
     0; so does SIGINT for a node started with SIGINT ignored (a background job of a script,
-    which is how `ros2 launch` from a script starts it; before, such a node outlived its launch)."""
+    which is how `ros2 launch` from a script starts it; before, such a node outlived its
+    launch)."""
     import signal
     import time
 

@@ -235,7 +235,8 @@ def test_pwan_recovers_where_tracking_fails(sim_scans):
         if k >= 6:
             after.append(pose_error(est.pose, gt))
     print(
-        f'PWAN engaged on {sum(engaged)} of {len(engaged)} scans: {np.flatnonzero(engaged).tolist()}'
+        f'PWAN engaged on {sum(engaged)} of {len(engaged)} scans: '
+        f'{np.flatnonzero(engaged).tolist()}'
     )
     assert engaged[6] and 1 <= sum(engaged) <= 3
     after = np.array(after)
@@ -384,7 +385,8 @@ def test_local_map_tracks_against_the_recent_keyframes_union():
     """local_map_keyframes > 1: scans are tracked against the union of the last N keyframes. The
     keyframes see rooms A+B, B+C, C+D (each overlaps only the one before); a scan that sees only
     room A overlaps only the oldest keyframe. With N = 3 it is tracked, with N = 1 (the newest
-    keyframe, C+D) it is lost. A re-anchor starts a new map; a reference cloud stays the keyframe."""
+    keyframe, C+D) it is lost. A re-anchor starts a new map; a reference cloud stays the
+    keyframe."""
     scan = _rooms()
     views = [('AB', 0.0), ('BC', 0.2), ('CD', 0.4), ('A', 0.6)]
     base = dict(mode='tracking', scan_voxel_size=0.2, keyframe_distance=0.1, reanchor_after=2)

@@ -219,7 +219,8 @@ def test_renamed_odometry_parameters_still_read_with_a_warning():
 
 def test_shared_names_mean_the_same_in_odometry_and_core():
     """A name in both OdometryConfig and RegistrationConfig is passed through unchanged to the core
-    (no name with two meanings: the node's own preprocessing is scan_*, the core's under pwan_*)."""
+    (no name with two meanings: the node's own preprocessing is scan_*, the core's under
+    pwan_*)."""
     from pwan_ros.odometry.pwan_recovery import core_config
 
     shared = set(specs(OdometryConfig)) & set(specs(RegistrationConfig))

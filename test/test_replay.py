@@ -1,4 +1,5 @@
-"""Replay over real DDS into a stand-in node, evaluation of what it answered, and the demo driver."""
+"""Replay over real DDS into a stand-in node, evaluation of what it answered, and the demo
+driver."""
 
 import json
 import pathlib
@@ -13,7 +14,6 @@ from pwan_ros.cli import demo
 from pwan_ros.evaluation.metrics import SUMMARY_KEYS, evaluate, load_ground_truth
 from pwan_ros.evaluation.replay import ReplayConfig, _play, _Recorder
 from pwan_ros.evaluation.run_record import RunRecord
-from simbag import small_bag  # noqa: F401  (fixture)
 
 ECHO = pathlib.Path(__file__).parent / 'peers' / 'echo_odom.py'
 
@@ -68,7 +68,8 @@ def test_replay_into_node_and_evaluate(tmp_path, ros_env, small_bag):
     assert int(run.diagnostics_last['points']) > 1000
     gt, _ = load_ground_truth(small_bag, '/ground_truth')
     r = evaluate(run.estimate, gt)
-    # scaled translations: relative error = 2 % of the chord, which is ~ the path on this short piece
+    # scaled translations: relative error = 2 % of the chord, which is ~ the path on this short
+    # piece
     assert 1.9 < r.rpe_trans_pct <= 2.0 + 1e-6
     assert r.rpe_rot_deg_per_m == pytest.approx(0.0, abs=1e-3)
     assert r.ate_rmse_m < 0.02
@@ -124,7 +125,8 @@ class FakePub:
 
 
 def test_pacing_follows_bag_time_and_rate(small_bag):
-    """Messages leave at bag time / rate; generated /clock ticks are monotonic and end at each scan stamp."""
+    """Messages leave at bag time / rate; generated /clock ticks are monotonic and end at each scan
+    stamp."""
     log = []
     cfg = ReplayConfig(
         bag=str(small_bag), topics=('/points', '/ground_truth'), rate=2.0, clock_hz=50.0

@@ -5,8 +5,9 @@ Publishers here start sending the moment they see a subscription (as ``ros2 bag 
 first, a reliable publisher (bag players) must get every scan answered, and a best-effort one
 (drivers, sensor-data profile) every scan but possibly its first: a best-effort sample sent
 before the reader has discovered the writer is lost whatever the reader does (DDS discovery is
-not symmetric in time; measured with a best-effort reader too). The many repetitions use a listener node that answers
-at once through the odometry node's own subscription class; the real node runs the race too.
+not symmetric in time; measured with a best-effort reader too). The many repetitions use a listener
+node that answers at once through the odometry node's own subscription class; the real node runs
+the race too.
 """
 
 import json

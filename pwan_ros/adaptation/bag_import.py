@@ -107,7 +107,8 @@ def import_bag(
         shown = sorted(dims)[:5]
         raise AdaptInputError(
             f"topic {features_topic} ({msgtype}): field '{features_field}' has different "
-            f'lengths across messages ({", ".join(map(str, shown))}{"..." if len(dims) > 5 else ""})'
+            'lengths across messages '
+            f'({", ".join(map(str, shown))}{"..." if len(dims) > 5 else ""})'
             '; expected one fixed-length feature vector per message'
         )
     if 0 in dims:

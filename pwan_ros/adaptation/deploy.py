@@ -111,7 +111,8 @@ class Classifier:
             return torch.softmax(logits.float(), dim=1).cpu().numpy()
 
     def classify(self, features) -> Union[Prediction, List[Prediction]]:
-        """Predictions of features (n, dim) -> list of n; of one vector (dim,) -> one Prediction."""
+        """Predictions of features (n, dim) -> list of n; of one vector (dim,) -> one
+        Prediction."""
         probs = self.probabilities(features)
         ids = probs.argmax(axis=1)
         preds = [

@@ -14,4 +14,5 @@ class AdaptInputError(AdaptError, ValueError):
 
 
 class AdaptOutputError(AdaptError):
-    """An output that cannot be written (not a directory, read-only, full disk): ``path: reason``."""
+    """An output that cannot be written (not a directory, read-only, full disk): ``path:
+    reason``."""

@@ -14,7 +14,8 @@ NORM_MODES = {'none': 0, 'l2': 1, 'zscore': 2, 'l2_zscore': 3, 'standard': 2, 'l
 
 
 class InputNorm(nn.Module):
-    """Row-wise L2 normalisation and/or ``(x - mean) * scale`` with stored mean/scale (D,), or identity.
+    """Row-wise L2 normalisation and/or ``(x - mean) * scale`` with stored mean/scale (D,), or
+    identity.
 
     ``scale`` is 1/std per column for ``zscore`` (0 for a column that is constant on the labelled
     rows, so it is ignored rather than blown up on the unlabelled ones) and one common factor for
@@ -64,7 +65,8 @@ class PotentialNet(nn.Module):
 
     def __init__(self, dim: int, hidden: int = 256, nonpositive: bool = True):
         super().__init__()
-        # LeakyReLU: with f = -|g| the constant g = 0 is a stationary point that dead ReLUs fall into.
+        # LeakyReLU: with f = -|g| the constant g = 0 is a stationary point that dead ReLUs fall
+        # into.
         self.net = nn.Sequential(
             nn.Linear(dim, hidden),
             nn.LeakyReLU(0.2),

@@ -99,7 +99,8 @@ def load_inputs(labelled_path, unlabelled_path, max_memory_mb: float = 1024.0):
 def load_checkpoint(path: str) -> dict:
     """Read a checkpoint written by this package. Only tensors and plain values are read
     (``torch.load(weights_only=True)``): a file holding anything else, such as a pickle that would
-    run code, is refused with :class:`AdaptInputError`, as is a truncated, empty or foreign file."""
+    run code, is refused with :class:`AdaptInputError`, as is a truncated, empty or foreign
+    file."""
     try:
         ckpt = torch.load(path, map_location='cpu', weights_only=True)
     except OSError as exc:

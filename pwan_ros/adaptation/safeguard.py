@@ -103,8 +103,8 @@ def _weighted_accuracy(pred, labels, weights) -> Optional[float]:
 def decide(
     adapted, source, holdout: np.ndarray, margin: float, min_agreement: float
 ) -> SafeguardDecision:
-    """Compare two trained :class:`~pwan_ros.adaptation.trainer.AdaptTrainer` on the unlabelled rows and
-    the held-out labelled rows ``holdout``; see the module docstring for the rule."""
+    """Compare two trained :class:`~pwan_ros.adaptation.trainer.AdaptTrainer` on the unlabelled
+    rows and the held-out labelled rows ``holdout``; see the module docstring for the rule."""
     k = adapted.num_classes
     pa, proba = _predict(adapted, adapted.unlabelled)
     ps, probs = _predict(source, source.unlabelled)
@@ -145,11 +145,13 @@ def decide(
         )
     if agree < min_agreement:
         fails.append(
-            f'agrees with source-only on only {agree:.1%} of unlabelled rows (< {min_agreement:.0%})'
+            f'agrees with source-only on only {agree:.1%} of unlabelled rows (< '
+            f'{min_agreement:.0%})'
         )
     if a.mean_entropy >= s.mean_entropy:
         fails.append(
-            f'not more confident than source-only (entropy {a.mean_entropy:.3f} >= {s.mean_entropy:.3f})'
+            f'not more confident than source-only (entropy {a.mean_entropy:.3f} >= '
+            f'{s.mean_entropy:.3f})'
         )
     if fails:
         return SafeguardDecision(
@@ -161,9 +163,10 @@ def decide(
             int(holdout.size),
         )
     reason = (
-        f'adapted model kept: held-out accuracy {a.val_accuracy if a.val_accuracy is not None else float("nan"):.3f} '
-        f'(source-only {s.val_accuracy if s.val_accuracy is not None else float("nan"):.3f}), '
-        f'outlier mass {a.outlier_mass:.1%} (source-only {s.outlier_mass:.1%}), agreement {agree:.1%}'
+        'adapted model kept: held-out accuracy '
+        f'{a.val_accuracy if a.val_accuracy is not None else float("nan"):.3f} (source-only '
+        f'{s.val_accuracy if s.val_accuracy is not None else float("nan"):.3f}), outlier mass '
+        f'{a.outlier_mass:.1%} (source-only {s.outlier_mass:.1%}), agreement {agree:.1%}'
     )
     return SafeguardDecision(
         'adapted', reason, a, s, np.flatnonzero(present).tolist(), int(holdout.size)

@@ -319,7 +319,8 @@ class AdaptTrainer:
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
-        """Everything needed to continue bit-exactly: weights, optimisers, scheduler, RNGs, mu, m0."""
+        """Everything needed to continue bit-exactly: weights, optimisers, scheduler, RNGs, mu,
+        m0."""
         st = self.state
         return {
             'version': CHECKPOINT_VERSION,
@@ -445,8 +446,9 @@ def fit_input_norm(fs: FeatureSet, mode: str, chunk: int):
     (constant on the labelled rows) gets scale 0, i.e. it is ignored instead of being divided
     by ~0 and exploding on unlabelled rows where it varies. ``standard``: one common scale for
     all columns, 1 / sqrt(mean column variance), so the features keep their geometry: the result
-    is the same (up to rounding) after any rotation, any global scaling and any shift of the inputs,
-    also for rotations into more dimensions, and constant columns are harmless. Streaming (float64)."""
+    is the same (up to rounding) after any rotation, any global scaling and any shift of the
+    inputs, also for rotations into more dimensions, and constant columns are harmless. Streaming
+    (float64)."""
     l2 = mode.startswith('l2_')
     n, s1, s2 = 0, np.zeros(fs.dim), np.zeros(fs.dim)
     for b in fs.batches(chunk):

@@ -4,9 +4,9 @@
              [--method pwan|source_only|wgan] [--seed S] [--device D] --output DIR [--json]
 
 Every field of :class:`pwan_ros.adaptation.AdaptConfig` is also a flag (``--batch-size`` or
-``--batch_size``, ``--lambda1`` ...). Precedence: defaults < ``--config`` YAML < flags. ``--resume`` continues
-from ``DIR/checkpoints/latest.pt``. Exit status: 0 done, 2 bad input/config or an output that
-cannot be written (one line on stderr), 130 interrupted (checkpoint written).
+``--batch_size``, ``--lambda1`` ...). Precedence: defaults < ``--config`` YAML < flags.
+``--resume`` continues from ``DIR/checkpoints/latest.pt``. Exit status: 0 done, 2 bad input/config
+or an output that cannot be written (one line on stderr), 130 interrupted (checkpoint written).
 
 ``pwan_adapt_import``: convert features recorded in a rosbag2 into the ``.npz`` input format.
 """
@@ -149,15 +149,16 @@ def _main(args) -> int:
         acc = '' if result.accuracy is None else f' accuracy={result.accuracy:.4f}'
         dep = '' if result.deployed is None else f' deployed={result.deployed}'
         print(
-            f'{"done" if result.completed else "interrupted"}: {result.steps_done}/{result.steps} steps'
-            f'{dep}{acc} -> {result.output_dir}',
+            f'{"done" if result.completed else "interrupted"}: {result.steps_done}/{result.steps} '
+            f'steps{dep}{acc} -> {result.output_dir}',
             file=sys.stderr,
         )
     return 0 if result.completed else 130
 
 
 def import_main(argv: Optional[List[str]] = None) -> int:
-    """``pwan_adapt_import BAG --features-topic T [--label-topic L | --label-field F] --output X.npz``.
+    """``pwan_adapt_import BAG --features-topic T [--label-topic L | --label-field F] --output
+    X.npz``.
 
     Exit status: 0 written, 2 bad input or unwritable output (one line), 130 interrupted (nothing
     written)."""

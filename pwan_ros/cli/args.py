@@ -17,7 +17,8 @@ _TYPES = {'int': int, 'float': float, 'str': str}
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, cls, skip=()) -> None:
-    """Add ``--field-name`` for each field of dataclass ``cls`` (defaults and types from the field).
+    """Add ``--field-name`` for each field of dataclass ``cls`` (defaults and types from the
+    field).
 
     bool fields become ``--flag/--no-flag``; tuple fields take comma-separated values; fields
     without a default are required flags.
@@ -88,8 +89,8 @@ def run_cli(
 
     ``errors`` (the command's own bad-input types) and any ``OSError`` (a missing input, a full or
     read-only disk) print one line ``prog: error: ...`` and return 2; Ctrl-C or SIGTERM print
-    ``prog: interrupted`` and return 130. Outputs are written atomically (:mod:`pwan_ros.io.atomic`),
-    so either way nothing half-written is left behind."""
+    ``prog: interrupted`` and return 130. Outputs are written atomically
+    (:mod:`pwan_ros.io.atomic`), so either way nothing half-written is left behind."""
     try:
         with _sigterm_as_interrupt():
             return body()

@@ -101,7 +101,8 @@ def _params_file() -> pathlib.Path | None:
 
 
 def default_node_command() -> list[str]:
-    """The registration node executable (installed script, else ``python -m``) with its params file."""
+    """The registration node executable (installed script, else ``python -m``) with its params
+    file."""
     exe = None
     for d in (pathlib.Path(sys.executable).parent, pathlib.Path(sys.prefix) / 'lib' / 'pwan_ros'):
         if (d / 'pwan_odometry_node').exists():
@@ -137,8 +138,8 @@ def _ensure_bag(sim, cfg: DemoConfig, out: pathlib.Path, log) -> pathlib.Path:
     res = write_sim_bag(bag, sim)
     write_text(stamp, wanted)
     log(
-        f'demo: {res.scans} scans, {res.mean_points:.0f} points/scan, path {res.path_length_m:.1f} m '
-        f'({res.seconds:.1f} s)'
+        f'demo: {res.scans} scans, {res.mean_points:.0f} points/scan, path '
+        f'{res.path_length_m:.1f} m ({res.seconds:.1f} s)'
     )
     return bag
 
@@ -213,8 +214,8 @@ def _replay_into_node(
                     _stop(replayer)
             if replayer.returncode != 0:
                 raise DemoError(
-                    f'replay failed (code {replayer.returncode}); last lines of {replay_log_path}:\n'
-                    f'{_tail(replay_log_path)}'
+                    f'replay failed (code {replayer.returncode}); last lines of '
+                    f'{replay_log_path}:\n{_tail(replay_log_path)}'
                 )
         finally:
             _stop(node)
@@ -228,7 +229,8 @@ def _replay_into_node(
 
 
 def _events(sim) -> list:
-    """The stress events of the simulated drive as [(label, t0, t1)] seconds from the first scan."""
+    """The stress events of the simulated drive as [(label, t0, t1)] seconds from the first
+    scan."""
     from pwan_ros.evaluation.lidar_sim import stress_event
 
     spans: dict = {}

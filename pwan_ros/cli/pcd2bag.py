@@ -28,7 +28,8 @@ def main(argv=None) -> int:
     def body() -> int:
         res = convert(config_from_args(ConvertConfig, args), log=lambda *a: None)
         print(
-            f'wrote {res.bag}: {res.scans} scans, {res.mean_points:.0f} points/scan, {res.duration_s:.1f} s'
+            f'wrote {res.bag}: {res.scans} scans, {res.mean_points:.0f} points/scan, '
+            f'{res.duration_s:.1f} s'
         )
         return 0
 

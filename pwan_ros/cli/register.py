@@ -76,8 +76,8 @@ def _parser() -> argparse.ArgumentParser:
         '--global',
         dest='global_init',
         action='store_true',
-        help="unknown initial pose (3-D rigid): init='global', feature hypotheses chosen and refined by "
-        'the partial objective (RegistrationConfig.global_search)',
+        help="unknown initial pose (3-D rigid): init='global', feature hypotheses chosen and "
+        "refined by the partial objective (RegistrationConfig.global_search)",
     )
     p.add_argument(
         '--viewpoints',
@@ -158,8 +158,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
                 if not args.quiet:
                     print(
-                        f'[pwan] registering {args.source} ({src.shape[0]} pts) onto {args.reference} '
-                        f'({ref.shape[0]} pts)',
+                        f'[pwan] registering {args.source} ({src.shape[0]} pts) onto '
+                        f'{args.reference} ({ref.shape[0]} pts)',
                         file=sys.stderr,
                     )
                 if args.viewpoints and not args.global_init:
@@ -222,8 +222,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         )
         print(np.array(summary['transform']))
         print(
-            f"time {summary['time_s']:.3f} s, source {res.num_source} pts, reference {res.num_reference} pts, "
-            f"matched {100 * res.matched_ratio:.1f} %, converged {res.converged}"
+            f"time {summary['time_s']:.3f} s, source {res.num_source} pts, reference "
+            f"{res.num_reference} pts, matched {100 * res.matched_ratio:.1f} %, converged "
+            f"{res.converged}"
         )
         if args.output:
             print(f'wrote {args.output}')

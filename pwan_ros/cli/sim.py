@@ -1,4 +1,5 @@
-"""``pwan_sim``: a simulated LiDAR drive into a rosbag2 (see :mod:`pwan_ros.evaluation.lidar_sim`)."""
+"""``pwan_sim``: a simulated LiDAR drive into a rosbag2 (see
+:mod:`pwan_ros.evaluation.lidar_sim`)."""
 
 from __future__ import annotations
 

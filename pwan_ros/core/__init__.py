@@ -4,7 +4,8 @@ Public API::
 
     register(source, reference, config=None, init=None, potential_state=None) -> RegistrationResult
     refine(source, reference, init=None, config=None) -> RegistrationResult
-    estimate_discrepancy(reference, source, divergence, mass=..., distance_threshold=...) -> DiscrepancyEstimate
+    estimate_discrepancy(reference, source, divergence, mass=..., distance_threshold=...)
+        -> DiscrepancyEstimate
     exact_mass_discrepancy / exact_distance_discrepancy / exact_w1 (POT linear programs)
 """
 

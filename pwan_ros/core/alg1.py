@@ -275,7 +275,8 @@ class Alg1:
 
     # -- pieces of a step
     def _batch(self):
-        """Reference mini-batch (1, b, d) and source indices (b,) (None: all), drawn on the device."""
+        """Reference mini-batch (1, b, d) and source indices (b,) (None: all), drawn on the
+        device."""
         q, r, bs = self.x.shape[0], self.y.shape[0], self.batch_size
         xb = (
             self.x[torch.randint(q, (bs,), generator=self.gen, device=self.device)]
@@ -290,7 +291,8 @@ class Alg1:
         return xb.expand(self.count, -1, -1), yi
 
     def potential_update(self, xb: torch.Tensor, zb: torch.Tensor, with_gp: bool) -> None:
-        """One Adam ascent step of every start's (L - gp_weight GP) / m_beta (gradients by hand)."""
+        """One Adam ascent step of every start's (L - gp_weight GP) / m_beta (gradients by
+        hand)."""
         net = self.net
         gp_index = None
         if with_gp and self.tangents is not None:
@@ -337,7 +339,8 @@ class Alg1:
             )
 
     def step(self, lr: float) -> None:
-        """One step of Alg. 1: u potential updates, then one transform update at learning rate lr."""
+        """One step of Alg. 1: u potential updates, then one transform update at learning rate
+        lr."""
         self.opt_t.lr.fill_(lr)
         xb, yi = self._batch()
         ysrc = (

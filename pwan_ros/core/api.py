@@ -282,29 +282,30 @@ def register(
     Caller units in, caller units out. init: optional (d+1, d+1) warm-start transform source ->
     reference, or ``'global'`` for an unknown initial pose (3-D rigid): feature hypotheses chosen
     and refined by the partial objective, with ``status`` / ``overlap`` / ``confidence`` in the
-    result (:mod:`global_search`; ``config.global_search``). potential_state: optional network weights from a previous result
-    (``result.potential_state``) to warm-start the potential. config.starts > 1 (rigid/affine)
-    runs Alg. 1 + fine-tune from several initial rotations and keeps the one with the lowest
-    ``config.start_score`` (default: the distance-type partial NN objective at 2x the dense
-    reference spacing, see :class:`OverlapScorer`); with ``config.start_steps > 0`` as a
-    coarse-to-fine tournament (short runs from every start, the best ``start_keep`` continue); all
-    starts run in lock-step as one batched network (:mod:`alg1`). Non-rigid with ``prealign``:
-    rigid registration(s) first; with several starts the ``prealign_keep`` best rigid finalists are
-    each deformed and the best non-rigid result by the overlap score is returned. should_stop: optional callable
-    polled once per transform update (and between starts); when it returns True the adversarial
-    stage ends early (``converged`` is then False) — for time budgets and shutdown. Deterministic
-    for a fixed seed on a given device and thread count (without should_stop). reference_cache:
-    optional :class:`ReferenceCache` kept by the caller across registrations against the same
-    reference (odometry: a keyframe): the reference's k-d tree / device search and normals are
-    built once, while its points stay the same; the result equals that of a call without it.
-    viewpoints (``init='global'`` only): ``(source_viewpoint, reference_viewpoint)``, each (3,) the
-    sensor's position in its own cloud's frame (``'origin'``: both clouds are in their sensors'
-    frames, as ROS scans and RGB-D fragments are); candidate poses that put either cloud where the
-    other sensor saw free space are rejected (``global_search.max_free_space``, :mod:`free_space`)
-    — what tells a symmetric room's turned halves from the truth. Every result carries the
-    self-check (:mod:`verify`, ``config.self_check``): ``status`` 'ok' | 'refused', ``reason``,
-    ``check``; a rigid 3-D result takes a clearly better pose the check finds next to it.
-    Raises :class:`PwanInputError` on bad input.
+    result (:mod:`global_search`; ``config.global_search``). potential_state: optional network
+    weights from a previous result (``result.potential_state``) to warm-start the potential.
+    config.starts > 1 (rigid/affine) runs Alg. 1 + fine-tune from several initial rotations and
+    keeps the one with the lowest ``config.start_score`` (default: the distance-type partial NN
+    objective at 2x the dense reference spacing, see :class:`OverlapScorer`); with
+    ``config.start_steps > 0`` as a coarse-to-fine tournament (short runs from every start, the
+    best ``start_keep`` continue); all starts run in lock-step as one batched network
+    (:mod:`alg1`). Non-rigid with ``prealign``: rigid registration(s) first; with several starts
+    the ``prealign_keep`` best rigid finalists are each deformed and the best non-rigid result by
+    the overlap score is returned. should_stop: optional callable polled once per transform update
+    (and between starts); when it returns True the adversarial stage ends early (``converged`` is
+    then False) — for time budgets and shutdown. Deterministic for a fixed seed on a given device
+    and thread count (without should_stop). reference_cache: optional :class:`ReferenceCache` kept
+    by the caller across registrations against the same reference (odometry: a keyframe): the
+    reference's k-d tree / device search and normals are built once, while its points stay the
+    same; the result equals that of a call without it. viewpoints (``init='global'`` only):
+    ``(source_viewpoint, reference_viewpoint)``, each (3,) the sensor's position in its own cloud's
+    frame (``'origin'``: both clouds are in their sensors' frames, as ROS scans and RGB-D fragments
+    are); candidate poses that put either cloud where the other sensor saw free space are rejected
+    (``global_search.max_free_space``, :mod:`free_space`) — what tells a symmetric room's turned
+    halves from the truth. Every result carries the self-check (:mod:`verify`,
+    ``config.self_check``): ``status`` 'ok' | 'refused', ``reason``, ``check``; a rigid 3-D result
+    takes a clearly better pose the check finds next to it. Raises :class:`PwanInputError` on bad
+    input.
     """
     config = (config or RegistrationConfig()).pinned()
     t0 = time.perf_counter()
@@ -315,8 +316,8 @@ def register(
             )
         if config.transform != 'rigid':
             raise PwanInputError(
-                "init='global' finds a rigid pose; register rigidly first, then pass its transform "
-                'as init to the affine / non-rigid registration'
+                "init='global' finds a rigid pose; register rigidly first, then pass its "
+                "transform as init to the affine / non-rigid registration"
             )
         return register_global(
             source, reference, config, reference_cache, refine, _viewpoints(viewpoints)
@@ -332,16 +333,16 @@ def register(
     # coarse-to-fine: rigid PWAN registration(s) (with config.starts) initialise the non-rigid one
     # (large rotations are out of reach of a deformation started at identity); steps, u and
     # tolerance left None take the rigid defaults there, the network and warm-up stay the
-    # non-rigid ones (pinned above). With several starts the ``prealign_keep`` best rigid finalists are
-    # deformed and compared after the non-rigid stage: a rigid fit of a deformed shape can rank
+    # non-rigid ones (pinned above). With several starts the ``prealign_keep`` best rigid finalists
+    # are deformed and compared after the non-rigid stage: a rigid fit of a deformed shape can rank
     # a wrong, symmetric pose first.
     rigid = config.replace(transform='rigid', prealign=False, self_check=False)
     cands = _register_candidates(source, reference, rigid, init, None, should_stop, cache)
     ref_clean = np.asarray(reference, dtype=np.float64)
     ref_clean = ref_clean[np.isfinite(ref_clean).all(axis=1)]  # validated by the rigid stage
     ref_clean = ref_clean[~far_outliers(ref_clean)]
-    # distinct poses only: finalists that converged to the same pose (within the reference sampling)
-    # would be deformed twice
+    # distinct poses only: finalists that converged to the same pose (within the reference
+    # sampling) would be deformed twice
     tol = median_spacing(random_subset(ref_clean, 5000, np.random.default_rng(config.seed)))
     pres = [
         cands[i]
@@ -435,7 +436,8 @@ def _register_candidates(
     timings = {'preprocess': time.perf_counter() - t0, 'adversarial': 0.0, 'finetune': 0.0}
     mass_n = prob.ratio_min * min(q, r) if config.divergence == 'mass' else None
     h_n = h_caller / norm.scale if h_caller is not None else None
-    # resolution floor of the learned h (normalised): below the reference sampling the potential is flat
+    # resolution floor of the learned h (normalised): below the reference sampling the potential is
+    # flat
     h_floor = (
         config.potential.h_floor * median_spacing(xs_np) if config.divergence == 'mass' else 0.0
     )
@@ -449,7 +451,8 @@ def _register_candidates(
         ft_data = finetune_data(
             prob, config, kind, rng, prep, search_device(config.finetune.nn, device)
         )
-    # the multi-start's fine-tunes before the final one run on a sample (their selection score's size)
+    # the multi-start's fine-tunes before the final one run on a sample (their selection score's
+    # size)
     small_data = ft_data.subset(config.start_finetune_points, config.seed) if multi else None
     scorer = (
         OverlapScorer(ft_data, config.seed) if multi and config.start_score == 'overlap' else None
@@ -509,8 +512,8 @@ def _register_candidates(
             key=lambda c: c.score,
         )
         if config.finetune.enabled:
-            # the finalists were compared after the fine-tune on start_finetune_points source points
-            # (the score's own sample size); only the winner gets the dense fine-tune
+            # the finalists were compared after the fine-tune on start_finetune_points source
+            # points (the score's own sample size); only the winner gets the dense fine-tune
             best = cands[0]
             a, t, v_fn, ft_conv = finetune(best.a, best.t)
             cands[0] = dataclasses.replace(

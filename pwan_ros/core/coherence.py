@@ -1,9 +1,10 @@
-"""Coherence regulariser C(V) = lambda Tr(V^T (sigma I + G_rho)^-1 V) (eq. bending) via Nystrom + Woodbury.
+"""Coherence regulariser C(V) = lambda Tr(V^T (sigma I + G_rho)^-1 V) (eq. bending) via Nystrom +
+Woodbury.
 
 G_rho(i, j) = exp(-|y_i - y_j|^2 / rho) over the r source points (normalised frame) is
 approximated by Q Q^T with Q = G_{r,k} U S^{-1/2} from k landmarks (G_kk = U S U^T), so
-(sigma I + Q Q^T)^-1 = sigma^-1 (I - Q (sigma I_k + Q^T Q)^-1 Q^T)  (Woodbury; Appx. Sec_app_PSR_app).
-Everything is O(r k) per use; the factors are computed once per registration.
+(sigma I + Q Q^T)^-1 = sigma^-1 (I - Q (sigma I_k + Q^T Q)^-1 Q^T) (Woodbury; Appx.
+Sec_app_PSR_app). Everything is O(r k) per use; the factors are computed once per registration.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Typed, frozen and validated configuration of the registration core.
 
 One dataclass per component; every field name is the future ROS parameter / CLI option name
-(nested components are addressed as ``potential.hidden`` etc. by :meth:`RegistrationConfig.from_dict`).
-Lengths are in the caller's units (metres for ROS) unless a field says "normalised": the core
-normalises both sets internally (see ``docs/core.md``) and converts back.
+(nested components are addressed as ``potential.hidden`` etc. by
+:meth:`RegistrationConfig.from_dict`). Lengths are in the caller's units (metres for ROS) unless a
+field says "normalised": the core normalises both sets internally (see ``docs/core.md``) and
+converts back.
 """
 
 from __future__ import annotations
@@ -34,19 +35,20 @@ TRANSFORM_DEFAULTS = {
     'nonrigid': (1000, 10, 0.03),
 }
 
-#: default potential widths per transform (``potential.hidden`` None), chosen by benchmark: (16, 16)
-#: solves the bunny tournament as (32, 32) did (6 of 8 pairs clean and with 100 % outliers, three
-#: draws) at 2-3x less compute, but on the non-rigid fish with 100 % outliers it picked a wrong
-#: start on 3 of 3 seeds (MSE 4.9 vs 0.03 with (32, 32)); the deformation needs the finer potential
+#: default potential widths per transform (``potential.hidden`` None), chosen by benchmark: (16,
+#: 16) solves the bunny tournament as (32, 32) did (6 of 8 pairs clean and with 100 % outliers,
+#: three draws) at 2-3x less compute, but on the non-rigid fish with 100 % outliers it picked a
+#: wrong start on 3 of 3 seeds (MSE 4.9 vs 0.03 with (32, 32)); the deformation needs the finer
+#: potential
 HIDDEN_DEFAULTS = {'rigid': (16, 16), 'affine': (16, 16), 'nonrigid': (32, 32)}
 #: default ``warmup_updates`` per transform: 30 solves the bunny tournament as 100 did; the fish
 #: with 120 % outliers needs 100 with the non-rigid widths (MSE 4.7 with 30, 0.047 with 100)
 WARMUP_DEFAULTS = {'rigid': 30, 'affine': 30, 'nonrigid': 100}
 
-#: default ``steps`` of a rigid / affine multi-start (``starts > 1``). The learning rate decays over
-#: ``steps``, so ``steps`` sets how far a run can travel: starts from the rotation group begin up to
-#: ~60 deg from the truth, further than a single run from a prior, and the tournament keeps every
-#: finalist's short-stage pose, so the longer schedule cannot lose one (measured on the bunny
+#: default ``steps`` of a rigid / affine multi-start (``starts > 1``). The learning rate decays
+#: over ``steps``, so ``steps`` sets how far a run can travel: starts from the rotation group begin
+#: up to ~60 deg from the truth, further than a single run from a prior, and the tournament keeps
+#: every finalist's short-stage pose, so the longer schedule cannot lose one (measured on the bunny
 #: pairs with 100 % outliers: 600 steps solved 5 of the 5 pairs <= 60 deg, 200 steps 4; a single
 #: start gains nothing from it and takes 2x longer, 3.5 s instead of 1.75 s at 2k + 2k points).
 MULTISTART_STEPS = 600
@@ -66,7 +68,8 @@ def _pos(name: str, value: float, allow_none: bool = False, allow_zero: bool = F
     ok = ok and (value >= 0 if allow_zero else value > 0)
     _check(
         ok,
-        f"{name} must be a {'non-negative' if allow_zero else 'positive'} finite number, got {value!r}",
+        f"{name} must be a {'non-negative' if allow_zero else 'positive'} finite number, got "
+        f"{value!r}",
     )
 
 

@@ -27,7 +27,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 def default_threads() -> int:
-    """Intra-op threads for CPU runs: 1 on machines with <= 2 cores, else half the cores, at most 4.
+    """Intra-op threads for CPU runs: 1 on machines with <= 2 cores, else half the cores, at most
+    4.
 
     A single potential network is a small MLP on a few thousand points: a second thread gains only
     1.1-1.35x on an idle 2-core CPU and loses up to 10x when the cores are shared (measured). The

@@ -98,7 +98,8 @@ class PotentialTrainer:
         return self.net.h
 
     def objective(self, x: torch.Tensor, y: torch.Tensor, train: bool = True) -> torch.Tensor:
-        """KR objective L (eq. loss_m_app / loss_d_app, without GP) on reference x (q, d), source y (r, d).
+        """KR objective L (eq. loss_m_app / loss_d_app, without GP) on reference x (q, d), source y
+        (r, d).
 
         In training only the source potential is clipped at -h (see docs/core.md); the value
         reported by :func:`estimate_discrepancy` clips both (a feasible dual point)."""
@@ -167,8 +168,8 @@ def _best_kink(
     m_beta: float,
     mass: float,
 ) -> torch.Tensor:
-    """The h among ``cand`` maximising -m_alpha mean(min(gx, h)) + m_beta mean(min(gy, h)) + h (m - m_beta)
-    (evaluated in chunks of 1024 candidates)."""
+    """The h among ``cand`` maximising -m_alpha mean(min(gx, h)) + m_beta mean(min(gy, h)) + h (m -
+    m_beta) (evaluated in chunks of 1024 candidates)."""
     best, best_val = cand[0], None
     for s in range(0, cand.shape[0], 1024):
         c = cand[s : s + 1024][:, None]
@@ -245,7 +246,8 @@ def estimate_discrepancy(
     if divergence == 'mass':
         if mass is None or not (0 < mass <= min(m_alpha, m_beta) * (1 + 1e-9)):
             raise PwanInputError(
-                f'mass must be in (0, min(m_alpha, m_beta)] = (0, {min(m_alpha, m_beta):g}], got {mass!r}'
+                f'mass must be in (0, min(m_alpha, m_beta)] = (0, {min(m_alpha, m_beta):g}], got '
+                f'{mass!r}'
             )
     elif divergence == 'distance':
         if distance_threshold is None or not distance_threshold > 0:

@@ -57,8 +57,8 @@ def exact_mass_discrepancy(
 ) -> ExactDiscrepancy:
     """L_M,m(alpha, beta) = min over plans moving mass m of sum pi_ij |x_i - y_j| (eq. POT_primal).
 
-    reference (q, d), source (r, d); total masses default to q and r. 0 < m <= min(m_alpha, m_beta).
-    With m_alpha = m_beta = m this is W1."""
+    reference (q, d), source (r, d); total masses default to q and r. 0 < m <= min(m_alpha,
+    m_beta). With m_alpha = m_beta = m this is W1."""
     ref, src, a, b, cost = _prepare(reference, source, mass_reference, mass_source)
     total = min(a.sum(), b.sum())
     if not (mass is not None and 0 < mass <= total * (1 + 1e-9)):

@@ -121,7 +121,8 @@ def query_workers(rows: int, workers: int = -1) -> int:
 def _nearest(tree: cKDTree, z: np.ndarray, bound: float, need: int, workers: int):
     """Distance and index of the nearest tree point of each row of z (n, d), searched within
     ``bound`` (beyond: inf and index tree.n); rows left at inf are searched again without the bound
-    when fewer than ``need`` rows were found (so the ``need`` smallest distances are always exact)."""
+    when fewer than ``need`` rows were found (so the ``need`` smallest distances are always
+    exact)."""
     dist, nn = tree.query(
         z, k=1, workers=query_workers(z.shape[0], workers), distance_upper_bound=bound
     )

@@ -30,7 +30,8 @@ class FineTuneData:
     """Point sets of the fine-tune stage (normalised): source ys, reference xr, its search
     structure (a cKDTree, or the query interface of one: :class:`reference.ScaledSearch`,
     :class:`nearest.TorchNearest`) and normals (rigid point-to-plane). Built once per registration
-    and shared by all starts; device: where the search of a :meth:`subset` runs (None: k-d tree)."""
+    and shared by all starts; device: where the search of a :meth:`subset` runs (None: k-d
+    tree)."""
 
     ys: np.ndarray
     xr: np.ndarray
@@ -169,8 +170,9 @@ def finetune_stage(
             out = dataclasses.replace(out, iterations=first.iterations + out.iterations)
     if warn and capped:
         warnings.warn(
-            f'the fine-tune stopped at finetune.max_iterations={config.finetune.max_iterations} before '
-            'converging: the result may be short of the optimum (raise finetune.max_iterations)',
+            f'the fine-tune stopped at finetune.max_iterations={config.finetune.max_iterations} '
+            'before converging: the result may be short of the optimum (raise '
+            'finetune.max_iterations)',
             RuntimeWarning,
             stacklevel=3,
         )

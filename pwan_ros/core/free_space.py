@@ -9,8 +9,9 @@ one half of a box room onto the other), the sensors' viewpoints can.
 pixels span about one voxel at the median range), the nearest return.
 :meth:`FreeSpace.contradicted` flags points nearer than that return by more than a margin.
 Each sensor also stood in free space: a pose that puts one sensor behind a surface the other
-saw is a full contradiction. Only supported points take part (at least :data:`SUPPORT` neighbours within 2 voxels in their
-own cloud): isolated spurious returns (rain, dust) and driver glitches are no evidence either way.
+saw is a full contradiction. Only supported points take part (at least :data:`SUPPORT` neighbours
+within 2 voxels in their own cloud): isolated spurious returns (rain, dust) and driver glitches are
+no evidence either way.
 
 Frames: every cloud in its own frame, caller units; a viewpoint is the sensor's position in
 that frame (the origin for a ROS scan in its sensor frame, an RGB-D fragment in its camera frame).
@@ -90,8 +91,8 @@ class FreeSpace:
     def hidden(self, points: np.ndarray) -> np.ndarray:
         """(n,) bool: ``points`` behind a surface the sensor saw (farther than its return by more
         than the margin); in a direction without a return of its own, the nearest of the 3 x 3
-        around it (one pixel's gap in a wall, as the voxelised and supported points leave them, does
-        not make the wall transparent)."""
+        around it (one pixel's gap in a wall, as the voxelised and supported points leave them,
+        does not make the wall transparent)."""
         rng, nearest = self._lookup(points)
         gap = np.isnan(nearest)
         if gap.any():

@@ -14,7 +14,9 @@ partial objective (``register(..., init='global')``).
    Feature support only proposes; the partial objective decides, so a pose that RANSAC ranks
    low (features broken by outliers) still wins when it explains the geometry.
 3. **Refusal.** ``overlap`` = fraction of the source within h at the winner. The confidence is
-   the margin of the winner's objective over the best *distinct* runner-up; when the overlap is
+   the margin of the winner's objective over the best *distinct* runner-up, relative to the
+   objective the winner explains beyond chance (random places in the source's box score the
+   chance level, which uniform outliers raise for every pose alike); when the overlap is
    below ``min_overlap``, the matched reference normals leave a direction free
    (:func:`translation_constraint` below ``min_constraint``: a plane, a corridor) or the margin is
    below ``min_confidence`` (two different poses explain the data almost equally: a symmetric
@@ -66,7 +68,8 @@ class GlobalOutcome:
     (RegistrationResult); ``objective`` its partial objective in [-1, 0]; ``overlap`` fraction of
     the source within h; ``confidence`` relative margin over the best distinct runner-up (1 when
     there is none); ``status`` 'ok' | 'refused'; ``reason`` why refused; ``candidates`` scored
-    [(origin, support, objective, free_space)] in input order (free_space None without viewpoints)."""
+    [(origin, support, objective, free_space)] in input order (free_space None without
+    viewpoints)."""
 
     result: object
     objective: float
@@ -109,12 +112,12 @@ def choose(
     free_space=None,
     normals: Optional[np.ndarray] = None,
 ) -> GlobalOutcome:
-    """Refine every hypothesis with ``refine_fn(init) -> RegistrationResult`` (the fine-tune, distance
-    type), score it by the partial objective on ``probe`` source points against ``reference`` at
-    threshold ``h``, and pick the winner (see the module doc for the refusal rules).
-    free_space: None, or ``f(transform) -> fraction`` (:func:`free_space.contradiction`): candidates
-    above ``cfg.max_free_space`` contradict what the sensors saw and cannot win. normals: the
-    reference's unit normals (m, 3): a winner whose overlap leaves a direction free
+    """Refine every hypothesis with ``refine_fn(init) -> RegistrationResult`` (the fine-tune,
+    distance type), score it by the partial objective on ``probe`` source points against
+    ``reference`` at threshold ``h``, and pick the winner (see the module doc for the refusal
+    rules). free_space: None, or ``f(transform) -> fraction`` (:func:`free_space.contradiction`):
+    candidates above ``cfg.max_free_space`` contradict what the sensors saw and cannot win.
+    normals: the reference's unit normals (m, 3): a winner whose overlap leaves a direction free
     (:func:`translation_constraint` below ``cfg.min_constraint``) is refused."""
     tree = cKDTree(reference)
     scored = []
@@ -151,7 +154,17 @@ def choose(
         ),
         None,
     )
-    confidence = 1.0 if runner is None or obj >= 0 else float(min(1.0, (runner[0] - obj) / -obj))
+    # the margin is relative to what the winner explains beyond chance: spurious reference points
+    # (uniform outliers, clutter) lower every pose's objective alike, by the objective of random
+    # places in the box the source occupies, and must not shrink the margin
+    moved = probe @ res.transform[:3, :3].T + res.transform[:3, 3]
+    places = np.random.default_rng(0).uniform(moved.min(axis=0), moved.max(axis=0), moved.shape)
+    explained = partial_objective_of(places, tree, h)[0] - obj
+    confidence = (
+        1.0
+        if runner is None or explained <= 0
+        else float(np.clip((runner[0] - obj) / explained, 0.0, 1.0))
+    )
     status, reason = 'ok', ''
     if overlap < cfg.min_overlap:
         status, reason = (
@@ -199,9 +212,9 @@ def _mass_ratio(
     source: np.ndarray, reference: cKDTree, pose: np.ndarray, overlap: float, voxel: float
 ) -> float:
     """The mass ratio of the winner's mass-type fine-tune: the smaller of two overlap estimates at
-    ``pose`` (source -> reference): ``overlap``, the candidates' (within 1.5 feature ``voxel``), and
-    the fraction of the dense ``source`` points (n, 3) within :data:`MASS_SCALE` median residuals
-    of the ``reference`` tree (the residuals of the points within 1.5 voxels). The first
+    ``pose`` (source -> reference): ``overlap``, the candidates' (within 1.5 feature ``voxel``),
+    and the fraction of the dense ``source`` points (n, 3) within :data:`MASS_SCALE` median
+    residuals of the ``reference`` tree (the residuals of the points within 1.5 voxels). The first
     over-states a low overlap on a finely sampled object (bunny 090->180: 0.48 against 0.41, and
     the pose ends 1-1.5 deg off instead of 0.2-0.4), the second a lidar scan's (rings farther apart
     than the median residual); a mass above the overlap pulls the pose towards the parts that do
@@ -254,10 +267,10 @@ def register_global(source, reference, config, reference_cache=None, refine=None
         def seen_through(pose):
             return contradiction(pose, ss, sr, *spaces)
 
-        # the poses of the wide RANSAC join those refined without viewpoints when, as they are (before
-        # refinement), they do not contradict the free space and explain most of the source: a
-        # repetitive scene (a room's box-like furniture) gives its symmetric poses more feature
-        # support than the true one
+        # the poses of the wide RANSAC join those refined without viewpoints when, as they are
+        # (before refinement), they do not contradict the free space and explain most of the
+        # source: a repetitive scene (a room's box-like furniture) gives its symmetric poses more
+        # feature support than the true one
         vtree = cKDTree(vr)
         extra = sorted(
             (

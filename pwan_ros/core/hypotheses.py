@@ -108,7 +108,8 @@ def feature_normals(points: np.ndarray, voxel: float) -> np.ndarray:
 
 
 def _mutual_matches(fs: np.ndarray, fr: np.ndarray) -> np.ndarray:
-    """(k, 2) index pairs (source, reference) that are mutual nearest neighbours in feature space."""
+    """(k, 2) index pairs (source, reference) that are mutual nearest neighbours in feature
+    space."""
     _, s2r = cKDTree(fr).query(fs, k=1)
     _, r2s = cKDTree(fs).query(fr, k=1)
     i = np.arange(len(fs))

@@ -33,7 +33,8 @@ __all__ = [
 
 #: points (starts x mini-batch) of one lock-step group of the tournament's short stage
 ENSEMBLE_POINTS = 1 << 16
-#: starts' own poses (:func:`own_poses`) fine-tuned and compared in the tournament, best scored first
+#: starts' own poses (:func:`own_poses`) fine-tuned and compared in the tournament, best scored
+#: first
 OWN_KEEP = 2
 
 
@@ -137,7 +138,8 @@ def partial_objective(dist: np.ndarray, sel: np.ndarray, divergence: str, h: flo
 
 def distinct_poses(placements: list, tol: float, keep: int) -> list:
     """Indices of up to ``keep`` placements (each (n, d), the same points moved by a candidate
-    pose, best first) whose RMS distance to every earlier kept one exceeds ``tol`` (caller units)."""
+    pose, best first) whose RMS distance to every earlier kept one exceeds ``tol`` (caller
+    units)."""
     kept: list = []
     for i, z in enumerate(placements):
         if len(kept) == keep:
@@ -149,8 +151,9 @@ def distinct_poses(placements: list, tol: float, keep: int) -> list:
 
 def own_poses(ys: np.ndarray, xs: np.ndarray, rots: list, seed: int):
     """[(a (3, 3), t (3,))] per start rotation in the solver's convention (``ys @ a + t``): the
-    rotation with the translation most point pairs vote for (:func:`votes.start_translations`, cells
-    of 2 x the median spacing of ``xs``); None for 2-D or when the caller gave no rotations."""
+    rotation with the translation most point pairs vote for (:func:`votes.start_translations`,
+    cells of 2 x the median spacing of ``xs``); None for 2-D or when the caller gave no
+    rotations."""
     if ys.shape[1] != 3 or rots[0] is None:
         return None
     cell = 2.0 * median_spacing(xs)
@@ -183,11 +186,11 @@ def run_multistart(
     selection), and in 3-D so does its own pose (:func:`own_poses`) for the :data:`OWN_KEEP` starts
     whose own poses score best as they are, the better of the two by ``score_of`` standing for the
     start; the ``start_keep`` best by ``score_of`` (plus the first
-    start, the caller's prior) continue with the rest of Alg. 1. ``start_steps == 0``: every start runs the full Alg. 1.
-    Finalists end with the fine-tune on ``start_finetune_points`` source points (if enabled; the
-    caller gives the winner the dense one); in the tournament each finalist contributes the better
-    (by ``score_of``) of its continued and its short-stage pose. Returns the finalists as
-    [:class:`Candidate`]."""
+    start, the caller's prior) continue with the rest of Alg. 1. ``start_steps == 0``: every start
+    runs the full Alg. 1. Finalists end with the fine-tune on ``start_finetune_points`` source
+    points (if enabled; the caller gives the winner the dense one); in the tournament each finalist
+    contributes the better (by ``score_of``) of its continued and its short-stage pose. Returns the
+    finalists as [:class:`Candidate`]."""
     r, q = ys_np.shape[0], xs_np.shape[0]
     group = max(1, ENSEMBLE_POINTS // max(config.batch_size or max(q, r), 1))
 
@@ -271,8 +274,9 @@ def run_multistart(
     for i, st in finals:
         poses = [(st.a, st.t)]
         if config.start_steps > 0:
-            # the finalist's short-stage pose stays a candidate: continuing Alg. 1 at the schedule's
-            # higher learning rate can walk away from a pose the short stage had already found
+            # the finalist's short-stage pose stays a candidate: continuing Alg. 1 at the
+            # schedule's higher learning rate can walk away from a pose the short stage had already
+            # found
             poses.append((keep[i][1], keep[i][2]))
         best = None
         for a, t in poses:

@@ -1,5 +1,5 @@
-"""Nearest-neighbour search on a torch device (brute force, chunked): the fine-tune's search when the
-registration runs on CUDA, where a k-d tree would send every query back to the host CPU.
+"""Nearest-neighbour search on a torch device (brute force, chunked): the fine-tune's search when
+the registration runs on CUDA, where a k-d tree would send every query back to the host CPU.
 
 :class:`TorchNearest` answers the part of scipy's ``cKDTree.query`` interface the fine-tune uses
 (``k``, ``distance_upper_bound``, ``workers``, ``n``): distances (n,) / (n, k) float64 and indices,
@@ -20,7 +20,8 @@ __all__ = ['CHUNK_ELEMENTS', 'TorchNearest', 'make_search', 'search_device']
 
 #: elements (query rows x reference points) of one distance block: 64 MiB in float32
 CHUNK_ELEMENTS = 1 << 24
-#: query rows of a block at least (a larger reference is searched in slices of CHUNK_ELEMENTS / this)
+#: query rows of a block at least (a larger reference is searched in slices of CHUNK_ELEMENTS /
+#: this)
 MIN_BLOCK_ROWS = 256
 
 
@@ -60,8 +61,8 @@ class TorchNearest:
             rows = q32[r0 : r0 + row_step]
             best_d = best_i = None
             for c0 in range(0, self.n, ref_step):
-                # direct differences (no |x|^2 + |y|^2 - 2xy expansion, which cancels catastrophically
-                # for points far from the origin relative to their spacing)
+                # direct differences (no |x|^2 + |y|^2 - 2xy expansion, which cancels
+                # catastrophically for points far from the origin relative to their spacing)
                 dist = torch.cdist(
                     rows,
                     self._ref32[c0 : c0 + ref_step],
@@ -81,7 +82,8 @@ class TorchNearest:
                         torch.where(closer, i_c, best_i),
                     )
                 else:
-                    # earlier chunks first: on equal distances the lower index wins, as in a sorted scan
+                    # earlier chunks first: on equal distances the lower index wins, as in a sorted
+                    # scan
                     d_all, i_all = torch.cat((best_d, d_c), 1), torch.cat((best_i, i_c), 1)
                     order = torch.sort(d_all, dim=1, stable=True)[1][:, :kk]
                     best_d, best_i = torch.gather(d_all, 1, order), torch.gather(i_all, 1, order)

@@ -137,7 +137,8 @@ class Workspace:
 def buffer(
     work: Optional[Workspace], key: str, shape, like: torch.Tensor
 ) -> Optional[torch.Tensor]:
-    """``work``'s buffer ``key`` of ``shape`` (an ``out=`` argument), or None without a workspace."""
+    """``work``'s buffer ``key`` of ``shape`` (an ``out=`` argument), or None without a
+    workspace."""
     return None if work is None else work.get(key, torch.Size(shape), like)
 
 
@@ -219,10 +220,10 @@ def backward(
     work: Optional[Workspace] = None,
     tag: str = '',
 ):
-    """Reverse pass of :func:`forward` for the upstream gradients dg (S, n) of g and dgrad (S, k, d)
-    of the input gradient. With ``out`` (the flat gradient buffer, :func:`split` layout): writes
-    the parameter gradients there and returns it; without: returns the gradient with respect to
-    the points x (S, n, d) (value rows only). work / tag: as in :func:`forward`."""
+    """Reverse pass of :func:`forward` for the upstream gradients dg (S, n) of g and dgrad (S, k,
+    d) of the input gradient. With ``out`` (the flat gradient buffer, :func:`split` layout): writes
+    the parameter gradients there and returns it; without: returns the gradient with respect to the
+    points x (S, n, d) (value rows only). work / tag: as in :func:`forward`."""
     s, n = dg.shape
     tangents = dgrad is not None
     h2 = ws[1].shape[2]

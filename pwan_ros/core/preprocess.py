@@ -93,9 +93,9 @@ def clean_points(points, name: str) -> CleanPoints:
     if far.any():
         r_max = float(np.abs(pts[far]).max())
         warnings.warn(
-            f'{name}: {int(far.sum())} of {pts.shape[0]} points lie more than {FAR_OUTLIER_FACTOR:g}x '
-            f'the median spread from the median (up to {r_max:.3g} in the input units) and are left '
-            'out of the estimation',
+            f'{name}: {int(far.sum())} of {pts.shape[0]} points lie more than '
+            f'{FAR_OUTLIER_FACTOR:g}x the median spread from the median (up to {r_max:.3g} in the '
+            'input units) and are left out of the estimation',
             RuntimeWarning,
             stacklevel=3,
         )
@@ -138,7 +138,8 @@ def voxel_downsample(points: np.ndarray, voxel: float) -> np.ndarray:
     cells = (points - points.min(axis=0)) / voxel
     if not float(cells.max(initial=0.0)) < 2.0**52:
         raise PwanInputError(
-            f'voxel_size {voxel:g} is too small for a set spanning {float(np.ptp(points, axis=0).max()):g}'
+            f'voxel_size {voxel:g} is too small for a set spanning '
+            f'{float(np.ptp(points, axis=0).max()):g}'
         )
     keys = np.floor(cells).astype(np.int64)
     _, inverse, counts = np.unique(keys, axis=0, return_inverse=True, return_counts=True)

@@ -38,7 +38,8 @@ class Problem:
 
     @property
     def src_fit(self) -> np.ndarray:
-        """Source points used in the estimation (far outliers left out), after the init transform."""
+        """Source points used in the estimation (far outliers left out), after the init
+        transform."""
         return self.src_init if self.src.core is None else self.src_init[self.src.core]
 
     @property
@@ -85,12 +86,14 @@ def finetune_set(points: np.ndarray, cap: int, rng: np.random.Generator):
 
 
 def threshold(config: RegistrationConfig, ref_points: np.ndarray) -> float:
-    """Distance threshold h in caller units: given, or 2x the median NN spacing of ``ref_points``."""
+    """Distance threshold h in caller units: given, or 2x the median NN spacing of
+    ``ref_points``."""
     if config.distance_threshold is not None:
         return float(config.distance_threshold)
     h = 2.0 * median_spacing(ref_points)
     if not h > 0:
         raise PwanInputError(
-            'cannot derive a distance threshold (duplicate reference points); set distance_threshold'
+            'cannot derive a distance threshold (duplicate reference points); set '
+            'distance_threshold'
         )
     return h

@@ -26,7 +26,8 @@ from .preprocess import Normaliser
 
 __all__ = ['FINETUNE_SUBSET_SEED', 'PreparedReference', 'ReferenceCache', 'ScaledSearch']
 
-#: offset of the seed of the fine-tune's reference subset (references above 2 x finetune.max_points)
+#: offset of the seed of the fine-tune's reference subset (references above 2 x
+#: finetune.max_points)
 FINETUNE_SUBSET_SEED = 41
 
 
@@ -102,8 +103,8 @@ class PreparedReference:
         normal_neighbors: Optional[int],
         device: Optional[torch.device] = None,
     ):
-        """(xr (q, d) normalised, search over it answering normalised queries, normals (q, d) or None)
-        of the fine-tune: ``cap`` reference points at most (0 = all), normals from
+        """(xr (q, d) normalised, search over it answering normalised queries, normals (q, d) or
+        None) of the fine-tune: ``cap`` reference points at most (0 = all), normals from
         ``normal_neighbors`` neighbours (None = none), the search a k-d tree (device None) or a
         :class:`nearest.TorchNearest` on ``device``."""
         key, idx, centred, tree = self._subset(cap, seed)

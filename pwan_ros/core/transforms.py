@@ -17,7 +17,8 @@ from torch import nn
 
 
 def _quadratic_form() -> torch.Tensor:
-    """(16, 9): R.ravel() = (q q^T).ravel() @ C / |q|^2 for a quaternion q = (w, x, y, z) (any norm)."""
+    """(16, 9): R.ravel() = (q q^T).ravel() @ C / |q|^2 for a quaternion q = (w, x, y, z) (any
+    norm)."""
     c = torch.zeros(4, 4, 3, 3, dtype=torch.float64)
     w, x, y, z = range(4)
     for k, sign in ((w, 1), (x, 1), (y, -1), (z, -1)):

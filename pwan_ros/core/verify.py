@@ -19,7 +19,8 @@ then weighs no more than any other surface. The gate is g = 1.5 judging voxels.
   ``RIVAL_MARGIN`` more of the source lies on the reference (the result is not the fit its data
   shows: a slide, "no motion" kept by a sampling pattern, an early stop), or at a *distinct* pose
   (points moved by more than ``RIVAL_DISTINCT`` gates RMS) with at least the result's overlap
-  minus ``RIVAL_MARGIN`` (not the only fit: a plane, a corridor, a featureless road, a
+  minus ``RIVAL_MARGIN``, or explaining beyond chance at least ``1 - RIVAL_RATIO`` of what the
+  result explains (not the only fit: a plane, a corridor, a featureless road, a
   symmetric object).
 
 ``status`` is 'refused' with the reason when a test fails. The thresholds are fractions of the
@@ -42,22 +43,28 @@ __all__ = ['PoseCheck', 'check_pose', 'judging_voxel', 'MIN_EXCESS_OVERLAP', 'RI
 
 #: refuse when less than this fraction of the source lies on the reference beyond chance
 MIN_EXCESS_OVERLAP = 0.05
-#: the rival search: GICP starts these many gates away along each axis and turned this much about each
+#: the rival search: GICP starts these many gates away along each axis and turned this much about
+#: each
 RIVAL_REACH = (8.0, 32.0)
 RIVAL_TURN_DEG = 15.0
 #: refuse when a distinct rival pose puts at least the result's overlap minus this on the reference
 RIVAL_MARGIN = 0.05
+#: ... or explains at least (1 - this) of what the result explains beyond chance (the margin a
+#: global search's confidence asks of its runner-up, GlobalConfig.min_confidence): at a low
+#: overlap two poses a few points apart are not told apart by the data
+RIVAL_RATIO = 0.2
 #: a rival is distinct when it moves the source points by more than this many gates (RMS)
 RIVAL_DISTINCT = 2.0
-#: the judging voxel shrinks (by 1.5x, at most MAX_REFINE times) until random places in the source's
-#: box are within the gate of the reference at most this often (a small or sparse cloud)
+#: the judging voxel shrinks (by 1.5x, at most MAX_REFINE times) until random places in the
+#: source's box are within the gate of the reference at most this often (a small or sparse cloud)
 MAX_CHANCE = 0.5
 MAX_REFINE = 8
 #: fewer judged source points than this cannot vouch for a pose
 MIN_JUDGED = 10
 #: source points used by the check (a random subset of the voxelised moved source)
 CHECK_POINTS = 4000
-#: the judging voxel leaves at most this many voxels with two or more reference points (:func:`judging_voxel`)
+#: the judging voxel leaves at most this many voxels with two or more reference points
+#: (:func:`judging_voxel`)
 JUDGE_POINTS = 10000
 
 
@@ -271,11 +278,12 @@ def check_pose(
     if rival is None:
         return PoseCheck('ok', '', overlap, chance, excess, nan, nan, voxel, g)
     label, rival_overlap, shift, rival_t = rival
-    if rival_overlap >= overlap - RIVAL_MARGIN:
+    rival_excess = (rival_overlap - chance) / (1.0 - chance) if chance < 1.0 else 0.0
+    if rival_overlap >= overlap - RIVAL_MARGIN or rival_excess >= (1.0 - RIVAL_RATIO) * excess:
         return PoseCheck(
             'refused',
-            f'a pose {shift:.3g} away (GICP {label}) fits about as well (the data does not '
-            f'pin the pose down): {rival_overlap:.0%} of the source within {g:.3g} of the reference '
+            f'a pose {shift:.3g} away (GICP {label}) fits about as well (the data does not pin '
+            f'the pose down): {rival_overlap:.0%} of the source within {g:.3g} of the reference '
             f'against {overlap:.0%}',
             overlap,
             chance,

@@ -24,13 +24,13 @@ VOTED_ON = 4096
 def voted_translation(
     source: np.ndarray, reference: np.ndarray, rotation: np.ndarray, cell: float
 ) -> tuple:
-    """(translation (3,), votes): where ``source`` points (n, 3), turned by ``rotation`` (3, 3), meet
-    ``reference`` points (m, 3) most often: every pair votes for ``q - R p``, the votes are binned
-    in cubes of side ``cell``, and the mean vote of the fullest bin is returned with its count.
-    Uniform outliers and the parts that do not overlap spread their votes thinly. (A plane's votes
-    fill a plane of bins: in a room the fullest bin can be a slide along the floor, which the global
-    search's refusal rules are for.) The cell is at least 1/4096 of the votes' span (duplicate
-    points give a zero spacing). Cost: n m votes. Empty input: (zeros, 0)."""
+    """(translation (3,), votes): where ``source`` points (n, 3), turned by ``rotation`` (3, 3),
+    meet ``reference`` points (m, 3) most often: every pair votes for ``q - R p``, the votes are
+    binned in cubes of side ``cell``, and the mean vote of the fullest bin is returned with its
+    count. Uniform outliers and the parts that do not overlap spread their votes thinly. (A plane's
+    votes fill a plane of bins: in a room the fullest bin can be a slide along the floor, which the
+    global search's refusal rules are for.) The cell is at least 1/4096 of the votes' span
+    (duplicate points give a zero spacing). Cost: n m votes. Empty input: (zeros, 0)."""
     if len(source) == 0 or len(reference) == 0:
         return np.zeros(3), 0
     turned = source @ rotation.T
@@ -65,9 +65,9 @@ def start_translations(
     cell: float,
     seed: int = 0,
 ) -> List[Tuple[np.ndarray, int]]:
-    """[(translation (3,), votes)] per rotation (3, 3) of ``rotations``: :func:`voted_translation` of
-    :data:`VOTERS` source points against at most :data:`VOTED_ON` reference points (m, 3) (seeded
-    samples: the votes of one rotation fit in a few MB)."""
+    """[(translation (3,), votes)] per rotation (3, 3) of ``rotations``: :func:`voted_translation`
+    of :data:`VOTERS` source points against at most :data:`VOTED_ON` reference points (m, 3)
+    (seeded samples: the votes of one rotation fit in a few MB)."""
     rng = np.random.default_rng(seed)
     voters = source[rng.choice(len(source), min(VOTERS, len(source)), replace=False)]
     targets = (

@@ -1,1 +1,2 @@
-"""Evaluation on bags: metrics, plots, replay over DDS, offline runs, LiDAR simulator, PCD to bag."""
+"""Evaluation on bags: metrics, plots, replay over DDS, offline runs, LiDAR simulator, PCD to
+bag."""

@@ -45,7 +45,8 @@ RUN_KEYS = (
 @dataclass(frozen=True)
 class RunSummary:
     """One run: ``name`` (JSON key), ``label`` (table/plot), its evaluation (None if skipped), its
-    record, the stamps (s) where it lost track, and ``skipped``: why it did not run ('' if it ran)."""
+    record, the stamps (s) where it lost track, and ``skipped``: why it did not run ('' if it
+    ran)."""
 
     name: str
     label: str

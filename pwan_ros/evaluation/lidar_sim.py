@@ -123,9 +123,9 @@ class SimConfig:
 
 @dataclass(frozen=True)
 class SimScan:
-    """One scan: ``xyz`` (N, 3) float32 in base_link, ``extras`` (N,) intensity/ring, ``pose`` T_world_base;
-    ``event``: the stress event it carries ('' / 'burst' / 'glitch'); ``blackout``: the sensor
-    delivered nothing (the scan is not written to the bag, its ground truth is)."""
+    """One scan: ``xyz`` (N, 3) float32 in base_link, ``extras`` (N,) intensity/ring, ``pose``
+    T_world_base; ``event``: the stress event it carries ('' / 'burst' / 'glitch'); ``blackout``:
+    the sensor delivered nothing (the scan is not written to the bag, its ground truth is)."""
 
     stamp_ns: int
     xyz: np.ndarray
@@ -200,7 +200,8 @@ def _rot(roll, pitch, yaw) -> np.ndarray:
 
 
 def ground_truth_pose(s: float, cfg: SimConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(T_world_base 4x4, body-frame linear velocity m/s, body-frame angular velocity rad/s) at time s."""
+    """(T_world_base 4x4, body-frame linear velocity m/s, body-frame angular velocity rad/s) at
+    time s."""
     h = 1e-3
     p0, p1, p2 = _path(np.array([s - h, s, s + h]), cfg)
     vel = (p2 - p0) / (2 * h)

@@ -18,7 +18,7 @@ CLI (writes ``summary.json``, ``trajectory_est.tum``, ``trajectory.png`` into ``
 
     pwan_evaluate --run OUT/run.json --bag BAG                  # after pwan_replay
     pwan_evaluate --est est.tum --gt-file gt.txt                # two pose files
-    pwan_evaluate --est recorded_bag --bag BAG                  # /odometry recorded with ros2 bag record
+    pwan_evaluate --est recorded_bag --bag BAG                  # /odometry from ros2 bag record
     pwan_evaluate --offline --bag BAG [BAG ...] [--estimator icp|module:factory]
     options: --topic /points --gt-topic /ground_truth --frame base_link --align se3 --json
 """
@@ -51,7 +51,8 @@ __all__ = [
     'SUMMARY_KEYS',
 ]
 
-#: Keys every summary.json has (values may be null when not measurable, e.g. latency of a pose file).
+#: Keys every summary.json has (values may be null when not measurable, e.g. latency of a pose
+#: file).
 SUMMARY_KEYS = (
     'scans',
     'scans_dropped',
@@ -193,7 +194,8 @@ def evaluate(est: Trajectory, gt: Trajectory, cfg: EvalConfig = EvalConfig()) ->
     logging.getLogger('evo').setLevel(logging.WARNING)
     if len(est) < 2 or len(gt) < 2:
         raise EvaluationError(
-            f'need at least 2 poses in each trajectory (estimate {len(est)}, ground truth {len(gt)})'
+            f'need at least 2 poses in each trajectory (estimate {len(est)}, ground truth '
+            f'{len(gt)})'
         )
     try:
         ref_s, est_s = sync.associate_trajectories(_evo(gt), _evo(est), max_diff=cfg.max_dt)
@@ -296,7 +298,8 @@ def make_summary(result: EvalResult, run: RunRecord | None = None, **extra) -> d
 
 
 def plot(result: EvalResult, path, title: str = '') -> pathlib.Path:
-    """PNG: top view (x, y) of ground truth and aligned estimate; ATE and per-frame RPE over time."""
+    """PNG: top view (x, y) of ground truth and aligned estimate; ATE and per-frame RPE over
+    time."""
     import matplotlib
 
     matplotlib.use('Agg')
@@ -350,7 +353,8 @@ def write_outputs(
     title: str = '',
     **extra,
 ) -> tuple[dict, pathlib.Path]:
-    """Write trajectory_est.tum, trajectory.png and summary.json into ``output``; (summary, json path)."""
+    """Write trajectory_est.tum, trajectory.png and summary.json into ``output``; (summary, json
+    path)."""
     output = pathlib.Path(output)
     tum = write_tum(output / 'trajectory_est.tum', est)
     png = plot(result, output / 'trajectory.png', title)
@@ -376,7 +380,8 @@ def format_table(summary: dict) -> str:
         ('median latency', f"{fmt(summary['median_latency_ms'], '.1f')} ms"),
         (
             'ATE RMSE',
-            f"{summary['ate_rmse_m']:.3f} m  (align {summary['align']}, {summary['matched']} poses)",
+            f"{summary['ate_rmse_m']:.3f} m  (align {summary['align']}, {summary['matched']} "
+            "poses)",
         ),
         (
             'RPE per frame',
@@ -384,8 +389,9 @@ def format_table(summary: dict) -> str:
         ),
         (
             'RPE drift',
-            f"{fmt(summary['rpe_trans_pct'], '.2f')} %, {fmt(summary['rpe_rot_deg_per_m'], '.4f')} deg/m "
-            f"(lengths {', '.join(f'{v:g}' for v in summary['rpe_lengths_m'])} m)",
+            f"{fmt(summary['rpe_trans_pct'], '.2f')} %, "
+            f"{fmt(summary['rpe_rot_deg_per_m'], '.4f')} deg/m (lengths "
+            f"{', '.join(f'{v:g}' for v in summary['rpe_lengths_m'])} m)",
         ),
         ('path', f"{summary['path_length_m']:.1f} m in {summary['duration_s']:.1f} s"),
     ]

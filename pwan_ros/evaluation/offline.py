@@ -131,7 +131,8 @@ def load_estimator(spec: str) -> Estimator:
 def run_offline(
     bag, estimate: Estimator, topic: str = '/points', max_scans: int | None = None
 ) -> RunRecord:
-    """Run ``estimate`` on every scan of ``topic`` in ``bag`` (in order); latency = estimate() wall time."""
+    """Run ``estimate`` on every scan of ``topic`` in ``bag`` (in order); latency = estimate() wall
+    time."""
     stamps, poses, latencies = [], [], []
     published = 0
     t_start = time.perf_counter()

@@ -17,7 +17,8 @@ CLI::
 
     pwan_replay --bag BAG --output DIR [--rate 1.0] [--topics /points,/clock] \
                 [--odom-topic /odometry] [--remap /velodyne_points:=/points]
-    # writes DIR/run.json + DIR/trajectory_est.tum; then: pwan_evaluate --run DIR/run.json --bag BAG
+    # writes DIR/run.json + DIR/trajectory_est.tum;
+    # then: pwan_evaluate --run DIR/run.json --bag BAG
 
 On a ROS machine ``ros2 bag play BAG --clock`` plus any recorder does the same job.
 """
@@ -112,7 +113,8 @@ def message_class(msgtype: str):
 
 
 def _header_stamp_ns(raw: bytes) -> int:
-    """Header stamp of a CDR message whose first field is std_msgs/Header (after the 4-byte encapsulation)."""
+    """Header stamp of a CDR message whose first field is std_msgs/Header (after the 4-byte
+    encapsulation)."""
     order = '<' if raw[1] == 1 else '>'
     sec, nsec = struct.unpack_from(order + 'iI', raw, 4)
     return sec * 1_000_000_000 + nsec

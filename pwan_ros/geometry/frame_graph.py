@@ -28,8 +28,8 @@ class FrameGraph:
             )
 
     def lookup(self, target: str, source: str) -> Optional[np.ndarray]:
-        """(4, 4) ``T_target_source`` (maps points in ``source`` into ``target``), or None if no chain
-        of edges connects them."""
+        """(4, 4) ``T_target_source`` (maps points in ``source`` into ``target``), or None if no
+        chain of edges connects them."""
         target, source = target.lstrip('/'), source.lstrip('/')
         if target == source:
             return np.eye(4)

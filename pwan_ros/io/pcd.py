@@ -91,7 +91,8 @@ def _layout(h: PcdHeader, path) -> tuple[list[FieldSpec], int, np.dtype]:
         code = _PCD_TYPES.get((kind, size))
         if code is None:
             raise PcdError(
-                f"{path}: field '{name}' has TYPE {kind} SIZE {size}, which PointCloud2 cannot hold"
+                f"{path}: field '{name}' has TYPE {kind} SIZE {size}, which PointCloud2 cannot "
+                "hold"
             )
         if name != '_':
             specs.append(FieldSpec(name, offset, code, count))

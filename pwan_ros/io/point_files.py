@@ -86,7 +86,8 @@ def _read_o3d(path: str, ext: str, gz: bool) -> np.ndarray:
 
 
 def _read_pcd_xyz(path: str) -> np.ndarray:
-    """x, y, z of a PCD file through the package's one PCD reader (:func:`pwan_ros.io.pcd.read_pcd`)."""
+    """x, y, z of a PCD file through the package's one PCD reader
+    (:func:`pwan_ros.io.pcd.read_pcd`)."""
     from pwan_ros.io.pcd import PcdError, read_pcd
     from pwan_ros.io.pointcloud2 import PointCloud2Error, read_xyz
 

@@ -14,8 +14,9 @@ others (``time_stamp``)    int / float     any of the above
 
 :func:`point_times` finds the field and returns offsets in seconds relative to the header stamp.
 The convention is read from the values, not assumed from the driver: values within 10 s of the
-header stamp (in s or ns, and nearer to it than to zero) are absolute; otherwise integers are nanoseconds and floats seconds,
-unless a float field spans more than a second (no sweep does), then nanoseconds.
+header stamp (in s or ns, and nearer to it than to zero) are absolute; otherwise integers are
+nanoseconds and floats seconds, unless a float field spans more than a second (no sweep does), then
+nanoseconds.
 """
 
 from __future__ import annotations

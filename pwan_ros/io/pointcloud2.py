@@ -12,7 +12,7 @@ Handled layouts: any field order and offsets, padding inside a point, row paddin
 Reading::
 
     xyz = read_xyz(msg, skip_nans=True)              # (N, 3) float32 (float64 if x/y/z are)
-    cloud = read_cloud(msg, skip_nans=True)          # xyz + every other field (intensity, ring, t...)
+    cloud = read_cloud(msg, skip_nans=True)          # xyz + other fields (intensity, ring, t...)
     pts = read_points(msg, ('x', 'y', 'intensity'))  # (N,) structured, like sensor_msgs_py
 
 Writing (e.g. the aligned cloud, keeping intensity etc.)::
@@ -82,7 +82,8 @@ class PointCloud2Error(ValueError):
 
 @dataclass(frozen=True)
 class FieldSpec:
-    """One ``sensor_msgs/PointField``: byte ``offset`` inside a point, ``datatype`` code, ``count``."""
+    """One ``sensor_msgs/PointField``: byte ``offset`` inside a point, ``datatype`` code,
+    ``count``."""
 
     name: str
     offset: int
@@ -157,7 +158,8 @@ def point_dtype(fields: Iterable[Any], point_step: int, is_bigendian: bool = Fal
     for f in specs:
         if f.datatype not in DATATYPE_TO_DTYPE:
             raise PointCloud2Error(
-                f"field '{f.name}' has unsupported datatype {f.datatype} (expected 1..8, INT8..FLOAT64)"
+                f"field '{f.name}' has unsupported datatype {f.datatype} (expected 1..8, "
+                "INT8..FLOAT64)"
             )
         if f.count < 1:
             raise PointCloud2Error(f"field '{f.name}' has count {f.count} (must be >= 1)")
@@ -189,7 +191,8 @@ def point_dtype(fields: Iterable[Any], point_step: int, is_bigendian: bool = Fal
 
 
 def _as_bytes(data: Any) -> np.ndarray:
-    """msg.data (array.array, bytes, numpy uint8, list of ints) -> 1-D uint8 array (no copy if possible)."""
+    """msg.data (array.array, bytes, numpy uint8, list of ints) -> 1-D uint8 array (no copy if
+    possible)."""
     if isinstance(data, np.ndarray):
         return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
     try:
@@ -219,11 +222,13 @@ def structured_view(cloud: Any) -> np.ndarray:
         return np.empty((height, width), dtype=dtype)
     if row_step < width * point_step:
         raise PointCloud2Error(
-            f'row_step {row_step} is smaller than width*point_step = {width}*{point_step} = {width * point_step}'
+            f'row_step {row_step} is smaller than width*point_step = {width}*{point_step} = '
+            f'{width * point_step}'
         )
     if data.size != row_step * height:
         raise PointCloud2Error(
-            f'data has {data.size} bytes but row_step*height = {row_step}*{height} = {row_step * height}'
+            f'data has {data.size} bytes but row_step*height = {row_step}*{height} = '
+            f'{row_step * height}'
         )
     view = np.ndarray(
         shape=(height, width), dtype=dtype, buffer=data, offset=0, strides=(row_step, point_step)

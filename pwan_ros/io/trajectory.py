@@ -44,7 +44,8 @@ class TrajectoryError(ValueError):
 
 
 def pose_from_tq(t, q_xyzw) -> np.ndarray:
-    """4x4 pose(s) from translation(s) (..., 3) and unit quaternion(s) (..., 4) in x, y, z, w order."""
+    """4x4 pose(s) from translation(s) (..., 3) and unit quaternion(s) (..., 4) in x, y, z, w
+    order."""
     t = np.asarray(t, dtype=np.float64)
     q = np.asarray(q_xyzw, dtype=np.float64)
     out = np.zeros(t.shape[:-1] + (4, 4))

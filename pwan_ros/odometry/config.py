@@ -47,8 +47,8 @@ class OdometryConfig:
 
     mode: str = param(
         'adaptive',
-        'adaptive: fast partial tracking against a keyframe, full PWAN when tracking is '
-        'lost or untrustworthy; pwan: full PWAN on every scan, warm-started (meant for a GPU); tracking: '
+        'adaptive: fast partial tracking against a keyframe, full PWAN when tracking is lost or '
+        'untrustworthy; pwan: full PWAN on every scan, warm-started (meant for a GPU); tracking: '
         'tracking only, PWAN never runs (a baseline that shows what PWAN recovers)',
         choices=MODES,
     )

@@ -34,7 +34,8 @@ def velocity_of(delta: np.ndarray, dt: float) -> Velocity:
 
 
 def motion_over(velocity: Velocity, dt: float) -> np.ndarray:
-    """(4, 4) pose of the sensor ``dt`` seconds later in its current frame: [exp(omega dt), v dt]."""
+    """(4, 4) pose of the sensor ``dt`` seconds later in its current frame: [exp(omega dt), v
+    dt]."""
     out = np.eye(4)
     out[:3, :3] = Rotation.from_rotvec(velocity.angular * dt).as_matrix()
     out[:3, 3] = velocity.linear * dt

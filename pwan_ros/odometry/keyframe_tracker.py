@@ -70,7 +70,8 @@ class TrackResult:
 def match_quality(
     target: PreparedCloud, points: np.ndarray, transform: np.ndarray, h: float
 ) -> MatchQuality:
-    """Partial-matching quality of ``points`` (M, 3), moved by ``transform``, against ``target``."""
+    """Partial-matching quality of ``points`` (M, 3), moved by ``transform``, against
+    ``target``."""
     moved = transform_points(transform, points)
     _, sq = target.tree.batch_nearest_neighbor_search(moved)
     dist = np.sqrt(np.asarray(sq, dtype=np.float64))

@@ -63,8 +63,9 @@ class Odometer:
         offsets: Optional[np.ndarray] = None,
     ) -> OdometryUpdate:
         """Register one scan. points: (N, 3) in ``frame`` (metres); stamp: seconds; t_base_sensor:
-        (4, 4) ``T_base_frame``; offsets: (N,) per-point times in seconds from ``stamp`` (deskew). Raises :class:`~pwan_ros.odometry.pipeline.ScanError` for a scan
-        that cannot be registered (state unchanged except for a restart it triggered)."""
+        (4, 4) ``T_base_frame``; offsets: (N,) per-point times in seconds from ``stamp`` (deskew).
+        Raises :class:`~pwan_ros.odometry.pipeline.ScanError` for a scan that cannot be registered
+        (state unchanged except for a restart it triggered)."""
         notices = []
         if self._frame is not None and frame != self._frame:
             notices.append(

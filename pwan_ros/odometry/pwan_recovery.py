@@ -93,9 +93,10 @@ class PwanAligner:
     ) -> RegistrationResult:
         """Register source onto reference (metres) from an unknown pose: the core's
         ``init='global'`` (feature hypotheses chosen and refined by the partial objective); the
-        result's ``status`` says whether it is trustworthy. Both clouds are in their sensors' frames
-        (the scan; the keyframe's local map in the newest keyframe's), so the free space the sensors
-        saw rejects poses that geometry alone cannot tell apart (``viewpoints='origin'``)."""
+        result's ``status`` says whether it is trustworthy. Both clouds are in their sensors'
+        frames (the scan; the keyframe's local map in the newest keyframe's), so the free space the
+        sensors saw rejects poses that geometry alone cannot tell apart
+        (``viewpoints='origin'``)."""
         cache = self.reference_cache
         kwargs = {} if cache is None else {'reference_cache': cache}
         return register(

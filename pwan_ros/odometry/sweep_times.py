@@ -96,9 +96,9 @@ class SweepClock:
         limit = self.max_sweep_s
         if hi - lo > limit or max(abs(lo), abs(hi)) > limit:
             return self._refuse(
-                f"time field '{times.field}' ({times.convention}) does not describe one sweep at the "
-                f'header stamp: its points lie {lo:+.3f}..{hi:+.3f} s from it, a sweep here lasts at '
-                f'most {limit:.3f} s'
+                f"time field '{times.field}' ({times.convention}) does not describe one sweep at "
+                f"the header stamp: its points lie {lo:+.3f}..{hi:+.3f} s from it, a sweep here "
+                f"lasts at most {limit:.3f} s"
             )
         median = float(np.median(offsets[finite]))
         sweep = stamp + median

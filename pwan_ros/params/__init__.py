@@ -1,5 +1,6 @@
 """Typed parameters: each config field declares its default, description and range once; config
-validation, ROS parameter descriptors, CLI flags, YAML files and the docs tables are read from it."""
+validation, ROS parameter descriptors, CLI flags, YAML files and the docs tables are read from
+it."""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ class FieldSpec:
     high_open: bool = False
 
     def range_text(self) -> str:
-        """The allowed values in words: ``'a | b'``, ``'[0, 1]'``, ``'(0, 1]'``, ``'>= 1'`` or ``''``."""
+        """The allowed values in words: ``'a | b'``, ``'[0, 1]'``, ``'(0, 1]'``, ``'>= 1'`` or
+        ``''``."""
         if self.choices:
             return ' | '.join(self.choices)
         if self.low is None and self.high is None:

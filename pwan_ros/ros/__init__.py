@@ -1,1 +1,2 @@
-"""ROS 2 nodes and their helpers: the only package modules that import rclpy (with the replay tool)."""
+"""ROS 2 nodes and their helpers: the only package modules that import rclpy (with the replay
+tool)."""

@@ -6,8 +6,8 @@ and the keys of ``config/adapt.yaml``) plus ``labelled``, ``unlabelled``, ``outp
 ``diagnostic_msgs/DiagnosticArray`` on ``/diagnostics`` (status name ``adapt_node: training``;
 key/values step, steps, loss, ce, w1, entropy, m_alpha, lr, state, and after evaluations
 unlabelled_entropy / accuracy; the final one also deployed / deployed_reason: which model
-model.ts holds, adapted or source_only, and why), writes the outputs of :func:`run_adaptation`, and exits when
-done (status 0). SIGINT/SIGTERM stop training after the current step, write
+model.ts holds, adapted or source_only, and why), writes the outputs of :func:`run_adaptation`, and
+exits when done (status 0). SIGINT/SIGTERM stop training after the current step, write
 ``checkpoints/latest.pt`` and exit 0; invalid parameters or inputs, or an output that cannot be
 written (read-only or full disk), exit 2 with a clear log line (and ``state: error`` on
 /diagnostics once training was started).

@@ -41,7 +41,8 @@ NAME = 'pwan_classifier'
 
 
 class ClassifierNode(Node):
-    """The ``pwan_classifier`` node. Raises AdaptError for invalid parameters or an unusable model."""
+    """The ``pwan_classifier`` node. Raises AdaptError for invalid parameters or an unusable
+    model."""
 
     def __init__(self, **kwargs):
         super().__init__(NAME, **kwargs)
@@ -78,8 +79,9 @@ class ClassifierNode(Node):
         self.timer = self.create_timer(cfg.status_period, self.publish_status)
         c = self.classifier
         self.get_logger().info(
-            f"{NAME} ready: model='{c.path}' dim={c.dim} classes={c.num_classes} device={c.device} "
-            f'features={self.sub.topic_name} ({cfg.reliability}, depth {cfg.queue_depth}) -> class_id, confidence'
+            f"{NAME} ready: model='{c.path}' dim={c.dim} classes={c.num_classes} "
+            f"device={c.device} features={self.sub.topic_name} ({cfg.reliability}, depth "
+            f"{cfg.queue_depth}) -> class_id, confidence"
             + (', class_name' if self.name_pub is not None else '')
             + ', prediction'
         )
@@ -118,7 +120,8 @@ class ClassifierNode(Node):
             self.counts['skipped'] += 1
             self._warn(
                 'input',
-                f"features message {index} skipped: {exc} ({self.counts['skipped']} skipped so far)",
+                f"features message {index} skipped: {exc} ({self.counts['skipped']} skipped so "
+                "far)",
             )
             return
         except Exception as exc:  # never let one message kill the node

@@ -68,8 +68,8 @@ def declare_config(
     ``renamed`` (old name -> new name): the old names are declared too, typed but without a value,
     so that a parameter file or ``-p`` still using one is honoured: its value becomes the new
     parameter's value, over any value the new name has (the shipped YAML lists every new name, so
-    an old name on top of it was set on purpose). ``notes``: one line per old name used, for the log.
-    Type and range errors raise rclpy's InvalidParameterTypeException /
+    an old name on top of it was set on purpose). ``notes``: one line per old name used, for the
+    log. Type and range errors raise rclpy's InvalidParameterTypeException /
     InvalidParameterValueException."""
     table = specs(cls)
     inherited: Dict[str, Any] = {}

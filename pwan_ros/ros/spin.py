@@ -32,8 +32,9 @@ def spin_node(
     args: Optional[Sequence[str]] = None,
     error_prefix: str = '',
 ) -> int:
-    """Init rclpy with ``args``, build the node with ``make_node()`` and spin it; returns the exit code.
-    ``errors``: the node's configuration errors, printed as ``prog: error_prefix message``."""
+    """Init rclpy with ``args``, build the node with ``make_node()`` and spin it; returns the exit
+    code. ``errors``: the node's configuration errors, printed as ``prog: error_prefix
+    message``."""
     problem = params_file_problem(sys.argv if args is None else args)
     if problem:
         print(f'{prog}: {problem}', file=sys.stderr)

@@ -152,7 +152,8 @@ class Driver(Node):
     def __init__(self, sensor_qos=False):
         super().__init__('scan_driver')
         qos = QoSProfile(depth=5, reliability=ReliabilityPolicy.RELIABLE)
-        # a lidar driver publishes with the sensor-data profile (best effort); a bag player reliably
+        # a lidar driver publishes with the sensor-data profile (best effort); a bag player
+        # reliably
         self.pub = self.create_publisher(
             PointCloud2, 'points', qos_profile_sensor_data if sensor_qos else qos
         )

@@ -1,6 +1,7 @@
-"""A minimal node that hears ``points`` through :class:`pwan_ros.ros.scan_subscription.ScanSubscription`
-(the odometry node's subscription) and answers each scan at once with an Odometry carrying its
-stamp: the start-up race of the subscription, without the cost of registering scans.
+"""A minimal node that hears ``points`` through
+:class:`pwan_ros.ros.scan_subscription.ScanSubscription` (the odometry node's subscription) and
+answers each scan at once with an Odometry carrying its stamp: the start-up race of the
+subscription, without the cost of registering scans.
 
   python scan_listener.py --reliability auto
 """

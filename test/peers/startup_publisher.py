@@ -48,7 +48,8 @@ class Publisher(Node):
             if reliability == 'reliable'
             else ReliabilityPolicy.BEST_EFFORT
         )
-        # rosbag2's player: reliable, keep last; a driver's sensor-data profile: best effort, depth 5
+        # rosbag2's player: reliable, keep last; a driver's sensor-data profile: best effort, depth
+        # 5
         self.pub = self.create_publisher(
             PointCloud2,
             'points',
