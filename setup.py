@@ -20,20 +20,6 @@ def _files(pattern):
     return sorted(f for f in glob.glob(pattern) if os.path.isfile(f))
 
 
-#: the 0.1 executable names, kept as aliases for one release
-OLD_EXECUTABLES = {
-    'register_node': 'pwan_ros.ros.odometry_node:main',
-    'adapt_node': 'pwan_ros.ros.adapt_node:main',
-    'pwan-register': 'pwan_ros.cli.register:main',
-    'pwan-adapt': 'pwan_ros.cli.adapt:main',
-    'pwan-adapt-import': 'pwan_ros.cli.adapt:import_main',
-    'pwan-sim': 'pwan_ros.cli.sim:main',
-    'pwan-replay': 'pwan_ros.cli.replay:main',
-    'pwan-evaluate': 'pwan_ros.cli.evaluate:main',
-    'pwan-pcd2bag': 'pwan_ros.cli.pcd2bag:main',
-    'pwan-demo': 'pwan_ros.cli.demo:main',
-}
-
 setup(
     name=package_name,
     version='0.1.0',
@@ -104,7 +90,6 @@ setup(
             'pwan_evaluate = pwan_ros.cli.evaluate:main',
             'pwan_pcd2bag = pwan_ros.cli.pcd2bag:main',
             'pwan_demo = pwan_ros.cli.demo:main',
-        ]
-        + [f'{old} = {target}' for old, target in OLD_EXECUTABLES.items()],
+        ],
     },
 )

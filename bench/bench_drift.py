@@ -126,7 +126,7 @@ def run_pwan(xyz, stamps, cfg: OdometryConfig):
     poses, lat, paths, n_kf, map_pts = [], [], [], 0, []
     for pts, t in zip(xyz, stamps):
         if pipe.keyframe is not None:
-            map_pts.append(len(pipe.keyframe.cloud))
+            map_pts.append(len(pipe.keyframe.local_map))
         t0 = time.perf_counter()
         est = pipe.process(pts, float(t))
         lat.append((time.perf_counter() - t0) * 1e3)

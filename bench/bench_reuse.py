@@ -148,7 +148,7 @@ def main(argv=None) -> int:
     )
     kf = OdometryPipeline(OdometryConfig(scan_voxel_size=0.25))
     kf.process(scans[0], 0.0)
-    pts = kf.keyframe.cloud.points
+    pts = kf.keyframe.local_map.points
     print(
         f'\npreparing one keyframe ({len(pts)} points: fine-tune tree + normals + tree of the '
         f'result): {prepare_cost(pts):.1f} ms'

@@ -15,18 +15,25 @@ from launch.actions import DeclareLaunchArgument
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
+from pwan_ros.adaptation.config import AdaptIO
+from pwan_ros.params import specs
+
+#: the run's inputs and outputs, passed to the node over the params file's values
+IO_ARGUMENTS = ('labelled', 'unlabelled', 'output', 'resume')
+
 
 def generate_launch_description():
     default_params = os.path.join(get_package_share_directory('pwan_ros'), 'config', 'adapt.yaml')
+    io = specs(AdaptIO)
     args = [
         DeclareLaunchArgument(
             'params_file', default_value=default_params, description='parameter YAML'
         ),
-        DeclareLaunchArgument('labelled', description='.npz with labelled features'),
-        DeclareLaunchArgument('unlabelled', description='.npz with unlabelled features'),
-        DeclareLaunchArgument('output', description='output directory'),
+        DeclareLaunchArgument('labelled', description=io['labelled'][1].description),
+        DeclareLaunchArgument('unlabelled', description=io['unlabelled'][1].description),
+        DeclareLaunchArgument('output', description=io['output'][1].description),
         DeclareLaunchArgument(
-            'resume', default_value='false', description='continue from the latest checkpoint'
+            'resume', default_value='false', description=io['resume'][1].description
         ),
     ]
     node = Node(
@@ -37,12 +44,7 @@ def generate_launch_description():
         emulate_tty=True,
         parameters=[
             LaunchConfiguration('params_file'),
-            {
-                'labelled': LaunchConfiguration('labelled'),
-                'unlabelled': LaunchConfiguration('unlabelled'),
-                'output': LaunchConfiguration('output'),
-                'resume': LaunchConfiguration('resume'),
-            },
+            {name: LaunchConfiguration(name) for name in IO_ARGUMENTS},
         ],
     )
     return LaunchDescription(args + [node])

@@ -47,6 +47,8 @@ from launch.actions import (
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
+from pwan_ros.params import POINTS_TOPIC
+
 PACKAGE = 'pwan_ros'
 _TRUE = ('true', '1')
 _FALSE = ('false', '0')
@@ -165,7 +167,7 @@ def generate_launch_description():
             ),
             DeclareLaunchArgument(
                 'points',
-                default_value='/points',
+                default_value=POINTS_TOPIC,
                 description='input sensor_msgs/PointCloud2 topic',
             ),
             DeclareLaunchArgument(

@@ -84,13 +84,13 @@ def test_config_validation_and_yaml(tmp_path):
     cfg = AdaptConfig()
     assert cfg.method == 'pwan' and cfg.bottleneck_dim == 256
     for bad, msg in [
-        ({'steps': 0}, 'below the minimum'),
-        ({'method': 'dann'}, 'not one of'),
-        ({'lambda1': float('nan')}, 'finite'),
+        ({'steps': 0}, r"^invalid value 0 for parameter 'steps': expected an integer in \["),
+        ({'method': 'dann'}, r'expected pwan \| source_only \| wgan$'),
+        ({'lambda1': float('nan')}, r"'lambda1': expected a number in \[0, 1000000\]"),
         ({'m0': 0.5}, '>= 1'),
-        ({'device': 'gpu7'}, 'device'),
-        ({'steps': 1.5}, 'expected int'),
-        ({'no_such': 1}, 'unknown'),
+        ({'device': 'gpu7'}, r"'device': expected auto \| cpu \| cuda \| cuda:N$"),
+        ({'steps': 1.5}, "'steps': expected an integer"),
+        ({'no_such': 1}, r'^unknown parameter\(s\): no_such$'),
     ]:
         with pytest.raises(AdaptConfigError, match=msg):
             AdaptConfig.from_mapping(bad)
@@ -334,7 +334,10 @@ def test_cli_bad_input_writes_nothing(tmp_path, capsys):
     err = capsys.readouterr().err
     assert 'feature dimensions differ' in err and 'Traceback' not in err
     assert adapt_main(base + ['--lambda1', '-1']) == 2
-    assert 'lambda1: -1.0 is below the minimum' in capsys.readouterr().err
+    assert (
+        "pwan_adapt: error: invalid value -1.0 for parameter 'lambda1': expected a number in "
+        '[0, 1000000]\n'
+    ) == capsys.readouterr().err
     assert adapt_main(base[:4]) == 2
     assert 'missing required option(s): --output' in capsys.readouterr().err
     assert not out.exists()

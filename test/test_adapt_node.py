@@ -168,7 +168,15 @@ def test_node_rejects_invalid_parameters(tmp_path, ros_env):
     """All problems are reported at once, before anything is written."""
     node = subprocess.run(
         [str(NODE)]
-        + _params(tmp_path, steps=10, lambda1=1, gp_weight=-2.0, method='dann', output=None),
+        + _params(
+            tmp_path,
+            steps=10,
+            lambda1=1,
+            gp_weight=-2.0,
+            method='dann',
+            output=None,
+            batch_size_=8,
+        ),
         env=ros_env,
         capture_output=True,
         text=True,
@@ -178,8 +186,9 @@ def test_node_rejects_invalid_parameters(tmp_path, ros_env):
     for msg in (
         "invalid parameter 'lambda1': expects a double (write e.g. 1.0, not 1)",
         "invalid parameter 'gp_weight': out of range [0.0, 1000000.0]",
-        "invalid parameter 'method': method: 'dann' is not one of pwan, source_only, wgan",
+        "invalid value 'dann' for parameter 'method': expected pwan | source_only | wgan",
         "parameter 'output' is required",
+        "unknown parameter 'batch_size_'",
     ):
         assert msg in node.stderr, (msg, node.stderr)
     assert 'Traceback' not in node.stderr
@@ -223,11 +232,8 @@ def test_launch_file_and_params_file_agree_with_node():
     ]
     from pwan_ros.adaptation import AdaptConfig
 
-    assert set(params) == set(AdaptConfig.specs()) | {
-        'labelled',
-        'unlabelled',
-        'output',
-        'resume',
-        'progress_interval',
-    }
+    from pwan_ros.adaptation.config import AdaptIO
+    from pwan_ros.params import specs
+
+    assert set(params) == set(AdaptConfig.specs()) | set(specs(AdaptIO))
     compile(src, 'adapt.launch.py', 'exec')

@@ -263,6 +263,7 @@ def test_node_without_a_usable_model_exits_2_with_one_line(tmp_path, ros_env):
     for params, words in [
         (['model:=' + str(tmp_path / 'missing.ts')], ('pwan_classifier', 'does not exist')),
         (['device:=cpu'], ("parameter 'model' is required",)),
+        (['modle:=x.ts'], ('unknown parameter(s): modle',)),
     ]:
         args = [a for p in params for a in ('-p', p)]
         proc = subprocess.run(

@@ -132,7 +132,7 @@ def test_affine_and_nonrigid_recover_a_large_translation():
 
 def test_finetune_cap_warns():
     """The fine-tune's iteration cap (raised from 60 to 300: on a real street scan with
-    `--voxel 0.25` it stopped 0.5 m short, silently) warns when it is hit."""
+    `--voxel-size 0.25` it stopped 0.5 m short, silently) warns when it is hit."""
     from pwan_ros.core import refine
 
     ref = room()
@@ -277,7 +277,7 @@ def test_cli_voxel_and_output_in_metres(tmp_path, pair):
     p = cli(
         tmp_path / 'src.npy',
         tmp_path / 'ref.npy',
-        '--voxel',
+        '--voxel-size',
         0.25,
         '--json',
         '-q',

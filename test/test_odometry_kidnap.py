@@ -43,7 +43,7 @@ def test_global_recovery_finds_a_kidnapped_robot():
     # the global registration alone, as the recovery calls it: the scan onto the keyframe's map
     scan = kid.xyz.astype(float) @ turn[:3, :3]
     scan = scan[np.isfinite(scan).all(1)]
-    res = PwanAligner(OdometryConfig()).align_global(scan, keyframe.cloud.points)
+    res = PwanAligner(OdometryConfig()).align_global(scan, keyframe.local_map.points)
     err = invert(invert(keyframe.pose) @ t_odom_kid) @ res.transform
     assert res.status == 'ok', res.reason
     assert np.degrees(rotation_angle(err)) < 1.0 and np.linalg.norm(err[:3, 3]) < 0.15, err

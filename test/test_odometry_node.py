@@ -177,6 +177,9 @@ def test_node_survives_bad_input(tmp_path, ros_env):
         ('scan_voxel_size:=fine', ['scan_voxel_size']),
         ('transform:=nonrigid', ["'transform'", 'reference_cloud']),
         ('reference_cloud:=/nonexistent/map.ply', ['reference_cloud', '/nonexistent/map.ply']),
+        # names of no release (now scan_voxel_size, pwan_steps): unknown, refused in one line
+        ('voxel_size:=0.3', ['unknown parameter(s): voxel_size']),
+        ('steps:=50', ['unknown parameter(s): steps']),
     ],
 )
 def test_node_rejects_invalid_parameters(ros_env, param, words):
@@ -201,9 +204,11 @@ def test_params_file_and_overrides_reach_the_node(tmp_path, ros_env):
     from rcl_interfaces.srv import GetParameters
 
     root = pathlib.Path(__file__).resolve().parents[1]
-    # voxel_size is the old name of scan_voxel_size: still honoured for one release, with a warning
     node = start_node(
-        ros_env, 'voxel_size:=0.3', 'mode:=pwan', params_file=root / 'config' / 'odometry.yaml'
+        ros_env,
+        'scan_voxel_size:=0.3',
+        'mode:=pwan',
+        params_file=root / 'config' / 'odometry.yaml',
     )
     env_backup = dict(os.environ)
     os.environ['ROS_DOMAIN_ID'] = ros_env['ROS_DOMAIN_ID']
@@ -238,7 +243,6 @@ def test_params_file_and_overrides_reach_the_node(tmp_path, ros_env):
         os.environ.update(env_backup)
         rc, log = stop_node(node)
     assert rc == 0, log[-2000:]
-    assert "parameter 'voxel_size' was renamed 'scan_voxel_size'" in log, log[-2000:]
 
 
 # --- launch files -------------------------------------------------------------------------
@@ -487,7 +491,7 @@ def test_launch_file_names_real_executable_and_config(fake_share):
     )
     setup = (ROOT / 'setup.py').read_text()
     assert re.search(r"'pwan_odometry_node = pwan_ros\.ros\.odometry_node:main'", setup)
-    assert re.search(r"'register_node': 'pwan_ros\.ros\.odometry_node:main'", setup)  # 0.1 alias
+    assert 'register_node' not in setup  # a name of no release
     # installed like setup.py's data_files; large clouds: Fast DDS large-data transports
     assert (
         "'/rviz', _files('rviz/*.rviz')" in setup and "'/config', _files('config/*.yaml')" in setup
@@ -498,6 +502,25 @@ def test_launch_file_names_real_executable_and_config(fake_share):
         fake_share, bagfile='b', rviz='true'
     )
     assert 'deprecat' not in (ROOT / 'launch' / 'register.launch.py').read_text().lower()
+
+
+def test_adapt_launch_passes_the_run_paths_described_by_their_specs(fake_share):
+    """adapt.launch.py (same launch fakes): the run's paths, AdaptIO parameters, reach adapt_node
+    over the installed config/adapt.yaml."""
+    from pwan_ros.adaptation.config import AdaptIO
+    from pwan_ros.params import specs
+
+    declared, launched, _ = run_launch(
+        fake_share, 'adapt.launch.py', labelled='l.npz', unlabelled='u.npz', output='out'
+    )
+    assert set(declared) == {'params_file', 'labelled', 'unlabelled', 'output', 'resume'}
+    ((kind, node),) = launched
+    assert (kind, node['executable'], node['name']) == ('Node', 'pwan_adapt_node', 'adapt_node')
+    assert node['parameters'] == [
+        str(fake_share / 'config' / 'adapt.yaml'),
+        {'labelled': 'l.npz', 'unlabelled': 'u.npz', 'output': 'out', 'resume': 'false'},
+    ]
+    assert set(node['parameters'][1]) <= set(specs(AdaptIO))
 
 
 def test_launch_defaults_keep_the_params_file_values(fake_share):

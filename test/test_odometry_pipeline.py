@@ -227,7 +227,10 @@ def test_pwan_recovers_where_tracking_fails(sim_scans):
             kf = pipe.keyframe
             scan = PreparedCloud.build(filter_scan(xyz, pipe.voxel_size, 10000).points)
             tr = track(
-                kf.cloud, scan, invert(kf.pose) @ pipe.motion.predict(s.stamp_ns * 1e-9), pipe.h
+                kf.local_map,
+                scan,
+                invert(kf.pose) @ pipe.motion.predict(s.stamp_ns * 1e-9),
+                pipe.distance_threshold,
             )
             assert pose_error(kf.pose @ tr.transform, gt)[0] > 5.0
         est = pipe.process(xyz, s.stamp_ns * 1e-9)
@@ -407,15 +410,15 @@ def test_local_map_tracks_against_the_recent_keyframes_union():
     assert rot < 0.2 and trans < 0.02, (rot, trans)
     # the map of the last 3 keyframes (B+C, C+D, A), downsampled: about the four rooms once
     kf = pipe.keyframe
-    assert kf.map_keyframes == 3 and len(kf.cloud) <= pipe.config.scan_max_points
+    assert kf.map_keyframes == 3 and len(kf.local_map) <= pipe.config.scan_max_points
     room = len(filter_scan(scan('A', 0.0, np.random.default_rng(2)), 0.2, 10**6).points)
-    assert 3.0 * room < len(kf.cloud) < 5.0 * room, (len(kf.cloud), room)
+    assert 3.0 * room < len(kf.local_map) < 5.0 * room, (len(kf.local_map), room)
 
     # two rejected scans (room E matches nothing), then a re-anchor: a new map of one keyframe
     rng = np.random.default_rng(3)
     paths = [pipe.process(scan('E', 0.6, rng), 0.4 + 0.1 * k).path for k in range(3)]
     assert paths == ['rejected', 'rejected', 'reanchor']
-    assert pipe.keyframe.map_keyframes == 1 and len(pipe.keyframe.cloud) < 1.5 * room
+    assert pipe.keyframe.map_keyframes == 1 and len(pipe.keyframe.local_map) < 1.5 * room
     est = pipe.process(scan('E', 0.8, rng), 0.7)
     assert est.accepted and est.new_keyframe and pipe.keyframe.map_keyframes == 2
 

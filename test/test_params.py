@@ -11,7 +11,7 @@ import pathlib
 import pytest
 import yaml
 
-from pwan_ros.adaptation.config import AdaptConfig, AdaptConfigError
+from pwan_ros.adaptation.config import AdaptConfig, AdaptConfigError, AdaptIO
 from pwan_ros.cli.demo import DemoConfig
 from pwan_ros.core import (
     CoherenceConfig,
@@ -26,14 +26,15 @@ from pwan_ros.evaluation.lidar_sim import SimConfig
 from pwan_ros.evaluation.metrics import EvalConfig
 from pwan_ros.evaluation.pcd_to_bag import ConvertConfig
 from pwan_ros.evaluation.replay import ReplayConfig
-from pwan_ros.odometry.config import RENAMED, ConfigError, OdometryConfig
-from pwan_ros.params import REQUIRED, FieldSpec, specs, value_type
+from pwan_ros.odometry.config import ConfigError, OdometryConfig
+from pwan_ros.params import REQUIRED, ParamSpec, specs, value_type
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = [
     (OdometryConfig, ConfigError),
     (RegistrationConfig, PwanInputError),
     (AdaptConfig, AdaptConfigError),
+    (AdaptIO, AdaptConfigError),
     (PotentialConfig, PwanInputError),
     (CoherenceConfig, PwanInputError),
     (FineTuneConfig, PwanInputError),
@@ -82,7 +83,7 @@ def test_every_field_has_a_description_and_a_range(cls):
     for f in dataclasses.fields(cls):
         if f.name in nested:
             continue
-        assert isinstance(f.metadata.get('spec'), FieldSpec), (
+        assert isinstance(f.metadata.get('spec'), ParamSpec), (
             f'{cls.__name__}.{f.name} has no spec'
         )
         spec = f.metadata['spec']
@@ -140,20 +141,51 @@ def test_odometry_yaml_holds_exactly_the_node_parameters_at_their_defaults():
     assert OdometryConfig.from_dict(params) == OdometryConfig()
 
 
-def test_adapt_yaml_keys_all_come_from_a_spec():
-    from pwan_ros.ros.adapt_node import IO_PARAMS, NODE_PARAMS
-
+def test_adapt_yaml_holds_exactly_the_node_parameters_at_their_defaults():
     params = yaml.safe_load((ROOT / 'config' / 'adapt.yaml').read_text())['adapt_node'][
         'ros__parameters'
     ]
-    assert set(params) == set(specs(AdaptConfig)) | set(IO_PARAMS) | set(NODE_PARAMS)
-    for name, value in params.items():
-        default = (
-            specs(AdaptConfig)[name][0]
-            if name in specs(AdaptConfig)
-            else {**IO_PARAMS, **NODE_PARAMS}[name][0]
-        )
-        assert type(value) is type(default), name
+    assert list(params) == list(specs(AdaptIO)) + list(specs(AdaptConfig))
+    assert AdaptConfig.from_mapping({k: params[k] for k in specs(AdaptConfig)}) == AdaptConfig()
+    assert AdaptIO(**{k: params[k] for k in specs(AdaptIO)}) == AdaptIO()
+
+
+@pytest.mark.parametrize(
+    'cls,error,name,value,words',
+    [
+        (RegistrationConfig, PwanInputError, 'max_points', 2, 'an integer >= 3'),
+        (RegistrationConfig, PwanInputError, 'device', 'tpu', 'auto | cpu | cuda | cuda:N'),
+        (PotentialConfig, PwanInputError, 'hidden', (0, 4), '2 integers >= 1'),
+        (PotentialConfig, PwanInputError, 'betas', (0.5, 1.0), '2 numbers in [0, 1)'),
+        (OdometryConfig, ConfigError, 'device', 'gpu', 'auto | cpu | cuda | cuda:N'),
+        (OdometryConfig, ConfigError, 'odom_frame', '/odom', 'without a leading slash'),
+        (AdaptConfig, AdaptConfigError, 'steps', 0, 'an integer in [1, 10000000]'),
+        (AdaptConfig, AdaptConfigError, 'device', 'gpu7', 'auto | cpu | cuda | cuda:N'),
+        (AdaptConfig, AdaptConfigError, 'm0', 0.5, '0 (estimate) or a number >= 1'),
+        (ClassifierConfig, AdaptConfigError, 'device', 'cuda:x', 'auto | cpu | cuda | cuda:N'),
+    ],
+)
+def test_an_invalid_value_is_one_line_naming_parameter_value_and_range(
+    cls, error, name, value, words
+):
+    prefix = 'potential.' if cls is PotentialConfig else ''
+    with pytest.raises(error) as info:
+        _make(cls, **{name: value})
+    text = str(info.value)
+    assert text.startswith(f"invalid value {value!r} for parameter '{prefix}{name}': expected")
+    assert words in text and '\n' not in text, text
+
+
+def test_cross_field_rules_name_the_parameter():
+    with pytest.raises(PwanInputError, match=r"^invalid value 1\.0 for parameter 'mass': "):
+        RegistrationConfig(mass=1.0, mass_ratio=0.5)
+    with pytest.raises(ConfigError, match=r"parameter 'max_range': expected 0 \(off\) or"):
+        OdometryConfig(min_range=5.0, max_range=2.0)
+    with pytest.raises(ConfigError, match=r"parameter 'transform': expected 'rigid' unless"):
+        OdometryConfig(transform='affine')
+    assert PotentialConfig(hidden=[8, 8], betas=[0, 0.5]) == PotentialConfig(
+        hidden=(8, 8), betas=(0.0, 0.5)
+    )
 
 
 def _flags(parser: argparse.ArgumentParser):
@@ -208,13 +240,39 @@ def test_tool_flags_are_the_config_fields_with_their_descriptions(module, cls):
             assert action.default == default, name
 
 
-def test_renamed_odometry_parameters_still_read_with_a_warning():
-    with pytest.warns(FutureWarning, match="'voxel_size' was renamed 'scan_voxel_size'"):
-        cfg = OdometryConfig.from_dict({'voxel_size': 0.3, 'steps': 50})
-    assert cfg.scan_voxel_size == 0.3 and cfg.pwan_steps == 50
-    with pytest.raises(ConfigError, match='give only'):
-        OdometryConfig.from_dict({'max_points': 500, 'scan_max_points': 600})
-    assert set(RENAMED.values()) <= set(specs(OdometryConfig))
+@pytest.mark.parametrize('old', ['voxel_size', 'max_points', 'steps'])
+def test_names_of_no_release_are_refused(old):
+    """voxel_size / max_points / steps (now scan_voxel_size, scan_max_points, pwan_steps) are
+    unknown parameters: one line naming them."""
+    with pytest.raises(ConfigError, match=rf'^unknown parameter\(s\): {old}$'):
+        OdometryConfig.from_dict({old: 1})
+
+
+@pytest.mark.parametrize(
+    'module,argv,flag',
+    [
+        ('register', ['a', 'b', '--distance', '0.1'], '--distance'),
+        ('register', ['a', 'b', '--voxel', '0.1'], '--voxel'),
+        ('adapt', ['--batch_size', '8'], '--batch_size'),
+        ('adapt', ['--potential_lr', '0.1'], '--potential_lr'),
+    ],
+)
+def test_old_flags_are_refused(module, argv, flag, capsys):
+    mod = importlib.import_module(f'pwan_ros.cli.{module}')
+    parser = mod._parser() if module == 'register' else mod.build_parser()
+    with pytest.raises(SystemExit) as info:
+        parser.parse_args(argv)
+    assert info.value.code == 2
+    assert f'unrecognized arguments: {flag}' in capsys.readouterr().err
+
+
+def test_old_executables_and_aliases_are_gone():
+    setup = (ROOT / 'setup.py').read_text()
+    for old in ('register_node', 'pwan-register', 'pwan-adapt', 'pwan-demo', "'adapt_node'"):
+        assert old not in setup, old
+    import pwan_ros.odometry.pipeline as pipeline
+
+    assert not hasattr(pipeline, 'ScanPipeline')
 
 
 def test_shared_names_mean_the_same_in_odometry_and_core():
@@ -254,7 +312,7 @@ def test_shared_names_mean_the_same_in_odometry_and_core():
 def test_ros_parameters_carry_the_spec_descriptions_and_ranges(ros_env, monkeypatch):
     """The running nodes' parameter descriptors are the specs (no parameter without one)."""
     import rclpy
-    from pwan_ros.ros.adapt_node import IO_PARAMS, NODE_PARAMS, AdaptNode
+    from pwan_ros.ros.adapt_node import AdaptNode
     from pwan_ros.ros.odometry_node import OdometryNode
 
     for key in ('ROS_DOMAIN_ID', 'ROS_AUTOMATIC_DISCOVERY_RANGE'):
@@ -263,13 +321,12 @@ def test_ros_parameters_carry_the_spec_descriptions_and_ranges(ros_env, monkeypa
     try:
         for node, table in (
             (OdometryNode(), specs(OdometryConfig)),
-            (AdaptNode(), {**specs(AdaptConfig), **IO_PARAMS, **NODE_PARAMS}),
+            (AdaptNode(), {**specs(AdaptConfig), **specs(AdaptIO)}),
         ):
             declared = set(node._parameters) - {'use_sim_time', 'start_type_description_service'}
-            renamed = set(RENAMED) if isinstance(node, OdometryNode) else set()
-            assert declared == set(table) | renamed
+            assert declared == set(table)
             for name in declared:
-                default, spec = table[RENAMED[name]] if name in renamed else table[name]
+                default, spec = table[name]
                 d = node.describe_parameter(name)
                 assert spec.description in d.description, name
                 rng = list(d.integer_range) + list(d.floating_point_range)

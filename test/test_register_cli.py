@@ -71,7 +71,10 @@ def test_text_output_2d_and_nan_rows(tmp_path, capsys):
     [
         (['missing.npy', 'REF'], 'no such file'),
         (['SRC', 'REF', '--mass', '1e9'], 'exceeds'),
-        (['SRC', 'REF', '--divergence', 'distance', '--distance', '-1'], 'distance_threshold'),
+        (
+            ['SRC', 'REF', '--divergence', 'distance', '--distance-threshold', '-1'],
+            "invalid value -1.0 for parameter 'distance_threshold': expected a number > 0",
+        ),
         (['SRC', 'BAD'], 'cannot parse'),
         (['SRC', 'EMPTY'], 'empty'),
     ],

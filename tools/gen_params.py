@@ -1,6 +1,6 @@
 """Regenerate what is derived from the config dataclasses' field specs (pwan_ros.params):
-config/odometry.yaml and the parameter tables in docs/. ``--check`` only reports differences
-(exit 1), as test/test_params.py does.
+config/odometry.yaml, config/adapt.yaml and the parameter tables in docs/. ``--check`` only
+reports differences (exit 1), as test/test_params.py does.
 
   .venv/bin/python tools/gen_params.py [--check]
 """
@@ -18,9 +18,14 @@ ODOMETRY_YAML_HEADER = """\
 Parameters of the pwan_odometry node (executable pwan_odometry_node). Units: metres, radians
 (REP-103). Generated from pwan_ros/odometry/config.py by tools/gen_params.py: edit the field
 there, not here. `ros2 param describe /pwan_odometry NAME` prints the same description and range.
-Parameters are read once at start-up (read-only). Renamed in 0.2 (old names still read, with a
-warning, for one release): voxel_size -> scan_voxel_size, max_points -> scan_max_points,
-steps -> pwan_steps."""
+Parameters are read once at start-up (read-only); an unknown name is refused."""
+
+ADAPT_YAML_HEADER = """\
+Parameters of adapt_node (executable pwan_adapt_node), also read by
+`pwan_adapt --config config/adapt.yaml` (keys = pwan_adapt flags with - for _). Generated from
+pwan_ros/adaptation/config.py (AdaptIO, AdaptConfig) by tools/gen_params.py: edit the fields
+there, not here. Vocabulary: "labelled" is the paper's reference domain (all classes, mass
+m_alpha >= 1), "unlabelled" its source domain."""
 
 
 def _tables():
@@ -61,13 +66,17 @@ def _tables():
 
 def expected() -> dict:
     """{path relative to the repository: expected text} of every generated file."""
+    from pwan_ros.adaptation.config import AdaptConfig, AdaptIO
     from pwan_ros.odometry.config import OdometryConfig
     from pwan_ros.params import ros_params_yaml
 
     out = {
         'config/odometry.yaml': ros_params_yaml(
             OdometryConfig, 'pwan_odometry', ODOMETRY_YAML_HEADER
-        )
+        ),
+        'config/adapt.yaml': ros_params_yaml(
+            (AdaptIO, AdaptConfig), 'adapt_node', ADAPT_YAML_HEADER
+        ),
     }
     for (doc, marker), table in _tables().items():
         text = out.get(doc) or (ROOT / doc).read_text()

@@ -9,7 +9,7 @@ from .config import AdaptConfig
 from .data import FeatureSet, check_pair, load_npz, save_npz
 from .errors import AdaptConfigError, AdaptError, AdaptInputError
 from .runner import AdaptResult, run_adaptation
-from .trainer import AdaptTrainer, EvalResult, StepMetrics
+from .trainer import AdaptTrainer, UnlabelledPass, StepMetrics
 
 __all__ = [
     'AdaptConfig',
@@ -18,7 +18,7 @@ __all__ = [
     'AdaptInputError',
     'AdaptResult',
     'AdaptTrainer',
-    'EvalResult',
+    'UnlabelledPass',
     'FeatureSet',
     'StepMetrics',
     'check_pair',

@@ -18,7 +18,7 @@ import numpy as np
 
 from .data import save_npz
 from .errors import AdaptInputError, AdaptOutputError
-from .io import OutputError, check_output
+from pwan_ros.io.atomic import OutputError, check_output
 
 
 def _get(msg: Any, path: str, topic: str) -> Any:

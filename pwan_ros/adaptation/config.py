@@ -1,20 +1,20 @@
-"""Typed configuration of the adaptation trainer, validated once.
+"""Typed configuration of the adaptation trainer and its run's inputs and outputs.
 
 Field names are also the CLI flags (``--batch-size`` <-> ``batch_size``), the ROS parameter
-names of ``adapt_node`` and the YAML keys of ``config/adapt.yaml``.
+names of ``adapt_node`` and the YAML keys of ``config/adapt.yaml`` (generated from the specs by
+``tools/gen_params.py``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from dataclasses import dataclass, fields
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 import yaml
 
-from pwan_ros.params import FieldSpec, param, specs
+from pwan_ros.params import ParamSpec, check, param, specs
 
 from .errors import AdaptConfigError
 
@@ -137,44 +137,19 @@ class AdaptConfig:
         4096, 'rows per batch when streaming a whole domain through the network', 1, 10_000_000
     )
     seed: int = param(0, 'random seed (initialisation, sampling, dropout)', 0, 2**31 - 1)
-    device: str = param('auto', 'compute device: auto, cpu, cuda or cuda:N')
+    device: str = param('auto', 'compute device; auto = CUDA when available', fmt='device')
     threads: int = param(
         0, 'CPU threads for torch during the run (0 = leave torch\'s default)', 0, 1024
     )
     plots: bool = param(True, 'write PNG plots (losses, m_alpha, class weights, 2-D projection)')
 
-    # ------------------------------------------------------------------ validation
     def __post_init__(self):
-        for f in fields(self):
-            value = getattr(self, f.name)
-            spec: FieldSpec = f.metadata['spec']
-            expected = (
-                f.type
-                if isinstance(f.type, type)
-                else {'int': int, 'float': float, 'str': str, 'bool': bool}[f.type]
-            )
-            if expected is float and isinstance(value, int) and not isinstance(value, bool):
-                object.__setattr__(self, f.name, float(value))
-                value = float(value)
-            if expected is int and isinstance(value, bool) or not isinstance(value, expected):
-                raise AdaptConfigError(f"{f.name}: expected {expected.__name__}, got {value!r}")
-            if expected is float and not math.isfinite(value):
-                raise AdaptConfigError(f'{f.name}: must be finite, got {value!r}')
-            if spec.low is not None and value < spec.low:
-                raise AdaptConfigError(f'{f.name}: {value!r} is below the minimum {spec.low:g}')
-            if spec.high is not None and value > spec.high:
-                raise AdaptConfigError(f'{f.name}: {value!r} is above the maximum {spec.high:g}')
-            if spec.choices and value not in spec.choices:
-                raise AdaptConfigError(
-                    f"{f.name}: {value!r} is not one of {', '.join(spec.choices)}"
-                )
-        if 0.0 < self.anneal < 1.0:
-            raise AdaptConfigError(f'anneal: must be 0 (auto) or >= 1, got {self.anneal!r}')
-        if 0.0 < self.m0 < 1.0:
-            raise AdaptConfigError(f'm0: must be 0 (estimate) or >= 1, got {self.m0!r}')
-        dev = self.device.strip().lower()
-        if not (dev in ('auto', 'cpu', 'cuda') or (dev.startswith('cuda:') and dev[5:].isdigit())):
-            raise AdaptConfigError(f"device: {self.device!r} is not auto, cpu, cuda or cuda:N")
+        check(self, AdaptConfigError, flags=False, rules=AdaptConfig._rules)
+
+    def _rules(self):
+        """The cross-field rules (:func:`pwan_ros.params.check`): ``(ok, field, allowed)``."""
+        yield not 0.0 < self.anneal < 1.0, 'anneal', '0 (automatic) or a number >= 1'
+        yield not 0.0 < self.m0 < 1.0, 'm0', '0 (estimate) or a number >= 1'
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -185,10 +160,7 @@ class AdaptConfig:
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - names)
         if unknown:
-            raise AdaptConfigError(
-                f"unknown adaptation option(s): {', '.join(unknown)} "
-                f"(known: {', '.join(sorted(names))})"
-            )
+            raise AdaptConfigError(f"unknown parameter(s): {', '.join(unknown)}")
         base = base if base is not None else cls()
         return dataclasses.replace(base, **dict(values))
 
@@ -196,15 +168,15 @@ class AdaptConfig:
     def from_yaml(cls, path, base: Optional['AdaptConfig'] = None) -> 'AdaptConfig':
         """Config from a YAML file: either flat keys or a ROS params file
         (``<node>: {ros__parameters: {...}}``); keys that are not config fields (I/O paths
-        such as ``labelled``) are ignored here and read by :func:`yaml_io_options`."""
+        such as ``labelled``, :class:`AdaptIO`) are ignored here (see :func:`split_yaml`)."""
         return cls.from_mapping(split_yaml(path)[0], base)
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
-    def specs(cls) -> Dict[str, Tuple[Any, FieldSpec]]:
-        """``name -> (default, FieldSpec)`` for every field (for CLI flags and ROS descriptors)."""
+    def specs(cls) -> Dict[str, Tuple[Any, ParamSpec]]:
+        """``name -> (default, ParamSpec)`` for every field (for CLI flags and ROS descriptors)."""
         return specs(cls)
 
     def resolved_method(self) -> 'AdaptConfig':
@@ -219,7 +191,30 @@ class AdaptConfig:
         return self
 
 
-IO_KEYS = ('labelled', 'unlabelled', 'output', 'resume', 'progress_interval')  # node-only keys
+@dataclass(frozen=True)
+class AdaptIO:
+    """The inputs and outputs of one adaptation run: ``pwan_adapt`` flags, ``adapt_node``
+    parameters and ``config/adapt.yaml`` keys besides the :class:`AdaptConfig` fields. The paths
+    are required (checked where they are used: '' = not given)."""
+
+    labelled: str = param(
+        '', '.npz with features (N, D), labels (N,), optional class_names (required)'
+    )
+    unlabelled: str = param(
+        '', '.npz with features (M, D), optional evaluation labels (M,) (required)'
+    )
+    output: str = param('', 'output directory (required)')
+    resume: bool = param(False, 'continue from output/checkpoints/latest.pt')
+    progress_interval: int = param(
+        20, 'adapt_node: training steps between status messages on /diagnostics', 1, 1_000_000
+    )
+
+    def __post_init__(self):
+        check(self, AdaptConfigError, flags=False)
+
+
+#: the keys of :class:`AdaptIO`
+IO_KEYS = tuple(specs(AdaptIO))
 
 
 def split_yaml(path) -> Tuple[Dict[str, Any], Dict[str, Any]]:

@@ -270,7 +270,7 @@ def save_npz(
     compressed: bool = False,
 ) -> None:
     """Write a feature file in the format :func:`load_npz` reads, atomically."""
-    from .io import atomic_path
+    from pwan_ros.io.atomic import atomic_path
 
     arrays = {'features': np.asarray(features, dtype=np.float32)}
     if labels is not None:

@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from .io import atomic_path
+from pwan_ros.io.atomic import atomic_path
 
 
 def _save(fig, path):

@@ -31,7 +31,7 @@ import torch
 from .config import AdaptConfig
 from .data import FeatureSet, load_npz
 from .errors import AdaptInputError, AdaptOutputError
-from .io import (
+from pwan_ros.io.atomic import (
     OutputError,
     check_output,
     os_error_text,
@@ -41,7 +41,7 @@ from .io import (
     write_text,
 )
 from .safeguard import SafeguardDecision, decide, holdout_split, train_source_only
-from .trainer import AdaptTrainer, EvalResult, StepMetrics
+from .trainer import AdaptTrainer, UnlabelledPass, StepMetrics
 
 
 @dataclass
@@ -169,7 +169,7 @@ def run_adaptation(
     output_dir: str,
     resume: bool = False,
     on_step: Optional[Callable[[AdaptTrainer, StepMetrics], None]] = None,
-    on_eval: Optional[Callable[[AdaptTrainer, EvalResult], None]] = None,
+    on_eval: Optional[Callable[[AdaptTrainer, UnlabelledPass], None]] = None,
     should_stop: Optional[Callable[[], bool]] = None,
     log: Callable[[str], None] = lambda s: None,
 ) -> AdaptResult:
@@ -235,7 +235,7 @@ def _run(config, lab, unl, out, resume, on_step, on_eval, should_stop, log) -> A
             trainer.load_state_dict(load_checkpoint(latest))
             log(f'resumed from {latest} at step {trainer.state.step}')
         os.makedirs(ckdir, exist_ok=True)
-        last_eval: List[EvalResult] = []
+        last_eval: List[UnlabelledPass] = []
 
         def eval_hook(tr, res, is_best):
             last_eval[:] = [res]
@@ -308,7 +308,7 @@ def _run(config, lab, unl, out, resume, on_step, on_eval, should_stop, log) -> A
 
 def _result(
     tr: AdaptTrainer,
-    res: Optional[EvalResult],
+    res: Optional[UnlabelledPass],
     out,
     latest,
     best,

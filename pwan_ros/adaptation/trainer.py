@@ -77,7 +77,7 @@ class StepMetrics:
 
 
 @dataclass
-class EvalResult:
+class UnlabelledPass:
     """A full pass over the unlabelled rows: predictions (M,) int64 and summary statistics."""
 
     step: int
@@ -283,7 +283,7 @@ class AdaptTrainer:
                 hard += torch.bincount(logits.argmax(dim=1), minlength=self.num_classes).double()
         return (soft / self.unlabelled.n).numpy(), (hard / self.unlabelled.n).numpy()
 
-    def evaluate(self) -> EvalResult:
+    def evaluate(self) -> UnlabelledPass:
         """Predict every unlabelled row; accuracy and absent-class rate when labels exist."""
         preds, ent_sum = [], 0.0
         self.model.eval()
@@ -294,7 +294,7 @@ class AdaptTrainer:
                 ent_sum += float(-(p * logits.log_softmax(dim=1)).sum())
                 preds.append(logits.argmax(dim=1).cpu().numpy())
         pred = np.concatenate(preds).astype(np.int64)
-        res = EvalResult(
+        res = UnlabelledPass(
             self.state.step,
             pred,
             ent_sum / pred.size,
@@ -305,7 +305,7 @@ class AdaptTrainer:
             res.absent_fraction = float(self.absent[pred].mean())
         return res
 
-    def record_eval(self, res: EvalResult) -> bool:
+    def record_eval(self, res: UnlabelledPass) -> bool:
         """Append an evaluation to the history; True when it is the new best (lowest entropy,
         only after warm-up, i.e. an unsupervised criterion)."""
         row = {'step': res.step, 'mean_entropy': res.mean_entropy, 'm_alpha': self.m_alpha()}
@@ -407,7 +407,7 @@ class AdaptTrainer:
         self,
         until: Optional[int] = None,
         on_step: Optional[Callable[['AdaptTrainer', StepMetrics], None]] = None,
-        on_eval: Optional[Callable[['AdaptTrainer', EvalResult, bool], None]] = None,
+        on_eval: Optional[Callable[['AdaptTrainer', UnlabelledPass, bool], None]] = None,
         on_checkpoint: Optional[Callable[['AdaptTrainer'], None]] = None,
         should_stop: Optional[Callable[[], bool]] = None,
     ) -> bool:

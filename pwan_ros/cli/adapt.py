@@ -3,10 +3,10 @@
   pwan_adapt --labelled L.npz --unlabelled U.npz [--config adapt.yaml] [--steps N]
              [--method pwan|source_only|wgan] [--seed S] [--device D] --output DIR [--json]
 
-Every field of :class:`pwan_ros.adaptation.AdaptConfig` is also a flag (``--batch-size`` or
-``--batch_size``, ``--lambda1`` ...). Precedence: defaults < ``--config`` YAML < flags.
-``--resume`` continues from ``DIR/checkpoints/latest.pt``. Exit status: 0 done, 2 bad input/config
-or an output that cannot be written (one line on stderr), 130 interrupted (checkpoint written).
+Every field of :class:`pwan_ros.adaptation.AdaptConfig` is also a flag (``--batch-size``,
+``--lambda1`` ...). Precedence: defaults < ``--config`` YAML < flags. ``--resume`` continues
+from ``DIR/checkpoints/latest.pt``. Exit status: 0 done, 2 bad input/config or an output that
+cannot be written (one line on stderr), 130 interrupted (checkpoint written).
 
 ``pwan_adapt_import``: convert features recorded in a rosbag2 into the ``.npz`` input format.
 """
@@ -20,8 +20,12 @@ import sys
 import time
 from typing import List, Optional
 
-from pwan_ros.adaptation.config import AdaptConfig, split_yaml
+from pwan_ros.adaptation.config import AdaptConfig, AdaptIO, split_yaml
 from pwan_ros.adaptation.errors import AdaptError
+from pwan_ros.params import specs
+
+#: the paths of a run (:class:`AdaptIO`); the YAML may give them, a flag overrides it
+_PATHS = ('labelled', 'unlabelled', 'output')
 
 
 def _bool(text: str) -> bool:
@@ -36,20 +40,15 @@ def _bool(text: str) -> bool:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog='pwan_adapt',
+        allow_abbrev=False,  # a flag is its field's name, never a prefix of one
         description='Partial domain adaptation with PWAN '
         '(labelled domain: all classes; unlabelled domain: a subset).',
     )
-    p.add_argument(
-        '--labelled', help='.npz with features (N, D), labels (N,), optional class_names'
-    )
-    p.add_argument(
-        '--unlabelled', help='.npz with features (M, D), optional evaluation labels (M,)'
-    )
-    p.add_argument('--output', help='output directory')
+    io = specs(AdaptIO)
+    for name in _PATHS:
+        p.add_argument('--' + name, help=io[name][1].description)
     p.add_argument('--config', help='YAML file (flat keys or a ROS parameter file)')
-    p.add_argument(
-        '--resume', action='store_true', help='continue from OUTPUT/checkpoints/latest.pt'
-    )
+    p.add_argument('--resume', action='store_true', help=io['resume'][1].description)
     p.add_argument(
         '--json', action='store_true', help='print the summary as one JSON object on stdout'
     )
@@ -58,11 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (default, spec) in AdaptConfig.specs().items():
         typ = _bool if isinstance(default, bool) else type(default)
         kw = {'choices': spec.choices} if spec.choices else {}
-        flags = dict.fromkeys(
-            ['--' + name.replace('_', '-'), '--' + name]
-        )  # --batch-size and --batch_size
         g.add_argument(
-            *flags,
+            '--' + name.replace('_', '-'),
             dest=name,
             type=typ,
             default=None,
@@ -108,10 +104,10 @@ def main(argv: Optional[List[str]] = None) -> int:
 def _main(args) -> int:
     try:
         values, io = ({}, {}) if args.config is None else split_yaml(args.config)
-        for key in ('labelled', 'unlabelled', 'output'):
+        for key in _PATHS:
             if getattr(args, key) is None and io.get(key):
                 setattr(args, key, str(io[key]))
-        missing = [k for k in ('labelled', 'unlabelled', 'output') if not getattr(args, k)]
+        missing = [k for k in _PATHS if not getattr(args, k)]
         if missing:
             raise AdaptError('missing required option(s): ' + ', '.join('--' + m for m in missing))
         values.update(

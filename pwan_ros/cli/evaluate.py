@@ -22,6 +22,7 @@ from pwan_ros.evaluation.run_record import RunRecord
 from pwan_ros.io import bags as bag_io
 from pwan_ros.io.atomic import check_output
 from pwan_ros.io.trajectory import Trajectory, TrajectoryError, read_pose_file
+from pwan_ros.params import POINTS_TOPIC
 
 
 def _evaluate_one(
@@ -58,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         '--offline', action='store_true', help='run --estimator in-process on each --bag'
     )
     parser.add_argument('--bag', nargs='+', help='rosbag2 directory (several with --offline)')
-    parser.add_argument('--topic', default='/points', help='PointCloud2 scan topic')
+    parser.add_argument('--topic', default=POINTS_TOPIC, help='PointCloud2 scan topic')
     parser.add_argument(
         '--gt-topic', default='/ground_truth', help='ground-truth topic in the bag'
     )

@@ -23,8 +23,6 @@ from pwan_ros.core.errors import PwanInputError
 
 #: core fields without a flag: verbose is --quiet's opposite
 _NO_FLAG = ('verbose',)
-#: short spellings of 0.1, kept as aliases
-_ALIASES = {'distance_threshold': ['--distance'], 'voxel_size': ['--voxel']}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -33,6 +31,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(
         prog='pwan_register',
+        allow_abbrev=False,  # a flag is its field's name, never a prefix of one
         description='Register SRC onto REF with a Partial Wasserstein Adversarial Network (PWAN). '
         'Files: .ply .pcd .xyz .txt .csv .npy (N x 3 or N x 2; text/ply/pcd may be .gz). '
         "Lengths are in the files' units. Every option is a field of "
@@ -50,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
             + (f'; range {rng}' if rng and not spec.choices else '')
             + f' (default {default})'
         ).replace('%', '%%')
-        flags = ['--' + name.replace('_', '-')] + _ALIASES.get(name, [])
+        flags = ['--' + name.replace('_', '-')]
         if kind is bool:
             p.add_argument(
                 *flags, dest=name, action=argparse.BooleanOptionalAction, default=None, help=text

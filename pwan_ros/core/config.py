@@ -10,7 +10,6 @@ converts back.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Tuple
 
@@ -61,25 +60,6 @@ def _check(cond: bool, msg: str) -> None:
         raise PwanInputError(msg)
 
 
-def _pos(name: str, value: float, allow_none: bool = False, allow_zero: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (value >= 0 if allow_zero else value > 0)
-    _check(
-        ok,
-        f"{name} must be a {'non-negative' if allow_zero else 'positive'} finite number, got "
-        f"{value!r}",
-    )
-
-
-def _int(name: str, value: int, minimum: int) -> None:
-    _check(
-        isinstance(value, int) and not isinstance(value, bool) and value >= minimum,
-        f'{name} must be an integer >= {minimum}, got {value!r}',
-    )
-
-
 @dataclass(frozen=True)
 class PotentialConfig:
     """Potential network f_{w,h} and its optimiser (``potential.*`` keys). Every field carries its
@@ -96,6 +76,7 @@ class PotentialConfig:
         'widths (a, b) of the point-wise MLP d->a->b, branch b->2b->b, '
         'skip concatenation [a, branch]->1 (Appx. B.5); None = (16, 16) rigid / '
         'affine, (32, 32) nonrigid',
+        1,
     )
     lr: float = param(5e-3, 'Adam learning rate of the potential network', 0.0, low_open=True)
     gp_weight: float = param(
@@ -128,39 +109,11 @@ class PotentialConfig:
         low_open=True,
     )
     betas: Tuple[float, float] = param(
-        (0.5, 0.99), 'Adam betas of the potential network (two numbers in [0, 1))'
+        (0.5, 0.99), 'Adam betas of the potential network', 0.0, 1.0, high_open=True
     )
 
     def __post_init__(self):
-        _check(
-            self.hidden is None
-            or (
-                isinstance(self.hidden, (tuple, list))
-                and len(self.hidden) == 2
-                and all(isinstance(v, int) and v > 0 for v in self.hidden)
-            ),
-            f'potential.hidden must be two positive ints, got {self.hidden!r}',
-        )
-        if self.hidden is not None:
-            object.__setattr__(self, 'hidden', tuple(self.hidden))
-        _pos('potential.lr', self.lr)
-        _pos('potential.gp_weight', self.gp_weight, allow_zero=True)
-        _int('potential.gp_points', self.gp_points, 1)
-        _check(
-            self.h_mode in H_MODES,
-            f'potential.h_mode must be one of {H_MODES}, got {self.h_mode!r}',
-        )
-        _pos('potential.h_init', self.h_init)
-        _pos('potential.h_floor', self.h_floor, allow_zero=True)
-        _pos('potential.leaky_slope', self.leaky_slope, allow_zero=True)
-        _pos('potential.length_scale', self.length_scale)
-        _check(
-            isinstance(self.betas, (tuple, list))
-            and len(self.betas) == 2
-            and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas),
-            f'potential.betas must be two numbers in [0, 1), got {self.betas!r}',
-        )
-        object.__setattr__(self, 'betas', tuple(float(b) for b in self.betas))
+        check(self, PwanInputError, flags=False, prefix='potential.')
 
     @property
     def widths(self) -> Tuple[int, int]:
@@ -180,10 +133,7 @@ class CoherenceConfig:
     rank: int = param(100, 'Nystrom landmarks k', 1)
 
     def __post_init__(self):
-        _pos('coherence.rho', self.rho)
-        _pos('coherence.weight', self.weight, allow_zero=True)
-        _pos('coherence.sigma', self.sigma)
-        _int('coherence.rank', self.rank, 1)
+        check(self, PwanInputError, flags=False, prefix='coherence.')
 
 
 @dataclass(frozen=True)
@@ -237,18 +187,7 @@ class FineTuneConfig:
     )
 
     def __post_init__(self):
-        _check(isinstance(self.enabled, bool), 'finetune.enabled must be a bool')
-        _check(isinstance(self.overlap_refine, bool), 'finetune.overlap_refine must be a bool')
-        _check(isinstance(self.polish, bool), 'finetune.polish must be a bool')
-        _check(self.nn in NN_MODES, f'finetune.nn must be one of {NN_MODES}, got {self.nn!r}')
-        _check(
-            self.metric in ('point_to_plane', 'point_to_point'),
-            f"finetune.metric must be 'point_to_plane' or 'point_to_point', got {self.metric!r}",
-        )
-        _int('finetune.normal_neighbors', self.normal_neighbors, 3)
-        _int('finetune.max_iterations', self.max_iterations, 1)
-        _pos('finetune.tolerance', self.tolerance)
-        _int('finetune.max_points', self.max_points, 0)
+        check(self, PwanInputError, flags=False, prefix='finetune.')
 
 
 @dataclass(frozen=True)
@@ -305,7 +244,7 @@ class GlobalConfig:
     kiss_matcher: bool = param(True, 'add KISS-Matcher as a candidate when it is installed')
 
     def __post_init__(self):
-        check(self, PwanInputError)
+        check(self, PwanInputError, flags=False, prefix='global_search.')
 
 
 @dataclass(frozen=True)
@@ -431,7 +370,7 @@ class RegistrationConfig:
         True,
         'nonrigid: first register rigidly (same settings, incl. starts) and deform from there',
     )
-    device: str = param('auto', 'compute device: auto (CUDA when available) | cpu | cuda | cuda:N')
+    device: str = param('auto', 'compute device; auto = CUDA when available', fmt='device')
     compile: str = param(
         'auto',
         'torch.compile the two objectives of Alg. 1 (fullgraph): auto = on for CUDA '
@@ -453,62 +392,17 @@ class RegistrationConfig:
     global_search: GlobalConfig = field(default_factory=GlobalConfig)
 
     def __post_init__(self):
-        _check(
-            self.transform in TRANSFORMS,
-            f'transform must be one of {TRANSFORMS}, got {self.transform!r}',
+        check(self, PwanInputError, flags=False, rules=RegistrationConfig._rules)
+
+    def _rules(self):
+        """The cross-field rules (:func:`pwan_ros.params.check`): ``(ok, field, allowed)``."""
+        yield (
+            self.mass is None or self.mass_ratio is None,
+            'mass',
+            'None when mass_ratio is given (give either mass or mass_ratio)',
         )
-        _check(
-            self.divergence in DIVERGENCES,
-            f'divergence must be one of {DIVERGENCES}, got {self.divergence!r}',
-        )
-        _check(
-            not (self.mass is not None and self.mass_ratio is not None),
-            'give either mass or mass_ratio, not both',
-        )
-        _pos('mass', self.mass, allow_none=True)
-        if self.mass_ratio is not None:
-            _pos('mass_ratio', self.mass_ratio)
-            _check(
-                self.mass_ratio <= 1.0, f'mass_ratio must be in (0, 1], got {self.mass_ratio!r}'
-            )
-        _pos('distance_threshold', self.distance_threshold, allow_none=True)
-        _pos('voxel_size', self.voxel_size, allow_none=True)
-        _int('max_points', self.max_points, 3)
-        if self.steps is not None:
-            _int('steps', self.steps, 0)
-        if self.potential_updates is not None:
-            _int('potential_updates', self.potential_updates, 1)
-        if self.warmup_updates is not None:
-            _int('warmup_updates', self.warmup_updates, 0)
-        _int('batch_size', self.batch_size, 0)
-        _pos('lr_transform', self.lr_transform)
-        _pos('lr_transform_final', self.lr_transform_final)
-        _pos('tolerance', self.tolerance, allow_none=True)
-        _int('window', self.window, 1)
-        _int('min_steps', self.min_steps, 0)
-        _int('starts', self.starts, 1)
-        _check(
-            self.start_score in START_SCORES,
-            f'start_score must be one of {START_SCORES}, got {self.start_score!r}',
-        )
-        if self.start_steps is not None:
-            _int('start_steps', self.start_steps, 0)
-        _check(
-            self.compile in COMPILE_MODES,
-            f'compile must be one of {COMPILE_MODES}, got {self.compile!r}',
-        )
-        _int('start_keep', self.start_keep, 1)
-        _int('start_finetune_iterations', self.start_finetune_iterations, 1)
-        _int('prealign_keep', self.prealign_keep, 1)
-        _int('start_finetune_points', self.start_finetune_points, 0)
-        _check(isinstance(self.prealign, bool), 'prealign must be a bool')
-        _check(isinstance(self.self_check, bool), 'self_check must be a bool')
-        _check(isinstance(self.device, str), 'device must be a string')
-        _int('seed', self.seed, 0)
-        _int('threads', self.threads, 0)
-        _check(isinstance(self.potential, PotentialConfig), 'potential must be a PotentialConfig')
-        _check(isinstance(self.coherence, CoherenceConfig), 'coherence must be a CoherenceConfig')
-        _check(isinstance(self.finetune, FineTuneConfig), 'finetune must be a FineTuneConfig')
+        for name, sub in _SECTIONS.items():
+            yield isinstance(getattr(self, name), sub), name, f'a {sub.__name__}'
 
     @property
     def effective_mass_ratio(self) -> Optional[float]:
@@ -565,12 +459,7 @@ class RegistrationConfig:
         Unknown keys raise :class:`PwanInputError` (catches typos in ROS parameters / YAML).
         """
         top = {f.name for f in dataclasses.fields(cls)}
-        subs = {
-            'potential': PotentialConfig,
-            'coherence': CoherenceConfig,
-            'finetune': FineTuneConfig,
-            'global_search': GlobalConfig,
-        }
+        subs = _SECTIONS
         kwargs: dict = {}
         nested: dict = {k: {} for k in subs}
         for key, value in dict(values).items():
@@ -595,3 +484,12 @@ class RegistrationConfig:
             return cls(**kwargs)
         except TypeError as exc:  # wrong field types that dataclass itself rejects
             raise PwanInputError(str(exc)) from None
+
+
+#: the nested sections of :class:`RegistrationConfig`: key -> config class
+_SECTIONS = {
+    'potential': PotentialConfig,
+    'coherence': CoherenceConfig,
+    'finetune': FineTuneConfig,
+    'global_search': GlobalConfig,
+}

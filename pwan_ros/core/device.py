@@ -6,24 +6,28 @@ import os
 
 import torch
 
+from pwan_ros.params import FORMATS
+
 from .errors import PwanInputError
 
 
 def resolve_device(name: str) -> torch.device:
     """Map ``'auto'`` / ``'cpu'`` / ``'cuda'`` / ``'cuda:N'`` to a :class:`torch.device`.
 
-    ``'auto'`` picks CUDA when available, else CPU. Asking for CUDA without one is an error.
+    ``'auto'`` picks CUDA when available, else CPU. Asking for CUDA without one is an error. The
+    configs validate the name with the same rule (``pwan_ros.params.FORMATS['device']``).
     """
+    valid, allowed = FORMATS['device']
     name = str(name).strip().lower()
+    if not valid(name):
+        raise PwanInputError(f"unknown device '{name}' (expected {allowed})")
     if name == 'auto':
         return torch.device('cuda' if torch.cuda.is_available() else 'cpu')
     if name == 'cpu':
         return torch.device('cpu')
-    if name.startswith('cuda'):
-        if not torch.cuda.is_available():
-            raise PwanInputError(f"device '{name}' requested but CUDA is not available")
-        return torch.device(name)
-    raise PwanInputError(f"unknown device '{name}' (use auto, cpu, cuda or cuda:N)")
+    if not torch.cuda.is_available():
+        raise PwanInputError(f"device '{name}' requested but CUDA is not available")
+    return torch.device(name)
 
 
 def default_threads() -> int:

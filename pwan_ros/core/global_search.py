@@ -38,7 +38,7 @@ import numpy as np
 from scipy.spatial import cKDTree
 
 from .config import GlobalConfig
-from .verify import check_pose
+from .verify import CHECK_POINTS, check_pose, judging_voxel
 from .hypotheses import (
     ROTATION_KEEP,
     Hypothesis,
@@ -111,6 +111,7 @@ def choose(
     probe: np.ndarray,
     free_space=None,
     normals: Optional[np.ndarray] = None,
+    judge=None,
 ) -> GlobalOutcome:
     """Refine every hypothesis with ``refine_fn(init) -> RegistrationResult`` (the fine-tune,
     distance type), score it by the partial objective on ``probe`` source points against
@@ -118,7 +119,13 @@ def choose(
     rules). free_space: None, or ``f(transform) -> fraction`` (:func:`free_space.contradiction`):
     candidates above ``cfg.max_free_space`` contradict what the sensors saw and cannot win.
     normals: the reference's unit normals (m, 3): a winner whose overlap leaves a direction free
-    (:func:`translation_constraint` below ``cfg.min_constraint``) is refused."""
+    (:func:`translation_constraint` below ``cfg.min_constraint``) is refused. judge: None, or
+    ``f(transform) -> excess`` (:func:`verify.check_pose`'s overlap beyond chance at the judging
+    voxel): the :data:`JUDGED` best distinct candidates by the objective are ranked again by it,
+    and the confidence is the winner's margin in it over the best distinct runner-up. The
+    objective at the feature voxel ranks candidates coarsely; where spurious points (uniform
+    outliers) put a reference point within h of almost any place, every pose scores near chance
+    and only the surfaces at the judging voxel still tell poses apart."""
     tree = cKDTree(reference)
     scored = []
     for hyp in hyps:
@@ -145,26 +152,37 @@ def choose(
                 cands,
             )
         order = order_ok
+    if judge is not None:
+        order, excess = _judged(order, scored, judge, probe, h)
     obj, overlap, res, hyp, _ = scored[order[0]]
     runner = next(
         (
-            scored[k]
+            k
             for k in order[1:]
             if pose_distance(scored[k][2].transform, res.transform, probe) > 2.0 * h
         ),
         None,
     )
+    if judge is not None:
+        best = excess[order[0]]
+        confidence = (
+            1.0
+            if runner is None or best <= 0
+            else float(np.clip((best - excess.get(runner, 0.0)) / best, 0.0, 1.0))
+        )
+    runner = None if runner is None else scored[runner]
     # the margin is relative to what the winner explains beyond chance: spurious reference points
     # (uniform outliers, clutter) lower every pose's objective alike, by the objective of random
     # places in the box the source occupies, and must not shrink the margin
     moved = probe @ res.transform[:3, :3].T + res.transform[:3, 3]
     places = np.random.default_rng(0).uniform(moved.min(axis=0), moved.max(axis=0), moved.shape)
     explained = partial_objective_of(places, tree, h)[0] - obj
-    confidence = (
-        1.0
-        if runner is None or explained <= 0
-        else float(np.clip((runner[0] - obj) / explained, 0.0, 1.0))
-    )
+    if judge is None:
+        confidence = (
+            1.0
+            if runner is None or explained <= 0
+            else float(np.clip((runner[0] - obj) / explained, 0.0, 1.0))
+        )
     status, reason = 'ok', ''
     if overlap < cfg.min_overlap:
         status, reason = (
@@ -200,6 +218,28 @@ def choose(
             ),
         )
     return GlobalOutcome(res, obj, overlap, confidence, status, reason, cands)
+
+
+#: candidates (best by the objective, distinct poses) ranked again by the judge
+JUDGED = 6
+
+
+def _judged(order: list, scored: list, judge, probe: np.ndarray, h: float) -> tuple:
+    """``order`` (candidate indices, best objective first) with its first :data:`JUDGED`
+    distinct poses ranked by ``judge`` (highest excess first), then the rest; and {index: excess}
+    of the judged."""
+    judged, rest = [], []
+    for k in order:
+        t = scored[k][2].transform
+        if len(judged) < JUDGED and all(
+            pose_distance(scored[j][2].transform, t, probe) > 2.0 * h for j in judged
+        ):
+            judged.append(k)
+        else:
+            rest.append(k)
+    excess = {k: judge(scored[k][2].transform) for k in judged}
+    judged.sort(key=lambda k: -excess[k])  # stable: ties keep the objective's order
+    return judged + rest, excess
 
 
 #: the matched source points' residual scale that still counts as overlap, in median residuals
@@ -302,6 +342,15 @@ def register_global(source, reference, config, reference_cache=None, refine=None
     h = config.distance_threshold or 2.0 * median_spacing(
         ref_f[rng.choice(len(ref_f), min(20000, len(ref_f)), replace=False)]
     )
+    # the judge: overlap beyond chance with the reference's surfaces at the judging voxel
+    # (:mod:`verify`), on a subset of the dense source
+    judge_voxel = judging_voxel(ref_f)
+    judged_source = src_f[rng.choice(len(src_f), min(CHECK_POINTS, len(src_f)), replace=False)]
+
+    def judge(t):
+        moved = judged_source @ t[:3, :3].T + t[:3, 3]
+        return check_pose(moved, ref_f, voxel=judge_voxel, seed=config.seed, rivals=False).excess
+
     t1 = time.perf_counter()
     with warnings.catch_warnings():  # the candidates' refinements are capped on purpose
         warnings.filterwarnings('ignore', message='the fine-tune stopped', category=RuntimeWarning)
@@ -314,6 +363,7 @@ def register_global(source, reference, config, reference_cache=None, refine=None
             vs,
             seen_through,
             feature_normals(vr, voxel),
+            judge,
         )
     t2 = time.perf_counter()
     final_cfg = dist_cfg.replace(distance_threshold=h)
@@ -370,6 +420,19 @@ def register_global(source, reference, config, reference_cache=None, refine=None
         check = check_pose(
             final.transformed_source, ref_f, seed=config.seed, admissible=admissible
         )
+        if check.rival_better:
+            # a clearly better pose next to the winner (hypotheses broken by outliers can all
+            # miss the truth and leave the winner a partial fit): refined from there and judged
+            final = refine(
+                source,
+                reference,
+                init=check.rival_transform @ final.transform,
+                config=final_cfg,
+                reference_cache=reference_cache,
+            )
+            check = check_pose(
+                final.transformed_source, ref_f, seed=config.seed, admissible=admissible
+            )
         if status == 'ok' and check.status != 'ok':
             status, reason = check.status, check.reason
     return dataclasses.replace(

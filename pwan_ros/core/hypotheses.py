@@ -6,6 +6,9 @@ rotation starts translated by votes. :mod:`global_search` chooses among them.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import List, Optional
@@ -257,18 +260,39 @@ def feature_hypotheses(
 
 
 def _kiss_matcher(source: np.ndarray, reference: np.ndarray, voxel: float) -> Optional[np.ndarray]:
-    """KISS-Matcher's pose (None when not installed or invalid)."""
+    """KISS-Matcher's pose (None when not installed, invalid, or when it rejects the input, e.g.
+    a voxel below its fixed floor on a small object). Its native warnings go to stderr: stdout
+    stays the caller's (``pwan_register --json``)."""
     try:
         import kiss_matcher
     except ImportError:
         return None
-    matcher = kiss_matcher.KISSMatcher(kiss_matcher.KISSMatcherConfig(voxel))
-    sol = matcher.estimate(np.asarray(source, np.float32), np.asarray(reference, np.float32))
+    try:
+        with _native_stdout_to_stderr():
+            matcher = kiss_matcher.KISSMatcher(kiss_matcher.KISSMatcherConfig(voxel))
+            sol = matcher.estimate(
+                np.asarray(source, np.float32), np.asarray(reference, np.float32)
+            )
+    except (RuntimeError, ValueError):
+        return None
     if not sol.valid:
         return None
     out = np.eye(4)
     out[:3, :3], out[:3, 3] = np.asarray(sol.rotation), np.asarray(sol.translation).ravel()
-    return out
+    return out if np.isfinite(out).all() else None
+
+
+@contextlib.contextmanager
+def _native_stdout_to_stderr():
+    """Send what native code writes to file descriptor 1 to descriptor 2 for the block."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 #: rotation starts refined (of the cube's 24), most votes first

@@ -19,8 +19,7 @@ then weighs no more than any other surface. The gate is g = 1.5 judging voxels.
   ``RIVAL_MARGIN`` more of the source lies on the reference (the result is not the fit its data
   shows: a slide, "no motion" kept by a sampling pattern, an early stop), or at a *distinct* pose
   (points moved by more than ``RIVAL_DISTINCT`` gates RMS) with at least the result's overlap
-  minus ``RIVAL_MARGIN``, or explaining beyond chance at least ``1 - RIVAL_RATIO`` of what the
-  result explains (not the only fit: a plane, a corridor, a featureless road, a
+  minus ``RIVAL_MARGIN`` (not the only fit: a plane, a corridor, a featureless road, a
   symmetric object).
 
 ``status`` is 'refused' with the reason when a test fails. The thresholds are fractions of the
@@ -49,14 +48,12 @@ RIVAL_REACH = (8.0, 32.0)
 RIVAL_TURN_DEG = 15.0
 #: refuse when a distinct rival pose puts at least the result's overlap minus this on the reference
 RIVAL_MARGIN = 0.05
-#: ... or explains at least (1 - this) of what the result explains beyond chance (the margin a
-#: global search's confidence asks of its runner-up, GlobalConfig.min_confidence): at a low
-#: overlap two poses a few points apart are not told apart by the data
-RIVAL_RATIO = 0.2
 #: a rival is distinct when it moves the source points by more than this many gates (RMS)
 RIVAL_DISTINCT = 2.0
-#: the judging voxel shrinks (by 1.5x, at most MAX_REFINE times) until random places in the
-#: source's box are within the gate of the reference at most this often (a small or sparse cloud)
+#: the judging voxel shrinks (by 1.5x, at most MAX_REFINE times, never below the reference's
+#: sampling spacing) until random places in the source's box are within the gate of the reference
+#: at most this often (a small or sparse cloud); still more often: refused (a flat source fills
+#: its own box, so chance explains any overlap)
 MAX_CHANCE = 0.5
 MAX_REFINE = 8
 #: fewer judged source points than this cannot vouch for a pose
@@ -139,9 +136,18 @@ def _surface(points: np.ndarray, voxel: float) -> np.ndarray:
     return centroids[shared] if shared.sum() >= 10 else centroids
 
 
+def _finest_voxel(points: np.ndarray, target: int = JUDGE_POINTS) -> float:
+    """The lower-quartile nearest-neighbour spacing of ``points`` (n, d) (a quartile: outliers
+    cannot raise it): below it, the surfaces' points no longer share voxels."""
+    extent = float(np.linalg.norm(np.ptp(points, axis=0)))
+    sample = random_subset(points, 4 * target, np.random.default_rng(0))
+    nn = np.sort(cKDTree(points).query(sample, k=2)[0][:, 1])
+    return max(float(nn[len(nn) // 4]), 1e-6 * extent, 1e-12)
+
+
 def judging_voxel(reference: np.ndarray, target: int = JUDGE_POINTS) -> float:
     """The judging voxel (caller units) of ``reference`` (m, d): the smallest voxel at which the
-    number of voxels holding two or more points is falling and at most ``target`` (half the
+    number of voxels holding two or more points is falling and at most ``target`` (the
     spacing when none is, below a tenth of the extent).
 
     Surfaces fill voxels many points to one; uniform outliers rarely share a voxel while it is
@@ -151,12 +157,7 @@ def judging_voxel(reference: np.ndarray, target: int = JUDGE_POINTS) -> float:
     falling branch, so outliers cannot coarsen the judgement."""
     pts = np.asarray(reference, dtype=np.float64)
     extent = float(np.linalg.norm(np.ptp(pts, axis=0)))
-    nn = np.sort(
-        cKDTree(pts).query(random_subset(pts, 4 * target, np.random.default_rng(0)), k=2)[0][:, 1]
-    )
-    floor = max(
-        0.5 * float(nn[len(nn) // 4]), 1e-6 * extent, 1e-12
-    )  # a quartile: outliers cannot raise it
+    floor = _finest_voxel(pts, target)
     voxel, prev = floor, 0
     while voxel < 0.1 * extent:
         voxel *= 1.5
@@ -208,10 +209,14 @@ def check_pose(
             1.5 * voxel,
         )
     source = moved[near]
+    finest = None
     for attempt in range(MAX_REFINE):
-        voxel = (
-            voxel if attempt == 0 else voxel / 1.5
-        )  # a gate most of the box lies within tells nothing
+        if attempt:  # a gate most of the box lies within tells nothing: a finer voxel, while the
+            # reference's surfaces still fill it
+            finest = _finest_voxel(reference) if finest is None else finest
+            if voxel / 1.5 < finest:
+                break
+            voxel /= 1.5
         g = 1.5 * voxel
         reference_tree = cKDTree(_surface(reference, voxel))
         moved = voxel_downsample(source, voxel)
@@ -228,6 +233,20 @@ def check_pose(
             break
     excess = (overlap - chance) / (1.0 - chance) if chance < 1.0 else 0.0
     nan = float('nan')
+    if chance > MAX_CHANCE:
+        return PoseCheck(
+            'refused',
+            f'random places in the source\'s box lie within {g:.3g} of the reference '
+            f'{chance:.0%} of the time, even at the finest voxel its sampling allows: the overlap '
+            'cannot tell one pose from another (a flat or tiny source)',
+            overlap,
+            chance,
+            excess,
+            nan,
+            nan,
+            voxel,
+            g,
+        )
     if excess < MIN_EXCESS_OVERLAP:
         return PoseCheck(
             'refused',
@@ -278,8 +297,7 @@ def check_pose(
     if rival is None:
         return PoseCheck('ok', '', overlap, chance, excess, nan, nan, voxel, g)
     label, rival_overlap, shift, rival_t = rival
-    rival_excess = (rival_overlap - chance) / (1.0 - chance) if chance < 1.0 else 0.0
-    if rival_overlap >= overlap - RIVAL_MARGIN or rival_excess >= (1.0 - RIVAL_RATIO) * excess:
+    if rival_overlap >= overlap - RIVAL_MARGIN:
         return PoseCheck(
             'refused',
             f'a pose {shift:.3g} away (GICP {label}) fits about as well (the data does not pin '

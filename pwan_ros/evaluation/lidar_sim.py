@@ -29,7 +29,7 @@ import numpy as np
 
 from pwan_ros.io import bags as bag_io
 from pwan_ros.io.pointcloud2 import create_cloud
-from pwan_ros.params import check, param
+from pwan_ros.params import POINTS_TOPIC, check, param
 
 __all__ = [
     'SimConfig',
@@ -96,7 +96,7 @@ class SimConfig:
     )
     frame_id: str = param('base_link', 'frame of the clouds (the sensor, REP-105 base_link)')
     world_frame: str = param('world', 'parent frame of the ground truth poses')
-    points_topic: str = param('/points', 'topic of the clouds (sensor_msgs/PointCloud2)')
+    points_topic: str = param(POINTS_TOPIC, 'topic of the clouds (sensor_msgs/PointCloud2)')
     gt_topic: str = param('/ground_truth', 'topic of the ground truth (nav_msgs/Odometry)')
     sweep: bool = param(
         False,
@@ -111,14 +111,17 @@ class SimConfig:
     )
 
     def __post_init__(self):
-        check(self)
-        if not self.fov_down_deg < self.fov_up_deg:
-            raise ValueError('--fov-down-deg must be below --fov-up-deg')
-        if self.stress and self.scans / self.rate_hz < 4.0:
-            raise ValueError(
-                f'--stress needs a drive of at least 4 s to keep its events apart '
-                f'({int(np.ceil(4.0 * self.rate_hz))} scans at {self.rate_hz:g} Hz)'
-            )
+        check(self, rules=SimConfig._rules)
+
+    def _rules(self):
+        """The cross-field rules (:func:`pwan_ros.params.check`): ``(ok, field, allowed)``."""
+        yield self.fov_down_deg < self.fov_up_deg, 'fov_down_deg', 'a number below --fov-up-deg'
+        yield (
+            not self.stress or self.scans / self.rate_hz >= 4.0,
+            'scans',
+            f'>= {int(np.ceil(4.0 * self.rate_hz))} with --stress (a drive of at least 4 s at '
+            f'{self.rate_hz:g} Hz keeps its events apart)',
+        )
 
 
 @dataclass(frozen=True)

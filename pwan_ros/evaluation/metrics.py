@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import pathlib
 from dataclasses import asdict, dataclass
 
@@ -82,11 +83,20 @@ class EvalConfig:
     rpe_lengths: tuple = param((), 'RPE segment lengths (m); empty = automatic (see module doc)')
 
     def __post_init__(self):
-        check(self)
-        lengths = tuple(float(v) for v in self.rpe_lengths)
-        if any(not v > 0 for v in lengths):
-            raise ValueError('--rpe-lengths must be positive distances in metres')
-        object.__setattr__(self, 'rpe_lengths', lengths)
+        check(self, rules=EvalConfig._rules)
+        object.__setattr__(self, 'rpe_lengths', tuple(float(v) for v in self.rpe_lengths))
+
+    def _rules(self):
+        """The cross-field rules (:func:`pwan_ros.params.check`): ``(ok, field, allowed)``."""
+        yield all(_positive(v) for v in self.rpe_lengths), 'rpe_lengths', 'distances > 0 (m)'
+
+
+def _positive(text) -> bool:
+    """Whether ``text`` (a number or its text) is a finite number > 0."""
+    try:
+        return math.isfinite(float(text)) and float(text) > 0
+    except (TypeError, ValueError):
+        return False
 
 
 @dataclass(frozen=True)

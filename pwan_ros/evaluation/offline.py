@@ -23,6 +23,7 @@ from pwan_ros.io import bags as bag_io
 from pwan_ros.io.pointcloud2 import read_xyz
 from pwan_ros.evaluation.run_record import RunRecord
 from pwan_ros.io.trajectory import Trajectory
+from pwan_ros.params import POINTS_TOPIC
 
 __all__ = [
     'Estimator',
@@ -129,7 +130,7 @@ def load_estimator(spec: str) -> Estimator:
 
 
 def run_offline(
-    bag, estimate: Estimator, topic: str = '/points', max_scans: int | None = None
+    bag, estimate: Estimator, topic: str = POINTS_TOPIC, max_scans: int | None = None
 ) -> RunRecord:
     """Run ``estimate`` on every scan of ``topic`` in ``bag`` (in order); latency = estimate() wall
     time."""

@@ -23,7 +23,7 @@ import numpy as np
 from pwan_ros.io import bags as bag_io
 from pwan_ros.io.pcd import read_pcd
 from pwan_ros.io.trajectory import Trajectory, detect_pose_format, read_kitti, read_pose_file
-from pwan_ros.params import REQUIRED, check, param
+from pwan_ros.params import POINTS_TOPIC, REQUIRED, check, param
 
 __all__ = ['ConvertConfig', 'ConvertResult', 'convert']
 
@@ -57,7 +57,7 @@ class ConvertConfig:
     start_time: float = param(0.0, 'first stamp when rate_hz is used (s)', 0.0)
     frame_id: str = param('base_link', 'frame of the clouds (the sensor)')
     world_frame: str = param('world', 'parent frame of the ground truth poses')
-    topic: str = param('/points', 'topic of the clouds (sensor_msgs/PointCloud2)')
+    topic: str = param(POINTS_TOPIC, 'topic of the clouds (sensor_msgs/PointCloud2)')
     gt_topic: str = param('/ground_truth', 'topic of the ground truth (nav_msgs/Odometry)')
     clock_hz: float = param(
         100.0, '/clock messages per second of bag time', 0.0, 100_000.0, low_open=True

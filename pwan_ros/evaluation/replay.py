@@ -36,7 +36,7 @@ import numpy as np
 from pwan_ros.io import bags as bag_io
 from pwan_ros.evaluation.run_record import RunRecord
 from pwan_ros.io.trajectory import Trajectory
-from pwan_ros.params import REQUIRED, check, param
+from pwan_ros.params import POINTS_TOPIC, REQUIRED, check, param
 
 __all__ = ['ReplayConfig', 'ReplayError', 'replay']
 
@@ -51,7 +51,7 @@ class ReplayConfig:
 
     bag: str = param(REQUIRED, 'rosbag2 directory to play')
     topics: tuple = param((), 'bag topics to play; empty = all')
-    points_topic: str = param('/points', 'the scan topic (scans counted, latency measured)')
+    points_topic: str = param(POINTS_TOPIC, 'the scan topic (scans counted, latency measured)')
     odom_topic: str = param('/odometry', "odometry topic to record; '' = record nothing")
     diagnostics_topic: str = param(
         '/diagnostics', "diagnostics topic to record; '' = ignore diagnostics"
@@ -89,12 +89,11 @@ class ReplayConfig:
     )
 
     def __post_init__(self):
-        check(self)
-        for r in self.remap:
-            if ':=' not in r:
-                raise ValueError(f"--remap entries look like FROM:=TO, got {r!r}")
-        object.__setattr__(self, 'topics', tuple(self.topics))
-        object.__setattr__(self, 'remap', tuple(self.remap))
+        check(self, rules=ReplayConfig._rules)
+
+    def _rules(self):
+        """The cross-field rules (:func:`pwan_ros.params.check`): ``(ok, field, allowed)``."""
+        yield all(':=' in r for r in self.remap), 'remap', "entries 'FROM:=TO'"
 
     def renames(self) -> dict:
         return dict(r.split(':=', 1) for r in self.remap)

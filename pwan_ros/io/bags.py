@@ -124,7 +124,7 @@ def clock(stamp_ns: int):
 class BagWriter:
     """Write a rosbag2 directory (mcap by default) message by message, atomically.
 
-    ``with BagWriter(path) as w: w.write('/points', stamp_ns, msg)`` -- topics are added on
+    ``with BagWriter(path) as w: w.write(topic, stamp_ns, msg)`` -- topics are added on
     first use from the message's type. ``path`` must not exist yet (rosbag2 convention). The bag
     is written under a temporary sibling directory and renamed to ``path`` only when the ``with``
     block completes: a failed or interrupted conversion (an exception, Ctrl-C, a full disk)

@@ -5,8 +5,11 @@ parameters of the ``pwan_odometry`` node, the keys of ``config/odometry.yaml`` a
 table are generated from it. Lengths in metres, angles in radians (REP-103).
 
 Names shared with :class:`pwan_ros.core.RegistrationConfig` mean the same thing (``transform``,
-``divergence``, ``mass_ratio``, ``distance_threshold``, ``potential_updates``, ``device``,
-``seed``); ``pwan_<name>`` is the core's ``<name>`` for the full-PWAN path (``pwan_steps`` =
+``divergence``, ``mass_ratio``, ``potential_updates``, ``device``, ``seed``, ``compile``);
+``distance_threshold`` is the same distance h, but its automatic value differs: 0 here = 2 x
+``scan_voxel_size`` (None in the core = 2 x the median nearest-neighbour spacing), and the core
+always receives the resolved metres. ``pwan_<name>`` is the core's ``<name>`` for the full-PWAN
+path (``pwan_steps`` =
 ``steps``, ``pwan_max_points`` = ``max_points``); ``scan_<name>`` is per-scan preprocessing, which
 the core does not do the same way (``scan_voxel_size`` 0 = automatic, never off).
 """
@@ -15,12 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping
 
 from pwan_ros.core.config import RegistrationConfig
-from pwan_ros.params import param, problem, specs, value_type
+from pwan_ros.params import check, param, specs
 
 #: the core's ``compile`` field, passed through unchanged (one description)
 _CORE_COMPILE = specs(RegistrationConfig)['compile'][1]
@@ -30,10 +32,6 @@ TRANSFORMS = ('rigid', 'affine', 'nonrigid')
 DIVERGENCES = ('mass', 'distance')
 DESKEW_MODES = ('auto', 'on', 'off')
 RELIABILITIES = ('auto', 'best_effort', 'reliable')
-
-#: parameters renamed in 0.2 (old name -> new name); the old names are accepted, with a warning,
-#: for one release
-RENAMED = {'voxel_size': 'scan_voxel_size', 'max_points': 'scan_max_points', 'steps': 'pwan_steps'}
 
 
 class ConfigError(ValueError):
@@ -120,7 +118,9 @@ class OdometryConfig:
         3, 'potential-network updates per transform update (u of Alg. 1)', 1, 10_000
     )
     device: str = param(
-        'auto', 'compute device of PWAN: auto (CUDA when available) | cpu | cuda | cuda:N'
+        'auto',
+        'compute device of PWAN; auto = CUDA when available',
+        fmt='device',
     )
     seed: int = param(0, 'random seed of PWAN and of the point subsets', 0, 2**31 - 1)
     compile: str = param('auto', _CORE_COMPILE.description, choices=_CORE_COMPILE.choices)
@@ -179,11 +179,12 @@ class OdometryConfig:
         1,
         50,
     )
-    odom_frame: str = param('odom', 'fixed frame of the published pose (REP-105)')
+    odom_frame: str = param('odom', 'fixed frame of the published pose (REP-105)', fmt='frame_id')
     base_frame: str = param(
         '',
         "moving frame of the published pose; '' = the cloud's frame_id, otherwise a "
         'static transform base_frame -> cloud frame must be on /tf_static',
+        fmt='frame_id',
     )
     publish_tf: bool = param(True, 'broadcast odom_frame -> base_frame on /tf')
     reliability: str = param(
@@ -223,41 +224,17 @@ class OdometryConfig:
     )
 
     def __post_init__(self):
-        for name in specs(type(self)):
-            value = getattr(self, name)
-            why = problem(type(self), name, value)
-            if why:
-                raise ConfigError(f"invalid value {value!r} for parameter '{name}': {why}")
-            if value_type(type(self), name)[0] is float:
-                object.__setattr__(self, name, float(value))  # YAML / ROS may give 1 for 1.0
+        check(self, ConfigError, flags=False, rules=OdometryConfig._rules)
 
-        def check(ok, name, allowed):
-            if not ok:
-                raise ConfigError(
-                    f"invalid value {getattr(self, name)!r} for parameter '{name}': "
-                    f'expected {allowed}'
-                )
-
-        check(
+    def _rules(self):
+        """The cross-field rules (:func:`pwan_ros.params.check`): ``(ok, field, allowed)``."""
+        yield (
             self.max_range == 0.0 or self.max_range > self.min_range,
             'max_range',
             '0 (off) or a number > min_range',
         )
-        check(
-            self.device in ('auto', 'cpu', 'cuda')
-            or (self.device.startswith('cuda:') and self.device[5:].isdigit()),
-            'device',
-            'auto | cpu | cuda | cuda:N',
-        )
-        check(
-            bool(self.odom_frame) and not self.odom_frame.startswith('/'),
-            'odom_frame',
-            'a non-empty frame id without a leading slash',
-        )
-        check(
-            not self.base_frame.startswith('/'), 'base_frame', 'a frame id without a leading slash'
-        )
-        check(
+        yield bool(self.odom_frame), 'odom_frame', 'a non-empty frame id'
+        yield (
             self.transform == 'rigid' or bool(self.reference_cloud),
             'transform',
             "'rigid' unless reference_cloud is set (scan-to-scan motion is rigid)",
@@ -268,14 +245,12 @@ class OdometryConfig:
 
     @classmethod
     def specs(cls):
-        """``name -> (default, FieldSpec)`` of every parameter."""
+        """``name -> (default, ParamSpec)`` of every parameter."""
         return specs(cls)
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> 'OdometryConfig':
-        """Build from a mapping (e.g. a YAML file's ros__parameters); unknown keys are errors, the
-        old names of :data:`RENAMED` parameters are accepted with a FutureWarning."""
-        values = upgrade_names(values)
+        """Build from a mapping (e.g. a YAML file's ros__parameters); unknown keys are errors."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - names)
         if unknown:
@@ -284,21 +259,3 @@ class OdometryConfig:
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def upgrade_names(values: Mapping[str, Any]) -> Dict[str, Any]:
-    """``values`` with the old names of :data:`RENAMED` parameters replaced (one FutureWarning
-    each); giving both the old and the new name is an error."""
-    out = dict(values)
-    for old, new in RENAMED.items():
-        if old in out:
-            if new in out:
-                raise ConfigError(f"parameter '{old}' was renamed '{new}': give only '{new}'")
-            warnings.warn(
-                f"parameter '{old}' was renamed '{new}'; the old name will stop working in the "
-                'next release',
-                FutureWarning,
-                stacklevel=3,
-            )
-            out[new] = out.pop(old)
-    return out

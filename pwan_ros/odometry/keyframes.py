@@ -23,12 +23,12 @@ from pwan_ros.odometry.scan_filter import voxel_grid
 
 @dataclass
 class Keyframe:
-    """cloud: what scans are tracked against, in the keyframe's sensor frame, prepared for GICP:
-    the local map (the newest keyframe's downsampled scan when ``local_map_keyframes`` is 1, or
-    the reference cloud). pose: (4, 4) T_odom_keyframe. index: 1, 2, ... in order of creation
-    (0: the reference cloud). map_keyframes: keyframe scans in ``cloud``."""
+    """local_map: what scans are tracked against, in the keyframe's sensor frame, prepared for
+    GICP (the newest keyframe's downsampled scan when ``local_map_keyframes`` is 1, or the
+    reference cloud). pose: (4, 4) T_odom_keyframe. index: 1, 2, ... in order of creation
+    (0: the reference cloud). map_keyframes: keyframe scans in ``local_map``."""
 
-    cloud: PreparedCloud
+    local_map: PreparedCloud
     pose: np.ndarray
     index: int
     is_reference: bool = False

@@ -106,7 +106,7 @@ class Odometer:
             t_odom_base,
             t_odom_base @ t_base_sensor,
             twist,
-            pose_covariance(est, self.pipeline.h),
+            pose_covariance(est, self.pipeline.distance_threshold),
             deformed,
             est,
             notices,

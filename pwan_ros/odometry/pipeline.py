@@ -48,7 +48,6 @@ from pwan_ros.odometry.trust import TrustPolicy, Verdict
 
 __all__ = [
     'OdometryPipeline',
-    'ScanPipeline',
     'ScanEstimate',
     'ScanError',
     'Keyframe',
@@ -172,8 +171,8 @@ class OdometryPipeline:
         return self.preparer.voxel_size
 
     @property
-    def h(self) -> float:
-        """Partial-matching distance (m)."""
+    def distance_threshold(self) -> float:
+        """Partial-matching distance h (m): ``distance_threshold``, 0 = 2 x the voxel size."""
         return self.config.distance_threshold or 2.0 * self.voxel_size
 
     # ------------------------------------------------------------------ main entry
@@ -214,7 +213,11 @@ class OdometryPipeline:
         verdict = self.trust.screen(kf, len(scan.dense))  # decided before registering, or None
         reg = _unregistered(verdict) if verdict else self._register(kf, scan, init, timings)
         verdict = verdict or self.trust.judge(
-            reg.quality, reg.note, reg.deviation, self.h, deformed=reg.aligned_points is not None
+            reg.quality,
+            reg.note,
+            reg.deviation,
+            self.distance_threshold,
+            deformed=reg.aligned_points is not None,
         )
         pose, new_keyframe = self._update(verdict, kf, scan, reg, stamp, timings)
         return self._estimate(stamp, scan, verdict, reg, pose, new_keyframe, t0, timings, deskewed)
@@ -262,15 +265,20 @@ class OdometryPipeline:
         t0 = time.perf_counter()
         capture = self._capture_range()
         tr = track(
-            kf.cloud, scan.tracked, init, self.h, num_threads=self.num_threads, capture=capture
+            kf.local_map,
+            scan.tracked,
+            init,
+            self.distance_threshold,
+            num_threads=self.num_threads,
+            capture=capture,
         )
         timings['track'] = (time.perf_counter() - t0) * 1e3
-        note = self.trust.distrust(tr.quality, self.h)
-        if not note and capture > 2.0 * self.h:
+        note = self.trust.distrust(tr.quality, self.distance_threshold)
+        if not note and capture > 2.0 * self.distance_threshold:
             # a gap with no velocity to predict from: a wide search can settle on a pose near the
             # last one ("no motion" on a road); the self-check judges it before it is trusted
             t1 = time.perf_counter()
-            check = check_pose(transform_points(tr.transform, scan.dense), kf.cloud.points)
+            check = check_pose(transform_points(tr.transform, scan.dense), kf.local_map.points)
             timings['check'] = (time.perf_counter() - t1) * 1e3
             if check.status != 'ok':
                 note = (
@@ -296,10 +304,10 @@ class OdometryPipeline:
         good = self.trust.good_match()  # infinite without a history: then no global search either
         rec = recover(
             self.pwan,
-            kf.cloud,
+            kf.local_map,
             scan.tracked,
             init,
-            self.h,
+            self.distance_threshold,
             self.config.recovery_yaw_starts,
             good,
             deadline,
@@ -329,9 +337,13 @@ class OdometryPipeline:
         """Affine / non-rigid registration of the scan to the fixed reference (full PWAN)."""
         t0 = time.perf_counter()
         deadline = t0 + self.config.pwan_time_budget_ms * 1e-3
-        result = self.pwan.align(scan.dense, kf.cloud.points, init, self.h, deadline)
+        result = self.pwan.align(
+            scan.dense, kf.local_map.points, init, self.distance_threshold, deadline
+        )
         timings['pwan'] = (time.perf_counter() - t0) * 1e3
-        quality = match_quality(kf.cloud, result.transformed_source, np.eye(4), self.h)
+        quality = match_quality(
+            kf.local_map, result.transformed_source, np.eye(4), self.distance_threshold
+        )
         aligned = result.transformed_source @ kf.pose[:3, :3].T + kf.pose[:3, 3]
         return Registration(
             result.transform, quality, result.iterations, True, starts=1, aligned_points=aligned
@@ -471,7 +483,3 @@ def _unregistered(verdict: Verdict) -> Registration:
     itself, a collapsed scan nothing."""
     quality = _PERFECT if verdict.action in ('init', 'reanchor') else _NOTHING
     return Registration(np.eye(4), quality)
-
-
-#: the old name, kept for one release
-ScanPipeline = OdometryPipeline

@@ -1,6 +1,8 @@
 """Typed parameters: each config field declares its default, description and range once; config
 validation, ROS parameter descriptors, CLI flags, YAML files and the docs tables are read from
-it."""
+it. Every config validates in its ``__post_init__`` with :func:`check`: the field specs, then its
+few cross-field rules, each failure one line naming the parameter, its value and what is allowed.
+"""
 
 from __future__ import annotations
 
@@ -9,31 +11,50 @@ import functools
 import math
 import typing
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 
 __all__ = [
-    'FieldSpec',
+    'ParamSpec',
+    'POINTS_TOPIC',
     'REQUIRED',
+    'FORMATS',
     'param',
     'specs',
     'value_type',
     'problem',
     'check',
+    'invalid',
     'markdown_table',
     'ros_params_yaml',
 ]
+
+#: the default scan topic (sensor_msgs/PointCloud2) of every tool and launch file
+POINTS_TOPIC = '/points'
 
 #: ``param(REQUIRED, ...)``: a field without a default (a positional input such as a path)
 REQUIRED = dataclasses.MISSING
 
 
+def _is_device(value: str) -> bool:
+    return value in ('auto', 'cpu', 'cuda') or (value[:5] == 'cuda:' and value[5:].isdigit())
+
+
+#: string formats a field may require (``ParamSpec.fmt``): name -> (test, the allowed values in
+#: words)
+FORMATS: Dict[str, Tuple[Callable[[str], bool], str]] = {
+    'device': (_is_device, 'auto | cpu | cuda | cuda:N'),
+    'frame_id': (lambda v: not v.startswith('/'), 'a frame id without a leading slash'),
+}
+
+
 @dataclass(frozen=True)
-class FieldSpec:
+class ParamSpec:
     """Metadata of one config field.
 
     description: one line, with units (REP-103: metres, radians). low / high: inclusive numeric
-    bounds (None: unbounded); low_open / high_open: that bound itself is excluded. choices:
-    allowed strings.
+    bounds (None: unbounded; for a tuple field, the bounds of each element); low_open /
+    high_open: that bound itself is excluded. choices: allowed strings. fmt: a string format of
+    :data:`FORMATS` (e.g. ``'device'``).
     """
 
     description: str
@@ -42,12 +63,15 @@ class FieldSpec:
     choices: Tuple[str, ...] = ()
     low_open: bool = False
     high_open: bool = False
+    fmt: str = ''
 
     def range_text(self) -> str:
         """The allowed values in words: ``'a | b'``, ``'[0, 1]'``, ``'(0, 1]'``, ``'>= 1'`` or
         ``''``."""
         if self.choices:
             return ' | '.join(self.choices)
+        if self.fmt:
+            return FORMATS[self.fmt][1]
         if self.low is None and self.high is None:
             return ''
         if self.high is None:
@@ -72,10 +96,13 @@ def param(
     choices=(),
     low_open: bool = False,
     high_open: bool = False,
+    fmt: str = '',
 ):
-    """A dataclass field carrying its :class:`FieldSpec` (``metadata['spec']``); ``default``
+    """A dataclass field carrying its :class:`ParamSpec` (``metadata['spec']``); ``default``
     :data:`REQUIRED` makes a field without a default."""
-    spec = FieldSpec(description, low, high, tuple(choices), low_open, high_open)
+    if fmt and fmt not in FORMATS:
+        raise ValueError(f'unknown format {fmt!r} (known: {", ".join(FORMATS)})')
+    spec = ParamSpec(description, low, high, tuple(choices), low_open, high_open, fmt)
     if default is REQUIRED:
         return dataclasses.field(metadata={'spec': spec})
     if isinstance(default, (list, dict, set)):
@@ -85,8 +112,8 @@ def param(
     return dataclasses.field(default=default, metadata={'spec': spec})
 
 
-def specs(cls) -> Dict[str, Tuple[Any, FieldSpec]]:
-    """``name -> (default, FieldSpec)`` for every field of config dataclass ``cls`` that carries a
+def specs(cls) -> Dict[str, Tuple[Any, ParamSpec]]:
+    """``name -> (default, ParamSpec)`` for every field of config dataclass ``cls`` that carries a
     spec (nested sub-configs do not); a required field's default is :data:`REQUIRED`."""
     out = {}
     for f in dataclasses.fields(cls):
@@ -119,11 +146,40 @@ def value_type(cls, name: str) -> Tuple[type, bool]:
     return origin, optional
 
 
+def _element_types(cls, name: str) -> Tuple[type, ...]:
+    """Element types of a ``Tuple[...]`` field (``Tuple[int, int]`` -> ``(int, int)``; ``()`` for
+    a bare ``tuple`` or ``Tuple[x, ...]``)."""
+    hint = _hints(cls)[name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if args and typing.get_origin(hint) is not tuple:  # Optional[Tuple[...]]
+        hint = args[0]
+    inner = typing.get_args(hint)
+    return () if not inner or Ellipsis in inner else tuple(inner)
+
+
+def _number_problem(spec: ParamSpec, kind: type, value: Any) -> Optional[str]:
+    """What is wrong with number ``value`` for a field of type ``kind`` (int or float), or None."""
+    rng = spec.range_text()
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    ok_type = is_int if kind is int else (is_int or isinstance(value, float))
+    noun = 'an integer' if kind is int else 'a number'
+    want = f'expected {noun}' + (
+        f' {rng}' if rng.startswith(('<', '>')) else f' in {rng}' if rng else ''
+    )
+    if not ok_type or not math.isfinite(value):
+        return want
+    if spec.low is not None and (value < spec.low or (spec.low_open and value == spec.low)):
+        return want
+    if spec.high is not None and (value > spec.high or (spec.high_open and value == spec.high)):
+        return want
+    return None
+
+
 def problem(cls, name: str, value: Any) -> Optional[str]:
     """What is wrong with ``value`` for field ``name`` of ``cls`` (``'expected ...'``), or None.
 
-    Checks the type (an int is a valid float; a bool is not a number), finiteness and the spec's
-    range and choices."""
+    Checks the type (an int is a valid float; a bool is not a number), finiteness, the spec's
+    range, choices and format; a ``Tuple[...]`` field: its length and each element."""
     kind, optional = value_type(cls, name)
     spec = cls.__dataclass_fields__[name].metadata['spec']
     rng = spec.range_text()
@@ -134,45 +190,66 @@ def problem(cls, name: str, value: Any) -> Optional[str]:
     if kind is str:
         if not isinstance(value, str):
             return f'expected {rng or "a string"}'
+        if spec.fmt and not FORMATS[spec.fmt][0](value):
+            return f'expected {rng}'
         return None if not spec.choices or value in spec.choices else f'expected {rng}'
     if kind in (int, float):
-        is_int = isinstance(value, int) and not isinstance(value, bool)
-        ok_type = is_int if kind is int else (is_int or isinstance(value, float))
-        noun = 'an integer' if kind is int else 'a number'
-        want = f'expected {noun}' + (
+        return _number_problem(spec, kind, value)
+    if kind is tuple:
+        types = _element_types(cls, name)
+        if not types:
+            return None if isinstance(value, (tuple, list)) else 'expected a list'
+        noun = {int: 'integers', float: 'numbers'}.get(types[0], 'values')
+        want = f'expected {len(types)} {noun}' + (
             f' {rng}' if rng.startswith(('<', '>')) else f' in {rng}' if rng else ''
         )
-        if not ok_type or not math.isfinite(value):
+        if not isinstance(value, (tuple, list)) or len(value) != len(types):
             return want
-        if spec.low is not None and (value < spec.low or (spec.low_open and value == spec.low)):
-            return want
-        if spec.high is not None and (
-            value > spec.high or (spec.high_open and value == spec.high)
-        ):
+        if any(_number_problem(spec, t, v) for t, v in zip(types, value) if t in (int, float)):
             return want
     return None
 
 
-def check(config, error=ValueError, flags: bool = True) -> None:
-    """Validate every spec'd field of dataclass instance ``config`` (call from ``__post_init__``).
+def invalid(name: str, value: Any, expected: str, flags: bool = False) -> str:
+    """The one-line message of an invalid value: ``"invalid value V for parameter 'name':
+    expected ..."`` or, for a command-line tool (``flags``), ``'--name-with-dashes V: expected
+    ...'``."""
+    if flags:
+        return f"--{name.replace('_', '-')} {value!r}: {expected}"
+    return f"invalid value {value!r} for parameter '{name}': {expected}"
 
-    Raises ``error('--name-with-dashes: expected ...')`` (``flags``; CLI-facing configs) or
-    ``error("invalid value ... for parameter 'name': expected ...")``; converts ints given for
-    float fields to float (YAML / ROS may give 1 for 1.0)."""
+
+def check(
+    config,
+    error=ValueError,
+    flags: bool = True,
+    prefix: str = '',
+    rules: Optional[Callable[[Any], Iterable[Tuple[bool, str, str]]]] = None,
+) -> None:
+    """Validate dataclass instance ``config`` (call from ``__post_init__``): every spec'd field,
+    then the cross-field ``rules(config)``: ``(ok, field name, allowed values in words)`` triples.
+
+    Raises ``error`` with the one line of :func:`invalid` (``flags``: CLI-facing configs;
+    ``prefix``: a nested section's key, e.g. ``'potential.'``). Converts ints given for float
+    fields to float (YAML / ROS may give 1 for 1.0) and lists given for tuple fields to tuples."""
     cls = type(config)
     for name in specs(cls):
         value = getattr(config, name)
         why = problem(cls, name, value)
         if why:
-            if flags:
-                raise error(f"--{name.replace('_', '-')} {value!r}: {why}")
-            raise error(f"invalid value {value!r} for parameter '{name}': {why}")
-        if (
-            value_type(cls, name)[0] is float
-            and isinstance(value, int)
-            and not isinstance(value, bool)
-        ):
+            raise error(invalid(prefix + name, value, why, flags))
+        kind = value_type(cls, name)[0]
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
             object.__setattr__(config, name, float(value))
+        elif kind is tuple and isinstance(value, (list, tuple)):
+            types = _element_types(cls, name) or (None,) * len(value)
+            object.__setattr__(
+                config, name, tuple(float(v) if t is float else v for t, v in zip(types, value))
+            )
+    for ok, name, expected in rules(config) if rules is not None else ():
+        if not ok:
+            value = getattr(config, name)
+            raise error(invalid(prefix + name, value, 'expected ' + expected, flags))
 
 
 def markdown_table(cls, prefix: str = '') -> str:
@@ -194,19 +271,22 @@ def markdown_table(cls, prefix: str = '') -> str:
     return '\n'.join(rows) + '\n'
 
 
-def ros_params_yaml(cls, node: str, header: str, aliases: Mapping[str, str] = None) -> str:
-    """A ROS 2 parameter file ``{node: {ros__parameters: ...}}`` holding every field of ``cls`` at
-    its default, each under a comment with its description and range. ``header``: leading comment
-    lines (without ``#``)."""
+def ros_params_yaml(classes, node: str, header: str) -> str:
+    """A ROS 2 parameter file ``{node: {ros__parameters: ...}}`` holding every field of config
+    class ``classes`` (or of each class of a sequence, in order) at its default, each under a
+    comment with its description and range. ``header``: leading comment lines (without ``#``)."""
     import textwrap
 
     import yaml
 
     out = [f'# {line}'.rstrip() for line in header.strip().splitlines()]
     out += [f'{node}:', '  ros__parameters:']
-    for name, (default, spec) in specs(cls).items():
-        rng = spec.range_text()
-        text = spec.description + (f'; range {rng}' if rng and not spec.choices else '')
-        out += textwrap.wrap(text, 96, initial_indent='    # ', subsequent_indent='    #   ')
-        out.append('    ' + yaml.safe_dump({name: default}, default_flow_style=False).strip())
+    for cls in classes if isinstance(classes, (list, tuple)) else (classes,):
+        for name, (default, spec) in specs(cls).items():
+            rng = spec.range_text()
+            text = spec.description + (
+                f'; range {rng}' if rng and not (spec.choices or spec.fmt) else ''
+            )
+            out += textwrap.wrap(text, 96, initial_indent='    # ', subsequent_indent='    #   ')
+            out.append('    ' + yaml.safe_dump({name: default}, default_flow_style=False).strip())
     return '\n'.join(out) + '\n'

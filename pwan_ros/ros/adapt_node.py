@@ -25,32 +25,13 @@ from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rcl_interfaces.msg import ParameterDescriptor, ParameterType
 from rclpy.node import Node
 
-from pwan_ros.adaptation.config import AdaptConfig
+from pwan_ros.adaptation.config import AdaptConfig, AdaptIO
 from pwan_ros.adaptation.errors import AdaptError
-from pwan_ros.params import FieldSpec
+from pwan_ros.params import specs
 from pwan_ros.ros.args import params_file_problem
-from pwan_ros.ros.params import descriptor
+from pwan_ros.ros.params import descriptor, undeclared
 
 STATUS_NAME = 'adapt_node: training'
-#: the node's parameters besides the AdaptConfig fields: name -> (default, spec)
-IO_PARAMS = {
-    'labelled': (
-        '',
-        FieldSpec('.npz with features (N, D), labels (N,), optional class_names (required)'),
-    ),
-    'unlabelled': (
-        '',
-        FieldSpec('.npz with features (M, D), optional evaluation labels (required)'),
-    ),
-    'output': ('', FieldSpec('output directory (required)')),
-}
-NODE_PARAMS = {
-    'resume': (False, FieldSpec('continue from output/checkpoints/latest.pt')),
-    'progress_interval': (
-        20,
-        FieldSpec('training steps between status messages on /diagnostics', 1, 1_000_000),
-    ),
-}
 
 
 class AdaptNode(Node):
@@ -60,40 +41,29 @@ class AdaptNode(Node):
         super().__init__('adapt_node')
         self.errors: List[str] = []
         self._last_status: Optional[tuple] = None
-        specs = AdaptConfig.specs()
         values: Dict[str, Any] = {}
-        for name, (default, spec) in specs.items():
+        for name, (default, spec) in {**specs(AdaptConfig), **specs(AdaptIO)}.items():
             values[name] = self._declare(name, default, descriptor(name, default, spec))
-        io = {
-            name: self._declare(name, d, descriptor(name, d, spec))
-            for name, (d, spec) in IO_PARAMS.items()
-        }
-        resume = self._declare('resume', False, descriptor('resume', *NODE_PARAMS['resume']))
-        interval = self._declare(
-            'progress_interval',
-            20,
-            descriptor('progress_interval', *NODE_PARAMS['progress_interval']),
-        )
-        for name, value in io.items():
-            if not value:
+        io = {name: values.pop(name) for name in specs(AdaptIO)}
+        self.errors += [f"unknown parameter '{name}'" for name in undeclared(self)]
+        for name in ('labelled', 'unlabelled', 'output'):
+            if not io[name]:
                 self.errors.append(
                     f"parameter '{name}' is required (a path), e.g. -p {name}:=/path"
                 )
-        for (
-            name,
-            value,
-        ) in values.items():  # every field on its own, so that all problems are listed
+        for name, value in values.items():  # every field on its own: all problems are listed
             try:
                 AdaptConfig.from_mapping({name: value})
             except AdaptError as exc:
-                self.errors.append(f"invalid parameter '{name}': {exc}")
+                self.errors.append(str(exc))
         self.config: Optional[AdaptConfig] = None
         if not self.errors:
             try:
                 self.config = AdaptConfig.from_mapping(values)
             except AdaptError as exc:
                 self.errors.append(f'invalid parameters: {exc}')
-        self.io, self.resume, self.interval = io, bool(resume), int(interval or 20)
+        self.io = io
+        self.resume, self.interval = bool(io['resume']), int(io['progress_interval'] or 20)
         self.pub = self.create_publisher(DiagnosticArray, '/diagnostics', 10)
         self.stop_requested = False
 

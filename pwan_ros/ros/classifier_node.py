@@ -35,7 +35,7 @@ from std_msgs.msg import Float32, Float32MultiArray, Int32, String
 from pwan_ros.adaptation.deploy import ClassifierConfig, load_classifier
 from pwan_ros.adaptation.errors import AdaptConfigError, AdaptError, AdaptInputError
 from pwan_ros.ros.spin import spin_node
-from pwan_ros.ros.params import declare_config
+from pwan_ros.ros.params import declare_config, undeclared
 
 NAME = 'pwan_classifier'
 
@@ -46,7 +46,10 @@ class ClassifierNode(Node):
 
     def __init__(self, **kwargs):
         super().__init__(NAME, **kwargs)
-        values, _ = declare_config(self, ClassifierConfig, read_only=True)
+        values = declare_config(self, ClassifierConfig, read_only=True)
+        unknown = undeclared(self)
+        if unknown:
+            raise AdaptConfigError(f'unknown parameter(s): {", ".join(unknown)}')
         cfg = self.config = ClassifierConfig(**values)
         if not cfg.model:
             raise AdaptConfigError(

@@ -32,13 +32,13 @@ from tf2_msgs.msg import TFMessage
 from pwan_ros.geometry.frame_graph import FrameGraph
 from pwan_ros.geometry.se3 import from_quaternion, to_quaternion, transform_points
 from pwan_ros.io import pointcloud2 as pc2
-from pwan_ros.odometry.config import RENAMED, ConfigError, OdometryConfig
+from pwan_ros.odometry.config import ConfigError, OdometryConfig
 from pwan_ros.odometry.odometer import Odometer, OdometryUpdate
 from pwan_ros.odometry.pipeline import OdometryPipeline, ScanError
 from pwan_ros.odometry.sweep_times import SweepClock
 from pwan_ros.ros.scan_subscription import ScanSubscription
 from pwan_ros.ros.spin import spin_node
-from pwan_ros.ros.params import declare_config
+from pwan_ros.ros.params import declare_config, undeclared
 
 
 #: diagnostics level of each ScanEstimate.status
@@ -65,11 +65,10 @@ class OdometryNode(Node):
 
     def __init__(self, **kwargs):
         super().__init__('pwan_odometry', **kwargs)
-        values, renamed_notes = declare_config(
-            self, OdometryConfig, read_only=True, renamed=RENAMED
-        )
-        for note in renamed_notes:
-            self.get_logger().warning(note)
+        values = declare_config(self, OdometryConfig, read_only=True)
+        unknown = undeclared(self)
+        if unknown:
+            raise ConfigError(f'unknown parameter(s): {", ".join(unknown)}')
         self.config = OdometryConfig.from_dict(values)  # raises ConfigError
         cfg = self.config
         from pwan_ros.core.device import resolve_device
@@ -265,7 +264,7 @@ class OdometryNode(Node):
                 'num_far_points': str(est.num_far),
                 'keyframe': str(est.keyframe),
                 'voxel_size_m': f'{self.pipeline.voxel_size:.4f}',
-                'distance_threshold_m': f'{self.pipeline.h:.4f}',
+                'distance_threshold_m': f'{self.pipeline.distance_threshold:.4f}',
                 **{f'{k}_ms': f'{v:.2f}' for k, v in est.timings_ms.items()},
             },
         )
