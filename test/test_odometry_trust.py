@@ -23,7 +23,7 @@ def policy_with_history(**config):
 
 def keyframe(reference=False):
     return Keyframe(
-        cloud=None, pose=np.eye(4), index=0 if reference else 1, is_reference=reference
+        local_map=None, pose=np.eye(4), index=0 if reference else 1, is_reference=reference
     )
 
 
