@@ -155,17 +155,20 @@ def _shape(kind, n, seed):
     n=st.integers(3, 5000),
     scale=st.sampled_from([1e-3, 1.0, 1e4]),
     seed=st.integers(0, 10),
+    mode=st.sampled_from([[], ['--global']]),
 )
-def test_cli_any_size_shape_scale_is_a_result_or_one_line(tmp_path, capsys, kind, n, scale, seed):
-    """pwan_register on 3-5000 points of a blob, a plane, a line or a corridor at 1 mm - 10 km,
-    source and reference sampled apart (as two sensor views are): exit 0 (vouched for), 2 (bad
-    input) or 3 (refused), one line on stderr, never a traceback; a plane or a line is never
-    vouched for."""
+def test_cli_any_size_shape_scale_is_a_result_or_one_line(
+    tmp_path, capsys, kind, n, scale, seed, mode
+):
+    """pwan_register (default or --global) on 3-5000 points of a blob, a plane, a line or a
+    corridor at 1 mm - 10 km, source and reference sampled apart (as two sensor views are): exit
+    0 (vouched for), 2 (bad input) or 3 (refused), one line on stderr, never a traceback; a plane
+    or a line is never vouched for."""
     t = np.eye(4)
     t[:3, 3] = [0.1 * scale, 0.0, 0.05 * scale]
     write_points(str(tmp_path / 's.npy'), moved(_shape(kind, n, seed) * scale, t))
     write_points(str(tmp_path / 'r.npy'), _shape(kind, n, seed + 100) * scale)
-    code = main([str(tmp_path / 's.npy'), str(tmp_path / 'r.npy'), '--quiet', '--json'])
+    code = main([str(tmp_path / 's.npy'), str(tmp_path / 'r.npy'), '--quiet', '--json'] + mode)
     out, err = capsys.readouterr()
     assert code in (0, 2, 3), err
     assert 'Traceback' not in err

@@ -50,7 +50,7 @@ RIVAL_TURN_DEG = 15.0
 RIVAL_MARGIN = 0.05
 #: a rival is distinct when it moves the source points by more than this many gates (RMS)
 RIVAL_DISTINCT = 2.0
-#: the judging voxel shrinks (by 1.5x, at most MAX_REFINE times, never below the reference's
+#: the judging voxel shrinks (by 1.5x, at most MAX_REFINE times, never below half the reference's
 #: sampling spacing) until random places in the source's box are within the gate of the reference
 #: at most this often (a small or sparse cloud); still more often: refused (a flat source fills
 #: its own box, so chance explains any overlap)
@@ -137,17 +137,17 @@ def _surface(points: np.ndarray, voxel: float) -> np.ndarray:
 
 
 def _finest_voxel(points: np.ndarray, target: int = JUDGE_POINTS) -> float:
-    """The lower-quartile nearest-neighbour spacing of ``points`` (n, d) (a quartile: outliers
-    cannot raise it): below it, the surfaces' points no longer share voxels."""
+    """Half the lower-quartile nearest-neighbour spacing of ``points`` (n, d) (a quartile:
+    outliers cannot raise it): below it, hardly any of the surfaces' points share a voxel."""
     extent = float(np.linalg.norm(np.ptp(points, axis=0)))
     sample = random_subset(points, 4 * target, np.random.default_rng(0))
     nn = np.sort(cKDTree(points).query(sample, k=2)[0][:, 1])
-    return max(float(nn[len(nn) // 4]), 1e-6 * extent, 1e-12)
+    return max(0.5 * float(nn[len(nn) // 4]), 1e-6 * extent, 1e-12)
 
 
 def judging_voxel(reference: np.ndarray, target: int = JUDGE_POINTS) -> float:
     """The judging voxel (caller units) of ``reference`` (m, d): the smallest voxel at which the
-    number of voxels holding two or more points is falling and at most ``target`` (the
+    number of voxels holding two or more points is falling and at most ``target`` (half the
     spacing when none is, below a tenth of the extent).
 
     Surfaces fill voxels many points to one; uniform outliers rarely share a voxel while it is
