@@ -493,3 +493,20 @@ def test_scans_dropped_at_speed_are_bridged(dropped):
         est = pipe.process(s.xyz, s.stamp_ns * 1e-9)
         assert est.accepted and est.path == 'track' or est.path == 'init', (est.path, est.reason)
         assert pose_error(est.pose, invert(gt0) @ s.pose)[1] < 0.1
+
+
+def test_estimate_carries_the_diagnostics_status_and_time_budget(sim_scans):
+    """The odometry's policy reaches the node in the estimate: 'ok' for an accepted scan, 'warn'
+    for a rejected one, with a one-line message; over_budget on a tracking path past
+    time_budget_ms (never on the full-PWAN path, which has its own budget)."""
+    pipe = OdometryPipeline(OdometryConfig(mode='tracking', time_budget_ms=1e-3))
+    for s in sim_scans[:4]:
+        est = pipe.process(s.xyz, s.stamp_ns * 1e-9)
+        assert est.status == 'ok' and est.message == est.path and est.over_budget
+    noise = np.random.default_rng(0).uniform(-40.0, 40.0, (5000, 3))
+    est = pipe.process(noise, sim_scans[4].stamp_ns * 1e-9)
+    assert est.path == 'rejected' and est.status == 'warn'
+    assert est.message == f'rejected: {est.reason}' and est.reason.startswith('matched ratio')
+    relaxed = OdometryPipeline(OdometryConfig(mode='tracking'))
+    est = relaxed.process(sim_scans[0].xyz, 0.0)
+    assert est.path == 'init' and not est.over_budget

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable, Dict, Optional
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -27,6 +28,7 @@ from .finetune import query_workers, select_pairs
 from .finetune_stage import finetune_data, finetune_stage
 from .global_search import register_global
 from .multistart import (
+    Candidate,
     OverlapScorer,
     distinct_poses,
     overlap_score,
@@ -52,30 +54,35 @@ from .verify import check_pose
 __all__ = ['register', 'refine', 'ReferenceCache']
 
 
+@dataclass(frozen=True)
+class _Effort:
+    """What a registration spent: ``t0`` (time.perf_counter seconds at its start), ``timings``
+    (seconds per stage), Alg. 1 steps, potential updates and fine-tune iterations."""
+
+    t0: float
+    timings: Dict[str, float]
+    iterations: int = 0
+    updates: int = 0
+    finetune_iterations: int = 0
+
+
 def _finish(
     prob: Problem,
     config: RegistrationConfig,
-    kind: str,
-    a: np.ndarray,
-    t: np.ndarray,
-    v_fn,
+    cand: Candidate,
+    effort: _Effort,
     h_caller: Optional[float],
-    t0: float,
-    timings: Dict[str, float],
-    iterations: int,
-    updates: int,
-    ft_iters: int,
-    converged: bool,
-    h_pot: Optional[float],
-    state,
     device: str,
-    start_index: int = 0,
     fit_tree: Optional[cKDTree] = None,
     polish: bool = False,
 ) -> RegistrationResult:
-    """Assemble the result: caller-frame transform, transformed points, match weights, the
-    self-check (:mod:`verify`, ``config.self_check``).
+    """Assemble the result of ``cand`` (normalised frame): caller-frame transform, transformed
+    points, match weights, the self-check (:mod:`verify`, ``config.self_check``).
+    h_caller: the distance threshold (caller units; None for the mass divergence).
     polish: a rigid 3-D result gets the plane-aware polish (:mod:`polish`, ``finetune.polish``)."""
+    kind = config.transform
+    a, t, v_fn = cand.a, cand.t, cand.v_fn
+    t0, timings = effort.t0, effort.timings
     norm = prob.norm
     m_lin, b = norm.to_caller(a, t)
     total = homogeneous(m_lin, b) @ prob.init
@@ -135,10 +142,10 @@ def _finish(
         match_weights=weights,
         source_valid=prob.src.valid,
         matched_ratio=float(weights.mean()),
-        converged=bool(converged),
-        iterations=int(iterations),
-        potential_updates=int(updates),
-        finetune_iterations=int(ft_iters),
+        converged=bool(cand.converged),
+        iterations=int(effort.iterations),
+        potential_updates=int(effort.updates),
+        finetune_iterations=int(effort.finetune_iterations),
         time_s=time.perf_counter() - t0,
         timings=timings,
         num_source=int(n_s),
@@ -147,11 +154,11 @@ def _finish(
         num_dropped_reference=prob.ref.dropped,
         mass=prob.mass,
         distance_threshold=h_caller,
-        h=h_pot,
+        h=None if cand.h is None else cand.h * norm.scale,
         displacement=disp,
-        potential_state=state,
+        potential_state=cand.state,
         device=device,
-        start_index=start_index,
+        start_index=cand.index,
         check=verdict,
         status=verdict.status if verdict is not None else 'ok',
         reason=verdict.reason if verdict is not None else '',
@@ -198,19 +205,9 @@ def refine(
     return _finish(
         prob,
         config,
-        kind,
-        a,
-        t,
-        v_fn,
+        Candidate(0.0, a, t, v_fn, conv, None, None),
+        _Effort(t0, timings, finetune_iterations=iters),
         h_caller,
-        t0,
-        timings,
-        0,
-        0,
-        iters,
-        conv,
-        None,
-        None,
         str(dev),
         fit_tree=prep.fit_tree(),
     )
@@ -228,10 +225,10 @@ def _single_start(
     seed: int,
     should_stop: Optional[Callable[[], bool]] = None,
     h_floor: float = 0.0,
-):
+) -> Tuple[Candidate, int, int]:
     """Alg. 1 (one start, :func:`alg1.run_alg1`) in the normalised frame from the rotation ``rot0``
-    (column convention, about the origin). Returns (a, t, v_fn, steps, updates, converged,
-    h_final_normalised, state)."""
+    (column convention, about the origin). Returns (the start as a :class:`Candidate` of score 0,
+    Alg. 1 steps, potential updates)."""
     kind = config.transform
     d = ys_np.shape[1]
     coh = None
@@ -267,7 +264,7 @@ def _single_start(
             return _c.interpolate(_v, torch.as_tensor(p, dtype=torch.float64)).numpy()
 
         v_fn = _offsets
-    return st.a, st.t, v_fn, out.steps, out.updates, st.converged, st.h, st.state
+    return Candidate(0.0, st.a, st.t, v_fn, st.converged, st.h, st.state), out.steps, out.updates
 
 
 def register(
@@ -512,18 +509,20 @@ def _register_candidates(
                 finetune,
                 score_of,
             ),
-            key=lambda c: c[0],
+            key=lambda c: c.score,
         )
         if config.finetune.enabled:
             # the finalists were compared after the fine-tune on start_finetune_points source
             # points (the score's own sample size); only the winner gets the dense fine-tune
-            score, (a, t, v_fn, conv, h_final, state, idx) = cands[0]
-            a, t, v_fn, ft_conv = finetune(a, t)
-            cands[0] = (score, (a, t, v_fn, conv and ft_conv, h_final, state, idx))
+            best = cands[0]
+            a, t, v_fn, ft_conv = finetune(best.a, best.t)
+            cands[0] = dataclasses.replace(
+                best, a=a, t=t, v_fn=v_fn, converged=best.converged and ft_conv
+            )
     else:
         ta = time.perf_counter()
         with thread_scope(config.threads):
-            a, t, v_fn, steps, updates, conv, h_final, state = _single_start(
+            cand, steps, updates = _single_start(
                 config,
                 device,
                 ys_np,
@@ -541,33 +540,24 @@ def _register_candidates(
         tot['updates'] += updates
         ft_conv = True
         if config.finetune.enabled:
-            a, t, v_fn, ft_conv = finetune(a, t, v_fn)
-        cands = [(0.0, (a, t, v_fn, conv and ft_conv, h_final, state, 0))]
+            a, t, v_fn, ft_conv = finetune(cand.a, cand.t, cand.v_fn)
+            cand = dataclasses.replace(cand, a=a, t=t, v_fn=v_fn)
+        cands = [dataclasses.replace(cand, converged=cand.converged and ft_conv)]
     out = []
-    for rank, (score, (a, t, v_fn, converged, h_final, state, idx)) in enumerate(cands):
+    for rank, cand in enumerate(cands):
         # only the winner is judged (the runners-up are the non-rigid prealignment's finalists)
         cfg = config if rank == 0 else config.replace(self_check=False)
+        effort = _Effort(t0, dict(timings), tot['steps'], tot['updates'], tot['ft'])
         out.append(
             (
-                score,
+                cand.score,
                 _finish(
                     prob,
                     cfg,
-                    kind,
-                    a,
-                    t,
-                    v_fn,
+                    cand,
+                    effort,
                     h_caller,
-                    t0,
-                    dict(timings),
-                    tot['steps'],
-                    tot['updates'],
-                    tot['ft'],
-                    converged,
-                    h_final * norm.scale,
-                    state,
                     str(device),
-                    start_index=idx,
                     fit_tree=prep.fit_tree(),
                     polish=True,
                 ),

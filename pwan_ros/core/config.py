@@ -68,7 +68,8 @@ class PotentialConfig:
     h_floor: below the sampling resolution the potential distinguishes nothing; with dense
     outliers the learned h otherwise collapses to ~0 and the transform stops receiving gradient
     (see docs/core.md). hidden (per transform, :data:`HIDDEN_DEFAULTS`) and the warm-up: chosen by
-    benchmark (docs/core.md, "PWAN engine"). :attr:`widths` is ``hidden`` with None resolved.
+    benchmark (docs/benchmarks.md, "Engine speed (Alg. 1)"). :attr:`widths` is ``hidden`` with
+    None resolved.
     """
 
     hidden: Optional[Tuple[int, int]] = param(

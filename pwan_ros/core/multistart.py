@@ -6,6 +6,8 @@ from __future__ import annotations
 import itertools
 import sys
 import time
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import numpy as np
 from scipy.spatial import cKDTree
@@ -26,6 +28,7 @@ __all__ = [
     'partial_objective',
     'distinct_poses',
     'run_multistart',
+    'Candidate',
 ]
 
 #: points (starts x mini-batch) of one lock-step group of the tournament's short stage
@@ -33,6 +36,24 @@ ENSEMBLE_POINTS = 1 << 16
 #: starts' own poses (:func:`own_poses`) fine-tuned and compared in the tournament, best scored
 #: first
 OWN_KEEP = 2
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A finalist of Alg. 1 + fine-tune in the normalised frame: ``a`` (d, d) row convention,
+    ``t`` (d,), ``v_fn`` the non-rigid offsets of source points (callable, None otherwise);
+    ``converged``: Alg. 1 and the fine-tune converged; ``h``: the potential's clip level
+    (normalised units; None for :func:`api.refine`); ``state``: the potential's weights;
+    ``index``: the start it came from; ``score``: its start score (lower is better)."""
+
+    score: float
+    a: np.ndarray
+    t: np.ndarray
+    v_fn: Optional[Callable]
+    converged: bool
+    h: Optional[float]
+    state: Optional[dict]
+    index: int = 0
 
 
 class OverlapScorer:
@@ -168,8 +189,8 @@ def run_multistart(
     start, the caller's prior) continue with the rest of Alg. 1. ``start_steps == 0``: every start
     runs the full Alg. 1. Finalists end with the fine-tune on ``start_finetune_points`` source
     points (if enabled; the caller gives the winner the dense one); in the tournament each finalist
-    contributes the better (by ``score_of``) of its continued and its short-stage pose. Returns
-    [(score, (a, t, v_fn, converged, h, state, index))]."""
+    contributes the better (by ``score_of``) of its continued and its short-stage pose. Returns the
+    finalists as [:class:`Candidate`]."""
     r, q = ys_np.shape[0], xs_np.shape[0]
     group = max(1, ENSEMBLE_POINTS // max(config.batch_size or max(q, r), 1))
 
@@ -263,9 +284,11 @@ def run_multistart(
             if config.finetune.enabled:
                 a, t, _, ft_conv = finetune(a, t, small=True)
             score = score_of(a, t)
-            if best is None or score < best[0]:
-                best = (score, (a, t, None, st.converged and ft_conv, st.h, st.state, index[i]))
+            if best is None or score < best.score:
+                best = Candidate(
+                    score, a, t, None, st.converged and ft_conv, st.h, st.state, index[i]
+                )
         out.append(best)
         if config.verbose:
-            print(f'[pwan] start {index[i] + 1} final score {best[0]:.5g}', file=sys.stderr)
+            print(f'[pwan] start {index[i] + 1} final score {best.score:.5g}', file=sys.stderr)
     return out

@@ -218,87 +218,51 @@ def check_pose(
         if chance <= MAX_CHANCE:
             break
     excess = (overlap - chance) / (1.0 - chance) if chance < 1.0 else 0.0
-    nan = float('nan')
+
+    def verdict(reason='', rival=None) -> PoseCheck:
+        """The check's outcome ('' reason: ok); rival: (label, overlap, shift, transform)."""
+        _, r_overlap, shift, r_t = rival or (None, float('nan'), float('nan'), None)
+        status = 'refused' if reason else 'ok'
+        return PoseCheck(status, reason, overlap, chance, excess, r_overlap, shift, voxel, g, r_t)
+
     if chance > MAX_CHANCE:
-        return PoseCheck(
-            'refused',
-            f'random places in the source\'s box lie within {g:.3g} of the reference '
+        return verdict(
+            f"random places in the source's box lie within {g:.3g} of the reference "
             f'{chance:.0%} of the time, even at the finest voxel its sampling allows: the overlap '
-            'cannot tell one pose from another (a flat or tiny source)',
-            overlap,
-            chance,
-            excess,
-            nan,
-            nan,
-            voxel,
-            g,
+            'cannot tell one pose from another (a flat or tiny source)'
         )
     if excess < MIN_EXCESS_OVERLAP:
-        return PoseCheck(
-            'refused',
+        return verdict(
             f'only {overlap:.0%} of the source lies within {g:.3g} of the reference '
-            f'({chance:.0%} would by chance)',
-            overlap,
-            chance,
-            excess,
-            nan,
-            nan,
-            voxel,
-            g,
+            f'({chance:.0%} would by chance)'
         )
     if len(moved) < MIN_JUDGED:
-        return PoseCheck(
-            'refused',
+        return verdict(
             f'{len(moved)} source points at the judging voxel {voxel:.3g}: too few to vouch '
-            f'for a pose (need {MIN_JUDGED})',
-            overlap,
-            chance,
-            excess,
-            nan,
-            nan,
-            voxel,
-            g,
+            f'for a pose (need {MIN_JUDGED})'
         )
     if dim != 3 or not rivals:
-        return PoseCheck('ok', '', overlap, chance, excess, nan, nan, voxel, g)
+        return verdict()
     better, rival = (
         None if r is None else (r[0], r[1] * kept, r[2], r[3])
         for r in _rivals(moved, reference_tree, g, moved[np.isfinite(d0)].mean(axis=0), admissible)
     )
     if better is not None and better[1] > overlap + RIVAL_MARGIN:
-        label, rival_overlap, shift, rival_t = better
-        return PoseCheck(
-            'refused',
+        label, rival_overlap, shift, _ = better
+        return verdict(
             f'a pose {shift:.3g} away (GICP {label}) fits better: {rival_overlap:.0%} of the '
             f'source within {g:.3g} of the reference against {overlap:.0%}',
-            overlap,
-            chance,
-            excess,
-            rival_overlap,
-            shift,
-            voxel,
-            g,
-            rival_t,
+            better,
         )
-    if rival is None:
-        return PoseCheck('ok', '', overlap, chance, excess, nan, nan, voxel, g)
-    label, rival_overlap, shift, rival_t = rival
-    if rival_overlap >= overlap - RIVAL_MARGIN:
-        return PoseCheck(
-            'refused',
+    if rival is not None and rival[1] >= overlap - RIVAL_MARGIN:
+        label, rival_overlap, shift, _ = rival
+        return verdict(
             f'a pose {shift:.3g} away (GICP {label}) fits about as well (the data does not pin '
             f'the pose down): {rival_overlap:.0%} of the source within {g:.3g} of the reference '
             f'against {overlap:.0%}',
-            overlap,
-            chance,
-            excess,
-            rival_overlap,
-            shift,
-            voxel,
-            g,
-            rival_t,
+            rival,
         )
-    return PoseCheck('ok', '', overlap, chance, excess, rival_overlap, shift, voxel, g, rival_t)
+    return verdict('', rival)
 
 
 def _rivals(

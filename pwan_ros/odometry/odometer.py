@@ -127,7 +127,7 @@ class Odometer:
 def pose_covariance(est: ScanEstimate, h: float) -> List[float]:
     """Row-major 6x6 pose covariance from the match quality (a heuristic, see docs/odometry.md):
     position sigma = 10 x median residual / sqrt(matched points) (m), rotation sigma a fifth of it
-    (rad); inflated 1e3 x for a held pose (rejected scan)."""
+    (rad); both sigmas x 1e3 (the covariance x 1e6) for a held pose (rejected scan)."""
     matched = max(est.matched_ratio * est.num_points, 1.0)
     res = est.median_residual if math.isfinite(est.median_residual) else h
     sigma_t = max(res, 1e-3) / math.sqrt(matched) * 10.0

@@ -1,5 +1,4 @@
-"""PWAN odometry, scan by scan: preprocess -> register against a keyframe -> trust -> pose (no
-ROS).
+"""PWAN odometry, scan by scan: prepare -> predict -> register -> judge -> update -> estimate.
 
 ``OdometryPipeline.process(points, stamp)`` turns one scan (sensor frame, metres) into a pose of
 the sensor in the odometry frame. Two paths produce poses:
@@ -12,14 +11,18 @@ the sensor in the odometry frame. Two paths produce poses:
   distrusts tracking, and in ``mode='pwan'`` for every scan. Its result re-initialises tracking.
   ``mode='tracking'`` never runs it (the baseline of the demo: what PWAN recovers).
 
-A registration that matches too little is rejected — unless it agrees with the motion prediction as
-closely as the recent scans did (a scan flooded with spurious returns matches few of its points
-at the right pose; :meth:`TrustPolicy.agrees_with_motion`): the last good pose is kept (and
-reported), the motion model stops extrapolating, and the next scan tries again. So is a scan whose
-usable points collapse against the recent scans (a driver glitch, a half-delivered scan), before it
-can become a keyframe. After ``reanchor_after`` consecutive rejections the next scan becomes a new
-keyframe at the held pose (path 'reanchor'), so a keyframe that no longer matches cannot make the
-odometry reject forever.
+A registration that matches too little is rejected — unless it agrees with the motion
+prediction as closely as the recent scans did (a scan flooded with spurious returns matches few
+of its points at the right pose; :meth:`TrustPolicy.agrees_with_motion`): the last good pose is
+kept (and reported), the motion model stops extrapolating, and the next scan tries again. So is a
+scan whose usable points collapse against the recent scans (a driver glitch, a half-delivered
+scan), before it can become a keyframe. After ``reanchor_after`` consecutive rejections the next
+scan becomes a new keyframe at the held pose (path 'reanchor'), so a keyframe that no longer
+matches cannot make the odometry reject forever.
+
+Each scan follows one recipe (``OdometryPipeline._process``): prepare the scan, predict its pose,
+register it (no state changes), let the trust policy judge it (a :class:`~.trust.Verdict`, no
+state changes), apply the verdict to the state (the one place it changes), build the estimate.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 
@@ -41,7 +44,7 @@ from pwan_ros.odometry.motion_model import ConstantVelocityModel
 from pwan_ros.odometry.preprocess import MIN_POINTS, PreparedScan, ScanError, ScanPreparer
 from pwan_ros.odometry.pwan_recovery import PwanAligner, recover
 from pwan_ros.odometry.scan_filter import filter_scan
-from pwan_ros.odometry.trust import TrustPolicy
+from pwan_ros.odometry.trust import TrustPolicy, Verdict
 
 __all__ = [
     'OdometryPipeline',
@@ -65,7 +68,9 @@ class ScanEstimate:
     points after filtering / received / dropped as far glitches. keyframe: index of the keyframe
     matched; new_keyframe: this scan became one. deskewed: motion-compensated with per-point times.
     aligned_points: affine / non-rigid modes only,
-    (M, 3) deformed scan points in odom_frame (else None).
+    (M, 3) deformed scan points in odom_frame (else None). status: the diagnostics level, 'ok',
+    or 'warn' for a rejected or re-anchored scan. over_budget: ``latency_ms`` exceeded
+    ``time_budget_ms`` on a path other than 'pwan' (whose budget is ``pwan_time_budget_ms``).
     """
 
     stamp: float
@@ -87,18 +92,30 @@ class ScanEstimate:
     pwan_starts: int = 0
     num_far: int = 0
     deskewed: bool = False
+    status: str = 'ok'
+    over_budget: bool = False
+
+    @property
+    def message(self) -> str:
+        """One line for the diagnostics: the path, and the reason if any."""
+        return self.path + (f': {self.reason}' if self.reason else '')
 
 
-@dataclass
-class _Outcome:
-    """A registration of the current scan: T_keyframe_scan and how it was obtained."""
+@dataclass(frozen=True)
+class Registration:
+    """The register stage's result: (4, 4) T_keyframe_scan (affine for a deformation) and how it
+    was obtained. note: why full PWAN ran and what the self-checks said ('' if nothing).
+    deviation: (m, deg) from the motion prediction, None without one. aligned_points: affine /
+    non-rigid modes, (M, 3) deformed scan in odom_frame (else None)."""
 
     transform: np.ndarray
     quality: MatchQuality
     iterations: int = 0
     pwan_engaged: bool = False
-    reason: str = ''
+    note: str = ''
     starts: int = 0
+    deviation: Optional[tuple] = None
+    aligned_points: Optional[np.ndarray] = None
 
 
 class OdometryPipeline:
@@ -189,93 +206,100 @@ class OdometryPipeline:
         return dataclasses.replace(est, stamp=stamp, pose=pose)
 
     def _process(self, points: np.ndarray, stamp: float, deskewed: bool) -> ScanEstimate:
+        t0, timings = time.perf_counter(), {}
+        scan = self._prepare(points, stamp, timings)  # raises ScanError before any state changes
+        kf = self.keyframe or self._reference_keyframe()
+        init = self._predict(kf, stamp)
+        verdict = self.trust.screen(kf, len(scan.dense))  # decided before registering, or None
+        reg = _unregistered(verdict) if verdict else self._register(kf, scan, init, timings)
+        verdict = verdict or self.trust.judge(
+            reg.quality,
+            reg.note,
+            reg.deviation,
+            self.distance_threshold,
+            deformed=reg.aligned_points is not None,
+        )
+        pose, new_keyframe = self._update(verdict, kf, scan, reg, stamp, timings)
+        return self._estimate(stamp, scan, verdict, reg, pose, new_keyframe, t0, timings, deskewed)
+
+    # ------------------------------------------------------------------ stages
+    def _prepare(
+        self, points: np.ndarray, stamp: float, timings: Dict[str, float]
+    ) -> PreparedScan:
+        """Check the stamp and preprocess the scan (raises ScanError before any state changes)."""
         t0 = time.perf_counter()
         if self._last_stamp is not None and stamp < self._last_stamp:
             raise ScanError(
                 f'time went backwards ({stamp:.3f} s < {self._last_stamp:.3f} s); call reset()'
             )
         scan = self.preparer(points)
-        timings = {'preprocess': (time.perf_counter() - t0) * 1e3}
+        timings['preprocess'] = (time.perf_counter() - t0) * 1e3
         self._last_stamp = stamp
         self._scan_index += 1
-        done = _Finisher(stamp, scan, t0, timings, self.keyframes, deskewed)
-        kf = self.keyframe or self._reference_keyframe()
-        if kf is None:  # the first scan defines odom
-            return done(
-                self._start_keyframe(scan, np.eye(4), stamp), 'init', _Outcome(np.eye(4), _PERFECT)
-            )
-        if self.trust.should_reanchor() and not kf.is_reference:
-            return self._reanchor(scan, stamp, done)
-        init = invert(kf.pose) @ self.motion.predict(stamp)
-        collapse = self.trust.collapsed(len(scan.dense))
-        if collapse:
-            return self._reject(stamp, done, _Outcome(init, _NOTHING, reason=collapse))
-        if self.config.transform != 'rigid':
-            return self._deform(kf, scan, init, done)
-        outcome = self._register(kf, scan, init, timings)
-        deviation = _deviation(init, outcome.transform) if self.motion.predicting else None
-        floor = self.trust.acceptance_floor()
-        ratio = outcome.quality.matched_ratio
-        if ratio < floor:
-            why = f'matched ratio {ratio:.2f} < required {floor:.2f}'
-            if (
-                ratio >= self.config.min_matched_ratio
-                and deviation is not None
-                and self.trust.agrees_with_motion(deviation, self.distance_threshold)
-            ):
-                outcome.reason = (
-                    why + f', accepted: agrees with the motion prediction ({deviation[0]:.3f} m, '
-                    f'{deviation[1]:.2f} deg)' + (f' ({outcome.reason})' if outcome.reason else '')
-                )
-                return self._accept(kf, scan, stamp, outcome, done, deviation, by_motion=True)
-            outcome.reason = why + (f' ({outcome.reason})' if outcome.reason else '')
-            return self._reject(stamp, done, outcome)
-        return self._accept(kf, scan, stamp, outcome, done, deviation)
+        return scan
 
-    # ------------------------------------------------------------------ stages
+    def _predict(self, kf: Optional[Keyframe], stamp: float) -> Optional[np.ndarray]:
+        """The constant-velocity prediction as (4, 4) T_keyframe_scan; None without a keyframe."""
+        return None if kf is None else invert(kf.pose) @ self.motion.predict(stamp)
+
     def _register(
         self, kf: Keyframe, scan: PreparedScan, init: np.ndarray, timings: Dict[str, float]
-    ) -> _Outcome:
-        """Track from the prediction; full PWAN when the trust policy distrusts the result (or
-        always in mode 'pwan'). The better of the two by matched ratio wins."""
-        best = None
+    ) -> Registration:
+        """Register the scan from the prediction ``init`` (T_keyframe_scan): track, and full PWAN
+        when the trust policy distrusts tracking (or always in mode 'pwan'); a deformation of the
+        scan to the reference cloud in the affine / non-rigid modes. Changes no state."""
+        if self.config.transform != 'rigid':
+            return self._deform(kf, scan, init, timings)
+        reg = None
         if self.config.mode in ('adaptive', 'tracking'):
-            t0 = time.perf_counter()
-            capture = self._capture_range()
-            tr = track(
-                kf.local_map,
-                scan.tracked,
-                init,
-                self.distance_threshold,
-                num_threads=self.num_threads,
-                capture=capture,
-            )
-            timings['track'] = (time.perf_counter() - t0) * 1e3
-            best = _Outcome(
-                tr.transform,
-                tr.quality,
-                tr.iterations,
-                reason=self.trust.distrust(tr.quality, self.distance_threshold),
-            )
-            if not best.reason and capture > 2.0 * self.distance_threshold:
-                # a gap with no velocity to predict from: a wide search can settle on a pose near
-                # the last one ("no motion" on a road); the self-check judges it before it is
-                # trusted
-                t1 = time.perf_counter()
-                check = check_pose(transform_points(tr.transform, scan.dense), kf.local_map.points)
-                timings['check'] = (time.perf_counter() - t1) * 1e3
-                if check.status != 'ok':
-                    best.reason = (
-                        f'tracking across a {capture:.3g} m gap refused by its self-check: '
-                        f'{check.reason}'
-                    )
-            if self._scan_index == 1 and kf.is_reference:
-                best.reason = 'start-up against the reference cloud' + (
-                    f' ({best.reason})' if best.reason else ''
+            reg = self._track(kf, scan, init, timings)
+        if reg is None or (reg.note and self.config.mode != 'tracking'):
+            reg = self._recover(kf, scan, init, reg, timings)
+        deviation = _deviation(init, reg.transform) if self.motion.predicting else None
+        return dataclasses.replace(reg, deviation=deviation)
+
+    def _track(
+        self, kf: Keyframe, scan: PreparedScan, init: np.ndarray, timings: Dict[str, float]
+    ) -> Registration:
+        """The fast partial refinement; ``note`` says why the trust policy distrusts it."""
+        t0 = time.perf_counter()
+        capture = self._capture_range()
+        tr = track(
+            kf.local_map,
+            scan.tracked,
+            init,
+            self.distance_threshold,
+            num_threads=self.num_threads,
+            capture=capture,
+        )
+        timings['track'] = (time.perf_counter() - t0) * 1e3
+        note = self.trust.distrust(tr.quality, self.distance_threshold)
+        if not note and capture > 2.0 * self.distance_threshold:
+            # a gap with no velocity to predict from: a wide search can settle on a pose near the
+            # last one ("no motion" on a road); the self-check judges it before it is trusted
+            t1 = time.perf_counter()
+            check = check_pose(transform_points(tr.transform, scan.dense), kf.local_map.points)
+            timings['check'] = (time.perf_counter() - t1) * 1e3
+            if check.status != 'ok':
+                note = (
+                    f'tracking across a {capture:.3g} m gap refused by its self-check: '
+                    f'{check.reason}'
                 )
-            if not best.reason or self.config.mode == 'tracking':
-                return best
-        reason = best.reason if best else 'mode pwan'
+        if self._scan_index == 1 and kf.is_reference:
+            note = 'start-up against the reference cloud' + (f' ({note})' if note else '')
+        return Registration(tr.transform, tr.quality, tr.iterations, note=note)
+
+    def _recover(
+        self,
+        kf: Keyframe,
+        scan: PreparedScan,
+        init: np.ndarray,
+        tracked: Optional[Registration],
+        timings: Dict[str, float],
+    ) -> Registration:
+        """Full PWAN (multi-start, global when lost); the better of it and ``tracked`` (None in
+        mode 'pwan') by matched ratio wins. A recovery its self-check refuses matches nothing."""
+        note = tracked.note if tracked else 'mode pwan'
         deadline = time.perf_counter() + self.config.pwan_time_budget_ms * 1e-3
         good = self.trust.good_match()  # infinite without a history: then no global search either
         rec = recover(
@@ -291,20 +315,39 @@ class OdometryPipeline:
             use_global=self.config.recovery_global and np.isfinite(good),
         )
         timings['pwan'], timings['polish'] = rec.pwan_ms, rec.polish_ms
-        iterations = rec.iterations + (best.iterations if best else 0)
+        iterations = rec.iterations + (tracked.iterations if tracked else 0)
         if rec.check is not None and rec.check.status != 'ok':
             # the recovery cannot vouch for its pose: nothing of this scan is accepted
-            reason += f'; recovery refused by its self-check: {rec.check.reason}'
-            return _Outcome(rec.transform, _NOTHING, iterations, True, reason, rec.starts)
-        if best is None or rec.quality.matched_ratio >= best.quality.matched_ratio:
-            best = _Outcome(rec.transform, rec.quality)
+            note += f'; recovery refused by its self-check: {rec.check.reason}'
+            return Registration(rec.transform, _NOTHING, iterations, True, note, rec.starts)
+        best = tracked
+        if tracked is None or rec.quality.matched_ratio >= tracked.quality.matched_ratio:
+            best = Registration(rec.transform, rec.quality)
             if rec.origin == 'global':
-                reason += '; recovered by global registration (no initial pose)'
+                note += '; recovered by global registration (no initial pose)'
             elif rec.origin != 'prediction':
-                reason += f'; recovered from the {rec.origin} start'
+                note += f'; recovered from the {rec.origin} start'
         elif rec.global_status == 'refused':
-            reason += '; global registration refused'
-        return _Outcome(best.transform, best.quality, iterations, True, reason, rec.starts)
+            note += '; global registration refused'
+        return Registration(best.transform, best.quality, iterations, True, note, rec.starts)
+
+    def _deform(
+        self, kf: Keyframe, scan: PreparedScan, init: np.ndarray, timings: Dict[str, float]
+    ) -> Registration:
+        """Affine / non-rigid registration of the scan to the fixed reference (full PWAN)."""
+        t0 = time.perf_counter()
+        deadline = t0 + self.config.pwan_time_budget_ms * 1e-3
+        result = self.pwan.align(
+            scan.dense, kf.local_map.points, init, self.distance_threshold, deadline
+        )
+        timings['pwan'] = (time.perf_counter() - t0) * 1e3
+        quality = match_quality(
+            kf.local_map, result.transformed_source, np.eye(4), self.distance_threshold
+        )
+        aligned = result.transformed_source @ kf.pose[:3, :3].T + kf.pose[:3, 3]
+        return Registration(
+            result.transform, quality, result.iterations, True, starts=1, aligned_points=aligned
+        )
 
     def _capture_range(self) -> float:
         """How far (m) the scan may lie from the prediction: 2h while a velocity is extrapolated;
@@ -314,59 +357,103 @@ class OdometryPipeline:
             return 0.0
         return self.config.max_speed * max(self._last_stamp - self.motion.stamp, 0.0)
 
-    def _accept(
+    def _update(
         self,
-        kf: Keyframe,
+        verdict: Verdict,
+        kf: Optional[Keyframe],
         scan: PreparedScan,
+        reg: Registration,
         stamp: float,
-        outcome: _Outcome,
-        done,
-        deviation: Optional[tuple] = None,
-        by_motion: bool = False,
-    ) -> ScanEstimate:
-        """Accept ``outcome``. ``by_motion``: accepted below the quality floor because it agrees
-        with the motion prediction; such a scan (flooded with spurious returns) never becomes a
-        keyframe, and the motion model keeps extrapolating through it."""
-        pose = project_rigid(
-            kf.pose @ outcome.transform
-        )  # orthonormal poses: no compounding drift
+        timings: Dict[str, float],
+    ) -> Tuple[np.ndarray, bool]:
+        """Apply the verdict to the state (keyframes, motion model, trust history): the one place
+        a scan changes it. Returns the (4, 4) T_odom_sensor reported and whether the scan became
+        a keyframe."""
+        rigid = reg.aligned_points is None
+        if verdict.action == 'init':  # the first scan defines odom
+            pose = np.eye(4)
+            self._start_keyframe(scan, pose, stamp)
+            return pose, True
+        if verdict.action == 'reanchor':  # restart tracking from this scan at the held pose
+            pose = self.motion.pose if self.motion.pose is not None else kf.pose
+            self.keyframes.clear_map()  # the old keyframes do not line up with the held pose
+            self._start_keyframe(scan, pose, stamp)
+            self.motion.hold(stamp)
+            self.trust.reanchored(len(scan.dense))
+            return pose.copy(), True
+        if verdict.action == 'reject':  # keep the last good pose, stop extrapolating
+            if rigid:  # (a deformation to the reference cloud never re-anchors: not counted)
+                self.motion.hold(stamp)
+                self.trust.rejected()
+            last = self.motion.pose if self.motion.pose is not None else np.eye(4)
+            return last.copy(), False
+        if not rigid:  # the published pose is the rigid part of the deformation's affine part
+            pose = kf.pose @ project_rigid(reg.transform)
+            self.motion.update(pose, stamp)
+            return pose, False
+        # accepted; by_motion (only agreeing with the prediction): a scan flooded with spurious
+        # returns never becomes a keyframe, and the motion model keeps extrapolating through it
+        by_motion = verdict.by_motion
+        pose = project_rigid(kf.pose @ reg.transform)  # orthonormal poses: no compounding drift
         self.motion.update(pose, stamp)
-        if outcome.pwan_engaged and self.config.mode == 'adaptive' and not by_motion:
+        if reg.pwan_engaged and self.config.mode == 'adaptive' and not by_motion:
             self.motion.hold(stamp)  # a recovered jump is not a velocity to extrapolate
-        self.trust.accepted(outcome.quality, len(scan.dense), deviation, by_motion)
-        new_kf = not by_motion and self.keyframes.due(outcome.transform)
+        self.trust.accepted(reg.quality, len(scan.dense), reg.deviation, by_motion)
+        new_kf = not by_motion and self.keyframes.due(reg.transform)
         if new_kf:
             t0 = time.perf_counter()
             self.keyframes.start(scan.dense, pose, lambda: scan.keyframe_cloud(self.num_threads))
-            done.timings['map'] = (time.perf_counter() - t0) * 1e3
-        return done(
-            pose, 'pwan' if outcome.pwan_engaged else 'track', outcome, new_keyframe=new_kf
+            timings['map'] = (time.perf_counter() - t0) * 1e3
+        return pose, new_kf
+
+    def _estimate(
+        self,
+        stamp: float,
+        scan: PreparedScan,
+        verdict: Verdict,
+        reg: Registration,
+        pose: np.ndarray,
+        new_keyframe: bool,
+        t0: float,
+        timings: Dict[str, float],
+        deskewed: bool,
+    ) -> ScanEstimate:
+        """The scan's :class:`ScanEstimate` (latency from ``t0``, perf_counter seconds)."""
+        accepted = verdict.action != 'reject'  # a re-anchored scan starts a keyframe: accepted
+        path = _PATHS[verdict.action]
+        if verdict.action == 'accept' and reg.pwan_engaged:
+            path = 'pwan'
+        latency_ms = (time.perf_counter() - t0) * 1e3
+        filt = scan.filtered
+        current = self.keyframes.current
+        return ScanEstimate(
+            stamp=stamp,
+            pose=pose,
+            path=path,
+            accepted=accepted,
+            pwan_engaged=reg.pwan_engaged,
+            reason=verdict.reason,
+            matched_ratio=reg.quality.matched_ratio,
+            median_residual=reg.quality.median_residual,
+            iterations=reg.iterations,
+            num_points=len(filt.points),
+            num_input=filt.num_input,
+            num_far=filt.num_far,
+            keyframe=current.index if current is not None else -1,
+            new_keyframe=new_keyframe,
+            latency_ms=latency_ms,
+            timings_ms=timings,
+            aligned_points=reg.aligned_points if accepted else None,
+            pwan_starts=reg.starts,
+            deskewed=deskewed,
+            status='ok' if accepted and path != 'reanchor' else 'warn',
+            over_budget=path != 'pwan' and latency_ms > self.config.time_budget_ms,
         )
 
-    def _reject(self, stamp: float, done, outcome: _Outcome) -> ScanEstimate:
-        """Keep the last good pose, stop extrapolating, count the rejection."""
-        self.motion.hold(stamp)
-        self.trust.rejected()
-        last = self.motion.pose if self.motion.pose is not None else np.eye(4)
-        return done(last.copy(), 'rejected', outcome, accepted=False)
-
-    def _reanchor(self, scan: PreparedScan, stamp: float, done) -> ScanEstimate:
-        """The keyframe has stopped matching: restart tracking from this scan at the held pose."""
-        pose = self.motion.pose if self.motion.pose is not None else self.keyframe.pose
-        why = (
-            f're-anchored on this scan after {self.trust.rejections} rejected scans '
-            '(motion since not recovered)'
-        )
-        self.keyframes.clear_map()  # the old keyframes do not line up with the held pose
-        self._start_keyframe(scan, pose, stamp)
-        self.motion.hold(stamp)
-        self.trust.reanchored(len(scan.dense))
-        return done(pose.copy(), 'reanchor', _Outcome(np.eye(4), _PERFECT, reason=why))
-
-    def _start_keyframe(self, scan: PreparedScan, pose: np.ndarray, stamp: float) -> np.ndarray:
+    # ------------------------------------------------------------------ keyframes
+    def _start_keyframe(self, scan: PreparedScan, pose: np.ndarray, stamp: float) -> None:
         self.keyframes.start(scan.dense, pose, lambda: scan.keyframe_cloud(self.num_threads))
         self.motion.update(pose, stamp)
-        return np.array(pose, dtype=np.float64)
 
     def _reference_keyframe(self) -> Optional[Keyframe]:
         """The reference cloud as the fixed keyframe (once the voxel size is known), or None."""
@@ -376,31 +463,6 @@ class OdometryPipeline:
             self._reference_points, self.voxel_size, self.config.scan_max_points * 4, rng=self._rng
         ).points
         return self.keyframes.set_reference(PreparedCloud.build(ref, self.num_threads))
-
-    def _deform(self, kf: Keyframe, scan: PreparedScan, init: np.ndarray, done) -> ScanEstimate:
-        """Affine / non-rigid registration of the scan to the fixed reference (full PWAN); the
-        published pose is the rigid part of the deformation's affine part."""
-        t0 = time.perf_counter()
-        deadline = t0 + self.config.pwan_time_budget_ms * 1e-3
-        result = self.pwan.align(
-            scan.dense, kf.local_map.points, init, self.distance_threshold, deadline
-        )
-        done.timings['pwan'] = (time.perf_counter() - t0) * 1e3
-        quality = match_quality(
-            kf.local_map, result.transformed_source, np.eye(4), self.distance_threshold
-        )
-        outcome = _Outcome(result.transform, quality, result.iterations, True, starts=1)
-        if quality.matched_ratio < self.config.min_matched_ratio:
-            outcome.reason = (
-                f'matched ratio {quality.matched_ratio:.2f} < min_matched_ratio '
-                f'{self.config.min_matched_ratio:.2f}'
-            )
-            last = self.motion.pose if self.motion.pose is not None else np.eye(4)
-            return done(last.copy(), 'rejected', outcome, accepted=False)
-        pose = kf.pose @ project_rigid(result.transform)
-        self.motion.update(pose, self._last_stamp)
-        aligned = result.transformed_source @ kf.pose[:3, :3].T + kf.pose[:3, 3]
-        return done(pose, 'pwan', outcome, aligned_points=aligned)
 
 
 def _deviation(predicted: np.ndarray, registered: np.ndarray) -> tuple:
@@ -412,57 +474,12 @@ def _deviation(predicted: np.ndarray, registered: np.ndarray) -> tuple:
 #: the quality reported for scans that define a keyframe themselves, and for unmatched ones
 _PERFECT = MatchQuality(1.0, 0.0)
 _NOTHING = MatchQuality(0.0, float('inf'))
+#: the estimate's path for each verdict ('accept': 'track', or 'pwan' when full PWAN ran)
+_PATHS = {'init': 'init', 'accept': 'track', 'reject': 'rejected', 'reanchor': 'reanchor'}
 
 
-class _Finisher:
-    """Builds the :class:`ScanEstimate` of one scan (latency and keyframe taken at the call)."""
-
-    def __init__(
-        self,
-        stamp: float,
-        scan: PreparedScan,
-        t0: float,
-        timings: Dict[str, float],
-        keyframes: Keyframes,
-        deskewed: bool = False,
-    ):
-        self.stamp, self.scan, self.t0, self.timings, self.keyframes = (
-            stamp,
-            scan,
-            t0,
-            timings,
-            keyframes,
-        )
-        self.deskewed = deskewed
-
-    def __call__(
-        self,
-        pose: np.ndarray,
-        path: str,
-        outcome: _Outcome,
-        accepted: bool = True,
-        new_keyframe: Optional[bool] = None,
-        aligned_points: Optional[np.ndarray] = None,
-    ) -> ScanEstimate:
-        filt = self.scan.filtered
-        return ScanEstimate(
-            stamp=self.stamp,
-            pose=pose,
-            path=path,
-            accepted=accepted,
-            pwan_engaged=outcome.pwan_engaged,
-            reason=outcome.reason,
-            matched_ratio=outcome.quality.matched_ratio,
-            median_residual=outcome.quality.median_residual,
-            iterations=outcome.iterations,
-            num_points=len(filt.points),
-            num_input=filt.num_input,
-            num_far=filt.num_far,
-            keyframe=self.keyframes.current.index if self.keyframes.current is not None else -1,
-            new_keyframe=path in ('init', 'reanchor') if new_keyframe is None else new_keyframe,
-            latency_ms=(time.perf_counter() - self.t0) * 1e3,
-            timings_ms=self.timings,
-            aligned_points=aligned_points,
-            pwan_starts=outcome.starts,
-            deskewed=self.deskewed,
-        )
+def _unregistered(verdict: Verdict) -> Registration:
+    """The stand-in registration of a scan judged before registering: a new keyframe matches
+    itself, a collapsed scan nothing."""
+    quality = _PERFECT if verdict.action in ('init', 'reanchor') else _NOTHING
+    return Registration(np.eye(4), quality)

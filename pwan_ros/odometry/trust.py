@@ -1,15 +1,20 @@
 """The trust policy of the odometry: when a registration is distrusted (full PWAN runs), accepted
-or rejected, judged against the recent accepted scans."""
+or rejected, judged against the recent accepted scans. :meth:`TrustPolicy.screen` and
+:meth:`TrustPolicy.judge` decide a scan's :class:`Verdict` without changing any state; the
+pipeline then reports what it did with :meth:`~TrustPolicy.accepted` / ``rejected`` /
+``reanchored``."""
 
 from __future__ import annotations
 
 import collections
-from typing import Deque
+from dataclasses import dataclass
+from typing import Deque, Optional
 
 import numpy as np
 
 from pwan_ros.odometry.config import OdometryConfig
 from pwan_ros.odometry.keyframe_tracker import MatchQuality
+from pwan_ros.odometry.keyframes import Keyframe
 
 #: a scan keeping fewer usable points than this fraction of the recent accepted scans' median is
 #: rejected (its content collapsed; registering it would match the few survivors "well")
@@ -24,6 +29,18 @@ AGREEMENT_FACTOR = 3.0
 #: floors of the agreement test: a fraction of h (m) and degrees
 AGREEMENT_FLOOR_H = 0.05
 AGREEMENT_FLOOR_DEG = 0.25
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What becomes of a scan. action: 'init' (the first scan defines odom), 'accept', 'reject'
+    (the last good pose is held) or 'reanchor' (a new keyframe at the held pose). reason: why
+    (for an accepted scan: what the registration reported, '' if nothing). by_motion: accepted
+    below the quality floor only because it agrees with the motion prediction."""
+
+    action: str
+    reason: str = ''
+    by_motion: bool = False
 
 
 class TrustPolicy:
@@ -49,6 +66,56 @@ class TrustPolicy:
         self._residuals.clear()
         self._sizes.clear()
         self._deviations.clear()
+
+    def screen(self, kf: Optional[Keyframe], size: int) -> Optional[Verdict]:
+        """The verdict on a scan decided before registering it, or None (register it): the first
+        scan (no keyframe ``kf`` yet) defines odom; after ``reanchor_after`` rejections the scan
+        re-anchors (never against a reference cloud); a scan whose ``size`` (usable points)
+        collapsed is rejected."""
+        if kf is None:
+            return Verdict('init')
+        if self.should_reanchor() and not kf.is_reference:
+            return Verdict(
+                'reanchor',
+                f're-anchored on this scan after {self.rejections} rejected scans '
+                '(motion since not recovered)',
+            )
+        collapse = self.collapsed(size)
+        return Verdict('reject', collapse) if collapse else None
+
+    def judge(
+        self,
+        q: MatchQuality,
+        note: str,
+        deviation: Optional[tuple],
+        h: float,
+        deformed: bool = False,
+    ) -> Verdict:
+        """Accept or reject a registration of quality ``q``. note: what the registration reported
+        (why PWAN ran, self-check refusals; '' if nothing); deviation: (m, deg) from the motion
+        prediction, None without one; h: matching distance (m). deformed: an affine / non-rigid
+        registration to the reference cloud, judged by ``min_matched_ratio`` alone. A rigid one
+        is accepted at the :meth:`acceptance_floor`, or below it (not under
+        ``min_matched_ratio``) when it :meth:`agrees_with_motion`."""
+        ratio, least = q.matched_ratio, self.config.min_matched_ratio
+        if deformed:
+            if ratio < least:
+                return Verdict(
+                    'reject', f'matched ratio {ratio:.2f} < min_matched_ratio {least:.2f}'
+                )
+            return Verdict('accept', note)
+        floor = self.acceptance_floor()
+        if ratio >= floor:
+            return Verdict('accept', note)
+        why = f'matched ratio {ratio:.2f} < required {floor:.2f}'
+        detail = f' ({note})' if note else ''
+        if ratio >= least and deviation is not None and self.agrees_with_motion(deviation, h):
+            agrees = (
+                f', accepted: agrees with the motion prediction ({deviation[0]:.3f} m, '
+                f'{deviation[1]:.2f} deg)'
+            )
+            return Verdict('accept', why + agrees + detail, by_motion=True)
+        return Verdict('reject', why + detail)
 
     def collapsed(self, size: int) -> str:
         """Why a scan of ``size`` usable points collapsed against the recent scans ('' if not)."""

@@ -2,9 +2,10 @@
 
 A thin adapter over :class:`pwan_ros.odometry.odometer.Odometer`: PointCloud2 -> numpy
 (pwan_ros.io.pointcloud2) -> odometer -> Odometry, TF, aligned cloud, diagnostics; the node
-converts messages and publishes, the odometry policy lives in :mod:`pwan_ros.odometry`. The
-subscription callback only stores the newest scan (counting the one it replaces as dropped); a
-worker thread registers scans, so callbacks never block.
+converts messages and publishes, the odometry policy (acceptance, the diagnostics level, the time
+budget) lives in :mod:`pwan_ros.odometry`. The subscription callback only stores the newest scan
+(counting the one it replaces as dropped); a worker thread registers scans, so callbacks never
+block.
 
 Topics (relative names, remap them): subscribes ``points`` (sensor_msgs/PointCloud2) and
 ``/tf_static`` (when base_frame differs from the cloud frame); publishes ``odometry``
@@ -38,6 +39,10 @@ from pwan_ros.odometry.sweep_times import SweepClock
 from pwan_ros.ros.scan_subscription import ScanSubscription
 from pwan_ros.ros.spin import spin_node
 from pwan_ros.ros.params import declare_config, undeclared
+
+
+#: diagnostics level of each ScanEstimate.status
+_LEVELS = {'ok': DiagnosticStatus.OK, 'warn': DiagnosticStatus.WARN}
 
 
 def _stamp_seconds(stamp) -> float:
@@ -232,21 +237,15 @@ class OdometryNode(Node):
             pwan_engaged=int(est.pwan_engaged),
             rejected=int(not est.accepted),
             reanchored=int(est.path == 'reanchor'),
-            over_budget=int(est.path != 'pwan' and est.latency_ms > cfg.time_budget_ms),
+            over_budget=int(est.over_budget),
         )
         self._publish_pose(msg.header.stamp, base, update)
         self._publish_aligned(msg, cloud, update)
-        level = (
-            DiagnosticStatus.OK
-            if est.accepted and est.path != 'reanchor'
-            else DiagnosticStatus.WARN
-        )
         latency = (time.perf_counter() - t_received) * 1e3
-        text = est.path + (f': {est.reason}' if est.reason else '')
         self._publish_diagnostics(
             msg.header.stamp,
-            level,
-            text,
+            _LEVELS[est.status],
+            est.message,
             {
                 'latency_ms': f'{latency:.2f}',
                 'processing_ms': f'{est.latency_ms:.2f}',
