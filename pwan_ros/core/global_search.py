@@ -38,7 +38,7 @@ import numpy as np
 from scipy.spatial import cKDTree
 
 from .config import GlobalConfig
-from .verify import CHECK_POINTS, check_pose, judging_voxel
+from .verify import CHECK_POINTS, MAX_CHANCE, check_pose, judging_voxel
 from .hypotheses import (
     ROTATION_KEEP,
     Hypothesis,
@@ -121,11 +121,12 @@ def choose(
     normals: the reference's unit normals (m, 3): a winner whose overlap leaves a direction free
     (:func:`translation_constraint` below ``cfg.min_constraint``) is refused. judge: None, or
     ``f(transform) -> excess`` (:func:`verify.check_pose`'s overlap beyond chance at the judging
-    voxel): the :data:`JUDGED` best distinct candidates by the objective are ranked again by it,
-    and the confidence is the winner's margin in it over the best distinct runner-up. The
-    objective at the feature voxel ranks candidates coarsely; where spurious points (uniform
-    outliers) put a reference point within h of almost any place, every pose scores near chance
-    and only the surfaces at the judging voxel still tell poses apart."""
+    voxel): where spurious points (uniform outliers) put a reference point within h of most
+    places (more than ``MAX_CHANCE`` of random places in the source's box), every pose scores
+    near chance at the feature voxel and only the surfaces at the judging voxel still tell
+    poses apart: the :data:`JUDGED` best distinct candidates by the objective are then ranked
+    again by the judge, and the confidence is the winner's margin in it over the best distinct
+    runner-up."""
     tree = cKDTree(reference)
     scored = []
     for hyp in hyps:
@@ -152,7 +153,15 @@ def choose(
                 cands,
             )
         order = order_ok
-    if judge is not None:
+    # random places in the box the best-scored source occupies: how often they lie within h of
+    # the reference (chance) and their objective. Spurious reference points (uniform outliers,
+    # clutter) lower every pose's objective alike, by that objective; where most places lie
+    # within h, the objective at the feature voxel cannot tell poses apart and the judge ranks
+    moved = probe @ scored[order[0]][2].transform[:3, :3].T + scored[order[0]][2].transform[:3, 3]
+    places = np.random.default_rng(0).uniform(moved.min(axis=0), moved.max(axis=0), moved.shape)
+    chance_objective, chance = partial_objective_of(places, tree, h)
+    judged = judge is not None and chance > MAX_CHANCE
+    if judged:
         order, excess = _judged(order, scored, judge, probe, h)
     obj, overlap, res, hyp, _ = scored[order[0]]
     runner = next(
@@ -163,26 +172,21 @@ def choose(
         ),
         None,
     )
-    if judge is not None:
+    if judged:  # the margin in overlap beyond chance at the judging voxel
         best = excess[order[0]]
         confidence = (
             1.0
             if runner is None or best <= 0
             else float(np.clip((best - excess.get(runner, 0.0)) / best, 0.0, 1.0))
         )
-    runner = None if runner is None else scored[runner]
-    # the margin is relative to what the winner explains beyond chance: spurious reference points
-    # (uniform outliers, clutter) lower every pose's objective alike, by the objective of random
-    # places in the box the source occupies, and must not shrink the margin
-    moved = probe @ res.transform[:3, :3].T + res.transform[:3, 3]
-    places = np.random.default_rng(0).uniform(moved.min(axis=0), moved.max(axis=0), moved.shape)
-    explained = partial_objective_of(places, tree, h)[0] - obj
-    if judge is None:
+    else:  # the margin relative to the objective the winner explains beyond chance
+        explained = chance_objective - obj
         confidence = (
             1.0
             if runner is None or explained <= 0
-            else float(np.clip((runner[0] - obj) / explained, 0.0, 1.0))
+            else float(np.clip((scored[runner][0] - obj) / explained, 0.0, 1.0))
         )
+    runner = None if runner is None else scored[runner]
     status, reason = 'ok', ''
     if overlap < cfg.min_overlap:
         status, reason = (
