@@ -16,10 +16,14 @@ partial objective (``register(..., init='global')``).
 3. **Refusal.** ``overlap`` = fraction of the source within h at the winner. The confidence is
    the margin of the winner's objective over the best *distinct* runner-up, relative to the
    objective the winner explains beyond chance (random places in the source's box score the
-   chance level, which uniform outliers raise for every pose alike); when the overlap is
-   below ``min_overlap``, the matched reference normals leave a direction free
-   (:func:`translation_constraint` below ``min_constraint``: a plane, a corridor) or the margin is
-   below ``min_confidence`` (two different poses explain the data almost equally: a symmetric
+   chance level, which uniform outliers raise for every pose alike). Where most random places
+   lie within h, the objective cannot tell poses apart: the best candidates are ranked, and
+   the margin taken, by the self-check's overlap beyond chance at the judging voxel; elsewhere
+   a small objective margin is looked at again with it (ambiguous only when neither tells the
+   two poses apart). When the
+   overlap is below ``min_overlap``, the matched reference normals leave a direction free
+   (:func:`translation_constraint` below ``min_constraint``: a plane, a corridor) or the margin
+   is below ``min_confidence`` (two different poses explain the data almost equally: a symmetric
    object) the result is ``status='refused'`` with the reason, instead of a confident wrong pose.
 4. **The winner's fine-tune** on the dense sets: the distance type as it is; the mass type with
    the mass estimated at the winner (:func:`_mass_ratio`), again while the estimate shrinks.
@@ -172,20 +176,19 @@ def choose(
         ),
         None,
     )
-    if judged:  # the margin in overlap beyond chance at the judging voxel
-        best = excess[order[0]]
-        confidence = (
-            1.0
-            if runner is None or best <= 0
-            else float(np.clip((best - excess.get(runner, 0.0)) / best, 0.0, 1.0))
-        )
-    else:  # the margin relative to the objective the winner explains beyond chance
-        explained = chance_objective - obj
-        confidence = (
-            1.0
-            if runner is None or explained <= 0
-            else float(np.clip((scored[runner][0] - obj) / explained, 0.0, 1.0))
-        )
+    if runner is None:
+        confidence = 1.0
+    elif judged:  # the margin in overlap beyond chance at the judging voxel
+        confidence = _margin(excess[order[0]], excess.get(runner, 0.0))
+    else:
+        # the margin relative to the objective the winner explains beyond chance; or, where
+        # that is small (outliers near the surfaces), the margin the judge sees: ambiguous only
+        # when neither scale tells the two poses apart
+        confidence = _margin(chance_objective - obj, chance_objective - scored[runner][0])
+        if judge is not None and confidence < cfg.min_confidence:
+            confidence = max(
+                confidence, _margin(judge(res.transform), judge(scored[runner][2].transform))
+            )
     runner = None if runner is None else scored[runner]
     status, reason = 'ok', ''
     if overlap < cfg.min_overlap:
@@ -222,6 +225,11 @@ def choose(
             ),
         )
     return GlobalOutcome(res, obj, overlap, confidence, status, reason, cands)
+
+
+def _margin(best: float, runner: float) -> float:
+    """(best - runner) / best in [0, 1] for scores where higher is better; 1 when best <= 0."""
+    return 1.0 if best <= 0 else float(np.clip((best - runner) / best, 0.0, 1.0))
 
 
 #: candidates (best by the objective, distinct poses) ranked again by the judge
