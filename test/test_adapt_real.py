@@ -165,7 +165,8 @@ def test_large_unlabelled_set_is_streamed(tmp_path):
 def test_colcon_install_has_adapt_node_launch_and_config(colcon_install):
     """What `ros2 launch pwan_ros adapt.launch.py` needs is installed by a colcon build."""
     prefix = colcon_install / 'pwan_ros'
-    for exe in ('pwan_adapt_node', 'adapt_node', 'pwan_adapt', 'pwan_adapt_import'):
+    for exe in ('pwan_adapt_node', 'pwan_adapt', 'pwan_adapt_import'):
         assert (prefix / 'lib' / 'pwan_ros' / exe).is_file(), exe
+    assert not (prefix / 'lib' / 'pwan_ros' / 'adapt_node').exists()  # a name of no release
     assert (prefix / 'share' / 'pwan_ros' / 'launch' / 'adapt.launch.py').is_file()
     assert (prefix / 'share' / 'pwan_ros' / 'config' / 'adapt.yaml').is_file()
