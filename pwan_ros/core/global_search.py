@@ -356,12 +356,16 @@ def register_global(source, reference, config, reference_cache=None, refine=None
     )
     # the judge: overlap beyond chance with the reference's surfaces at the judging voxel
     # (:mod:`verify`), on a subset of the dense source
-    judge_voxel = judging_voxel(ref_f)
     judged_source = src_f[rng.choice(len(src_f), min(CHECK_POINTS, len(src_f)), replace=False)]
+    judge_voxel = []  # computed at the first call: most searches never ask the judge
 
     def judge(t):
+        if not judge_voxel:
+            judge_voxel.append(judging_voxel(ref_f))
         moved = judged_source @ t[:3, :3].T + t[:3, 3]
-        return check_pose(moved, ref_f, voxel=judge_voxel, seed=config.seed, rivals=False).excess
+        return check_pose(
+            moved, ref_f, voxel=judge_voxel[0], seed=config.seed, rivals=False
+        ).excess
 
     t1 = time.perf_counter()
     with warnings.catch_warnings():  # the candidates' refinements are capped on purpose
