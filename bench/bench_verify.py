@@ -1,5 +1,6 @@
 """Never wrong without a warning: every real pair in ../shared/data through ``register()`` in its
-default mode and with ``init='global'``, with the self-check (:mod:`pwan_ros.core.verify`), clean
+default mode, with ``init='global'``, with ``starts=24`` and through ``refine()`` from a start
+5 deg / 2 % of the diagonal off the truth, with the self-check (:mod:`pwan_ros.core.verify`), clean
 and with uniform outliers, as received and voxelised, side by side with FPFH+RANSAC+ICP, FGR+ICP
 and KISS-Matcher+ICP (global methods with no self-check: every answer they give is 'ok').
 
@@ -17,7 +18,8 @@ A second block judges the self-check alone: each pair's source at poses a local 
 and from identity), so that both right and wrong poses are judged.
 
   python bench/bench_verify.py [--data ../shared/data] [--outliers 0 0.5 1]
-      [--sets bunny scenes balm nuscenes] [--modes default global] [--inputs raw voxelised]
+      [--sets bunny scenes balm nuscenes] [--modes default global starts24 refine]
+      [--inputs raw voxelised]
       [--anchors fpfh fgr kiss-matcher]
   python bench/bench_verify.py --check-only | --register-only
 """
@@ -37,7 +39,7 @@ from scipy.spatial.transform import Rotation
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import BUNNY_PAIRS, bunny_poses, load_bunny, print_table, write_results  # noqa: E402
 
-from pwan_ros.core import RegistrationConfig, register  # noqa: E402
+from pwan_ros.core import RegistrationConfig, refine, register  # noqa: E402
 from pwan_ros.core.verify import check_pose, judging_voxel  # noqa: E402
 from pwan_ros.geometry.se3 import invert, rotation_angle  # noqa: E402
 
@@ -95,7 +97,24 @@ ANCHORS = {
     'fgr': ('FGR+ICP', 'fgr_icp'),
     'kiss-matcher': ('KISS-Matcher+ICP', 'kiss_matcher'),
 }
-MODES = {'default': None, 'global': 'global'}
+
+
+def _near(gt: np.ndarray, diag: float) -> np.ndarray:
+    """A start near the truth ``gt``: turned 5 deg about (1, 1, 1) and moved 2 % of the diagonal
+    along (1, -1, 0.5) (what odometry's prediction or a user's rough alignment gives)."""
+    start = np.eye(4)
+    start[:3, :3] = Rotation.from_rotvec(np.radians(5.0) * np.ones(3) / np.sqrt(3)).as_matrix()
+    start[:3, 3] = 0.02 * diag * np.array([1.0, -1.0, 0.5]) / 1.5
+    return gt @ start
+
+
+#: the registration modes: name -> fn(source, reference, T_reference_source, diagonal) -> result
+MODES = {
+    'default': lambda s, r, gt, diag: register(s, r, RegistrationConfig()),
+    'global': lambda s, r, gt, diag: register(s, r, RegistrationConfig(), init='global'),
+    'starts24': lambda s, r, gt, diag: register(s, r, RegistrationConfig(starts=24)),
+    'refine': lambda s, r, gt, diag: refine(s, r, init=_near(gt, diag)),
+}
 
 
 def prepared(src, ref, inputs: str, voxel: float) -> tuple:
@@ -141,7 +160,7 @@ def run_register(pairs, ratios, args) -> list:
                     t0 = time.perf_counter()
                     with warnings.catch_warnings():
                         warnings.simplefilter('ignore')
-                        res = register(src, ref, RegistrationConfig(), init=MODES[mode])
+                        res = MODES[mode](src, ref, gt, diag)
                     dt = time.perf_counter() - t0
                     r_err, t_err = errors(res.transform, gt)
                     ok = r_err <= args.rot_tol and t_err <= args.trans_tol * diag
@@ -275,7 +294,14 @@ def main(argv=None) -> int:
     )
     ap.add_argument('--check-only', action='store_true', help='only the self-check block')
     ap.add_argument('--register-only', action='store_true', help='skip the self-check block')
-    ap.add_argument('--modes', nargs='+', default=list(MODES), choices=list(MODES))
+    ap.add_argument(
+        '--modes',
+        nargs='+',
+        default=['default', 'global'],
+        choices=list(MODES),
+        help='starts24: register(starts=24); refine: refine() from 5 deg / 2 %% of the diagonal '
+        'off the truth',
+    )
     ap.add_argument(
         '--inputs',
         nargs='+',

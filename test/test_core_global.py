@@ -365,7 +365,7 @@ def test_mass_of_the_final_fine_tune_is_the_overlap_not_more():
     (0.9) is brought down to the dense one, and a lower one is kept."""
     from scipy.spatial import cKDTree
 
-    from pwan_ros.core.global_search import _mass_ratio
+    from pwan_ros.core.mass import measured_mass_ratio
 
     rng = np.random.default_rng(2)
 
@@ -377,8 +377,8 @@ def test_mass_of_the_final_fine_tune_is_the_overlap_not_more():
 
     src, ref = tube(0.0, 2.5, 20000), tube(1.5, 4.0, 20000)
     tree = cKDTree(ref)
-    assert 0.35 < _mass_ratio(src, tree, np.eye(4), 0.9, 0.3) < 0.45
-    assert _mass_ratio(src, tree, np.eye(4), 0.2, 0.3) == 0.2
+    assert 0.35 < measured_mass_ratio(src, tree, np.eye(4), 0.3, 0.9) < 0.45
+    assert measured_mass_ratio(src, tree, np.eye(4), 0.3, 0.2) == 0.2
 
 
 # --------------------------------------------------------------------------- small and degenerate

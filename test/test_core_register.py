@@ -5,7 +5,7 @@ import pytest
 
 from _core_shapes import blob, curve2d, knobbed_blob, rot3, rot_err_deg
 from pwan_ros.core import PwanInputError, RegistrationConfig, refine, register
-from pwan_ros.core.config import FineTuneConfig, PotentialConfig
+from pwan_ros.core.config import FineTuneConfig, GlobalConfig, PotentialConfig
 from pwan_ros.core.preprocess import median_spacing
 from pwan_ros.core.multistart import distinct_poses
 
@@ -120,8 +120,8 @@ def test_distinct_poses_skips_duplicate_finalists():
 
 
 def test_overlap_refine_follows_the_actual_overlap():
-    """Two halves of a surface overlapping ~37 %, mass 0.8 (far above the overlap): the trimmed
-    fine-tune settles ~0.1 deg off, the distance-type overlap refinement ~0.01 deg (measured)."""
+    """Two halves of a surface overlapping ~37 %, mass_ratio 0.8 given (far above the overlap):
+    the trimmed fine-tune settles ~0.1 deg off, the distance-type overlap refinement ~0.01 deg."""
     pts = blob(6000, 0)
     src = pts[pts[:, 0] < 0.25]
     ref = pts[pts[:, 0] > -0.25] @ R_SMALL.T + T_TRUE
@@ -131,7 +131,11 @@ def test_overlap_refine_follows_the_actual_overlap():
     errs = {}
     for flag in (False, True):
         cfg = RegistrationConfig(
-            seed=0, steps=20, min_steps=0, **{'finetune': FineTuneConfig(overlap_refine=flag)}
+            seed=0,
+            steps=20,
+            min_steps=0,
+            mass_ratio=0.8,
+            finetune=FineTuneConfig(overlap_refine=flag),
         )
         res = register(src, ref, cfg, init=init)
         errs[flag] = rot_err_deg(res.transform[:3, :3], R_SMALL)
@@ -231,7 +235,11 @@ def test_multistart_tournament_selects_by_overlap(divergence):
     ref = knobbed_blob(500, 0) @ rot.T + T_TRUE
     rng = np.random.default_rng(3)
     ref = np.vstack((ref, rng.uniform(ref.min(0), ref.max(0), size=(500, 3))))
-    single = register(src, ref, RegistrationConfig(seed=0, divergence=divergence))
+    # one start, not confirmed by the global search (which would find the pose)
+    local = RegistrationConfig(
+        seed=0, divergence=divergence, global_search=GlobalConfig(confirm_below=0.0)
+    )
+    single = register(src, ref, local)
     assert rot_err_deg(single.transform[:3, :3], rot) > 20  # identity start fails
     cfg = RegistrationConfig(seed=0, starts=4, start_steps=40, start_keep=1, divergence=divergence)
     res = register(src, ref, cfg)
@@ -356,7 +364,13 @@ def test_reused_reference_gives_the_fresh_result(cap):
     from pwan_ros.core.reference import ReferenceCache
 
     _, ref = _pair(500, 0.5)
-    cfg = RegistrationConfig(seed=0, steps=60, finetune=FineTuneConfig(max_points=cap))
+    cfg = RegistrationConfig(  # the mass and the poses as given: no refit, no confirmation
+        seed=0,
+        steps=60,
+        mass_ratio=0.8,
+        finetune=FineTuneConfig(max_points=cap),
+        global_search=GlobalConfig(confirm_below=0.0),
+    )
     cache = ReferenceCache()
     sources = [blob(400, 1), blob(300, 2) * 1.6, blob(450, 3) @ rot3(5, 0, 0).T]
     for k, src in enumerate(sources):

@@ -27,6 +27,7 @@ from .errors import PwanInputError
 from .finetune import query_workers, select_pairs
 from .finetune_stage import finetune_data, finetune_stage
 from .global_search import register_global
+from .mass import measured_mass_ratio, refit_mass
 from .multistart import (
     Candidate,
     OverlapScorer,
@@ -49,7 +50,7 @@ from .preprocess import (
 from .problem import Problem, prepare, threshold
 from .reference import PreparedReference, ReferenceCache
 from .result import RegistrationResult
-from .verify import check_pose
+from .verify import CHECK_POINTS, RIVAL_DISTINCT, RIVAL_MARGIN, check_pose, judging_voxel
 
 __all__ = ['register', 'refine', 'ReferenceCache']
 
@@ -181,7 +182,8 @@ def refine(
 
     source (N, d), reference (M, d) in caller units; init: (d+1, d+1) source -> reference
     (identity when None). Uses config.transform, divergence, mass / mass_ratio /
-    distance_threshold and config.finetune. No network: NN search + closed-form steps only, on the
+    distance_threshold and config.finetune; a mass left to the default follows the overlap the
+    result shows, as in :func:`register`. No network: NN search + closed-form steps only, on the
     host (a k-d tree) unless ``finetune.nn`` is 'torch' (then on config.device). reference_cache:
     as in :func:`register`.
     """
@@ -202,7 +204,7 @@ def refine(
         prob, config, kind, np.eye(d), np.zeros(d), None, h_caller, rng, data, warn=True
     )
     timings = {'preprocess': t1 - t0, 'finetune': time.perf_counter() - t1}
-    return _finish(
+    res = _finish(
         prob,
         config,
         Candidate(0.0, a, t, v_fn, conv, None, None),
@@ -211,6 +213,7 @@ def refine(
         str(dev),
         fit_tree=prep.fit_tree(),
     )
+    return _mass_at_overlap(source, reference, config, res, reference_cache)
 
 
 def _single_start(
@@ -325,9 +328,13 @@ def register(
     if viewpoints is not None:
         raise PwanInputError("viewpoints are used by init='global' only")
     if config.transform != 'nonrigid' or not config.prealign:
-        return _register_candidates(
+        res = _register_candidates(
             source, reference, config, init, potential_state, should_stop, reference_cache
         )[0][1]
+        res = _mass_at_overlap(source, reference, config, res, reference_cache)
+        if init is None and _unconvincing(res, config):
+            res = _confirmed(source, reference, config, res, reference_cache)
+        return dataclasses.replace(res, time_s=time.perf_counter() - t0)
     # the rigid and non-rigid stages share the reference's search structures
     cache = reference_cache if reference_cache is not None else ReferenceCache()
     # coarse-to-fine: rigid PWAN registration(s) (with config.starts) initialise the non-rigid one
@@ -376,6 +383,111 @@ def register(
         if best is None or score < best[0]:
             best = (score, res)
     return dataclasses.replace(best[1], time_s=time.perf_counter() - t0)
+
+
+def _mass_at_overlap(source, reference, config, res, cache) -> RegistrationResult:
+    """A mass-type result whose mass was left to the default (``mass`` and ``mass_ratio`` None:
+    0.8) fine-tuned again at the overlap its pose shows while that is lower (:mod:`mass`); any
+    other result as it is. The refit is judged by the self-check like the first fit."""
+    if (
+        config.divergence != 'mass'
+        or config.mass is not None
+        or config.mass_ratio is not None
+        or config.transform == 'nonrigid'
+    ):
+        return res
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(config.seed)
+    src = np.asarray(source, dtype=np.float64)[res.source_valid]
+    ref = np.asarray(reference, dtype=np.float64)
+    ref = ref[np.isfinite(ref).all(axis=1)]
+    ref = ref[~far_outliers(ref)]
+    voxel = res.check.voxel if res.check is not None else judging_voxel(ref)
+    src, tree = random_subset(src, 20000, rng), cKDTree(random_subset(ref, 80000, rng))
+
+    def measure(t):
+        return measured_mass_ratio(src, tree, t, voxel, seed=config.seed)
+
+    def fit(t, mass):
+        return refine(source, reference, init=t, config=config.replace(mass_ratio=mass),
+                      reference_cache=cache)  # fmt: skip
+
+    out = refit_mass(res, config.effective_mass_ratio, measure, fit)
+    if out is res:
+        return res
+    return dataclasses.replace(
+        out,
+        time_s=res.time_s + time.perf_counter() - t0,
+        timings={**res.timings, 'mass': time.perf_counter() - t0},
+        iterations=res.iterations,
+        potential_updates=res.potential_updates,
+        finetune_iterations=res.finetune_iterations + out.finetune_iterations,
+        potential_state=res.potential_state,
+        h=res.h,
+        start_index=res.start_index,
+    )
+
+
+def _unconvincing(res: RegistrationResult, config: RegistrationConfig) -> bool:
+    """A rigid 3-D result whose self-check puts less than ``global_search.confirm_below`` of the
+    source on the reference beyond chance: a local search from identity cannot rule out a distant
+    pose that the data fit as well (bunny 180->315: 34 % at 164 deg off, 15 % at the truth), and
+    a refused one may have missed the pose the global search finds."""
+    return (
+        config.transform == 'rigid'
+        and res.check is not None
+        and res.transformed_source.shape[1] == 3
+        and res.check.excess < config.global_search.confirm_below
+    )
+
+
+def _confirmed(source, reference, config, res, cache) -> RegistrationResult:
+    """``res`` (from no init, :func:`_unconvincing`) against the global search's result ``g``:
+    the same pose (the source's points within ``RIVAL_DISTINCT`` gates RMS) keeps ``res`` as it
+    is; a distinct ``g`` the global search vouches for that fits clearly better (by
+    ``RIVAL_MARGIN`` of the source beyond chance, judged at one voxel) is returned; a vouched
+    ``res`` that fits clearly better than ``g`` is kept; otherwise, or when the global search
+    refuses, the pose is open and ``res`` is refused."""
+    t0 = time.perf_counter()
+    try:
+        g = register_global(source, reference, config, cache, refine, None)
+    except PwanInputError as exc:  # too few points or a degenerate set for feature hypotheses
+        if res.status != 'ok':
+            return res
+        reason = (
+            f'the pose puts {res.check.excess:.0%} of the source on the reference beyond chance, '
+            f'too little to rule out a distant pose, and the global search cannot run: {exc}'
+        )
+        timings = {**res.timings, 'confirm': time.perf_counter() - t0}
+        return dataclasses.replace(res, status='refused', reason=reason, timings=timings)
+    timings = {**res.timings, 'confirm': time.perf_counter() - t0}
+    src = np.asarray(source, dtype=np.float64)[res.source_valid]
+    src = random_subset(src, CHECK_POINTS, np.random.default_rng(config.seed))
+    diff = res.transform - g.transform
+    apart = float(np.sqrt(np.mean(np.sum((src @ diff[:3, :3].T + diff[:3, 3]) ** 2, axis=1))))
+    gate = res.check.gate
+    if apart <= RIVAL_DISTINCT * gate:
+        return dataclasses.replace(res, timings=timings)
+    ref = np.asarray(reference, dtype=np.float64)
+    ref = ref[np.isfinite(ref).all(axis=1)]
+    voxel = res.check.voxel
+    mine = check_pose(res.transformed_source, ref, voxel, config.seed, rivals=False).excess
+    theirs = check_pose(g.transformed_source, ref, voxel, config.seed, rivals=False).excess
+    if g.status == 'ok' and theirs > mine + RIVAL_MARGIN:
+        return dataclasses.replace(g, timings={**timings, **g.timings})
+    if res.status == 'ok' and g.status == 'ok' and mine > theirs + RIVAL_MARGIN:
+        return dataclasses.replace(res, timings=timings)
+    why = (
+        f'the global search refuses: {g.reason}'
+        if g.status != 'ok'
+        else f'the global search finds a pose {apart:.3g} away that fits about as well '
+        f'({theirs:.0%} against {mine:.0%} beyond chance)'
+    )
+    reason = (
+        f'the pose puts {mine:.0%} of the source on the reference beyond chance, too little to '
+        f'rule out a distant pose, and {why}'
+    )
+    return dataclasses.replace(res, status='refused', reason=reason, timings=timings)
 
 
 def _viewpoints(viewpoints) -> Optional[tuple]:

@@ -241,6 +241,15 @@ class GlobalConfig:
         0.0,
         1.0,
     )
+    confirm_below: float = param(
+        0.5,
+        'a rigid 3-D result registered from no init (init None) that puts less than this '
+        'fraction of the source on the reference beyond chance is confirmed by the global '
+        'search: kept when it agrees or fits clearly better, refused when the two searches '
+        'leave the pose open (0: never)',
+        0.0,
+        1.0,
+    )
     fgr: bool = param(True, "add Open3D's fast global registration as a candidate")
     kiss_matcher: bool = param(True, 'add KISS-Matcher as a candidate when it is installed')
 
@@ -277,7 +286,8 @@ class RegistrationConfig:
     )
     mass_ratio: Optional[float] = param(
         None,
-        'matched mass as a fraction of the smaller valid set; None = 0.8 unless mass is given',
+        'matched mass as a fraction of the smaller valid set; None (with mass None) = 0.8, '
+        'then lowered to the overlap the result shows (register, rigid / affine)',
         0.0,
         1.0,
         low_open=True,

@@ -26,7 +26,7 @@ partial objective (``register(..., init='global')``).
    is below ``min_confidence`` (two different poses explain the data almost equally: a symmetric
    object) the result is ``status='refused'`` with the reason, instead of a confident wrong pose.
 4. **The winner's fine-tune** on the dense sets: the distance type as it is; the mass type with
-   the mass estimated at the winner (:func:`_mass_ratio`), again while the estimate shrinks.
+   the mass estimated at the winner (:mod:`mass`), again while the estimate shrinks.
 
 Frames: caller units; every pose maps source -> reference (T_reference_source).
 """
@@ -42,6 +42,7 @@ import numpy as np
 from scipy.spatial import cKDTree
 
 from .config import GlobalConfig
+from .mass import measured_mass_ratio, refit_mass
 from .verify import CHECK_POINTS, MAX_CHANCE, check_pose, judging_voxel
 from .hypotheses import (
     ROTATION_KEEP,
@@ -254,32 +255,6 @@ def _judged(order: list, scored: list, judge, probe: np.ndarray, h: float) -> tu
     return judged + rest, excess
 
 
-#: the matched source points' residual scale that still counts as overlap, in median residuals
-MASS_SCALE = 5.0
-#: further mass-type fine-tunes of the winner while its mass estimate shrinks
-MASS_PASSES = 3
-
-
-def _mass_ratio(
-    source: np.ndarray, reference: cKDTree, pose: np.ndarray, overlap: float, voxel: float
-) -> float:
-    """The mass ratio of the winner's mass-type fine-tune: the smaller of two overlap estimates at
-    ``pose`` (source -> reference): ``overlap``, the candidates' (within 1.5 feature ``voxel``),
-    and the fraction of the dense ``source`` points (n, 3) within :data:`MASS_SCALE` median
-    residuals of the ``reference`` tree (the residuals of the points within 1.5 voxels). The first
-    over-states a low overlap on a finely sampled object (bunny 090->180: 0.48 against 0.41, and
-    the pose ends 1-1.5 deg off instead of 0.2-0.4), the second a lidar scan's (rings farther apart
-    than the median residual); a mass above the overlap pulls the pose towards the parts that do
-    not overlap, one below only drops constraints."""
-    d, _ = reference.query(
-        source @ pose[:3, :3].T + pose[:3, 3], k=1, distance_upper_bound=1.5 * voxel
-    )
-    near = d[np.isfinite(d)]
-    if len(near):  # the scale floored at a tenth of a voxel: exact copies have residuals of 0
-        overlap = min(overlap, float(np.mean(d <= max(MASS_SCALE * np.median(near), 0.1 * voxel))))
-    return float(np.clip(overlap, 0.05, 1.0))
-
-
 def register_global(source, reference, config, reference_cache=None, refine=None, viewpoints=None):
     """``register(source, reference, config, init='global')``: see the module doc. Returns a
     RegistrationResult (the winner's dense fine-tune, in the configured divergence: the distance
@@ -386,7 +361,11 @@ def register_global(source, reference, config, reference_cache=None, refine=None
     if config.divergence == 'mass':
         dense_s = src_f[rng.choice(len(src_f), min(20000, len(src_f)), replace=False)]
         dense_r = cKDTree(ref_f[rng.choice(len(ref_f), min(80000, len(ref_f)), replace=False)])
-        mass = _mass_ratio(dense_s, dense_r, out.result.transform, out.overlap, voxel)
+
+        def measure(t):  # capped by the candidates' overlap (within 1.5 feature voxels)
+            return measured_mass_ratio(dense_s, dense_r, t, voxel, out.overlap, config.seed)
+
+        mass = measure(out.result.transform)
         final_cfg = config.replace(transform='rigid', mass=None, mass_ratio=mass)
     if out.status != 'ok':  # a best guess only: the candidates' iteration cap, not the dense one's
         final_cfg = final_cfg.replace(
@@ -408,18 +387,18 @@ def register_global(source, reference, config, reference_cache=None, refine=None
     if config.divergence == 'mass' and out.status == 'ok':
         # the candidate was refined on subsets (a few degrees off on a hard pair): its residuals,
         # and so the mass, shrink at the refined pose; again from there while they do
-        for _ in range(MASS_PASSES):
-            again = _mass_ratio(dense_s, dense_r, final.transform, out.overlap, voxel)
-            if again >= mass - 0.02:
-                break
-            mass = again
-            final = refine(
+        final = refit_mass(
+            final,
+            mass,
+            measure,
+            lambda t, m: refine(
                 source,
                 reference,
-                init=final.transform,
-                config=final_cfg.replace(mass_ratio=mass),
+                init=t,
+                config=final_cfg.replace(mass_ratio=m),
                 reference_cache=reference_cache,
-            )
+            ),
+        )
     timings.update(choose=t2 - t1, finetune=time.perf_counter() - t2)
     overlap = final.matched_ratio if config.divergence == 'distance' else out.overlap
     status, reason = out.status, out.reason
