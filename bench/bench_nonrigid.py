@@ -138,6 +138,7 @@ def main(argv=None):
         for ratio in ratios:
             errs = {m: [] for m in args.methods}
             times = {m: [] for m in args.methods}
+            cpus = {m: [] for m in args.methods}
             for run in range(args.runs):
                 rng = np.random.default_rng(1000 * run + 7)
                 if args.protocol == 'a':
@@ -203,6 +204,7 @@ def main(argv=None):
                             err = mse(moved[[pos[j] for j in both_idx]], ref0[both_idx])
                     errs[m].append(err)
                     times[m].append(tm.s)
+                    cpus[m].append(tm.cpu)
                     rows.append(
                         {
                             'protocol': args.protocol,
@@ -212,10 +214,12 @@ def main(argv=None):
                             'method': m,
                             'mse': err,
                             'time_s': tm.s,
+                            'cpu_s': tm.cpu,
                         }
                     )
                     print(
-                        f'{shape} ratio {ratio} run {run} {m}: MSE {err:.4f} ({tm.s:.1f} s)',
+                        f'{shape} ratio {ratio} run {run} {m}: MSE {err:.4f} '
+                        f'({tm.s:.1f} s, CPU {tm.cpu:.1f} s)',
                         flush=True,
                     )
             for m in args.methods:
@@ -229,11 +233,12 @@ def main(argv=None):
                         'std': float(np.std(e)),
                         'n': int(e.size),
                         'time_s': float(np.mean(times[m])),
+                        'cpu_s': float(np.mean(cpus[m])),
                     }
                 )
     print_table(
         summary,
-        ['shape', 'ratio', 'method', 'median', 'std', 'time_s', 'n'],
+        ['shape', 'ratio', 'method', 'median', 'std', 'time_s', 'cpu_s', 'n'],
         f'bcpd non-rigid pairs, protocol ({args.protocol}): MSE (normalised units)',
     )
     write_results(args.results, f'bench_nonrigid_{args.protocol}', rows, summary)
