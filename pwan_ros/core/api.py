@@ -336,14 +336,7 @@ def register(
     # non-rigid ones (pinned above). With several starts the ``prealign_keep`` best rigid finalists
     # are deformed and compared after the non-rigid stage: a rigid fit of a deformed shape can rank
     # a wrong, symmetric pose first.
-    # The rigid stage only has to reach the basin of the fine-tune and the deformation that follow
-    # it: it stops once its motion creeps below prealign_tolerance (0.3) x the spacing instead of
-    # the rigid default's 0.1 (measured: the same fine-tuned poses on the bcpd pairs with 120 %
-    # outliers, 25 % fewer steps)
-    tol_rigid = config.prealign_tolerance if config.tolerance is None else config.tolerance
-    rigid = config.replace(
-        transform='rigid', prealign=False, self_check=False, tolerance=tol_rigid
-    )
+    rigid = config.replace(transform='rigid', prealign=False, self_check=False)
     cands = _register_candidates(source, reference, rigid, init, None, should_stop, cache)
     ref_clean = np.asarray(reference, dtype=np.float64)
     ref_clean = ref_clean[np.isfinite(ref_clean).all(axis=1)]  # validated by the rigid stage

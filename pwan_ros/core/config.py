@@ -358,13 +358,6 @@ class RegistrationConfig:
     prealign_keep: int = param(
         2, 'nonrigid with starts > 1: best rigid finalists deformed and compared', 1
     )
-    prealign_tolerance: float = param(
-        0.3,
-        'nonrigid: tolerance of the rigid pre-alignment when tolerance is None (x the source '
-        'spacing; its pose is refined by the fine-tune and the deformation after it)',
-        0.0,
-        low_open=True,
-    )
     start_finetune_points: int = param(
         2000, 'source points of the fine-tune that scores each start (0 = all)', 0
     )
