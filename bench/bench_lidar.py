@@ -16,6 +16,7 @@ both without ``recovery_global``, which an older core does not have).
 
   python bench/bench_lidar.py [--data ../shared/data] [--results results/lidar] [--quick]
   python bench/bench_lidar.py --pwan-only --baseline /tmp/pwan_a9638ec
+  python bench/bench_lidar.py --pwan-only --device cuda    # pwan mode's PWAN on a GPU
 """
 
 from __future__ import annotations
@@ -252,6 +253,12 @@ def main(argv=None) -> int:
         help="odometry parameters of the baseline run (its checkout's defaults, e.g. "
         "potential_updates=5 for a9638ec)",
     )
+    ap.add_argument(
+        '--device', default='auto', help="PWAN's device in the pipeline (OdometryConfig.device)"
+    )
+    ap.add_argument(
+        '--max-scans', type=int, default=0, help='first N scans of each sequence only (0: all)'
+    )
     args = ap.parse_args(argv)
     baseline = load_core(args.baseline) if args.baseline else None
     baseline_cfg = {
@@ -269,6 +276,8 @@ def main(argv=None) -> int:
         ('clean', list(range(10)), 0.0),
         ('robust', [0, 1, 2, 3, 7, 8, 9], 0.5),
     ):
+        if args.max_scans:
+            seq_idx = seq_idx[: max(args.max_scans, 2)]
         s = [scans[i] for i in seq_idx]
         if ratio:
             s = with_outliers(s, ratio)
@@ -285,11 +294,13 @@ def main(argv=None) -> int:
             # side by side with a baseline core: both without the global recovery, which a core
             # older than the global search (a9638ec) does not have; only the engine differs
             same = {'recovery_global': False} if baseline is not None else {}
+            same['device'] = args.device
             print(f'[{label}] pwan_ros pwan mode ...', file=sys.stderr)
             rel, times, paths = run_pipeline(s, st, scan_voxel_size=0.25, mode='pwan', **same)
             rows.append(
                 summarise(
-                    'pwan_ros pwan mode (CPU)' + (', no global recovery' if same else ''),
+                    f'pwan_ros pwan mode ({args.device})'
+                    + (', no global recovery' if baseline is not None else ''),
                     rel,
                     times,
                     gt_rel,

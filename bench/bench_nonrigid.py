@@ -13,6 +13,9 @@ with the known correspondences, a floor for any method that is not truly non-rig
 
     python bench/bench_nonrigid.py --data ../shared/data --results results/nonrigid --protocol a
     python bench/bench_nonrigid.py --data ../shared/data --results results/nonrigid --protocol b
+
+``--baseline DIR``: the method 'pwan-baseline' is m-PWAN by another checkout's core (e.g. main:
+``git worktree add /tmp/pwan_base main``), run in the same process on the same draws.
 """
 
 from __future__ import annotations
@@ -58,10 +61,14 @@ def mse(a, b):
     return float(np.mean(np.sum((a - b) ** 2, axis=1)))
 
 
-def run_method(method, src, ref, pwan_cfg):
+def run_method(method, src, ref, pwan_cfg, baseline=None, baseline_cfg=None):
     if method == 'pwan':
         res = register(src, ref, pwan_cfg)
         return res.transformed_source
+    if method == 'pwan-baseline':
+        if baseline is None:
+            raise SystemExit('pwan-baseline needs --baseline DIR')
+        return baseline.register(src, ref, baseline_cfg).transformed_source
     if method == 'd-pwan':
         # the paper's d-PWAN setting for partial overlap: h = 0.05 in the standardised units
         res = register(
@@ -106,7 +113,20 @@ def main(argv=None):
         '--start-steps', type=int, default=60, help='tournament short-run steps (start_steps)'
     )
     p.add_argument('--set', nargs='*', default=[], help='PWAN config overrides key=value')
+    p.add_argument(
+        '--baseline', help="checkout whose pwan_ros/core runs the method 'pwan-baseline'"
+    )
     args = p.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    baseline = None
+    if args.baseline:
+        from bench_engine import load_core
+
+        baseline = load_core(args.baseline)
+        if 'pwan-baseline' not in args.methods:
+            args.methods.insert(1, 'pwan-baseline')
     ratios = args.ratios or ([0.2, 0.6, 1.0, 1.2] if args.protocol == 'a' else [0.7, 0.85, 1.0])
     overrides = {}
     for kv in args.set:
@@ -118,6 +138,7 @@ def main(argv=None):
         for ratio in ratios:
             errs = {m: [] for m in args.methods}
             times = {m: [] for m in args.methods}
+            cpus = {m: [] for m in args.methods}
             for run in range(args.runs):
                 rng = np.random.default_rng(1000 * run + 7)
                 if args.protocol == 'a':
@@ -160,6 +181,7 @@ def main(argv=None):
                 )
                 cfg.update(overrides)
                 pcfg = RegistrationConfig.from_dict(cfg)
+                bcfg = baseline.RegistrationConfig.from_dict(cfg) if baseline else None
                 for m in args.methods:
                     with Timer() as tm:
                         if m == 'oracle-similarity':
@@ -170,7 +192,7 @@ def main(argv=None):
                                 moved_b = similarity_oracle(src0[both_idx], ref0[both_idx])
                                 moved = None
                         else:
-                            moved = run_method(m, src, ref_all, pcfg)
+                            moved = run_method(m, src, ref_all, pcfg, baseline, bcfg)
                     if args.protocol == 'a':
                         err = mse(moved, ref)
                     else:
@@ -182,6 +204,7 @@ def main(argv=None):
                             err = mse(moved[[pos[j] for j in both_idx]], ref0[both_idx])
                     errs[m].append(err)
                     times[m].append(tm.s)
+                    cpus[m].append(tm.cpu)
                     rows.append(
                         {
                             'protocol': args.protocol,
@@ -191,10 +214,12 @@ def main(argv=None):
                             'method': m,
                             'mse': err,
                             'time_s': tm.s,
+                            'cpu_s': tm.cpu,
                         }
                     )
                     print(
-                        f'{shape} ratio {ratio} run {run} {m}: MSE {err:.4f} ({tm.s:.1f} s)',
+                        f'{shape} ratio {ratio} run {run} {m}: MSE {err:.4f} '
+                        f'({tm.s:.1f} s, CPU {tm.cpu:.1f} s)',
                         flush=True,
                     )
             for m in args.methods:
@@ -208,11 +233,12 @@ def main(argv=None):
                         'std': float(np.std(e)),
                         'n': int(e.size),
                         'time_s': float(np.mean(times[m])),
+                        'cpu_s': float(np.mean(cpus[m])),
                     }
                 )
     print_table(
         summary,
-        ['shape', 'ratio', 'method', 'median', 'std', 'time_s', 'n'],
+        ['shape', 'ratio', 'method', 'median', 'std', 'time_s', 'cpu_s', 'n'],
         f'bcpd non-rigid pairs, protocol ({args.protocol}): MSE (normalised units)',
     )
     write_results(args.results, f'bench_nonrigid_{args.protocol}', rows, summary)

@@ -8,7 +8,8 @@ import torch
 
 from _core_shapes import blob, rot3
 from pwan_ros.core import RegistrationConfig
-from pwan_ros.core.alg1 import FusedAdam, potential_grads, run_alg1, transform_input_grad
+from pwan_ros.core.alg1 import Alg1, FusedAdam, potential_grads, run_alg1, transform_input_grad
+from pwan_ros.core.coherence import Coherence
 from pwan_ros.core.config import PotentialConfig
 from pwan_ros.core.potential import (
     BatchedPotential,
@@ -177,6 +178,47 @@ def _sets(rot, n=300):
     ref = blob(n, 0) @ rot.T + np.array([0.1, -0.05, 0.0])
     norm = make_normaliser(src, ref, align_centroids=True)
     return norm.source(src), norm.reference(ref)
+
+
+@pytest.mark.parametrize('kind,batch', [('affine', 0), ('nonrigid', 0), ('nonrigid', 64)])
+def test_linear_transform_gradients_equal_autograd(kind, batch):
+    """The affine / non-rigid step's written-out gradients (incl. the coherence term and the
+    natural-gradient metric, mini-batch rows with repeats) are autograd's of
+    sum(z * dz) + C(V) / r."""
+    ys, xs = _sets(rot3(20, 0, 0), n=200)
+    cfg = RegistrationConfig(transform=kind, batch_size=batch).pinned().resolved()
+    coh = None
+    if kind == 'nonrigid':
+        coh = Coherence(
+            torch.as_tensor(ys, dtype=torch.float32),
+            cfg.coherence,
+            torch.Generator().manual_seed(0),
+        )
+    run = Alg1(
+        cfg, torch.device('cpu'), ys, xs, 0.8 * len(ys), None, [rot3(5, 0, 0)], 0, coherence=coh
+    )
+    with torch.no_grad():
+        for p in run.t_params:
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    r = run.y.shape[0]
+    yi = (
+        None
+        if not batch
+        else torch.randint(r, (batch,), generator=torch.Generator().manual_seed(2))
+    )
+    ysrc = (run.y if yi is None else run.y[yi])[None]
+    dz = torch.randn(ysrc.shape, generator=torch.Generator().manual_seed(3))
+    z = run.transform.apply(ysrc, run.transform.linear(), yi)
+    loss = (z * dz).sum()
+    if coh is not None:
+        loss = loss + coh.value(run.transform.v[0]) / r
+    ref = list(torch.autograd.grad(loss, run.t_params))
+    if coh is not None:
+        ref[-1] = coh.apply_kernel(ref[-1][0])[None] * r
+    got = run.linear_grads(ysrc, dz, yi)
+    assert len(got) == len(ref)
+    for g, e in zip(got, ref):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
 
 
 def test_starts_do_not_interact():

@@ -348,8 +348,9 @@ class Alg1:
             if yi is None
             else self.y[yi].expand(self.count, -1, -1)
         )
-        a = self.transform.linear()  # once per step, with graph
-        z = self.transform.apply(ysrc, a, yi)
+        with torch.set_grad_enabled(self.kind == 'rigid'):  # the others: gradients by hand
+            a = self.transform.linear()  # once per step
+            z = self.transform.apply(ysrc, a, yi)
         zb = z.detach()
         for k in range(self.config.potential_updates):
             self.potential_update(xb, zb, with_gp=(k == 0))
@@ -358,16 +359,34 @@ class Alg1:
             dz = self._transform_grad(
                 self.weights, self.biases, self.h_now(xb, zb), net.length, zb, net.slope
             )
+        if self.kind != 'rigid':
+            self.opt_t.step(self.linear_grads(ysrc, dz, yi))
+            return
         loss = (z * dz).sum()  # its gradient in the transform parameters is the chain rule's
-        if self.coh is not None:
-            loss = loss + self.coh.value(self.transform.v[0]) / self.y.shape[0]
         grads = list(torch.autograd.grad(loss, self.t_params, allow_unused=True))
         grads = [torch.zeros_like(p) if g is None else g for p, g in zip(self.t_params, grads)]
-        if self.coh is not None:
-            # natural-gradient step in the metric (sigma I + G): smooth, coherent offsets
-            grads[-1] = self.coh.apply_kernel(grads[-1][0])[None] * self.y.shape[0]
         with torch.no_grad():
             self.opt_t.step(grads)
+
+    def linear_grads(
+        self, ysrc: torch.Tensor, dz: torch.Tensor, yi: Optional[torch.Tensor]
+    ) -> List[torch.Tensor]:
+        """The transform gradients of an affine / non-rigid step, written out (no autograd
+        graph), in ``t_params`` order: z = y A + t (+ V) is linear in its parameters, so with
+        dz = dL/dz (S, b, d) and ysrc (S, b, d): dL/dA = y^T dz, dL/dt = sum_j dz_j, dL/dV = dz on
+        the batch's rows (yi; None: all) plus the coherence term's dC/dV / r, taken in the metric
+        (sigma I + G) (natural gradient: smooth, coherent offsets)."""
+        with torch.no_grad():
+            grads = [torch.bmm(ysrc.transpose(1, 2), dz), dz.sum(1)]
+            if self.kind == 'nonrigid':
+                r = self.y.shape[0]
+                v = self.transform.v
+                dv = dz.clone() if yi is None else torch.zeros_like(v).index_add_(1, yi, dz)
+                if self.coh is not None:
+                    dv[0] += self.coh.gradient(v[0]) / r
+                    dv = self.coh.apply_kernel(dv[0])[None] * r
+                grads.append(dv)
+        return grads
 
     def moved(self, eval_idx: torch.Tensor) -> torch.Tensor:
         """The evaluation points moved by the current transforms (S, k, d), no graph."""

@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# The CUDA path checked in one step (at most 190 + 130 + 150 s on one GPU), then one table:
+#   1. the device tests (test/test_core_device.py with PWAN_TEST_DEVICE = the device),
+#   2. bench/bench_engine.py: one start and the 24-start tournament (starts=24, start_steps=60),
+#      wall seconds, rotation error, GFLOP/s of the adversarial stage next to a plain bmm,
+#   3. bench/bench_lidar.py --pwan-only: the odometry pipeline in pwan mode, PWAN on the device.
+#
+#   bench/device_check.sh [--device cuda|cuda:N|cpu] [--quick] [--data DIR] [--results DIR]
+#
+# --device cpu is the dry run of the script itself (implies --quick: small sizes); --quick: small
+# sizes on any device. Exits 2 with one line when the device is CUDA and torch sees none; 1 when a
+# step failed (the table says which).
+set -u
+cd "$(dirname "$0")/.."
+DEVICE=cuda
+QUICK=0
+DATA=../shared/data
+RESULTS=results/device_check
+PY=${PYTHON:-python}
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --device) DEVICE=${2:?--device needs a value}; shift 2 ;;
+        --quick) QUICK=1; shift ;;
+        --data) DATA=${2:?--data needs a value}; shift 2 ;;
+        --results) RESULTS=${2:?--results needs a value}; shift 2 ;;
+        *) echo "device_check: unknown argument $1 (--device, --quick, --data, --results)" >&2; exit 2 ;;
+    esac
+done
+case "$DEVICE" in
+    cpu) QUICK=1 ;;
+    cuda | cuda:[0-9]*)
+        if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+            echo "device_check: no CUDA device (torch.cuda.is_available() is False); --device cpu is the dry run" >&2
+            exit 2
+        fi ;;
+    *) echo "device_check: --device must be cuda, cuda:N or cpu, got $DEVICE" >&2; exit 2 ;;
+esac
+if [ ! -d "$DATA/rigid/stanford_bunny" ] || [ ! -d "$DATA/lidar/balm_seq_a" ]; then
+    echo "device_check: $DATA has no rigid/stanford_bunny or lidar/balm_seq_a (--data)" >&2
+    exit 2
+fi
+mkdir -p "$RESULTS"
+export OMP_NUM_THREADS=1 PWAN_TEST_DEVICE="$DEVICE"
+# time limits per step (s) for one GPU; the CPU dry run is slower
+SCALE=1
+[ "$DEVICE" = cpu ] && SCALE=4
+if [ "$QUICK" = 1 ]; then
+    ENGINE=(--points 300 --repeats 1)
+    LIDAR=(--max-scans 3)
+else
+    ENGINE=(--points 2000 --repeats 2)
+    LIDAR=()
+fi
+
+# step NAME LIMIT_S COMMAND...: runs it with a time limit, its output in $RESULTS/NAME.log
+step() {
+    local name=$1 limit=$2
+    shift 2
+    local t0=$SECONDS
+    echo "[device_check] $name ..." >&2
+    timeout "$((limit * SCALE))" "$@" >"$RESULTS/$name.log" 2>&1
+    echo "$name $? $((SECONDS - t0))" >>"$RESULTS/steps.txt"
+}
+rm -f "$RESULTS/steps.txt"
+step tests 190 "$PY" -m pytest -q -p no:cacheprovider test/test_core_device.py \
+    --junitxml="$RESULTS/tests.xml"
+step engine 130 "$PY" bench/bench_engine.py --device "$DEVICE" --data "$DATA" \
+    --results "$RESULTS" "${ENGINE[@]}"
+step odometry 150 "$PY" bench/bench_lidar.py --pwan-only --device "$DEVICE" --data "$DATA" \
+    --results "$RESULTS" "${LIDAR[@]}"
+
+"$PY" - "$RESULTS" "$DEVICE" <<'EOF'
+import json, os, sys
+import xml.etree.ElementTree as ET
+
+res, device = sys.argv[1], sys.argv[2]
+steps = {}
+for line in open(os.path.join(res, 'steps.txt')):
+    name, rc, sec = line.split()
+    steps[name] = (int(rc), int(sec))
+
+
+def status(name):
+    rc = steps[name][0]
+    return 'ok' if rc == 0 else ('timed out' if rc == 124 else f'failed (rc {rc})')
+
+
+rows = []
+try:
+    suite = ET.parse(os.path.join(res, 'tests.xml')).getroot().find('testsuite')
+    n, bad = int(suite.get('tests')), int(suite.get('failures')) + int(suite.get('errors'))
+    detail = f'{n - bad}/{n} passed'
+except (OSError, ET.ParseError, AttributeError, TypeError):
+    detail = 'no test report'
+rows.append(('device tests', status('tests'), steps['tests'][1], detail))
+try:
+    out = json.load(open(os.path.join(res, 'bench_engine.json')))
+    floor = next(s['matmul_gflops'] for s in out['summary'] if 'matmul_gflops' in s)
+    for s in out['summary']:
+        if s.get('core') == 'current':
+            name = 'engine ' + ('24-start tournament' if s['case'] == 'tournament' else 'one start')
+            rows.append(
+                (
+                    name,
+                    status('engine'),
+                    round(s['wall_s'], 1),
+                    f"rot err {s['rot_err_deg']:.3f} deg, {s['gflops']:.1f} GFLOP/s "
+                    f'(bmm {floor:.1f})',
+                )
+            )
+except (OSError, ValueError, KeyError, StopIteration):
+    rows.append(('engine', status('engine'), steps['engine'][1], 'no results'))
+try:
+    out = json.load(open(os.path.join(res, 'bench_lidar.json')))
+    for label in ('clean', 'robust'):
+        for r in out[label]:
+            rows.append(
+                (
+                    f'odometry pwan mode, {label}',
+                    status('odometry'),
+                    round(r['latency_median_ms'] / 1e3, 2),
+                    f"{r['success']}/{r['pairs']} pairs ok, rot med {r['rot_median_deg']:.3f} deg, "
+                    f"tr med {r['trans_median_mm']:.1f} mm (wall s = median per scan)",
+                )
+            )
+except (OSError, ValueError, KeyError):
+    rows.append(('odometry pwan mode', status('odometry'), steps['odometry'][1], 'no results'))
+print(f'\n## device check on {device} (logs in {res})')
+print('| check | status | wall s | result |')
+print('|---|---|---|---|')
+for r in rows:
+    print('| ' + ' | '.join(str(c) for c in r) + ' |')
+sys.exit(0 if all(rc == 0 for rc, _ in steps.values()) else 1)
+EOF

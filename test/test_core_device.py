@@ -1,0 +1,81 @@
+"""The registration on the device under check: ``PWAN_TEST_DEVICE`` (e.g. ``cuda``, ``cuda:1``,
+``cpu``; default: cuda when torch sees one, else cpu). On CUDA the gradient functions run compiled
+(CUDA graphs, ``compile='auto'``); the results must agree with the CPU's. bench/device_check.sh
+runs this file with ``PWAN_TEST_DEVICE=cuda`` (the suite's CUDA tests)."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from _core_shapes import blob, curve2d, knobbed_blob, rot3, rot_err_deg
+from pwan_ros.core import RegistrationConfig, register
+
+DEVICE = os.environ.get('PWAN_TEST_DEVICE') or ('cuda' if torch.cuda.is_available() else 'cpu')
+R_TRUE = rot3(30, -20, 25)
+T_TRUE = np.array([0.3, -0.2, 0.5])
+
+
+def _device_ok():
+    if DEVICE.startswith('cuda'):
+        assert torch.cuda.is_available(), f'PWAN_TEST_DEVICE={DEVICE} but torch sees no CUDA'
+
+
+@pytest.mark.heavy
+def test_rigid_on_the_device_agrees_with_the_cpu():
+    _device_ok()
+    src = blob(500, 1)
+    ref = blob(500, 0) @ R_TRUE.T + T_TRUE
+    on_dev = register(src, ref, RegistrationConfig(seed=0, device=DEVICE))
+    on_cpu = register(src, ref, RegistrationConfig(seed=0, device='cpu'))
+    assert on_dev.device.split(':')[0] == DEVICE.split(':')[0]
+    assert rot_err_deg(on_dev.transform[:3, :3], R_TRUE) < 0.5
+    assert np.linalg.norm(on_dev.transform[:3, 3] - T_TRUE) < 0.01
+    # different kernels, same optimum: the fine-tune ends within a small fraction of a degree
+    assert rot_err_deg(on_dev.transform[:3, :3], on_cpu.transform[:3, :3]) < 0.2
+    assert on_dev.converged
+
+
+@pytest.mark.heavy
+def test_eager_and_compiled_steps_agree_on_the_device():
+    _device_ok()
+    src = blob(400, 1)
+    ref = blob(400, 0) @ R_TRUE.T + T_TRUE
+    auto = register(src, ref, RegistrationConfig(seed=1, device=DEVICE))
+    eager = register(src, ref, RegistrationConfig(seed=1, device=DEVICE, compile='off'))
+    assert rot_err_deg(auto.transform[:3, :3], R_TRUE) < 0.5
+    assert rot_err_deg(auto.transform[:3, :3], eager.transform[:3, :3]) < 0.2
+
+
+@pytest.mark.heavy
+def test_tournament_on_the_device():
+    """A 120-degree rotation, 100 % outliers: the lock-step multi-start on the device."""
+    _device_ok()
+    rot = rot3(0, 0, 120) @ rot3(10, 0, 0)
+    src = knobbed_blob(500, 1)
+    ref = knobbed_blob(500, 0) @ rot.T + T_TRUE
+    rng = np.random.default_rng(3)
+    ref = np.vstack((ref, rng.uniform(ref.min(0), ref.max(0), size=(500, 3))))
+    cfg = RegistrationConfig(seed=0, starts=4, start_steps=40, start_keep=1, device=DEVICE)
+    res = register(src, ref, cfg)
+    assert res.start_index > 0
+    assert rot_err_deg(res.transform[:3, :3], rot) < 1.0
+    assert np.linalg.norm(res.transform[:3, 3] - T_TRUE) < 0.02
+
+
+@pytest.mark.heavy
+def test_nonrigid_on_the_device():
+    _device_ok()
+    rng = np.random.default_rng(0)
+    x = curve2d(200, 0)
+    ref = x + 0.15 * np.stack((np.sin(2 * x[:, 1]), np.cos(2 * x[:, 0])), 1)
+    ref_o = np.vstack((ref, rng.uniform(ref.min(0), ref.max(0), size=(60, 2))))
+    cfg = RegistrationConfig(
+        transform='nonrigid', mass_ratio=1.0, seed=0, steps=600, device=DEVICE
+    )
+    res = register(x, ref_o, cfg)
+    before = np.mean(np.sum((x - ref) ** 2, 1))
+    after = np.mean(np.sum((res.transformed_source - ref) ** 2, 1))
+    assert res.displacement is not None and res.displacement.shape == x.shape
+    assert after < 0.3 * before
