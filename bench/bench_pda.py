@@ -237,6 +237,29 @@ def run_skada(lab, unl, method):
     ]
 
 
+def print_estimates(data, features, tasks, seed, overrides):
+    """The m0 estimate where alignment starts, against the truth (``--estimates``): the adapted
+    model is trained through its warm-up (plain cross-entropy), then m0 = K / |classes predicted
+    for more than 1/K of the unlabelled rows| (the paper's rule, what the trainer uses) and the
+    true K / |present classes| = 2, with the absent-class mass of the hard and soft predictions
+    (what mu starts from)."""
+    cfg = AdaptConfig.from_mapping(dict(overrides, seed=seed))
+    print('\n| features | task | m0 (paper rule) | true m0 | absent mass, hard | absent, soft |')
+    print('|---|---|---|---|---|---|')
+    for task in tasks:
+        lab, unl = task_sets(data, features, task)
+        tr = AdaptTrainer(cfg, lab, unl)
+        tr.train(until=cfg.warmup_steps + 1)  # the first aligning step estimates m0
+        soft, hard = tr.class_fractions()
+        k, present = tr.num_classes, np.bincount(unl.labels, minlength=tr.num_classes) > 0
+        print(
+            f'| {features} | {task} | {tr.state.m0:.2f} | {k / present.sum():.2f} | '
+            f'{hard[~present].sum():.3f} | {soft[~present].sum():.3f} |',
+            flush=True,
+        )
+    return 0
+
+
 def _spread(values) -> str:
     """'mean' or 'mean +- sample std' (several seeds)."""
     v = np.asarray(values, dtype=float)
@@ -337,6 +360,11 @@ def main(argv=None):
         '--set', nargs='*', default=[], metavar='KEY=VALUE', help='AdaptConfig overrides'
     )
     ap.add_argument('--threads', type=int, default=1)
+    ap.add_argument(
+        '--estimates',
+        action='store_true',
+        help="only print the m0 estimate at the end of warm-up per task (first seed)",
+    )
     ap.add_argument('--out', help='write all results as JSON here')
     ap.add_argument(
         '--merge', nargs='*', metavar='JSON', help='only print the table of earlier --out files'
@@ -352,6 +380,8 @@ def main(argv=None):
         typ = type(getattr(defaults, k))
         overrides[k] = (v.lower() in ('1', 'true', 'yes')) if typ is bool else typ(v)
     tasks = args.tasks or SETS[args.features][3]
+    if args.estimates:
+        return print_estimates(args.data, args.features, tasks, args.seeds[0], overrides)
     rows = []
     label = ' '.join([args.features] + args.set)  # e.g. 'surf input_norm=l2' in the table
     print(

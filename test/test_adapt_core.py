@@ -598,3 +598,31 @@ def test_safeguard_deploys_source_only_when_adaptation_hurts(tmp_path):
         x = torch.from_numpy(xu)
         np.testing.assert_array_equal(deployed(x).numpy(), source(x).numpy())
         np.testing.assert_array_equal(deployed(x).argmax(1).numpy(), np.load(res.predictions_path))
+
+
+def test_package_and_bench_work_without_skada(tmp_path):
+    """skada (and scikit-learn) are bench-only: the package, the CLI and bench_pda's own columns
+    import without them, and asking bench_pda for a skada column is one clear line."""
+    code = (
+        'import sys\n'
+        "sys.modules['skada'] = None\n"  # makes `import skada` fail, as where it is not installed
+        "sys.modules['sklearn'] = None\n"
+        'import pwan_ros.adaptation, pwan_ros.adaptation.safeguard, pwan_ros.adaptation.runner\n'
+        'import pwan_ros.cli.adapt\n'
+        f"sys.path.insert(0, {str(ROOT / 'bench')!r})\n"
+        'import bench_pda\n'
+        'import numpy as np\n'
+        'from pwan_ros.adaptation import FeatureSet\n'
+        'rng = np.random.default_rng(0)\n'
+        'lab = FeatureSet(rng.normal(size=(40, 3)).astype(np.float32), np.arange(40) % 4)\n'
+        'unl = FeatureSet(rng.normal(size=(10, 3)).astype(np.float32), np.arange(10) % 2)\n'
+        "print(bench_pda.run_logreg(lab, unl, 0)[0]['method'])\n"
+        "bench_pda.run_skada(lab, unl, 'kmm')\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get('PYTHONPATH', ''))
+    proc = subprocess.run(
+        [sys.executable, '-c', code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.stdout.strip() == 'logreg', proc.stderr
+    assert proc.returncode == 1 and 'Traceback' not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().startswith('--methods kmm needs skada'), proc.stderr
