@@ -245,7 +245,6 @@ def _run(config, lab, unl, out, resume, on_step, on_eval, should_stop, log) -> A
             log(f'resumed from {latest} at step {trainer.state.step}')
         ref = None
         if guarded:  # before training, so that every evaluated snapshot can be judged against it
-            log('safeguard: training the source-only model alongside')
             ref = Reference.of(train_source_only(config, lab, unl, holdout), holdout)
             trainer.selector = SnapshotSelector(ref, config.safeguard_margin, config.min_agreement)
         os.makedirs(ckdir, exist_ok=True)
