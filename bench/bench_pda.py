@@ -332,10 +332,16 @@ def print_table(rows, methods):
 
 def merge(paths):
     """Print the table of several result files (e.g. seeds or feature sets run separately)."""
-    rows = []
+    rows, seen = [], set()
     for p in paths:
         with open(p) as fh:
-            rows += json.load(fh)['rows']
+            for r in json.load(fh)['rows']:
+                key = (r.get('features'), r.get('copy'), r['task'], r['method'])
+                if r['method'] in ('logreg', *SKADA):  # deterministic: one run per file
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                rows.append(r)
     print_table(rows, list(dict.fromkeys(r['method'] for r in rows)))
     return 0
 
