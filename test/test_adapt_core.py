@@ -301,6 +301,27 @@ def test_snapshot_selection_keeps_the_preferred_snapshot():
     assert any(not torch.equal(final[k], v) for k, v in tr.model.state_dict().items())
 
 
+def test_safeguard_does_not_deploy_a_snapshot_when_the_final_weights_fail():
+    """An earlier snapshot that passed is not deployed when the run ends outside the checks
+    (complete alignment of 3 classes onto 6): source-only is, with the final weights' failures
+    as the reason."""
+    torch.set_num_threads(1)
+    from pwan_ros.adaptation.safeguard import Reference, decide, holdout_split, train_source_only
+
+    xl, yl, xu, yu = gaussian_domains(0)
+    cfg = AdaptConfig.from_mapping(dict(SYN, method='wgan', lambda1=5.0, potential_updates=1))
+    lab, unl = FeatureSet(xl, yl), FeatureSet(xu, yu)
+    ho = holdout_split(yl, cfg.holdout_fraction, cfg.seed)
+    ref = Reference.of(train_source_only(cfg, lab, unl, ho), ho)
+    tr = AdaptTrainer(cfg, lab, unl, ho)
+    tr.selector = lambda t, res: ((1.0, 0.0), {'val_accuracy': 1.0}) if res.step == 50 else None
+    tr.train()
+    assert tr.snapshot is not None and tr.state.best_step == 50
+    d = decide(tr, ref, cfg.safeguard_margin, cfg.min_agreement)
+    assert d.deployed == 'source_only' and d.snapshot_step is None
+    assert d.reason.startswith('adapted model not predicted to be better: final weights:')
+
+
 def test_snapshot_preference_rule():
     """SnapshotSelector.prefers: (held-out accuracy - outlier mass, entropy), margin 0.02."""
     p = SnapshotSelector(None, 0.02, 0.8).prefers

@@ -22,10 +22,11 @@ first; then, at every evaluation of the adapted training (``eval_interval`` step
 warm-up), the current weights are judged as above and, when they pass, replace the kept
 snapshot if their ``val_accuracy - outlier_mass`` is higher by more than ``safeguard_margin``,
 or not lower by more than ``safeguard_margin`` and their ``mean_entropy`` is lower
-(:meth:`SnapshotSelector.prefers`). The kept snapshot (in memory and in the checkpoints) is
-deployed at the end; when no snapshot
-passed, the source-only model is refitted on all labelled rows (the held-out split served the
-decision) and deployed, and the decision says which test the final iterate failed.
+(:meth:`SnapshotSelector.prefers`). At the end, when the final weights pass, the kept snapshot
+(in memory and in the checkpoints) is deployed; when they fail, the source-only model is refitted
+on all labelled rows (the held-out split served the decision) and deployed, and the decision says
+which test the final weights failed (:func:`decide` says why an earlier passing snapshot is not
+deployed then).
 """
 
 from __future__ import annotations
@@ -222,31 +223,35 @@ class SnapshotSelector:
 
 
 def decide(adapted, ref: Reference, margin: float, min_agreement: float) -> SafeguardDecision:
-    """The safeguard's decision after training ``adapted`` with a :class:`SnapshotSelector`:
-    its selected snapshot when one passed, else source-only (with the final iterate's failures
-    as the reason). Works on the final weights only when no snapshot was ever scored."""
+    """The safeguard's decision after training ``adapted`` (its final weights loaded) with a
+    :class:`SnapshotSelector`.
+
+    The final weights are judged first. When they fail, source-only is deployed even if an
+    earlier snapshot passed: every snapshot was driven by the same m0 and mu, estimated once
+    from the warmed-up classifier, and a run that ends outside the checks is taken as evidence
+    that they were wrong (an early snapshot then is mostly a less-trained source-only model that
+    the checks cannot tell apart from a good one). When they pass, the kept snapshot (the final
+    weights, or an earlier one the selection preferred) is deployed."""
     present = np.flatnonzero(ref.present).tolist()
     n = int(ref.holdout.size)
     st = adapted.state
-    if adapted.snapshot is not None and st.best_criteria:
-        a = ModelCheck(
-            **{f.name: st.best_criteria.get(f.name) for f in dataclasses.fields(ModelCheck)}
-        )
-        reason = (
-            f'adapted model (snapshot of step {st.best_step}) kept: held-out accuracy '
-            f'{_num(a.val_accuracy)} (source-only {_num(ref.check.val_accuracy)}), outlier '
-            f'mass {a.outlier_mass:.1%} (source-only {ref.check.outlier_mass:.1%}), agreement '
-            f'{a.agreement:.1%}'
-        )
-        return SafeguardDecision('adapted', reason, a, ref.check, present, n, st.best_step)
     a, fails = judge(adapted, ref, margin, min_agreement)
-    if not fails:  # no selector ran: the final weights pass
-        reason = 'adapted model kept (final weights)'
+    if fails:
+        reason = 'adapted model not predicted to be better: final weights: ' + '; '.join(fails)
+        return SafeguardDecision('source_only', reason, a, ref.check, present, n, None)
+    if adapted.snapshot is None or not st.best_criteria:  # no selector ran: the final weights
+        reason = 'adapted model kept (final weights pass; no snapshot was evaluated)'
         return SafeguardDecision('adapted', reason, a, ref.check, present, n, st.step)
-    reason = 'adapted model not predicted to be better: ' + '; '.join(fails)
-    if adapted.snapshot is None and st.step > adapted.config.warmup_steps:
-        reason += ' (and no evaluated snapshot passed)'
-    return SafeguardDecision('source_only', reason, a, ref.check, present, n, None)
+    a = ModelCheck(
+        **{f.name: st.best_criteria.get(f.name) for f in dataclasses.fields(ModelCheck)}
+    )
+    reason = (
+        f'adapted model (snapshot of step {st.best_step}) kept: held-out accuracy '
+        f'{_num(a.val_accuracy)} (source-only {_num(ref.check.val_accuracy)}), outlier '
+        f'mass {a.outlier_mass:.1%} (source-only {ref.check.outlier_mass:.1%}), agreement '
+        f'{a.agreement:.1%}'
+    )
+    return SafeguardDecision('adapted', reason, a, ref.check, present, n, st.best_step)
 
 
 def train_source_only(
