@@ -22,11 +22,16 @@ def _device_ok():
         assert torch.cuda.is_available(), f'PWAN_TEST_DEVICE={DEVICE} but torch sees no CUDA'
 
 
+def _device_pair(n: int):
+    """(source, reference) blobs of ``n`` points apart by (R_TRUE, T_TRUE), once the device is
+    known to exist."""
+    _device_ok()
+    return blob(n, 1), blob(n, 0) @ R_TRUE.T + T_TRUE
+
+
 @pytest.mark.heavy
 def test_rigid_on_the_device_agrees_with_the_cpu():
-    _device_ok()
-    src = blob(500, 1)
-    ref = blob(500, 0) @ R_TRUE.T + T_TRUE
+    src, ref = _device_pair(500)
     on_dev = register(src, ref, RegistrationConfig(seed=0, device=DEVICE))
     on_cpu = register(src, ref, RegistrationConfig(seed=0, device='cpu'))
     assert on_dev.device.split(':')[0] == DEVICE.split(':')[0]
@@ -39,9 +44,7 @@ def test_rigid_on_the_device_agrees_with_the_cpu():
 
 @pytest.mark.heavy
 def test_eager_and_compiled_steps_agree_on_the_device():
-    _device_ok()
-    src = blob(400, 1)
-    ref = blob(400, 0) @ R_TRUE.T + T_TRUE
+    src, ref = _device_pair(400)
     auto = register(src, ref, RegistrationConfig(seed=1, device=DEVICE))
     eager = register(src, ref, RegistrationConfig(seed=1, device=DEVICE, compile='off'))
     assert rot_err_deg(auto.transform[:3, :3], R_TRUE) < 0.5
