@@ -76,11 +76,13 @@ def _finish(
     device: str,
     fit_tree: Optional[cKDTree] = None,
     polish: bool = False,
+    take_rival: bool = False,
 ) -> RegistrationResult:
     """Assemble the result of ``cand`` (normalised frame): caller-frame transform, transformed
     points, match weights, the self-check (:mod:`verify`, ``config.self_check``).
     h_caller: the distance threshold (caller units; None for the mass divergence).
-    polish: a rigid 3-D result gets the plane-aware polish (:mod:`polish`, ``finetune.polish``)."""
+    polish: a rigid 3-D result gets the plane-aware polish (:mod:`polish`, ``finetune.polish``)
+    and, like ``take_rival``, takes a clearly better pose the self-check finds next to it."""
     kind = config.transform
     a, t, v_fn = cand.a, cand.t, cand.v_fn
     t0, timings = effort.t0, effort.timings
@@ -129,7 +131,7 @@ def _finish(
     if config.self_check:
         tc = time.perf_counter()
         verdict = check_pose(z, prob.ref_fit, seed=config.seed)
-        if polish and verdict.rival_better and kind == 'rigid':
+        if (polish or take_rival) and verdict.rival_better and kind == 'rigid':
             # a clearly better pose next to the result (GICP from a start around it): take it, and
             # judge it in turn
             total = verdict.rival_transform @ total
@@ -183,11 +185,26 @@ def refine(
     source (N, d), reference (M, d) in caller units; init: (d+1, d+1) source -> reference
     (identity when None). Uses config.transform, divergence, mass / mass_ratio /
     distance_threshold and config.finetune; a mass left to the default follows the overlap the
-    result shows, as in :func:`register`. No network: NN search + closed-form steps only, on the
-    host (a k-d tree) unless ``finetune.nn`` is 'torch' (then on config.device). reference_cache:
-    as in :func:`register`.
+    result shows, as in :func:`register`; a rigid 3-D result takes a clearly better pose its
+    self-check finds next to it and is judged there. No network: NN search + closed-form steps
+    only, on the host (a k-d tree) unless ``finetune.nn`` is 'torch' (then on config.device).
+    reference_cache: as in :func:`register`.
     """
     config = config or RegistrationConfig()
+    res = _refine(source, reference, init, config, reference_cache, take_rival=True)
+    return _mass_at_overlap(source, reference, config, res, reference_cache)
+
+
+def _refine(
+    source,
+    reference,
+    init,
+    config: RegistrationConfig,
+    reference_cache: Optional[ReferenceCache],
+    take_rival: bool,
+) -> RegistrationResult:
+    """:func:`refine` at the configured mass; ``take_rival``: a rigid 3-D result takes a clearly
+    better pose its self-check finds next to it (and is judged there)."""
     t0 = time.perf_counter()
     prob = prepare(source, reference, config, init if init is not None else None)
     # refine never re-centres: keep init semantics (identity init = trust the input frames)
@@ -204,7 +221,7 @@ def refine(
         prob, config, kind, np.eye(d), np.zeros(d), None, h_caller, rng, data, warn=True
     )
     timings = {'preprocess': t1 - t0, 'finetune': time.perf_counter() - t1}
-    res = _finish(
+    return _finish(
         prob,
         config,
         Candidate(0.0, a, t, v_fn, conv, None, None),
@@ -212,8 +229,8 @@ def refine(
         h_caller,
         str(dev),
         fit_tree=prep.fit_tree(),
+        take_rival=take_rival,
     )
-    return _mass_at_overlap(source, reference, config, res, reference_cache)
 
 
 def _single_start(
@@ -408,9 +425,8 @@ def _mass_at_overlap(source, reference, config, res, cache) -> RegistrationResul
     def measure(t):
         return measured_mass_ratio(src, tree, t, voxel, seed=config.seed)
 
-    def fit(t, mass):
-        return refine(source, reference, init=t, config=config.replace(mass_ratio=mass),
-                      reference_cache=cache)  # fmt: skip
+    def fit(t, mass):  # judged where it lands: a rival the check finds makes it refused
+        return _refine(source, reference, t, config.replace(mass_ratio=mass), cache, False)
 
     out = refit_mass(res, config.effective_mass_ratio, measure, fit)
     if out is res:
