@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# The CUDA path checked in one step (at most 190 + 130 + 150 s on one GPU), then one table:
+# The CUDA path checked in one step (at most 150 + 200 + 130 s on one GPU), then one table:
 #   1. the device tests (test/test_core_device.py with PWAN_TEST_DEVICE = the device),
 #   2. bench/bench_engine.py: one start and the 24-start tournament (starts=24, start_steps=60),
 #      wall seconds, rotation error, GFLOP/s of the adversarial stage next to a plain bmm,
 #   3. bench/bench_lidar.py --pwan-only: the odometry pipeline in pwan mode, PWAN on the device.
 #
 #   bench/device_check.sh [--device cuda|cuda:N|cpu] [--quick] [--data DIR] [--results DIR]
+#                         [--baseline CHECKOUT] [--setup DIR]
 #
+# On a GPU the engine also runs on the CPU (1 thread) in the same process, and with --baseline the
+# core of another checkout on the device: the speed-up column is wall seconds of the first over this.
+# --setup DIR: a folder made by bench/device_prepare.sh (open3d, small_gicp, the data) for a bare
+# GPU machine of the device tool; its setup.sh runs first and its data/ is the default --data.
 # --device cpu is the dry run of the script itself (implies --quick: small sizes); --quick: small
 # sizes on any device. Exits 2 with one line when the device is CUDA and torch sees none; 1 when a
 # step failed (the table says which).
@@ -16,6 +21,8 @@ DEVICE=cuda
 QUICK=0
 DATA=../shared/data
 RESULTS=results/device_check
+BASELINE=
+SETUP=
 PY=${PYTHON:-python}
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -23,9 +30,19 @@ while [ $# -gt 0 ]; do
         --quick) QUICK=1; shift ;;
         --data) DATA=${2:?--data needs a value}; shift 2 ;;
         --results) RESULTS=${2:?--results needs a value}; shift 2 ;;
-        *) echo "device_check: unknown argument $1 (--device, --quick, --data, --results)" >&2; exit 2 ;;
+        --baseline) BASELINE=${2:?--baseline needs a value}; shift 2 ;;
+        --setup) SETUP=${2:?--setup needs a value}; shift 2 ;;
+        *) echo "device_check: unknown argument $1 (--device, --quick, --data, --results, --baseline, --setup)" >&2; exit 2 ;;
     esac
 done
+if [ -n "$SETUP" ]; then
+    [ -f "$SETUP/setup.sh" ] || { echo "device_check: $SETUP/setup.sh not found (bench/device_prepare.sh makes it)" >&2; exit 2; }
+    SETUP_DIR=$(cd "$SETUP" && pwd)
+    # shellcheck source=/dev/null
+    . "$SETUP_DIR/setup.sh" || { echo "device_check: $SETUP/setup.sh failed" >&2; exit 2; }
+    [ "$DATA" = ../shared/data ] && DATA=$SETUP_DIR/data
+    PY=${PYTHON:-python3}
+fi
 case "$DEVICE" in
     cpu) QUICK=1 ;;
     cuda | cuda:[0-9]*)
@@ -51,6 +68,8 @@ else
     ENGINE=(--points 2000 --repeats 2)
     LIDAR=()
 fi
+[ "$DEVICE" = cpu ] || ENGINE+=(--cpu-side)
+[ -n "$BASELINE" ] && ENGINE+=(--baseline "$BASELINE")
 
 # step NAME LIMIT_S COMMAND...: runs it with a time limit, its output in $RESULTS/NAME.log
 step() {
@@ -62,11 +81,11 @@ step() {
     echo "$name $? $((SECONDS - t0))" >>"$RESULTS/steps.txt"
 }
 rm -f "$RESULTS/steps.txt"
-step tests 190 "$PY" -m pytest -q -p no:cacheprovider test/test_core_device.py \
+step tests 150 "$PY" -m pytest -q -p no:cacheprovider test/test_core_device.py \
     --junitxml="$RESULTS/tests.xml"
-step engine 130 "$PY" bench/bench_engine.py --device "$DEVICE" --data "$DATA" \
+step engine 200 "$PY" bench/bench_engine.py --device "$DEVICE" --data "$DATA" \
     --results "$RESULTS" "${ENGINE[@]}"
-step odometry 150 "$PY" bench/bench_lidar.py --pwan-only --device "$DEVICE" --data "$DATA" \
+step odometry 130 "$PY" bench/bench_lidar.py --pwan-only --device "$DEVICE" --data "$DATA" \
     --results "$RESULTS" "${LIDAR[@]}"
 
 "$PY" - "$RESULTS" "$DEVICE" <<'EOF'
@@ -97,17 +116,20 @@ try:
     out = json.load(open(os.path.join(res, 'bench_engine.json')))
     floor = next(s['matmul_gflops'] for s in out['summary'] if 'matmul_gflops' in s)
     for s in out['summary']:
-        if s.get('core') == 'current':
-            name = 'engine ' + ('24-start tournament' if s['case'] == 'tournament' else 'one start')
-            rows.append(
-                (
-                    name,
-                    status('engine'),
-                    round(s['wall_s'], 1),
-                    f"rot err {s['rot_err_deg']:.3f} deg, {s['gflops']:.1f} GFLOP/s "
-                    f'(bmm {floor:.1f})',
-                )
-            )
+        if 'case' not in s or 'warmup_s' in s:
+            continue
+        name = 'engine ' + ('24-start tournament' if s['case'] == 'tournament' else 'one start')
+        detail = f"{s['core']} on {s['device']}: rot err {s['rot_err_deg']:.3f} deg"
+        if 'speedup' in s:
+            detail += f", speed-up {s['speedup']:.2f}x"
+        if 'gflops' in s:
+            detail += f", {s['gflops']:.1f} GFLOP/s"
+        rows.append((name, status('engine'), round(s['wall_s'], 2), detail))
+    for s in out['summary']:
+        if 'warmup_s' in s:
+            rows.append((f"engine first registration ({s['case']})", status('engine'),
+                         round(s['warmup_s'], 1), f"{s['core']}: graph build (torch.compile)"))
+    rows.append(('engine bmm floor', status('engine'), '', f'{floor:.1f} GFLOP/s on {device}'))
 except (OSError, ValueError, KeyError, StopIteration):
     rows.append(('engine', status('engine'), steps['engine'][1], 'no results'))
 try:

@@ -23,6 +23,7 @@ Shapes: points (S, n, d) in the normalised frame; row-vector convention T(y) = y
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -44,6 +45,7 @@ __all__ = [
     'run_alg1',
     'potential_grads',
     'transform_input_grad',
+    'Compiled',
     'compiled',
 ]
 
@@ -119,15 +121,61 @@ def transform_input_grad(
     return backward(ws, length, tape, dg, slope, work=work, tag='t')
 
 
+#: graphs ``torch.compile`` may build per gradient function in one process (one per input shape
+#: set: tournament / finalists / single start, 2-D / 3-D, with and without the penalty rows). Past
+#: it, new shape sets run eager; dynamo's own limit (8) would otherwise fail a fullgraph call.
+MAX_GRAPHS = 64
+
+
+def _compile_errors() -> tuple:
+    import torch._dynamo.exc as exc
+
+    names = ('TorchDynamoException', 'FailOnRecompileLimitHit')
+    return tuple(getattr(exc, n) for n in names if hasattr(exc, n))
+
+
+_COMPILE_ERRORS = _compile_errors()
+
+
+class Compiled:
+    """``torch.compile(fn, fullgraph=True, mode=mode, dynamic=False)`` of :func:`potential_grads`
+    or :func:`transform_input_grad`, made once per process (:func:`compiled`), so later
+    registrations of the same shapes reuse its graphs. A call that dynamo cannot compile (past
+    :data:`MAX_GRAPHS` shape sets, or an unsupported construct in a future torch) runs the eager
+    function instead, with one warning per process: a registration never fails for the compile."""
+
+    def __init__(self, fn: Callable, mode: Optional[str], backend: str = 'inductor'):
+        import torch._dynamo
+
+        cfg = torch._dynamo.config
+        cfg.recompile_limit = max(cfg.recompile_limit, MAX_GRAPHS)
+        cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 4 * MAX_GRAPHS)
+        self.fn, self.eager_work = fn, Workspace()
+        self.graph = torch.compile(fn, fullgraph=True, mode=mode, dynamic=False, backend=backend)
+        self.failed = False
+
+    def __call__(self, *args, **kwargs):
+        if not self.failed:
+            try:
+                return self.graph(*args, **kwargs)
+            except _COMPILE_ERRORS as e:  # not compilable: run eager
+                self.failed = True
+                warnings.warn(
+                    f'torch.compile of {self.fn.__name__} failed ({type(e).__name__}); '
+                    'Alg. 1 runs eager in this process',
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        return self.fn(*args, work=self.eager_work, **kwargs)
+
+
 @functools.lru_cache(maxsize=None)
-def compiled(fn_name: str, mode: Optional[str]):
-    """``torch.compile(fn, fullgraph=True, mode=mode)`` of :func:`potential_grads` or
-    :func:`transform_input_grad`, made once per process, so later registrations of the same
-    shapes reuse its graphs."""
+def compiled(fn_name: str, mode: Optional[str]) -> Compiled:
+    """The process's :class:`Compiled` :func:`potential_grads` or :func:`transform_input_grad`."""
     fn = {'potential_grads': potential_grads, 'transform_input_grad': transform_input_grad}[
         fn_name
     ]
-    return torch.compile(fn, fullgraph=True, mode=mode, dynamic=False)
+    return Compiled(fn, mode)
 
 
 class FusedAdam:

@@ -14,16 +14,18 @@ from .errors import PwanInputError
 def resolve_device(name: str) -> torch.device:
     """Map ``'auto'`` / ``'cpu'`` / ``'cuda'`` / ``'cuda:N'`` to a :class:`torch.device`.
 
-    ``'auto'`` picks CUDA when available, else CPU. Asking for CUDA without one is an error. The
-    configs validate the name with the same rule (``pwan_ros.params.FORMATS['device']``).
+    ``'auto'`` is the device measured faster for registration, today the CPU: on an H200 the
+    CUDA path of these small networks (a few thousand points, hidden widths of tens) was
+    host-bound and slower than one CPU thread, and built its graphs for 15-35 s on the first
+    registration of each shape set (docs/benchmarks.md, device check). ``'cuda'`` / ``'cuda:N'``
+    run there on request; asking for CUDA without one is an error. The configs validate the name
+    with the same rule (``pwan_ros.params.FORMATS['device']``).
     """
     valid, allowed = FORMATS['device']
     name = str(name).strip().lower()
     if not valid(name):
         raise PwanInputError(f"unknown device '{name}' (expected {allowed})")
-    if name == 'auto':
-        return torch.device('cuda' if torch.cuda.is_available() else 'cpu')
-    if name == 'cpu':
+    if name in ('auto', 'cpu'):
         return torch.device('cpu')
     if not torch.cuda.is_available():
         raise PwanInputError(f"device '{name}' requested but CUDA is not available")

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
-import ot
 from scipy.spatial.distance import cdist
 
 from .errors import PwanInputError
@@ -28,6 +27,14 @@ class ExactDiscrepancy:
     transported: float
     source_matched: np.ndarray
     reference_matched: np.ndarray
+
+
+def _ot():
+    """POT, imported on first use (the registration itself never needs it)."""
+    import ot
+    import ot.partial
+
+    return ot
 
 
 def _prepare(reference, source, mass_reference, mass_source):
@@ -65,9 +72,9 @@ def exact_mass_discrepancy(
         raise PwanInputError(f'mass must be in (0, {total:g}], got {mass!r}')
     mass = min(float(mass), total)
     if abs(a.sum() - b.sum()) <= 1e-12 * total and abs(mass - total) <= 1e-12 * total:
-        plan = ot.emd(a, b, cost, numItermax=10_000_000)
+        plan = _ot().emd(a, b, cost, numItermax=10_000_000)
     else:
-        plan = ot.partial.partial_wasserstein(a, b, cost, m=mass, nb_dummies=1)
+        plan = _ot().partial.partial_wasserstein(a, b, cost, m=mass, nb_dummies=1)
     return _result((plan * cost).sum(), plan, a, b)
 
 
@@ -91,7 +98,7 @@ def exact_distance_discrepancy(
     big[:q, :r] = cost - h
     a2 = np.append(a, b.sum())
     b2 = np.append(b, a.sum())
-    full = ot.emd(a2, b2, big, numItermax=10_000_000)
+    full = _ot().emd(a2, b2, big, numItermax=10_000_000)
     plan = full[:q, :r]
     return _result((plan * (cost - h)).sum(), plan, a, b)
 
