@@ -230,11 +230,17 @@ def test_resume_reproduces_uninterrupted_run():
     def selector(trainer, res):  # label-free score, best at step 30: before the interruption
         return (-abs(res.step - 30), -res.mean_entropy), {'mean_entropy': res.mean_entropy}
 
+    alone = AdaptTrainer(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu), ho)
+    alone.train()
     full = AdaptTrainer(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu), ho)
+    full.attach_companion()  # the safeguard's source-only model, step by step beside it
     full.selector = selector
     full.train()
-    assert full.state.best_step == 30
+    assert full.state.best_step == 30 and full.companion.state.step == 60
+    for a, b in zip(alone.model.state_dict().values(), full.model.state_dict().values()):
+        assert torch.equal(a, b)  # the companion draws from its own random stream
     first = AdaptTrainer(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu), ho)
+    first.attach_companion()
     first.selector = selector
     first.train(until=33)
     assert first.snapshot is not None  # the checkpoint below carries the step-30 snapshot
@@ -248,10 +254,15 @@ def test_resume_reproduces_uninterrupted_run():
     resumed = AdaptTrainer(
         cfg, FeatureSet(xl, yl), FeatureSet(xu, yu), holdout_split(yl, cfg.holdout_fraction, 0)
     )
+    resumed.attach_companion()
     resumed.load_state_dict(ckpt)
     resumed.selector = selector
     resumed.train()
     for a, b in zip(full.model.state_dict().values(), resumed.model.state_dict().values()):
+        assert torch.equal(a, b)
+    for a, b in zip(
+        full.companion.model.state_dict().values(), resumed.companion.model.state_dict().values()
+    ):
         assert torch.equal(a, b)
     assert resumed.state.best_step == full.state.best_step
     assert resumed.state.best_score == full.state.best_score
@@ -306,16 +317,18 @@ def test_safeguard_does_not_deploy_a_snapshot_when_the_final_weights_fail():
     (complete alignment of 3 classes onto 6): source-only is, with the final weights' failures
     as the reason."""
     torch.set_num_threads(1)
-    from pwan_ros.adaptation.safeguard import Reference, decide, holdout_split, train_source_only
+    from pwan_ros.adaptation.safeguard import Reference, decide, holdout_split
 
     xl, yl, xu, yu = gaussian_domains(0)
     cfg = AdaptConfig.from_mapping(dict(SYN, method='wgan', lambda1=5.0, potential_updates=1))
     lab, unl = FeatureSet(xl, yl), FeatureSet(xu, yu)
     ho = holdout_split(yl, cfg.holdout_fraction, cfg.seed)
-    ref = Reference.of(train_source_only(cfg, lab, unl, ho), ho)
     tr = AdaptTrainer(cfg, lab, unl, ho)
+    source = tr.attach_companion()
     tr.selector = lambda t, res: ((1.0, 0.0), {'val_accuracy': 1.0}) if res.step == 50 else None
     tr.train()
+    assert source.state.step == tr.state.step == cfg.steps
+    ref = Reference.of(source, ho)
     assert tr.snapshot is not None and tr.state.best_step == 50
     d = decide(tr, ref, cfg.safeguard_margin, cfg.min_agreement)
     assert d.deployed == 'source_only' and d.snapshot_step is None

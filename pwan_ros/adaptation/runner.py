@@ -48,7 +48,6 @@ from .safeguard import (
     SnapshotSelector,
     decide,
     holdout_split,
-    train_source_only,
 )
 from .trainer import AdaptTrainer, UnlabelledPass, StepMetrics
 
@@ -238,15 +237,16 @@ def _run(config, lab, unl, out, resume, on_step, on_eval, should_stop, log) -> A
             holdout_split(lab.labels, config.holdout_fraction, config.seed) if guarded else None
         )
         trainer = AdaptTrainer(config, lab, unl, holdout)
+        if guarded:  # the source-only companion, step by step beside it, judged against
+            trainer.attach_companion()
+            trainer.selector = SnapshotSelector(
+                holdout, config.safeguard_margin, config.min_agreement
+            )
         if resume:
             if not os.path.isfile(latest):
                 raise AdaptInputError(f'cannot resume: {latest} does not exist')
             trainer.load_state_dict(load_checkpoint(latest))
             log(f'resumed from {latest} at step {trainer.state.step}')
-        ref = None
-        if guarded:  # before training, so that every evaluated snapshot can be judged against it
-            ref = Reference.of(train_source_only(config, lab, unl, holdout), holdout)
-            trainer.selector = SnapshotSelector(ref, config.safeguard_margin, config.min_agreement)
         os.makedirs(ckdir, exist_ok=True)
         last_eval: List[UnlabelledPass] = []
 
@@ -279,14 +279,13 @@ def _run(config, lab, unl, out, resume, on_step, on_eval, should_stop, log) -> A
             deployed = trainer
             adapted_res = res
             if guarded:
+                ref = Reference.of(trainer.companion, holdout)
                 decision = decide(trainer, ref, config.safeguard_margin, config.min_agreement)
                 log(f'safeguard: deploying {decision.deployed}: {decision.reason}')
-                companion = ref.source
+                companion = trainer.companion
                 if decision.deployed == 'adapted':
                     if trainer.restore_snapshot() and trainer.state.best_step != res.step:
                         adapted_res = trainer.evaluate()
-                else:  # refitted on all labelled rows
-                    companion = train_source_only(config, lab, unl, None)
                 os.makedirs(os.path.join(out, 'candidates'), exist_ok=True)
                 export_torchscript(trainer, os.path.join(out, 'candidates', 'adapted.ts'))
                 export_torchscript(companion, os.path.join(out, 'candidates', 'source_only.ts'))

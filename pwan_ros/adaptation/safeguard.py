@@ -1,8 +1,9 @@
 """The safeguard: adapt only when the adapted model is predicted to be better than source-only.
 
 A source-only model (same bottleneck architecture, ``method=source_only``, same seed and steps)
-is trained alongside the adapted one, both on the labelled rows minus a stratified held-out
-split. Without any unlabelled label, the two are compared on:
+is trained alongside the adapted one, a step after each of its steps (the *companion*,
+:meth:`AdaptTrainer.attach_companion`, in the same checkpoints), both on the labelled rows minus
+a stratified held-out split. Without any unlabelled label, the two are compared on:
 
 * ``val_accuracy``: accuracy on the held-out labelled rows, each class weighted by the
   source-only model's estimate of its share of the unlabelled domain (so classes that are absent
@@ -17,16 +18,16 @@ A model *passes* when its weighted held-out accuracy is not below source-only by
 ``safeguard_margin``, it agrees with source-only on at least ``min_agreement`` of the unlabelled
 rows and it is more confident (lower mean entropy).
 
-Snapshot selection (early stopping without target labels): the source-only model is trained
-first; then, at every evaluation of the adapted training (``eval_interval`` steps, after
-warm-up), the current weights are judged as above and, when they pass, replace the kept
+Snapshot selection (early stopping without target labels): at every evaluation of the adapted
+training (``eval_interval`` steps, after warm-up), the current weights are judged as above
+against the companion at the same step (trained as long) and, when they pass, replace the kept
 snapshot if their ``val_accuracy - outlier_mass`` is higher by more than ``safeguard_margin``,
 or not lower by more than ``safeguard_margin`` and their ``mean_entropy`` is lower
 (:meth:`SnapshotSelector.prefers`). At the end, when the final weights pass, the kept snapshot
-(in memory and in the checkpoints) is deployed; when they fail, the source-only model is refitted
-on all labelled rows (the held-out split served the decision) and deployed, and the decision says
-which test the final weights failed (:func:`decide` says why an earlier passing snapshot is not
-deployed then).
+(in memory and in the checkpoints) is deployed; when they fail, the companion is deployed: the
+source-only model the checks were made against (trained without the held-out rows), and the
+decision says which test the final weights failed (:func:`decide` says why an earlier passing
+snapshot is not deployed then).
 """
 
 from __future__ import annotations
@@ -196,16 +197,18 @@ def selection_score(check: ModelCheck) -> tuple:
 
 class SnapshotSelector:
     """:attr:`AdaptTrainer.selector <pwan_ros.adaptation.trainer.AdaptTrainer.selector>` of the
-    safeguard: after warm-up, a snapshot that passes :func:`judge` against ``ref`` is scored by
+    safeguard: after warm-up, a snapshot that passes :func:`judge` against the trainer's
+    companion at the same step (its held-out rows ``holdout``) is scored by
     :func:`selection_score`; before warm-up or when it fails, it is not eligible."""
 
-    def __init__(self, ref: Reference, margin: float, min_agreement: float):
-        self.ref, self.margin, self.min_agreement = ref, margin, min_agreement
+    def __init__(self, holdout: Optional[np.ndarray], margin: float, min_agreement: float):
+        self.holdout, self.margin, self.min_agreement = holdout, margin, min_agreement
 
     def __call__(self, trainer, res):
         if trainer.state.step < trainer.config.warmup_steps:
             return None  # not adapted yet
-        check, fails = judge(trainer, self.ref, self.margin, self.min_agreement)
+        ref = Reference.of(trainer.companion, self.holdout)
+        check, fails = judge(trainer, ref, self.margin, self.min_agreement)
         if fails:
             return None
         return selection_score(check), dataclasses.asdict(check)
@@ -254,47 +257,27 @@ def decide(adapted, ref: Reference, margin: float, min_agreement: float) -> Safe
     return SafeguardDecision('adapted', reason, a, ref.check, present, n, st.best_step)
 
 
-def train_source_only(
-    config, labelled: FeatureSet, unlabelled: FeatureSet, holdout: Optional[np.ndarray]
-):
-    """The source-only companion: the same config with ``method=source_only``, trained to the end
-    without the ``holdout`` rows (None: on all labelled rows). Deterministic (same seed, same
-    rows), so a resumed run recomputes the same model; the global torch RNG state (CPU and the
-    config's CUDA device) is left as it was, so training it does not change a run beside it."""
-    from .trainer import AdaptTrainer, resolve_device
-
-    dev = resolve_device(config.device)
-    cuda = [dev.index or 0] if dev.type == 'cuda' else []
-    with torch.random.fork_rng(devices=cuda):
-        tr = AdaptTrainer(
-            dataclasses.replace(config, method='source_only'), labelled, unlabelled, holdout
-        )
-        tr.train()
-    return tr
-
-
 def adapt_with_safeguard(config, labelled: FeatureSet, unlabelled: FeatureSet):
-    """Train the source-only model, then the adapted one with snapshot selection (in memory, no
-    files), and decide.
+    """Train the adapted model with its source-only companion in lock-step and snapshot
+    selection (in memory, no files), and decide.
 
     Returns ``(deployed, final, source_only, decision)``: ``deployed`` is the adapted trainer with
-    its selected snapshot loaded, or the source-only trainer refitted on all labelled rows;
-    ``final`` is the :class:`~pwan_ros.adaptation.trainer.UnlabelledPass` of the adapted model's
-    last iterate (before the snapshot is restored); ``source_only`` the companion trained without
-    the held-out rows; ``decision`` the :class:`SafeguardDecision`. What
+    its selected snapshot loaded, or the companion; ``final`` is the
+    :class:`~pwan_ros.adaptation.trainer.UnlabelledPass` of the adapted model's last iterate
+    (before the snapshot is restored); ``source_only`` the companion (trained without the
+    held-out rows); ``decision`` the :class:`SafeguardDecision`. What
     :func:`pwan_ros.adaptation.runner.run_adaptation` does, without checkpoints or outputs."""
     from .trainer import AdaptTrainer
 
     holdout = holdout_split(labelled.labels, config.holdout_fraction, config.seed)
-    source = train_source_only(config, labelled, unlabelled, holdout)
-    ref = Reference.of(source, holdout)
     adapted = AdaptTrainer(config, labelled, unlabelled, holdout)
-    adapted.selector = SnapshotSelector(ref, config.safeguard_margin, config.min_agreement)
+    source = adapted.attach_companion()
+    adapted.selector = SnapshotSelector(holdout, config.safeguard_margin, config.min_agreement)
     adapted.train()
     final = adapted.evaluate()
+    ref = Reference.of(source, holdout)
     decision = decide(adapted, ref, config.safeguard_margin, config.min_agreement)
     if decision.deployed == 'adapted':
         adapted.restore_snapshot()
         return adapted, final, source, decision
-    refit = train_source_only(config, labelled, unlabelled, None)
-    return refit, final, source, decision
+    return source, final, source, decision

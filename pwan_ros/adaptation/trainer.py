@@ -124,6 +124,8 @@ class AdaptTrainer:
 
     #: label-free snapshot scorer (see the class docstring); set before :meth:`train`
     selector: Optional[Callable[['AdaptTrainer', 'UnlabelledPass'], Optional[tuple]]] = None
+    #: the source-only model trained step by step beside this one (:meth:`attach_companion`)
+    companion: Optional['AdaptTrainer'] = None
 
     def __init__(
         self,
@@ -161,6 +163,7 @@ class AdaptTrainer:
         train = np.ones(labelled.n, bool)
         if holdout is not None:
             train[np.asarray(holdout, dtype=np.int64)] = False
+        self._train_rows = train
         self.by_class = [np.flatnonzero((labelled.labels == c) & train) for c in range(k)]
         self.per_class = max(1, cfg.batch_size // k)
         self.state = TrainerState(mu=np.ones(k), m0=cfg.m0 if cfg.m0 >= 1 else 1.0)
@@ -169,6 +172,38 @@ class AdaptTrainer:
         if unlabelled.labels is not None:
             present = np.bincount(unlabelled.labels, minlength=k) > 0
             self.absent = ~present
+
+    def attach_companion(self) -> 'AdaptTrainer':
+        """Make :attr:`companion`: the same config with ``method=source_only`` on the same
+        labelled rows (this trainer's holdout left out), trained one step after each of this
+        trainer's steps by :meth:`train` and saved in the same checkpoints, so an interrupted run
+        resumes both. It draws from its own torch generator state, so this trainer's steps are
+        the same with or without it."""
+        holdout = np.flatnonzero(~self._train_rows)
+        cuda = [self.device.index or 0] if self.device.type == 'cuda' else []
+        with torch.random.fork_rng(devices=cuda):
+            self.companion = AdaptTrainer(
+                dataclasses.replace(self.user_config, method='source_only'),
+                self.labelled,
+                self.unlabelled,
+                holdout,
+            )
+            self._companion_rng = self._rng_state()
+        return self.companion
+
+    def _rng_state(self):
+        cuda = torch.cuda.get_rng_state(self.device) if self.device.type == 'cuda' else None
+        return torch.get_rng_state(), cuda
+
+    def _companion_step(self) -> None:
+        cuda = [self.device.index or 0] if self.device.type == 'cuda' else []
+        with torch.random.fork_rng(devices=cuda):
+            cpu_state, cuda_state = self._companion_rng
+            torch.set_rng_state(cpu_state)
+            if cuda_state is not None:
+                torch.cuda.set_rng_state(cuda_state, self.device)
+            self.companion.step()
+            self._companion_rng = self._rng_state()
 
     # ------------------------------------------------------------------ schedules
     def _lr_factor(self, step: int) -> float:
@@ -382,6 +417,13 @@ class AdaptTrainer:
                 if st.mu is None
                 else torch.from_numpy(np.array(st.mu, dtype=np.float64)),
             },
+            'companion': None
+            if self.companion is None
+            else {
+                'trainer': self.companion.state_dict(),
+                'rng_torch': self._companion_rng[0],
+                'rng_cuda': self._companion_rng[1],
+            },
         }
 
     def load_state_dict(self, ckpt: dict) -> None:
@@ -413,6 +455,20 @@ class AdaptTrainer:
                 'cannot resume: the checkpoint was trained with different '
                 + ', '.join(f"{k}={ckpt['config'][k]!r} (now {mine[k]!r})" for k in diff)
             )
+        if (ckpt.get('companion') is None) != (self.companion is None):
+            raise AdaptInputError(
+                'checkpoint is incomplete or corrupt: the source-only companion is '
+                + ('missing' if self.companion is not None else 'unexpected')
+            )
+        if self.companion is not None:  # first: its load sets the global RNGs, this one's last
+            comp = ckpt['companion']
+            self.companion.load_state_dict(comp.get('trainer'))
+            try:
+                self._companion_rng = (comp['rng_torch'], comp['rng_cuda'])
+            except (KeyError, TypeError):
+                raise AdaptInputError(
+                    'checkpoint is incomplete or corrupt: companion RNG'
+                ) from None
         try:
             self.model.load_state_dict(ckpt['model'])
             snap = ckpt['snapshot']
@@ -463,6 +519,8 @@ class AdaptTrainer:
                 if should_stop is not None and should_stop():
                     return False
                 metrics = self.step()
+                if self.companion is not None:
+                    self._companion_step()
                 if on_step is not None:
                     on_step(self, metrics)
                 s = self.state.step
