@@ -79,4 +79,4 @@ bench: setup-bench
 	$(PY) bench/bench_nonrigid.py --data $(DATA) --results $(RESULTS)/nonrigid --protocol a
 	$(PY) bench/bench_deskew.py --results $(RESULTS)/deskew
 	$(PY) bench/bench_drift.py --data $(DATA) --results $(RESULTS)/drift
-	$(PY) bench/bench_pda.py --data $(DATA)/pda --features googlenet --out $(RESULTS)/pda_googlenet.json
+	$(PY) bench/bench_pda.py --data $(DATA)/pda --features googlenet --methods logreg kmm dreweight mlp pwan --out $(RESULTS)/pda_googlenet.json

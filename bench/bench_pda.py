@@ -6,10 +6,19 @@ Columns (``--methods``), all with the package defaults (:class:`AdaptConfig`) un
 * ``logreg``: source-only multinomial logistic regression (L2, C = 1, z-scored inputs, L-BFGS;
   torch, no extra dependency); ``mlp``: source-only bottleneck network (``method=source_only``,
   all labelled rows) - the two source-only anchors;
-* ``pwan``: the adapted model before the safeguard (trained on the labelled rows minus the
-  held-out split); ``deployed``: what ``pwan_adapt`` deploys (the adapted model or, when the
-  safeguard predicts no gain, the source-only model trained alongside) - one run gives both;
-* ``wgan``: complete alignment (m_alpha = 1), ``source_only``: same as mlp.
+* ``pwan``: the adapted model's last iterate (trained on the labelled rows minus the held-out
+  split); ``deployed``: what ``pwan_adapt`` deploys (the adapted snapshot selected without
+  target labels or, when none passes the safeguard, the source-only model trained alongside,
+  refitted on all labelled rows) - one run gives both;
+* ``wgan``: complete alignment (m_alpha = 1), ``source_only``: same as mlp;
+* ``kmm``, ``dreweight``: library methods (``skada`` 0.6, the ``bench`` extra; imported only
+  when asked for): sample reweighting of the labelled rows toward the unlabelled domain, then the
+  logreg column's classifier (scikit-learn ``LogisticRegression``, C = 1, L-BFGS) fitted with
+  those weights, on the same z-scored inputs. ``kmm``: kernel mean matching (Huang et al. 2007;
+  RBF kernel, gamma = 1 / D, skada's other defaults); ``dreweight``: weights p_u / p_l from a
+  logistic domain classifier. Reweighting is the classic partial-DA mechanism: rows of classes
+  absent from the unlabelled domain get small weights. logreg, kmm and dreweight are
+  deterministic: they run once (first seed).
 
 Accuracy is on all unlabelled rows, measured once at the end (no model selection with target
 labels); ``abs`` is the fraction of predictions in the 5 absent classes.
@@ -111,18 +120,32 @@ def run_method(lab, unl, method, seed, overrides):
     cfg = AdaptConfig.from_mapping(dict(overrides, method=method, seed=seed))
     t0 = time.perf_counter()
     if method == 'pwan' and cfg.safeguard:
-        deployed, adapted, source, decision = adapt_with_safeguard(cfg, lab, unl)
+        deployed, final, source, decision = adapt_with_safeguard(cfg, lab, unl)
         dt = time.perf_counter() - t0
         d = decision.to_dict()
         extra = {
             'decision': d['deployed'],
             'reason': d['reason'],
+            'snapshot': d['snapshot_step'],
             'criteria': {k: d[k] for k in ('adapted', 'source_only')},
             'companion': _scores(source),
+            'm0': float(deployed.state.m0) if d['deployed'] == 'adapted' else None,
         }
         return [
-            dict(method='pwan', seconds=dt, **_scores(adapted), **extra),
-            dict(method='deployed', seconds=dt, **_scores(deployed), decision=d['deployed']),
+            dict(
+                method='pwan',
+                seconds=dt,
+                accuracy=final.accuracy,
+                absent=final.absent_fraction,
+                **extra,
+            ),
+            dict(
+                method='deployed',
+                seconds=dt,
+                **_scores(deployed),
+                decision=d['deployed'],
+                snapshot=d['snapshot_step'],
+            ),
         ]
     tr = AdaptTrainer(cfg, lab, unl)
     tr.train()
@@ -171,9 +194,83 @@ def run_logreg(lab, unl, seed, c_reg=1.0):
     ]
 
 
+SKADA = ('kmm', 'dreweight')
+
+
+def run_skada(lab, unl, method):
+    """A skada reweighting adapter + weighted logistic regression (see the module docstring)."""
+    import warnings
+
+    try:
+        from skada import DiscriminatorReweightAdapter, KMMReweightAdapter, make_da_pipeline
+        from skada.utils import source_target_merge
+        from sklearn.linear_model import LogisticRegression
+    except ImportError as exc:
+        raise SystemExit(
+            f'--methods {method} needs skada (pip install -e .[bench]): {exc}'
+        ) from None
+    t0 = time.perf_counter()
+    mean, scale = fit_input_norm(lab, 'zscore', 4096)
+    xs = (lab.features - mean) * scale
+    xt = (unl.features - mean) * scale
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')  # "sample_domain inferred" notice
+        x, y, domain = source_target_merge(xs, xt, lab.labels, None)
+    adapter = (
+        KMMReweightAdapter(gamma=1.0 / xs.shape[1])
+        if method == 'kmm'
+        else DiscriminatorReweightAdapter()
+    )
+    clf = LogisticRegression(C=1.0, max_iter=1000).set_fit_request(sample_weight=True)
+    pipe = make_da_pipeline(adapter, clf)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')  # convergence and 'sample_domain inferred' notices
+        pipe.fit(x, y, sample_domain=domain)
+        pred = pipe.predict(xt)
+    return [
+        {
+            'method': method,
+            'accuracy': float((pred == unl.labels).mean()),
+            'absent': float((pred >= KEEP).mean()),
+            'seconds': time.perf_counter() - t0,
+        }
+    ]
+
+
+def print_estimates(data, features, tasks, seed, overrides):
+    """The m0 estimate where alignment starts, against the truth (``--estimates``): the adapted
+    model is trained through its warm-up (plain cross-entropy), then m0 = K / |classes predicted
+    for more than 1/K of the unlabelled rows| (the paper's rule, what the trainer uses) and the
+    true K / |present classes| = 2, with the absent-class mass of the hard and soft predictions
+    (what mu starts from)."""
+    cfg = AdaptConfig.from_mapping(dict(overrides, seed=seed))
+    print('\n| features | task | m0 (paper rule) | true m0 | absent mass, hard | absent, soft |')
+    print('|---|---|---|---|---|---|')
+    for task in tasks:
+        lab, unl = task_sets(data, features, task)
+        tr = AdaptTrainer(cfg, lab, unl)
+        tr.train(until=cfg.warmup_steps + 1)  # the first aligning step estimates m0
+        soft, hard = tr.class_fractions()
+        k, present = tr.num_classes, np.bincount(unl.labels, minlength=tr.num_classes) > 0
+        print(
+            f'| {features} | {task} | {tr.state.m0:.2f} | {k / present.sum():.2f} | '
+            f'{hard[~present].sum():.3f} | {soft[~present].sum():.3f} |',
+            flush=True,
+        )
+    return 0
+
+
+def _spread(values) -> str:
+    """'mean' or 'mean +- sample std' (several seeds)."""
+    v = np.asarray(values, dtype=float)
+    return f'{v.mean():.3f}' if v.size < 2 else f'{v.mean():.3f}±{v.std(ddof=1):.3f}'
+
+
 def print_table(rows, methods):
-    """Markdown table per (features, copy, task): mean accuracy over seeds (abs = absent-class
-    prediction rate); deployed - mlp in points; which model the safeguard deployed."""
+    """Markdown table per (features, copy, task): accuracy on the unlabelled rows, mean ± sample
+    std over seeds, and the absent-class prediction rate (abs, mean); deployed - mlp in points
+    (mean of the per-seed differences, min..max when several seeds); the safeguard's choice per
+    seed (A = adapted, S = source-only, in seed order) and the snapshot step it deployed."""
     methods = [m for m in methods if any(r['method'] == m for r in rows)]
     keys = list(
         dict.fromkeys((r.get('features', ''), r.get('copy', 'orig'), r['task']) for r in rows)
@@ -193,15 +290,34 @@ def print_table(rows, methods):
             if not rs:
                 cells.append('-')
                 continue
-            acc[m] = np.mean([r['accuracy'] for r in rs])
-            means[m].append(acc[m])
-            cells.append(f"{acc[m]:.3f} (abs {np.mean([r['absent'] for r in rs]):.3f})")
-        diff = (
-            f"{100 * (acc['deployed'] - acc['mlp']):+.1f}"
-            if 'deployed' in acc and 'mlp' in acc
-            else '-'
+            acc[m] = {r['seed']: r['accuracy'] for r in rs}
+            means[m].append(np.mean(list(acc[m].values())))
+            cells.append(
+                f"{_spread(list(acc[m].values()))} (abs {np.mean([r['absent'] for r in rs]):.3f})"
+            )
+        diff = '-'
+        if 'deployed' in acc and 'mlp' in acc:
+            d = [
+                100 * (acc['deployed'][s] - acc['mlp'][s])
+                for s in acc['deployed']
+                if s in acc['mlp']
+            ]
+            diff = f'{np.mean(d):+.1f}' + (
+                f' ({min(d):+.1f}..{max(d):+.1f})' if len(d) > 1 else ''
+            )
+        chose = (
+            ' '.join(
+                ('A' if r['decision'] == 'adapted' else 'S')
+                + (
+                    f"@{r['snapshot']}"
+                    if r.get('snapshot') is not None and r['decision'] == 'adapted'
+                    else ''
+                )
+                for r in sorted(sel, key=lambda r: r['seed'])
+                if r['method'] == 'deployed'
+            )
+            or '-'
         )
-        chose = ', '.join(r['decision'] for r in sel if r['method'] == 'deployed') or '-'
         print(
             f'| {key[0]} | {key[1]} | {key[2]} | ' + ' | '.join(cells) + f' | {diff} | {chose} |'
         )
@@ -216,10 +332,16 @@ def print_table(rows, methods):
 
 def merge(paths):
     """Print the table of several result files (e.g. seeds or feature sets run separately)."""
-    rows = []
+    rows, seen = [], set()
     for p in paths:
         with open(p) as fh:
-            rows += json.load(fh)['rows']
+            for r in json.load(fh)['rows']:
+                key = (r.get('features'), r.get('copy'), r['task'], r['method'])
+                if r['method'] in ('logreg', *SKADA):  # deterministic: one run per file
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                rows.append(r)
     print_table(rows, list(dict.fromkeys(r['method'] for r in rows)))
     return 0
 
@@ -236,14 +358,19 @@ def main(argv=None):
         '--methods',
         nargs='*',
         default=['logreg', 'mlp', 'pwan'],
-        choices=['logreg', 'mlp', 'pwan', 'wgan'],
-        help='pwan also gives the deployed column',
+        choices=['logreg', 'mlp', 'pwan', 'wgan', *SKADA],
+        help='pwan also gives the deployed column; kmm and dreweight need skada',
     )
     ap.add_argument('--seeds', nargs='*', type=int, default=[0])
     ap.add_argument(
         '--set', nargs='*', default=[], metavar='KEY=VALUE', help='AdaptConfig overrides'
     )
     ap.add_argument('--threads', type=int, default=1)
+    ap.add_argument(
+        '--estimates',
+        action='store_true',
+        help="only print the m0 estimate at the end of warm-up per task (first seed)",
+    )
     ap.add_argument('--out', help='write all results as JSON here')
     ap.add_argument(
         '--merge', nargs='*', metavar='JSON', help='only print the table of earlier --out files'
@@ -259,6 +386,8 @@ def main(argv=None):
         typ = type(getattr(defaults, k))
         overrides[k] = (v.lower() in ('1', 'true', 'yes')) if typ is bool else typ(v)
     tasks = args.tasks or SETS[args.features][3]
+    if args.estimates:
+        return print_estimates(args.data, args.features, tasks, args.seeds[0], overrides)
     rows = []
     label = ' '.join([args.features] + args.set)  # e.g. 'surf input_norm=l2' in the table
     print(
@@ -268,11 +397,14 @@ def main(argv=None):
     for task, copy in itertools.product(tasks, args.copies):
         lab, unl = task_sets(args.data, args.features, task, copy)
         for method, seed in itertools.product(args.methods, args.seeds):
-            out = (
-                run_logreg(lab, unl, seed)
-                if method == 'logreg'
-                else run_method(lab, unl, method, seed, overrides)
-            )
+            if method in ('logreg', *SKADA) and seed != args.seeds[0]:
+                continue  # deterministic: one run
+            if method == 'logreg':
+                out = run_logreg(lab, unl, seed)
+            elif method in SKADA:
+                out = run_skada(lab, unl, method)
+            else:
+                out = run_method(lab, unl, method, seed, overrides)
             for r in out:
                 rows.append(dict(features=label, copy=copy, task=task, seed=seed, **r))
                 print(
@@ -282,7 +414,7 @@ def main(argv=None):
                 )
         if args.out:  # after every task: a long run that is cut short keeps what it did
             _save(args, overrides, rows)
-    print_table(rows, ['logreg', 'mlp', 'wgan', 'pwan', 'deployed'])
+    print_table(rows, ['logreg', *SKADA, 'mlp', 'wgan', 'pwan', 'deployed'])
     return 0
 
 

@@ -30,6 +30,7 @@ from pwan_ros.cli.adapt import main as adapt_main
 from pwan_ros.adaptation.config import split_yaml
 from pwan_ros.adaptation.data import check_pair
 from pwan_ros.adaptation.runner import load_checkpoint
+from pwan_ros.adaptation.safeguard import SnapshotSelector
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CLI = pathlib.Path(sys.executable).parent / 'pwan_adapt'
@@ -212,15 +213,37 @@ def test_resume_reproduces_uninterrupted_run():
     torch.set_num_threads(1)
     xl, yl, xu, yu = gaussian_domains(3)
     cfg = AdaptConfig.from_mapping(
-        dict(SYN, steps=60, warmup_steps=20, weight_interval=15, potential_updates=2, dropout=0.3)
+        dict(
+            SYN,
+            steps=60,
+            warmup_steps=20,
+            weight_interval=15,
+            potential_updates=2,
+            dropout=0.3,
+            eval_interval=10,
+        )
     )
     from pwan_ros.adaptation.safeguard import holdout_split
 
     ho = holdout_split(yl, cfg.holdout_fraction, cfg.seed)  # as run_adaptation trains it
+
+    def selector(trainer, res):  # label-free score, best at step 30: before the interruption
+        return (-abs(res.step - 30), -res.mean_entropy), {'mean_entropy': res.mean_entropy}
+
+    alone = AdaptTrainer(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu), ho)
+    alone.train()
     full = AdaptTrainer(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu), ho)
+    full.attach_companion()  # the safeguard's source-only model, step by step beside it
+    full.selector = selector
     full.train()
+    assert full.state.best_step == 30 and full.companion.state.step == 60
+    for a, b in zip(alone.model.state_dict().values(), full.model.state_dict().values()):
+        assert torch.equal(a, b)  # the companion draws from its own random stream
     first = AdaptTrainer(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu), ho)
+    first.attach_companion()
+    first.selector = selector
     first.train(until=33)
+    assert first.snapshot is not None  # the checkpoint below carries the step-30 snapshot
     buf = io.BytesIO()  # through the file format resume reads (weights only)
     torch.save(first.state_dict(), buf)
     path = pathlib.Path(tempfile.mkdtemp()) / 'latest.pt'
@@ -231,10 +254,20 @@ def test_resume_reproduces_uninterrupted_run():
     resumed = AdaptTrainer(
         cfg, FeatureSet(xl, yl), FeatureSet(xu, yu), holdout_split(yl, cfg.holdout_fraction, 0)
     )
+    resumed.attach_companion()
     resumed.load_state_dict(ckpt)
+    resumed.selector = selector
     resumed.train()
     for a, b in zip(full.model.state_dict().values(), resumed.model.state_dict().values()):
         assert torch.equal(a, b)
+    for a, b in zip(
+        full.companion.model.state_dict().values(), resumed.companion.model.state_dict().values()
+    ):
+        assert torch.equal(a, b)
+    assert resumed.state.best_step == full.state.best_step
+    assert resumed.state.best_score == full.state.best_score
+    for key, a in full.snapshot.items():
+        assert torch.equal(a, resumed.snapshot[key])
     for a, b in zip(full.potential.state_dict().values(), resumed.potential.state_dict().values()):
         assert torch.equal(a, b)
     np.testing.assert_array_equal(full.state.mu, resumed.state.mu)
@@ -244,6 +277,102 @@ def test_resume_reproduces_uninterrupted_run():
     )
     with pytest.raises(AdaptConfigError, match='lambda1=1.0'):
         other.load_state_dict(ckpt)
+
+
+def test_snapshot_selection_keeps_the_preferred_snapshot():
+    """The trainer keeps the weights of the snapshot its selector prefers (here a scripted,
+    label-free score per evaluation) and restores exactly those weights."""
+    torch.set_num_threads(1)
+    xl, yl, xu, yu = gaussian_domains(1)
+    cfg = AdaptConfig.from_mapping(dict(SYN, steps=80, warmup_steps=20, eval_interval=20))
+    scores = {20: (0.5, 1.0), 40: (0.9, 0.8), 60: (0.85, 0.1), 80: (0.5, 0.05)}
+    seen = []
+
+    class Scripted:
+        prefers = SnapshotSelector(None, 0.1, 0.0).prefers
+
+        def __call__(self, trainer, res):
+            seen.append(res.step)
+            assert res.accuracy is not None and trainer.state.step == res.step
+            return scores[res.step], {'step': res.step}
+
+    tr = AdaptTrainer(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu))
+    tr.selector = Scripted()
+    tr.train()
+    # 40 beats 20 by more than the margin; 60 is within the margin of 40 and more confident;
+    # 80 is more confident but worse than 60 by more than the margin
+    assert seen == [20, 40, 60, 80] and tr.state.best_step == 60
+    assert tr.state.best_criteria == {'step': 60} and tr.state.best_score == [0.85, 0.1]
+    at60 = AdaptTrainer(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu))
+    at60.train(until=60)
+    final = {k: v.clone() for k, v in tr.model.state_dict().items()}
+    assert tr.restore_snapshot()
+    for key, a in at60.model.state_dict().items():
+        assert torch.equal(a, tr.model.state_dict()[key])
+    assert any(not torch.equal(final[k], v) for k, v in tr.model.state_dict().items())
+
+
+def test_safeguard_does_not_deploy_a_snapshot_when_the_final_weights_fail():
+    """An earlier snapshot that passed is not deployed when the run ends outside the checks
+    (complete alignment of 3 classes onto 6): source-only is, with the final weights' failures
+    as the reason."""
+    torch.set_num_threads(1)
+    from pwan_ros.adaptation.safeguard import Reference, decide, holdout_split
+
+    xl, yl, xu, yu = gaussian_domains(0)
+    cfg = AdaptConfig.from_mapping(dict(SYN, method='wgan', lambda1=5.0, potential_updates=1))
+    lab, unl = FeatureSet(xl, yl), FeatureSet(xu, yu)
+    ho = holdout_split(yl, cfg.holdout_fraction, cfg.seed)
+    tr = AdaptTrainer(cfg, lab, unl, ho)
+    source = tr.attach_companion()
+    tr.selector = lambda t, res: ((1.0, 0.0), {'val_accuracy': 1.0}) if res.step == 50 else None
+    tr.train()
+    assert source.state.step == tr.state.step == cfg.steps
+    ref = Reference.of(source, ho)
+    assert tr.snapshot is not None and tr.state.best_step == 50
+    d = decide(tr, ref, cfg.safeguard_margin, cfg.min_agreement)
+    assert d.deployed == 'source_only' and d.snapshot_step is None
+    assert d.reason.startswith('adapted model not predicted to be better: final weights:')
+
+
+def test_snapshot_preference_rule():
+    """SnapshotSelector.prefers: (held-out accuracy - outlier mass, entropy), margin 0.02."""
+    p = SnapshotSelector(None, 0.02, 0.8).prefers
+    assert p((0.95, 0.5), (0.90, 0.1))  # better by more than the margin
+    assert p((0.89, 0.05), (0.90, 0.1))  # within the margin and more confident
+    assert not p((0.89, 0.2), (0.90, 0.1))  # within the margin, less confident
+    assert not p((0.85, 0.01), (0.90, 0.1))  # worse by more than the margin
+
+
+def test_safeguard_deploys_the_selected_snapshot(tmp_path):
+    """With the safeguard, the adapted model deployed is the snapshot the label-free selection
+    kept: model.ts, candidates/adapted.ts, predictions.npy and best.pt are that snapshot, and
+    summary.json names its step; resume is refused for other data (unchanged)."""
+    torch.set_num_threads(1)
+    xl, yl, xu, yu = gaussian_domains(1)
+    cfg = AdaptConfig.from_mapping(dict(SYN, safeguard_margin=0.5, min_agreement=0.0))
+    res = run_adaptation(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu), tmp_path / 'o')
+    assert res.deployed == 'adapted', res.deployed_reason
+    step = res.safeguard['snapshot_step']
+    assert step == res.best_step and f'snapshot of step {step}' in res.deployed_reason
+    evals = json.loads((tmp_path / 'o' / 'metrics.json').read_text())['evals']
+    assert [e['step'] for e in evals if e['eligible']] and step in [e['step'] for e in evals]
+    best = load_checkpoint(str(tmp_path / 'o' / 'checkpoints' / 'best.pt'))
+    assert best['state']['best_step'] == step
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', DeprecationWarning)
+        deployed = torch.jit.load(res.model_path)
+        cand = torch.jit.load(str(tmp_path / 'o' / 'candidates' / 'adapted.ts'))
+    x = torch.from_numpy(xu)
+    with torch.no_grad():
+        np.testing.assert_array_equal(deployed(x).numpy(), cand(x).numpy())
+        np.testing.assert_array_equal(deployed(x).argmax(1).numpy(), np.load(res.predictions_path))
+    tr = AdaptTrainer(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu))
+    tr.model.load_state_dict(best['snapshot'])
+    tr.model.eval()
+    with torch.no_grad():
+        np.testing.assert_allclose(tr.model(x).numpy(), deployed(x).numpy(), rtol=1e-5, atol=1e-5)
+    assert res.accuracy == res.adapted_accuracy
 
 
 # ---------------------------------------------------------------------------- runner + CLI
@@ -503,3 +632,31 @@ def test_safeguard_deploys_source_only_when_adaptation_hurts(tmp_path):
         x = torch.from_numpy(xu)
         np.testing.assert_array_equal(deployed(x).numpy(), source(x).numpy())
         np.testing.assert_array_equal(deployed(x).argmax(1).numpy(), np.load(res.predictions_path))
+
+
+def test_package_and_bench_work_without_skada(tmp_path):
+    """skada (and scikit-learn) are bench-only: the package, the CLI and bench_pda's own columns
+    import without them, and asking bench_pda for a skada column is one clear line."""
+    code = (
+        'import sys\n'
+        "sys.modules['skada'] = None\n"  # makes `import skada` fail, as where it is not installed
+        "sys.modules['sklearn'] = None\n"
+        'import pwan_ros.adaptation, pwan_ros.adaptation.safeguard, pwan_ros.adaptation.runner\n'
+        'import pwan_ros.cli.adapt\n'
+        f"sys.path.insert(0, {str(ROOT / 'bench')!r})\n"
+        'import bench_pda\n'
+        'import numpy as np\n'
+        'from pwan_ros.adaptation import FeatureSet\n'
+        'rng = np.random.default_rng(0)\n'
+        'lab = FeatureSet(rng.normal(size=(40, 3)).astype(np.float32), np.arange(40) % 4)\n'
+        'unl = FeatureSet(rng.normal(size=(10, 3)).astype(np.float32), np.arange(10) % 2)\n'
+        "print(bench_pda.run_logreg(lab, unl, 0)[0]['method'])\n"
+        "bench_pda.run_skada(lab, unl, 'kmm')\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get('PYTHONPATH', ''))
+    proc = subprocess.run(
+        [sys.executable, '-c', code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.stdout.strip() == 'logreg', proc.stderr
+    assert proc.returncode == 1 and 'Traceback' not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().startswith('--methods kmm needs skada'), proc.stderr

@@ -3,11 +3,13 @@
 Output directory layout (every file written atomically)::
 
   checkpoints/latest.pt   resumable state (also written on interruption)
-  checkpoints/best.pt     lowest mean entropy on the unlabelled rows (unsupervised criterion)
+  checkpoints/best.pt     the selected snapshot's checkpoint (safeguard: the best-scoring snapshot
+                          that passed the label-free tests; off: lowest mean entropy)
   model.ts                TorchScript of the deployed model: features (n, D) -> logits (n, K)
-                          (input standardisation + bottleneck + classifier); the adapted model, or
-                          the source-only one when the safeguard rejects adaptation
-  candidates/adapted.ts, candidates/source_only.ts   both candidates (safeguard on)
+                          (input standardisation + bottleneck + classifier); the selected adapted
+                          snapshot, or the source-only model when no snapshot passed
+  candidates/adapted.ts, candidates/source_only.ts   both candidates (safeguard on; adapted.ts is
+                          the selected snapshot, or the final weights when none passed)
   predictions.npy         (M,) int64 0-based class ids of the unlabelled rows (deployed model)
   metrics.csv             per-step metrics;  evals.csv: per-evaluation metrics
   metrics.json            both, as lists of records
@@ -40,7 +42,13 @@ from pwan_ros.io.atomic import (
     write_npy,
     write_text,
 )
-from .safeguard import SafeguardDecision, decide, holdout_split, train_source_only
+from .safeguard import (
+    Reference,
+    SafeguardDecision,
+    SnapshotSelector,
+    decide,
+    holdout_split,
+)
 from .trainer import AdaptTrainer, UnlabelledPass, StepMetrics
 
 
@@ -229,6 +237,11 @@ def _run(config, lab, unl, out, resume, on_step, on_eval, should_stop, log) -> A
             holdout_split(lab.labels, config.holdout_fraction, config.seed) if guarded else None
         )
         trainer = AdaptTrainer(config, lab, unl, holdout)
+        if guarded:  # the source-only companion, step by step beside it, judged against
+            trainer.attach_companion()
+            trainer.selector = SnapshotSelector(
+                holdout, config.safeguard_margin, config.min_agreement
+            )
         if resume:
             if not os.path.isfile(latest):
                 raise AdaptInputError(f'cannot resume: {latest} does not exist')
@@ -264,29 +277,32 @@ def _run(config, lab, unl, out, resume, on_step, on_eval, should_stop, log) -> A
                     _ckpt_save(trainer, best)
                 write_metrics(trainer, out)
             deployed = trainer
+            adapted_res = res
             if guarded:
-                log('safeguard: training the source-only model alongside')
-                companion = train_source_only(config, lab, unl, holdout)
-                decision = decide(
-                    trainer, companion, holdout, config.safeguard_margin, config.min_agreement
-                )
+                ref = Reference.of(trainer.companion, holdout)
+                decision = decide(trainer, ref, config.safeguard_margin, config.min_agreement)
                 log(f'safeguard: deploying {decision.deployed}: {decision.reason}')
-                if decision.deployed == 'source_only':  # refitted on all labelled rows
-                    companion = train_source_only(config, lab, unl, None)
+                companion = trainer.companion
+                if decision.deployed == 'adapted':
+                    if trainer.restore_snapshot() and trainer.state.best_step != res.step:
+                        adapted_res = trainer.evaluate()
                 os.makedirs(os.path.join(out, 'candidates'), exist_ok=True)
                 export_torchscript(trainer, os.path.join(out, 'candidates', 'adapted.ts'))
                 export_torchscript(companion, os.path.join(out, 'candidates', 'source_only.ts'))
                 if decision.deployed == 'source_only':
                     deployed = companion
             source_res = None if companion is None else companion.evaluate()
-            final = res if deployed is trainer else source_res
+            final = adapted_res if deployed is trainer else source_res
             write_npy(os.path.join(out, 'predictions.npy'), final.predictions)
             export_torchscript(deployed, os.path.join(out, 'model.ts'))
             if trainer.config.plots:
                 from .plots import write_plots
 
                 write_plots(trainer, os.path.join(out, 'plots'))
-            accuracies = (res.accuracy, None if source_res is None else source_res.accuracy)
+            accuracies = (
+                adapted_res.accuracy,
+                None if source_res is None else source_res.accuracy,
+            )
             res = final
         else:
             log(f'stopped at step {trainer.state.step}; checkpoint {latest}')

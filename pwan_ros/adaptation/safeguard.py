@@ -1,8 +1,9 @@
 """The safeguard: adapt only when the adapted model is predicted to be better than source-only.
 
 A source-only model (same bottleneck architecture, ``method=source_only``, same seed and steps)
-is trained alongside the adapted one, both on the labelled rows minus a stratified held-out
-split. Without any unlabelled label, the two are compared on:
+is trained alongside the adapted one, a step after each of its steps (the *companion*,
+:meth:`AdaptTrainer.attach_companion`, in the same checkpoints), both on the labelled rows minus
+a stratified held-out split. Without any unlabelled label, the two are compared on:
 
 * ``val_accuracy``: accuracy on the held-out labelled rows, each class weighted by the
   source-only model's estimate of its share of the unlabelled domain (so classes that are absent
@@ -12,12 +13,21 @@ split. Without any unlabelled label, the two are compared on:
 * ``agreement``: the fraction of unlabelled rows on which both models predict the same class;
 * ``mean_entropy``: the mean prediction entropy on the unlabelled rows.
 
-The adapted model is deployed only when its weighted held-out accuracy is not below source-only
-by more than ``safeguard_margin``, its outlier mass does not exceed source-only's by more than
+A model *passes* when its weighted held-out accuracy is not below source-only by more than
+``safeguard_margin``, its outlier mass does not exceed source-only's by more than
 ``safeguard_margin``, it agrees with source-only on at least ``min_agreement`` of the unlabelled
-rows and it is more confident (lower mean entropy). Otherwise the source-only model is refitted
-on all labelled rows (the held-out split served the decision) and deployed, and the decision says
-which test failed.
+rows and it is more confident (lower mean entropy).
+
+Snapshot selection (early stopping without target labels): at every evaluation of the adapted
+training (``eval_interval`` steps, after warm-up), the current weights are judged as above
+against the companion at the same step (trained as long) and, when they pass, replace the kept
+snapshot if their ``val_accuracy - outlier_mass`` is higher by more than ``safeguard_margin``,
+or not lower by more than ``safeguard_margin`` and their ``mean_entropy`` is lower
+(:meth:`SnapshotSelector.prefers`). At the end, when the final weights pass, the kept snapshot
+(in memory and in the checkpoints) is deployed; when they fail, the companion is deployed: the
+source-only model the checks were made against (trained without the held-out rows), and the
+decision says which test the final weights failed (:func:`decide` says why an earlier passing
+snapshot is not deployed then).
 """
 
 from __future__ import annotations
@@ -82,6 +92,7 @@ class SafeguardDecision:
     source_only: ModelCheck
     present_classes: List[int]
     n_holdout: int
+    snapshot_step: Optional[int] = None  # step of the deployed adapted snapshot
 
     def to_dict(self) -> Dict:
         return dataclasses.asdict(self)
@@ -100,34 +111,55 @@ def _weighted_accuracy(pred, labels, weights) -> Optional[float]:
     return float((acc[ok] * weights[ok]).sum() / weights[ok].sum()) if ok.any() else None
 
 
-def decide(
-    adapted, source, holdout: np.ndarray, margin: float, min_agreement: float
-) -> SafeguardDecision:
-    """Compare two trained :class:`~pwan_ros.adaptation.trainer.AdaptTrainer` on the unlabelled
-    rows and the held-out labelled rows ``holdout``; see the module docstring for the rule."""
-    k = adapted.num_classes
-    pa, proba = _predict(adapted, adapted.unlabelled)
-    ps, probs = _predict(source, source.unlabelled)
-    share = np.bincount(ps, minlength=k) / max(1, ps.size)
-    present = share >= 1.0 / (2 * k)
-    weights = probs.mean(axis=0)  # source-only estimate of the class shares
-    labels = adapted.labelled.labels[holdout]
-    va, _ = _predict(adapted, adapted.labelled, holdout)
-    vs, _ = _predict(source, source.labelled, holdout)
+@dataclass
+class Reference:
+    """What every candidate is judged against: the source-only model's view of the data."""
 
-    def entropy(p):
-        return float(-(p * np.log(np.clip(p, 1e-30, None))).sum(axis=1).mean())
+    source: object  # the source-only AdaptTrainer
+    holdout: np.ndarray
+    predictions: np.ndarray  # (M,) source-only predictions on the unlabelled rows
+    present: np.ndarray  # (K,) bool: classes source-only predicts for >= 1/(2K) of the rows
+    weights: np.ndarray  # (K,) source-only mean probabilities: estimated class shares
+    check: ModelCheck  # source-only's own criteria
 
-    agree = float((pa == ps).mean())
+    @classmethod
+    def of(cls, source, holdout: np.ndarray) -> 'Reference':
+        k = source.num_classes
+        ps, probs = _predict(source, source.unlabelled)
+        share = np.bincount(ps, minlength=k) / max(1, ps.size)
+        present = share >= 1.0 / (2 * k)
+        weights = probs.mean(axis=0)
+        vs, _ = _predict(source, source.labelled, holdout)
+        check = ModelCheck(
+            _weighted_accuracy(vs, source.labelled.labels[holdout], weights),
+            float((~present[ps]).mean()) if ps.size else 0.0,
+            _entropy(probs),
+            1.0,
+        )
+        return cls(source, holdout, ps, present, weights, check)
+
+
+def _num(v: Optional[float]) -> str:
+    return 'n/a' if v is None else f'{v:.3f}'
+
+
+def _entropy(p) -> float:
+    return float(-(p * np.log(np.clip(p, 1e-30, None))).sum(axis=1).mean()) if len(p) else 0.0
+
+
+def judge(trainer, ref: Reference, margin: float, min_agreement: float):
+    """The current weights of ``trainer`` against ``ref``: ``(ModelCheck, failures)`` where
+    ``failures`` lists the tests it fails (empty: it passes)."""
+    pa, proba = _predict(trainer, trainer.unlabelled)
+    va, _ = _predict(trainer, trainer.labelled, ref.holdout)
+    agree = float((pa == ref.predictions).mean()) if pa.size else 1.0
     a = ModelCheck(
-        _weighted_accuracy(va, labels, weights),
-        float((~present[pa]).mean()),
-        entropy(proba),
+        _weighted_accuracy(va, trainer.labelled.labels[ref.holdout], ref.weights),
+        float((~ref.present[pa]).mean()) if pa.size else 0.0,
+        _entropy(proba),
         agree,
     )
-    s = ModelCheck(
-        _weighted_accuracy(vs, labels, weights), float((~present[ps]).mean()), entropy(probs), 1.0
-    )
+    s = ref.check
     fails = []
     if (
         a.val_accuracy is not None
@@ -153,56 +185,99 @@ def decide(
             f'not more confident than source-only (entropy {a.mean_entropy:.3f} >= '
             f'{s.mean_entropy:.3f})'
         )
+    return a, fails
+
+
+def selection_score(check: ModelCheck) -> tuple:
+    """Score of a passing snapshot: ``(weighted held-out accuracy - outlier mass, mean
+    entropy)`` (see :meth:`SnapshotSelector.prefers`)."""
+    val = check.val_accuracy if check.val_accuracy is not None else 0.0
+    return (val - check.outlier_mass, check.mean_entropy)
+
+
+class SnapshotSelector:
+    """:attr:`AdaptTrainer.selector <pwan_ros.adaptation.trainer.AdaptTrainer.selector>` of the
+    safeguard: after warm-up, a snapshot that passes :func:`judge` against the trainer's
+    companion at the same step (its held-out rows ``holdout``) is scored by
+    :func:`selection_score`; before warm-up or when it fails, it is not eligible."""
+
+    def __init__(self, holdout: Optional[np.ndarray], margin: float, min_agreement: float):
+        self.holdout, self.margin, self.min_agreement = holdout, margin, min_agreement
+
+    def __call__(self, trainer, res):
+        if trainer.state.step < trainer.config.warmup_steps:
+            return None  # not adapted yet
+        ref = Reference.of(trainer.companion, self.holdout)
+        check, fails = judge(trainer, ref, self.margin, self.min_agreement)
+        if fails:
+            return None
+        return selection_score(check), dataclasses.asdict(check)
+
+    def prefers(self, new, kept) -> bool:
+        """A new passing snapshot replaces the kept one when its held-out accuracy minus outlier
+        mass is better by more than ``margin``, or not worse by more than ``margin`` and it is
+        more confident (lower entropy). Differences within the margin are the held-out split's
+        noise (one of ~100 rows is 0.01); the entropy term makes the later, more adapted
+        snapshot win them, so training runs to its end unless the checks see it degrade."""
+        (q_new, h_new), (q_kept, h_kept) = new, kept
+        if q_new > q_kept + self.margin:
+            return True
+        return q_new >= q_kept - self.margin and h_new < h_kept
+
+
+def decide(adapted, ref: Reference, margin: float, min_agreement: float) -> SafeguardDecision:
+    """The safeguard's decision after training ``adapted`` (its final weights loaded) with a
+    :class:`SnapshotSelector`.
+
+    The final weights are judged first. When they fail, source-only is deployed even if an
+    earlier snapshot passed: every snapshot was driven by the same m0 and mu, estimated once
+    from the warmed-up classifier, and a run that ends outside the checks is taken as evidence
+    that they were wrong (an early snapshot then is mostly a less-trained source-only model that
+    the checks cannot tell apart from a good one). When they pass, the kept snapshot (the final
+    weights, or an earlier one the selection preferred) is deployed."""
+    present = np.flatnonzero(ref.present).tolist()
+    n = int(ref.holdout.size)
+    st = adapted.state
+    a, fails = judge(adapted, ref, margin, min_agreement)
     if fails:
-        return SafeguardDecision(
-            'source_only',
-            'adapted model not predicted to be better: ' + '; '.join(fails),
-            a,
-            s,
-            np.flatnonzero(present).tolist(),
-            int(holdout.size),
-        )
+        reason = 'adapted model not predicted to be better: final weights: ' + '; '.join(fails)
+        return SafeguardDecision('source_only', reason, a, ref.check, present, n, None)
+    if adapted.snapshot is None or not st.best_criteria:  # no selector ran: the final weights
+        reason = 'adapted model kept (final weights pass; no snapshot was evaluated)'
+        return SafeguardDecision('adapted', reason, a, ref.check, present, n, st.step)
+    a = ModelCheck(
+        **{f.name: st.best_criteria.get(f.name) for f in dataclasses.fields(ModelCheck)}
+    )
     reason = (
-        'adapted model kept: held-out accuracy '
-        f'{a.val_accuracy if a.val_accuracy is not None else float("nan"):.3f} (source-only '
-        f'{s.val_accuracy if s.val_accuracy is not None else float("nan"):.3f}), outlier mass '
-        f'{a.outlier_mass:.1%} (source-only {s.outlier_mass:.1%}), agreement {agree:.1%}'
+        f'adapted model (snapshot of step {st.best_step}) kept: held-out accuracy '
+        f'{_num(a.val_accuracy)} (source-only {_num(ref.check.val_accuracy)}), outlier '
+        f'mass {a.outlier_mass:.1%} (source-only {ref.check.outlier_mass:.1%}), agreement '
+        f'{a.agreement:.1%}'
     )
-    return SafeguardDecision(
-        'adapted', reason, a, s, np.flatnonzero(present).tolist(), int(holdout.size)
-    )
-
-
-def train_source_only(
-    config, labelled: FeatureSet, unlabelled: FeatureSet, holdout: Optional[np.ndarray]
-):
-    """The source-only companion: the same config with ``method=source_only``, trained to the end
-    without the ``holdout`` rows (None: on all labelled rows). Deterministic (same seed, same
-    rows), so a resumed run recomputes the same model."""
-    from .trainer import AdaptTrainer
-
-    tr = AdaptTrainer(
-        dataclasses.replace(config, method='source_only'), labelled, unlabelled, holdout
-    )
-    tr.train()
-    return tr
+    return SafeguardDecision('adapted', reason, a, ref.check, present, n, st.best_step)
 
 
 def adapt_with_safeguard(config, labelled: FeatureSet, unlabelled: FeatureSet):
-    """Train the adapted model and its source-only companion (in memory, no files) and decide.
+    """Train the adapted model with its source-only companion in lock-step and snapshot
+    selection (in memory, no files), and decide.
 
-    Returns ``(deployed, adapted, source_only, decision)``: trainers and the
-    :class:`SafeguardDecision`; ``deployed`` is ``adapted`` or ``source_only``, which is then the
-    source-only model refitted on all labelled rows (the held-out rows are for the decision). What
+    Returns ``(deployed, final, source_only, decision)``: ``deployed`` is the adapted trainer with
+    its selected snapshot loaded, or the companion; ``final`` is the
+    :class:`~pwan_ros.adaptation.trainer.UnlabelledPass` of the adapted model's last iterate
+    (before the snapshot is restored); ``source_only`` the companion (trained without the
+    held-out rows); ``decision`` the :class:`SafeguardDecision`. What
     :func:`pwan_ros.adaptation.runner.run_adaptation` does, without checkpoints or outputs."""
     from .trainer import AdaptTrainer
 
     holdout = holdout_split(labelled.labels, config.holdout_fraction, config.seed)
     adapted = AdaptTrainer(config, labelled, unlabelled, holdout)
+    source = adapted.attach_companion()
+    adapted.selector = SnapshotSelector(holdout, config.safeguard_margin, config.min_agreement)
     adapted.train()
-    source = train_source_only(config, labelled, unlabelled, holdout)
-    decision = decide(adapted, source, holdout, config.safeguard_margin, config.min_agreement)
+    final = adapted.evaluate()
+    ref = Reference.of(source, holdout)
+    decision = decide(adapted, ref, config.safeguard_margin, config.min_agreement)
     if decision.deployed == 'adapted':
-        return adapted, adapted, source, decision
-    refit = train_source_only(config, labelled, unlabelled, None)
-    return refit, adapted, refit, decision
+        adapted.restore_snapshot()
+        return adapted, final, source, decision
+    return source, final, source, decision

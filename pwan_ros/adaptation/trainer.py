@@ -34,9 +34,9 @@ from .data import FeatureSet, check_pair
 from .errors import AdaptConfigError, AdaptInputError
 from .models import AdaptedClassifier, PotentialNet, gradient_penalty
 
-CHECKPOINT_VERSION = (
-    3  # 2: tensors and plain values only (torch.load(weights_only=True)); 3: norm.scale, holdout
-)
+# 2: tensors and plain values only (torch.load(weights_only=True)); 3: norm.scale, holdout;
+# 4: the selected snapshot (weights) and its label-free criteria
+CHECKPOINT_VERSION = 4
 # Config fields that may differ between a checkpoint and the run that resumes it.
 RESUME_FREE = (
     'steps',
@@ -95,8 +95,11 @@ class TrainerState:
     step: int = 0
     mu: Optional[np.ndarray] = None  # (K,) class weights, mean 1
     m0: float = 1.0
-    best_entropy: float = math.inf
-    best_step: int = -1
+    best_entropy: float = math.inf  # mean entropy of the selected snapshot
+    best_step: int = -1  # step of the selected snapshot (-1: none yet)
+    # selection score of that snapshot (the selector's ``prefers`` compares two)
+    best_score: List[float] = field(default_factory=list)
+    best_criteria: Dict[str, Optional[float]] = field(default_factory=dict)
     history: List[Dict[str, float]] = field(default_factory=list)
     evals: List[Dict[str, float]] = field(default_factory=list)
     train_seconds: float = 0.0
@@ -111,7 +114,18 @@ class AdaptTrainer:
         unlabelled: features (M, D); labels, if present, are read only by :meth:`evaluate`.
         holdout: labelled row indices never trained on (the safeguard's validation rows); the
             input normalisation is still fitted on all labelled rows (it uses no labels).
+
+    Snapshot selection: at every evaluation (``eval_interval``) the current weights are scored by
+    ``selector(trainer, pass) -> (score, criteria) | None`` (None: not eligible; default: the
+    lowest mean entropy after warm-up); a new score replaces the kept one when
+    ``selector.prefers(new, kept)`` (default: larger as a tuple) and the kept weights are in
+    :attr:`snapshot` (and in checkpoints); :meth:`restore_snapshot` loads them.
     """
+
+    #: label-free snapshot scorer (see the class docstring); set before :meth:`train`
+    selector: Optional[Callable[['AdaptTrainer', 'UnlabelledPass'], Optional[tuple]]] = None
+    #: the source-only model trained step by step beside this one (:meth:`attach_companion`)
+    companion: Optional['AdaptTrainer'] = None
 
     def __init__(
         self,
@@ -149,13 +163,47 @@ class AdaptTrainer:
         train = np.ones(labelled.n, bool)
         if holdout is not None:
             train[np.asarray(holdout, dtype=np.int64)] = False
+        self._train_rows = train
         self.by_class = [np.flatnonzero((labelled.labels == c) & train) for c in range(k)]
         self.per_class = max(1, cfg.batch_size // k)
         self.state = TrainerState(mu=np.ones(k), m0=cfg.m0 if cfg.m0 >= 1 else 1.0)
+        self.snapshot: Optional[Dict[str, torch.Tensor]] = None  # weights at state.best_step
         self.absent = None
         if unlabelled.labels is not None:
             present = np.bincount(unlabelled.labels, minlength=k) > 0
             self.absent = ~present
+
+    def attach_companion(self) -> 'AdaptTrainer':
+        """Make :attr:`companion`: the same config with ``method=source_only`` on the same
+        labelled rows (this trainer's holdout left out), trained one step after each of this
+        trainer's steps by :meth:`train` and saved in the same checkpoints, so an interrupted run
+        resumes both. It draws from its own torch generator state, so this trainer's steps are
+        the same with or without it."""
+        holdout = np.flatnonzero(~self._train_rows)
+        cuda = [self.device.index or 0] if self.device.type == 'cuda' else []
+        with torch.random.fork_rng(devices=cuda):
+            self.companion = AdaptTrainer(
+                dataclasses.replace(self.user_config, method='source_only'),
+                self.labelled,
+                self.unlabelled,
+                holdout,
+            )
+            self._companion_rng = self._rng_state()
+        return self.companion
+
+    def _rng_state(self):
+        cuda = torch.cuda.get_rng_state(self.device) if self.device.type == 'cuda' else None
+        return torch.get_rng_state(), cuda
+
+    def _companion_step(self) -> None:
+        cuda = [self.device.index or 0] if self.device.type == 'cuda' else []
+        with torch.random.fork_rng(devices=cuda):
+            cpu_state, cuda_state = self._companion_rng
+            torch.set_rng_state(cpu_state)
+            if cuda_state is not None:
+                torch.cuda.set_rng_state(cuda_state, self.device)
+            self.companion.step()
+            self._companion_rng = self._rng_state()
 
     # ------------------------------------------------------------------ schedules
     def _lr_factor(self, step: int) -> float:
@@ -306,16 +354,38 @@ class AdaptTrainer:
         return res
 
     def record_eval(self, res: UnlabelledPass) -> bool:
-        """Append an evaluation to the history; True when it is the new best (lowest entropy,
-        only after warm-up, i.e. an unsupervised criterion)."""
+        """Append an evaluation to the history and score the current weights as a snapshot; True
+        when they are the new selected snapshot (higher score; unsupervised criteria only)."""
         row = {'step': res.step, 'mean_entropy': res.mean_entropy, 'm_alpha': self.m_alpha()}
         if res.accuracy is not None:
             row.update(accuracy=res.accuracy, absent_fraction=res.absent_fraction)
+        if self.selector is not None:
+            judged = self.selector(self, res)
+        elif res.step >= self.config.warmup_steps:
+            judged = ((-res.mean_entropy,), {'mean_entropy': res.mean_entropy})
+        else:
+            judged = None
+        row['eligible'] = judged is not None
         self.state.evals.append(row)
-        if res.step >= self.config.warmup_steps and res.mean_entropy < self.state.best_entropy:
-            self.state.best_entropy, self.state.best_step = res.mean_entropy, res.step
-            return True
-        return False
+        if judged is None:
+            return False
+        score, criteria = [float(v) for v in judged[0]], dict(judged[1])
+        st = self.state
+        prefers = getattr(self.selector, 'prefers', None) or (lambda a, b: tuple(a) > tuple(b))
+        if st.best_step >= 0 and not prefers(score, st.best_score):
+            return False
+        st.best_entropy, st.best_step = res.mean_entropy, res.step
+        st.best_score, st.best_criteria = score, criteria
+        self.snapshot = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        return True
+
+    def restore_snapshot(self) -> bool:
+        """Load the selected snapshot's weights into :attr:`model` (after training: what the
+        safeguard deploys); False when there is none."""
+        if self.snapshot is None:
+            return False
+        self.model.load_state_dict(self.snapshot)
+        return True
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
@@ -332,6 +402,7 @@ class AdaptTrainer:
                 'num_classes': self.num_classes,
             },
             'model': self.model.state_dict(),
+            'snapshot': self.snapshot,
             'potential': self.potential.state_dict(),
             'opt': self.opt.state_dict(),
             'opt_w': self.opt_w.state_dict(),
@@ -345,6 +416,13 @@ class AdaptTrainer:
                 'mu': None
                 if st.mu is None
                 else torch.from_numpy(np.array(st.mu, dtype=np.float64)),
+            },
+            'companion': None
+            if self.companion is None
+            else {
+                'trainer': self.companion.state_dict(),
+                'rng_torch': self._companion_rng[0],
+                'rng_cuda': self._companion_rng[1],
             },
         }
 
@@ -377,8 +455,28 @@ class AdaptTrainer:
                 'cannot resume: the checkpoint was trained with different '
                 + ', '.join(f"{k}={ckpt['config'][k]!r} (now {mine[k]!r})" for k in diff)
             )
+        if (ckpt.get('companion') is None) != (self.companion is None):
+            raise AdaptInputError(
+                'checkpoint is incomplete or corrupt: the source-only companion is '
+                + ('missing' if self.companion is not None else 'unexpected')
+            )
+        if self.companion is not None:  # first: its load sets the global RNGs, this one's last
+            comp = ckpt['companion']
+            self.companion.load_state_dict(comp.get('trainer'))
+            try:
+                self._companion_rng = (comp['rng_torch'], comp['rng_cuda'])
+            except (KeyError, TypeError):
+                raise AdaptInputError(
+                    'checkpoint is incomplete or corrupt: companion RNG'
+                ) from None
         try:
             self.model.load_state_dict(ckpt['model'])
+            snap = ckpt['snapshot']
+            if snap is not None:
+                self.model.load_state_dict(snap)  # checks the keys and shapes
+                self.model.load_state_dict(ckpt['model'])
+                snap = {k: v.clone() for k, v in snap.items()}
+            self.snapshot = snap
             self.potential.load_state_dict(ckpt['potential'])
             self.opt.load_state_dict(ckpt['opt'])
             self.opt_w.load_state_dict(ckpt['opt_w'])
@@ -421,12 +519,18 @@ class AdaptTrainer:
                 if should_stop is not None and should_stop():
                     return False
                 metrics = self.step()
+                if self.companion is not None:
+                    self._companion_step()
                 if on_step is not None:
                     on_step(self, metrics)
                 s = self.state.step
-                if on_eval is not None and (s % cfg.eval_interval == 0 or s == cfg.steps):
+                if (on_eval is not None or self.selector is not None) and (
+                    s % cfg.eval_interval == 0 or s == cfg.steps
+                ):
                     res = self.evaluate()
-                    on_eval(self, res, self.record_eval(res))
+                    is_best = self.record_eval(res)
+                    if on_eval is not None:
+                        on_eval(self, res, is_best)
                 if (
                     on_checkpoint is not None
                     and s % cfg.checkpoint_interval == 0

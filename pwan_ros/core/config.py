@@ -381,7 +381,11 @@ class RegistrationConfig:
         True,
         'nonrigid: first register rigidly (same settings, incl. starts) and deform from there',
     )
-    device: str = param('auto', 'compute device; auto = the CPU (measured faster than CUDA at these sizes)', fmt='device')
+    device: str = param(
+        'auto',
+        'compute device; auto = the CPU (measured faster than CUDA at these sizes)',
+        fmt='device',
+    )
     compile: str = param(
         'auto',
         'torch.compile the two objectives of Alg. 1 (fullgraph): auto = on for CUDA '
