@@ -8,8 +8,8 @@ Columns (``--methods``), all with the package defaults (:class:`AdaptConfig`) un
   all labelled rows) - the two source-only anchors;
 * ``pwan``: the adapted model's last iterate (trained on the labelled rows minus the held-out
   split); ``deployed``: what ``pwan_adapt`` deploys (the adapted snapshot selected without
-  target labels or, when none passes the safeguard, the source-only model trained alongside,
-  refitted on all labelled rows) - one run gives both;
+  target labels or, when it fails the safeguard, the source-only model on all labelled rows
+  trained beside it in lock-step) - one run gives both;
 * ``wgan``: complete alignment (m_alpha = 1), ``source_only``: same as mlp;
 * ``kmm``, ``dreweight``: library methods (``skada`` 0.6, the ``bench`` extra; imported only
   when asked for): sample reweighting of the labelled rows toward the unlabelled domain, then the

@@ -233,14 +233,15 @@ def test_resume_reproduces_uninterrupted_run():
     alone = AdaptTrainer(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu), ho)
     alone.train()
     full = AdaptTrainer(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu), ho)
-    full.attach_companion()  # the safeguard's source-only model, step by step beside it
+    full.attach_companions()  # the safeguard's source-only models, step by step beside it
     full.selector = selector
     full.train()
-    assert full.state.best_step == 30 and full.companion.state.step == 60
+    assert full.state.best_step == 30
+    assert full.companion.state.step == full.fallback.state.step == 60
     for a, b in zip(alone.model.state_dict().values(), full.model.state_dict().values()):
         assert torch.equal(a, b)  # the companion draws from its own random stream
     first = AdaptTrainer(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu), ho)
-    first.attach_companion()
+    first.attach_companions()
     first.selector = selector
     first.train(until=33)
     assert first.snapshot is not None  # the checkpoint below carries the step-30 snapshot
@@ -254,15 +255,25 @@ def test_resume_reproduces_uninterrupted_run():
     resumed = AdaptTrainer(
         cfg, FeatureSet(xl, yl), FeatureSet(xu, yu), holdout_split(yl, cfg.holdout_fraction, 0)
     )
-    resumed.attach_companion()
+    resumed.attach_companions()
     resumed.load_state_dict(ckpt)
     resumed.selector = selector
     resumed.train()
     for a, b in zip(full.model.state_dict().values(), resumed.model.state_dict().values()):
         assert torch.equal(a, b)
-    for a, b in zip(
-        full.companion.model.state_dict().values(), resumed.companion.model.state_dict().values()
-    ):
+    for side in ('companion', 'fallback'):
+        for a, b in zip(
+            getattr(full, side).model.state_dict().values(),
+            getattr(resumed, side).model.state_dict().values(),
+        ):
+            assert torch.equal(a, b)
+    mlp = AdaptTrainer(
+        AdaptConfig.from_mapping(dict(cfg.to_dict(), method='source_only')),
+        FeatureSet(xl, yl),
+        FeatureSet(xu, yu),
+    )
+    mlp.train()  # the fallback is the model a plain source-only run trains
+    for a, b in zip(mlp.model.state_dict().values(), full.fallback.model.state_dict().values()):
         assert torch.equal(a, b)
     assert resumed.state.best_step == full.state.best_step
     assert resumed.state.best_score == full.state.best_score
@@ -324,7 +335,8 @@ def test_safeguard_does_not_deploy_a_snapshot_when_the_final_weights_fail():
     lab, unl = FeatureSet(xl, yl), FeatureSet(xu, yu)
     ho = holdout_split(yl, cfg.holdout_fraction, cfg.seed)
     tr = AdaptTrainer(cfg, lab, unl, ho)
-    source = tr.attach_companion()
+    tr.attach_companions()
+    source = tr.companion
     tr.selector = lambda t, res: ((1.0, 0.0), {'val_accuracy': 1.0}) if res.step == 50 else None
     tr.train()
     assert source.state.step == tr.state.step == cfg.steps

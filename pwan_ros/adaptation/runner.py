@@ -238,7 +238,7 @@ def _run(config, lab, unl, out, resume, on_step, on_eval, should_stop, log) -> A
         )
         trainer = AdaptTrainer(config, lab, unl, holdout)
         if guarded:  # the source-only companion, step by step beside it, judged against
-            trainer.attach_companion()
+            trainer.attach_companions()
             trainer.selector = SnapshotSelector(
                 holdout, config.safeguard_margin, config.min_agreement
             )
@@ -282,7 +282,7 @@ def _run(config, lab, unl, out, resume, on_step, on_eval, should_stop, log) -> A
                 ref = Reference.of(trainer.companion, holdout)
                 decision = decide(trainer, ref, config.safeguard_margin, config.min_agreement)
                 log(f'safeguard: deploying {decision.deployed}: {decision.reason}')
-                companion = trainer.companion
+                companion = trainer.fallback  # source-only on all labelled rows
                 if decision.deployed == 'adapted':
                     if trainer.restore_snapshot() and trainer.state.best_step != res.step:
                         adapted_res = trainer.evaluate()

@@ -2,7 +2,7 @@
 
 A source-only model (same bottleneck architecture, ``method=source_only``, same seed and steps)
 is trained alongside the adapted one, a step after each of its steps (the *companion*,
-:meth:`AdaptTrainer.attach_companion`, in the same checkpoints), both on the labelled rows minus
+:meth:`AdaptTrainer.attach_companions`, in the same checkpoints), both on the labelled rows minus
 a stratified held-out split. Without any unlabelled label, the two are compared on:
 
 * ``val_accuracy``: accuracy on the held-out labelled rows, each class weighted by the
@@ -24,10 +24,11 @@ against the companion at the same step (trained as long) and, when they pass, re
 snapshot if their ``val_accuracy - outlier_mass`` is higher by more than ``safeguard_margin``,
 or not lower by more than ``safeguard_margin`` and their ``mean_entropy`` is lower
 (:meth:`SnapshotSelector.prefers`). At the end, when the final weights pass, the kept snapshot
-(in memory and in the checkpoints) is deployed; when they fail, the companion is deployed: the
-source-only model the checks were made against (trained without the held-out rows), and the
-decision says which test the final weights failed (:func:`decide` says why an earlier passing
-snapshot is not deployed then).
+(in memory and in the checkpoints) is deployed; when they fail, the *fallback* is deployed: a
+third model, source-only on all labelled rows (the held-out rows served the decision), trained in
+the same lock-step (what a plain ``method=source_only`` run gives), and the decision says which
+test the final weights failed (:func:`decide` says why an earlier passing snapshot is not
+deployed then).
 """
 
 from __future__ import annotations
@@ -258,20 +259,21 @@ def decide(adapted, ref: Reference, margin: float, min_agreement: float) -> Safe
 
 
 def adapt_with_safeguard(config, labelled: FeatureSet, unlabelled: FeatureSet):
-    """Train the adapted model with its source-only companion in lock-step and snapshot
-    selection (in memory, no files), and decide.
+    """Train the adapted model with its source-only companion and fallback in lock-step and
+    snapshot selection (in memory, no files), and decide.
 
     Returns ``(deployed, final, source_only, decision)``: ``deployed`` is the adapted trainer with
-    its selected snapshot loaded, or the companion; ``final`` is the
-    :class:`~pwan_ros.adaptation.trainer.UnlabelledPass` of the adapted model's last iterate
+    its selected snapshot loaded, or the fallback (source-only on all labelled rows); ``final`` is
+    the :class:`~pwan_ros.adaptation.trainer.UnlabelledPass` of the adapted model's last iterate
     (before the snapshot is restored); ``source_only`` the companion (trained without the
-    held-out rows); ``decision`` the :class:`SafeguardDecision`. What
+    held-out rows: the reference of the checks); ``decision`` the :class:`SafeguardDecision`. What
     :func:`pwan_ros.adaptation.runner.run_adaptation` does, without checkpoints or outputs."""
     from .trainer import AdaptTrainer
 
     holdout = holdout_split(labelled.labels, config.holdout_fraction, config.seed)
     adapted = AdaptTrainer(config, labelled, unlabelled, holdout)
-    source = adapted.attach_companion()
+    adapted.attach_companions()
+    source = adapted.companion
     adapted.selector = SnapshotSelector(holdout, config.safeguard_margin, config.min_agreement)
     adapted.train()
     final = adapted.evaluate()
@@ -280,4 +282,4 @@ def adapt_with_safeguard(config, labelled: FeatureSet, unlabelled: FeatureSet):
     if decision.deployed == 'adapted':
         adapted.restore_snapshot()
         return adapted, final, source, decision
-    return source, final, source, decision
+    return adapted.fallback, final, source, decision

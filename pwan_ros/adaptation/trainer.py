@@ -124,8 +124,11 @@ class AdaptTrainer:
 
     #: label-free snapshot scorer (see the class docstring); set before :meth:`train`
     selector: Optional[Callable[['AdaptTrainer', 'UnlabelledPass'], Optional[tuple]]] = None
-    #: the source-only model trained step by step beside this one (:meth:`attach_companion`)
+    #: source-only models trained step by step beside this one (:meth:`attach_companions`):
+    #: ``companion`` without the holdout rows (the safeguard's reference), ``fallback`` on all
+    #: labelled rows (what the safeguard deploys when the adapted model fails)
     companion: Optional['AdaptTrainer'] = None
+    fallback: Optional['AdaptTrainer'] = None
 
     def __init__(
         self,
@@ -164,6 +167,7 @@ class AdaptTrainer:
         if holdout is not None:
             train[np.asarray(holdout, dtype=np.int64)] = False
         self._train_rows = train
+        self._side_rng: Dict[str, tuple] = {}
         self.by_class = [np.flatnonzero((labelled.labels == c) & train) for c in range(k)]
         self.per_class = max(1, cfg.batch_size // k)
         self.state = TrainerState(mu=np.ones(k), m0=cfg.m0 if cfg.m0 >= 1 else 1.0)
@@ -173,37 +177,47 @@ class AdaptTrainer:
             present = np.bincount(unlabelled.labels, minlength=k) > 0
             self.absent = ~present
 
-    def attach_companion(self) -> 'AdaptTrainer':
-        """Make :attr:`companion`: the same config with ``method=source_only`` on the same
-        labelled rows (this trainer's holdout left out), trained one step after each of this
-        trainer's steps by :meth:`train` and saved in the same checkpoints, so an interrupted run
-        resumes both. It draws from its own torch generator state, so this trainer's steps are
-        the same with or without it."""
+    def attach_companions(self) -> None:
+        """Make :attr:`companion` and :attr:`fallback`: the same config with
+        ``method=source_only``, without this trainer's holdout rows and on all labelled rows. Each
+        is trained one step after each of this trainer's steps by :meth:`train` and saved in the
+        same checkpoints, so an interrupted run resumes all three; each draws from its own torch
+        generator state, so this trainer's steps are the same with or without them, and
+        ``fallback`` is the model a plain ``method=source_only`` run trains."""
         holdout = np.flatnonzero(~self._train_rows)
+        self.companion, self._side_rng['companion'] = self._side_model(holdout)
+        self.fallback, self._side_rng['fallback'] = self._side_model(None)
+
+    def _side_model(self, holdout):
         cuda = [self.device.index or 0] if self.device.type == 'cuda' else []
         with torch.random.fork_rng(devices=cuda):
-            self.companion = AdaptTrainer(
+            tr = AdaptTrainer(
                 dataclasses.replace(self.user_config, method='source_only'),
                 self.labelled,
                 self.unlabelled,
                 holdout,
             )
-            self._companion_rng = self._rng_state()
-        return self.companion
+            return tr, self._rng_state()
+
+    def _sides(self):
+        return [
+            (n, t) for n, t in (('companion', self.companion), ('fallback', self.fallback)) if t
+        ]
 
     def _rng_state(self):
         cuda = torch.cuda.get_rng_state(self.device) if self.device.type == 'cuda' else None
         return torch.get_rng_state(), cuda
 
-    def _companion_step(self) -> None:
+    def _side_steps(self) -> None:
         cuda = [self.device.index or 0] if self.device.type == 'cuda' else []
-        with torch.random.fork_rng(devices=cuda):
-            cpu_state, cuda_state = self._companion_rng
-            torch.set_rng_state(cpu_state)
-            if cuda_state is not None:
-                torch.cuda.set_rng_state(cuda_state, self.device)
-            self.companion.step()
-            self._companion_rng = self._rng_state()
+        for name, tr in self._sides():
+            with torch.random.fork_rng(devices=cuda):
+                cpu_state, cuda_state = self._side_rng[name]
+                torch.set_rng_state(cpu_state)
+                if cuda_state is not None:
+                    torch.cuda.set_rng_state(cuda_state, self.device)
+                tr.step()
+                self._side_rng[name] = self._rng_state()
 
     # ------------------------------------------------------------------ schedules
     def _lr_factor(self, step: int) -> float:
@@ -417,12 +431,13 @@ class AdaptTrainer:
                 if st.mu is None
                 else torch.from_numpy(np.array(st.mu, dtype=np.float64)),
             },
-            'companion': None
-            if self.companion is None
-            else {
-                'trainer': self.companion.state_dict(),
-                'rng_torch': self._companion_rng[0],
-                'rng_cuda': self._companion_rng[1],
+            'sides': {
+                name: {
+                    'trainer': tr.state_dict(),
+                    'rng_torch': self._side_rng[name][0],
+                    'rng_cuda': self._side_rng[name][1],
+                }
+                for name, tr in self._sides()
             },
         }
 
@@ -455,20 +470,19 @@ class AdaptTrainer:
                 'cannot resume: the checkpoint was trained with different '
                 + ', '.join(f"{k}={ckpt['config'][k]!r} (now {mine[k]!r})" for k in diff)
             )
-        if (ckpt.get('companion') is None) != (self.companion is None):
+        sides = ckpt.get('sides')
+        if not isinstance(sides, dict) or sorted(sides) != sorted(n for n, _ in self._sides()):
             raise AdaptInputError(
-                'checkpoint is incomplete or corrupt: the source-only companion is '
-                + ('missing' if self.companion is not None else 'unexpected')
+                'checkpoint is incomplete or corrupt: its source-only side models '
+                f"{sorted(sides) if isinstance(sides, dict) else sides} are not "
+                f'{sorted(n for n, _ in self._sides())}'
             )
-        if self.companion is not None:  # first: its load sets the global RNGs, this one's last
-            comp = ckpt['companion']
-            self.companion.load_state_dict(comp.get('trainer'))
+        for name, tr in self._sides():  # first: their load sets the global RNGs, this one's last
+            tr.load_state_dict(sides[name].get('trainer'))
             try:
-                self._companion_rng = (comp['rng_torch'], comp['rng_cuda'])
+                self._side_rng[name] = (sides[name]['rng_torch'], sides[name]['rng_cuda'])
             except (KeyError, TypeError):
-                raise AdaptInputError(
-                    'checkpoint is incomplete or corrupt: companion RNG'
-                ) from None
+                raise AdaptInputError(f'checkpoint is incomplete or corrupt: {name} RNG') from None
         try:
             self.model.load_state_dict(ckpt['model'])
             snap = ckpt['snapshot']
@@ -519,8 +533,7 @@ class AdaptTrainer:
                 if should_stop is not None and should_stop():
                     return False
                 metrics = self.step()
-                if self.companion is not None:
-                    self._companion_step()
+                self._side_steps()
                 if on_step is not None:
                     on_step(self, metrics)
                 s = self.state.step
