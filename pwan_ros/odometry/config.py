@@ -46,8 +46,8 @@ class OdometryConfig:
     mode: str = param(
         'adaptive',
         'adaptive: fast partial tracking against a keyframe, full PWAN when tracking is lost or '
-        'untrustworthy; pwan: full PWAN on every scan, warm-started (meant for a GPU); tracking: '
-        'tracking only, PWAN never runs (a baseline that shows what PWAN recovers)',
+        'untrustworthy; pwan: full PWAN on every scan, warm-started (1-5 s per scan on a CPU); '
+        'tracking: tracking only, PWAN never runs (a baseline that shows what PWAN recovers)',
         choices=MODES,
     )
     transform: str = param(
