@@ -35,7 +35,7 @@ from .errors import AdaptConfigError, AdaptInputError
 from .models import AdaptedClassifier, PotentialNet, gradient_penalty
 
 # 2: tensors and plain values only (torch.load(weights_only=True)); 3: norm.scale, holdout;
-# 4: the selected snapshot (weights) and its label-free criteria
+# 4: the selected snapshot (weights) and its label-free criteria, the source-only side models
 CHECKPOINT_VERSION = 4
 # Config fields that may differ between a checkpoint and the run that resumes it.
 RESUME_FREE = (
