@@ -108,6 +108,26 @@ def test_nonrigid_multistart_compares_deformed_finalists():
     assert after < 0.5 * before
 
 
+def test_clearly_worse_rigid_finalist_is_not_deformed():
+    """Non-rigid prealign: a rigid finalist that leaves clearly more of the source off the
+    reference (> PREALIGN_GAP) than the best is not deformed; one within the gap is."""
+    from types import SimpleNamespace
+
+    from pwan_ros.core.api import PREALIGN_GAP, deformable_finalists
+
+    rng = np.random.default_rng(0)
+    ref = rng.uniform(-5.0, 5.0, size=(2000, 3))  # metres
+    good = ref[:500] + rng.normal(0, 0.005, (500, 3))
+    near = good.copy()
+    near[: int(0.5 * PREALIGN_GAP * 500)] += 40.0  # half the gap more points off: still deformed
+    far = good.copy()
+    far[: int(2 * PREALIGN_GAP * 500)] += 40.0  # twice the gap: a distinct, worse pose
+    fins = [(i, SimpleNamespace(transformed_source=p)) for i, p in enumerate((good, near, far))]
+    kept = deformable_finalists(fins, ref, 0)
+    assert [i for i, _ in kept] == [0, 1]
+    assert deformable_finalists(fins[2:], ref, 0) == fins[2:]  # a lone finalist is kept
+
+
 def test_distinct_poses_skips_duplicate_finalists():
     """Rigid finalists that converged to the same pose are deformed once: the next distinct one
     takes the second slot."""

@@ -374,6 +374,7 @@ def register(
             [c[1].transformed_source for c in cands], tol, config.prealign_keep
         )
     ]
+    pres = deformable_finalists(pres, ref_clean, config.seed)
     best = None
     for _, pre in pres:
         if best is not None and should_stop is not None and should_stop():
@@ -400,6 +401,23 @@ def register(
         if best is None or score < best[0]:
             best = (score, res)
     return dataclasses.replace(best[1], time_s=time.perf_counter() - t0)
+
+
+#: non-rigid prealign: a rigid finalist whose overlap score (fraction of the source off the
+#: reference) is above the best finalist's by more than this is a distinct, worse pose and is not
+#: deformed (a deformation recovers the few points a rigid fit of a deformed shape leaves off,
+#: not this many)
+PREALIGN_GAP = 0.1
+
+
+def deformable_finalists(finalists: list, reference: np.ndarray, seed: int) -> list:
+    """The rigid ``(index, RegistrationResult)`` finalists of a non-rigid prealign worth deforming:
+    those whose overlap score (fraction of ``transformed_source`` off ``reference``, (m, d)) is
+    within :data:`PREALIGN_GAP` of the best one's, in their order."""
+    if len(finalists) < 2:
+        return list(finalists)
+    scores = [overlap_score(r.transformed_source, reference, seed) for _, r in finalists]
+    return [f for f, sc in zip(finalists, scores) if sc <= min(scores) + PREALIGN_GAP]
 
 
 def _mass_at_overlap(source, reference, config, res, cache) -> RegistrationResult:
