@@ -116,7 +116,6 @@ def _weighted_accuracy(pred, labels, weights) -> Optional[float]:
 class Reference:
     """What every candidate is judged against: the source-only model's view of the data."""
 
-    source: object  # the source-only AdaptTrainer
     holdout: np.ndarray
     predictions: np.ndarray  # (M,) source-only predictions on the unlabelled rows
     present: np.ndarray  # (K,) bool: classes source-only predicts for >= 1/(2K) of the rows
@@ -137,7 +136,7 @@ class Reference:
             _entropy(probs),
             1.0,
         )
-        return cls(source, holdout, ps, present, weights, check)
+        return cls(holdout, ps, present, weights, check)
 
 
 def _num(v: Optional[float]) -> str:

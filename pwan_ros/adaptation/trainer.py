@@ -188,9 +188,12 @@ class AdaptTrainer:
         self.companion, self._side_rng['companion'] = self._side_model(holdout)
         self.fallback, self._side_rng['fallback'] = self._side_model(None)
 
+    def _cuda_devices(self) -> List[int]:
+        """The CUDA devices whose generators ``torch.random.fork_rng`` must fork."""
+        return [self.device.index or 0] if self.device.type == 'cuda' else []
+
     def _side_model(self, holdout):
-        cuda = [self.device.index or 0] if self.device.type == 'cuda' else []
-        with torch.random.fork_rng(devices=cuda):
+        with torch.random.fork_rng(devices=self._cuda_devices()):
             tr = AdaptTrainer(
                 dataclasses.replace(self.user_config, method='source_only'),
                 self.labelled,
@@ -209,9 +212,8 @@ class AdaptTrainer:
         return torch.get_rng_state(), cuda
 
     def _side_steps(self) -> None:
-        cuda = [self.device.index or 0] if self.device.type == 'cuda' else []
         for name, tr in self._sides():
-            with torch.random.fork_rng(devices=cuda):
+            with torch.random.fork_rng(devices=self._cuda_devices()):
                 cpu_state, cuda_state = self._side_rng[name]
                 torch.set_rng_state(cpu_state)
                 if cuda_state is not None:
