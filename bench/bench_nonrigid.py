@@ -35,8 +35,13 @@ from pwan_ros.core import RegistrationConfig, register  # noqa: E402
 
 def load_pair(data_dir, shape):
     d = os.path.join(data_dir, 'nonrigid', 'bcpd')
-    y = np.loadtxt(os.path.join(d, f'{shape}-y.txt'))  # source (moves)
-    x = np.loadtxt(os.path.join(d, f'{shape}-x.txt'))  # reference
+
+    def path(name):  # armadillo's pair is gzipped
+        p = os.path.join(d, name)
+        return p if os.path.isfile(p) else p + '.gz'
+
+    y = np.loadtxt(path(f'{shape}-y.txt'))  # source (moves)
+    x = np.loadtxt(path(f'{shape}-x.txt'))  # reference
     return y, x
 
 
@@ -91,7 +96,9 @@ def main(argv=None):
     p.add_argument('--data', default='../shared/data')
     p.add_argument('--results', default='results/nonrigid')
     p.add_argument('--protocol', choices=('a', 'b'), default='a')
-    p.add_argument('--shapes', nargs='+', default=['fish', 'bunny', 'monkey'])
+    p.add_argument(
+        '--shapes', nargs='+', default=['fish', 'bunny', 'monkey'], help='also: armadillo'
+    )
     p.add_argument(
         '--ratios',
         type=float,
