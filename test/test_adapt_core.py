@@ -348,12 +348,33 @@ def test_safeguard_does_not_deploy_a_snapshot_when_the_final_weights_fail():
 
 
 def test_snapshot_preference_rule():
-    """SnapshotSelector.prefers: (held-out accuracy - outlier mass, entropy), margin 0.02."""
+    """SnapshotSelector.prefers: (held-out accuracy - outlier mass, entropy[, one row]), margin
+    0.02 or one held-out row when larger."""
     p = SnapshotSelector(None, 0.02, 0.8).prefers
     assert p((0.95, 0.5), (0.90, 0.1))  # better by more than the margin
     assert p((0.89, 0.05), (0.90, 0.1))  # within the margin and more confident
     assert not p((0.89, 0.2), (0.90, 0.1))  # within the margin, less confident
     assert not p((0.85, 0.01), (0.90, 0.1))  # worse by more than the margin
+    # with the held-out split's resolution (one row = 0.033): a one-row drop is noise
+    assert p((0.932, 0.015, 0.033), (0.965, 0.037, 0.033))
+    assert not p((0.932, 0.05, 0.033), (0.965, 0.037, 0.033))  # ... but not more confident
+    assert not p((0.899, 0.015, 0.033), (0.965, 0.037, 0.033))  # two rows worse
+    assert not p((0.99, 0.5, 0.033), (0.965, 0.037, 0.033))  # one row better is noise too
+
+
+def test_one_held_out_row_is_the_resolution():
+    """one_row: the most one held-out row changes the class-weighted held-out accuracy; a
+    class without weight (estimated absent) or without held-out rows does not count."""
+    from pwan_ros.adaptation.safeguard import ModelCheck, Reference, _weighted_accuracy, one_row
+
+    labels = np.array([0] * 10 + [1] * 5 + [2] * 3)
+    w = np.array([0.5, 0.5, 0.0, 0.0])
+    ref = Reference(np.arange(18), np.zeros(1, np.int64), w > 0, w, ModelCheck(1, 0, 0, 1))
+    assert one_row(ref, labels) == pytest.approx(0.1)  # a row of class 1: 0.5 / 5 / 1.0
+    pred = labels.copy()
+    full = _weighted_accuracy(pred, labels, w)
+    pred[10] = 0  # one error in class 1
+    assert full - _weighted_accuracy(pred, labels, w) == pytest.approx(one_row(ref, labels))
 
 
 def test_safeguard_deploys_the_selected_snapshot(tmp_path):
@@ -586,6 +607,47 @@ def test_standardisation_is_fitted_on_the_labelled_rows_and_robust():
     ref = gram(xl)
     for copy in (xl @ q.T, xl * 1e-2, xl * 1e2, xl + 50.0):
         np.testing.assert_allclose(gram(copy), ref, rtol=1e-3, atol=1e-3 * np.abs(ref).max())
+
+
+def test_first_layer_step_does_not_grow_with_feature_width_or_scale():
+    """Adam moves each first-layer weight by ~lr, so the layer's outputs move by up to
+    lr * ||x||_1: a 4x wider rotated copy of z-scored features (what a 4096-d copy of 1024-d ones
+    is) and unnormalised features x100 take 4x / ~100x larger steps. With the first layer's lr
+    scaled by lr_l1_reference / L they move as the original does; with the factor off (0) they
+    do not (the effect being corrected is real)."""
+    from pwan_ros.adaptation.trainer import AdaptTrainer
+
+    xl, yl, xu, _ = gaussian_domains(0)
+    q, _ = np.linalg.qr(np.random.default_rng(1).normal(size=(128, 32)))  # 32-d -> 128-d
+
+    def moved(a, b, norm, ref):
+        cfg = AdaptConfig.from_mapping(
+            dict(SYN, method='source_only', input_norm=norm, lr_l1_reference=ref)
+        )
+        tr = AdaptTrainer(
+            cfg, FeatureSet(a.astype(np.float32), yl), FeatureSet(b.astype(np.float32))
+        )
+        lin = tr.model.bottleneck[0]
+        x = tr.model.norm(torch.from_numpy(a.astype(np.float32)))
+        w0 = lin.weight.detach().clone()
+        for _ in range(3):
+            tr.step()
+        with torch.no_grad():
+            return float((x @ (lin.weight - w0).T).abs().mean())
+
+    for norm, copy, grows in (
+        ('zscore', (xl @ q.T, xu @ q.T), 3.0),
+        ('none', (xl * 100, xu * 100), 30.0),
+    ):
+        ratio = moved(*copy, norm, 26.0) / moved(
+            xl, xu, norm, 26.0
+        )  # 26 ~ L1 of 32 z-scored columns
+        assert 0.6 < ratio < 1.6, (norm, ratio)
+        assert moved(*copy, norm, 0.0) / moved(xl, xu, norm, 0.0) > grows, norm
+    # the defaults' reference leaves z-scored features of up to ~1024 columns as they were
+    cfg = AdaptConfig.from_mapping(dict(SYN, method='source_only'))
+    tr = AdaptTrainer(cfg, FeatureSet(xl, yl), FeatureSet(xu))
+    assert tr.first_layer_lr == cfg.lr
 
 
 def test_saved_model_carries_its_standardisation(tmp_path):

@@ -61,6 +61,15 @@ class AdaptConfig:
         1e-8,
         10.0,
     )
+    lr_l1_reference: float = param(
+        817.0,
+        'the first bottleneck layer learns at lr * min(1, lr_l1_reference / L), L = mean L1 norm '
+        'of the standardised labelled rows: one Adam step moves its outputs by up to lr * L, so '
+        'wider or unnormalised features would take larger steps; 817 = a row of 1024 '
+        'unit-variance Gaussian columns (the widths the defaults were set on); 0 = off',
+        0.0,
+        1e12,
+    )
     potential_lr: float = param(
         1e-3, 'learning rate of RMSprop for the potential network w', 1e-8, 10.0
     )

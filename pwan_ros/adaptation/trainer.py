@@ -36,7 +36,7 @@ from .models import AdaptedClassifier, PotentialNet, gradient_penalty
 
 # 2: tensors and plain values only (torch.load(weights_only=True)); 3: norm.scale, holdout;
 # 4: the selected snapshot (weights) and its label-free criteria, the source-only side models
-CHECKPOINT_VERSION = 4
+CHECKPOINT_VERSION = 5
 # Config fields that may differ between a checkpoint and the run that resumes it.
 RESUME_FREE = (
     'steps',
@@ -156,8 +156,15 @@ class AdaptTrainer:
         )
         self.model.to(self.device)
         self.potential.to(self.device)
+        self.first_layer_lr = cfg.lr * first_layer_lr_factor(
+            self.model.norm, labelled, cfg.lr_l1_reference, cfg.eval_batch
+        )
+        first = self.model.bottleneck[0].weight
+        rest = [p for p in self.model.parameters() if p is not first]
         self.opt = torch.optim.Adam(
-            self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay
+            [{'params': rest}, {'params': [first], 'lr': self.first_layer_lr}],
+            lr=cfg.lr,
+            weight_decay=cfg.weight_decay,
         )
         self.opt_w = torch.optim.RMSprop(self.potential.parameters(), lr=cfg.potential_lr)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self._lr_factor)
@@ -555,6 +562,29 @@ class AdaptTrainer:
             return True
         finally:
             self.state.train_seconds += time.perf_counter() - t0
+
+
+@torch.no_grad()
+def first_layer_lr_factor(norm, fs: FeatureSet, l1_reference: float, chunk: int) -> float:
+    """``min(1, l1_reference / L)``, L = mean L1 norm of the labelled rows after ``norm`` (the
+    fitted :class:`~pwan_ros.adaptation.models.InputNorm`); 1 when ``l1_reference`` is 0.
+
+    Adam moves every weight by about the learning rate, with the sign of its gradient; the
+    gradient of a first-layer weight is (output gradient) x (input), so one step changes the
+    layer's output by up to lr * ||x||_1. On z-scored features ||x||_1 grows with the width D
+    (a 4096-d copy of 1024-d features takes 4x larger steps, and the alignment diverges) and on
+    unnormalised ones with their scale; the factor keeps the step of the defaults' regime (about
+    1024 unit-variance columns) for any feature family. Rows wider or larger than that learn
+    slower, narrower ones are left as they are."""
+    if l1_reference <= 0:
+        return 1.0
+    total, n = 0.0, 0
+    for b in fs.batches(chunk):
+        x = norm(torch.from_numpy(np.ascontiguousarray(b, dtype=np.float32)).to(norm.mean.device))
+        total += float(x.abs().sum(dim=1).double().sum())
+        n += b.shape[0]
+    l1 = total / max(n, 1)
+    return 1.0 if l1 <= l1_reference else l1_reference / l1
 
 
 def fit_input_norm(fs: FeatureSet, mode: str, chunk: int):
