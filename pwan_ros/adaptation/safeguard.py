@@ -23,7 +23,7 @@ training (``eval_interval`` steps, after warm-up), the current weights are judge
 against the companion at the same step (trained as long) and, when they pass, replace the kept
 snapshot if their ``val_accuracy - outlier_mass`` is higher by more than a tolerance, or not
 lower by more than it and their ``mean_entropy`` is lower; the tolerance is
-``safeguard_margin`` or one held-out row's weight when larger
+``safeguard_margin`` or 1.5 held-out rows' weight when larger
 (:meth:`SnapshotSelector.prefers`). At the end, when the final weights pass, the kept snapshot
 (in memory and in the checkpoints) is deployed; when they fail, the *fallback* is deployed: a
 third model, source-only on all labelled rows (the held-out rows served the decision), trained in
@@ -229,16 +229,17 @@ class SnapshotSelector:
     def prefers(self, new, kept) -> bool:
         """A new passing snapshot replaces the kept one when its held-out accuracy minus outlier
         mass is better by more than the tolerance, or not worse by more than it and it is more
-        confident (lower entropy). The tolerance is ``margin`` or, when larger, one held-out
-        row (the score's third entry, :func:`one_row`; on ~10 rows per class one row is
-        0.02-0.03): differences within it are the held-out split's noise, and the entropy term
+        confident (lower entropy). The tolerance is ``margin`` or, when larger, 1.5 held-out
+        rows (the score's third entry, :func:`one_row`, is the heaviest row: on ~10 rows per
+        class 0.02-0.03; the half row covers the drift of the class weights between two
+        evaluations): differences within it are the held-out split's noise, and the entropy term
         makes the later, more adapted snapshot win them, so training runs to its end unless the
-        checks see it degrade by more than one row. (Passing or failing the checks,
+        checks see it degrade by two rows or more. (Passing or failing the checks,
         :func:`judge`, keeps the plain margin: there a single row may be the only evidence of
         harm.)"""
         q_new, h_new, q_kept, h_kept = new[0], new[1], kept[0], kept[1]
-        rows = [s[2] for s in (new, kept) if len(s) > 2]
-        tol = max([self.margin, *rows]) + 1e-9  # one row's difference is within, up to rounding
+        rows = [1.5 * s[2] for s in (new, kept) if len(s) > 2]
+        tol = max([self.margin, *rows])
         if q_new > q_kept + tol:
             return True
         return q_new >= q_kept - tol and h_new < h_kept
