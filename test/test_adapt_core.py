@@ -347,6 +347,40 @@ def test_safeguard_does_not_deploy_a_snapshot_when_the_final_weights_fail():
     assert d.reason.startswith('adapted model not predicted to be better: final weights:')
 
 
+def test_kept_snapshot_is_judged_again_against_the_final_reference():
+    """A snapshot that passed against an earlier, weaker companion is deployed only if it also
+    passes against the final one; otherwise the final weights (which pass) replace it. Here the
+    kept snapshot is an untrained network (it cannot pass: it agrees with source-only on few
+    rows and is not confident)."""
+    torch.set_num_threads(1)
+    from pwan_ros.adaptation.safeguard import Reference, decide, holdout_split
+
+    xl, yl, xu, yu = gaussian_domains(0)
+    cfg = AdaptConfig.from_mapping(dict(SYN, min_agreement=0.5, safeguard_margin=0.2))
+    lab, unl = FeatureSet(xl, yl), FeatureSet(xu, yu)
+    ho = holdout_split(yl, cfg.holdout_fraction, cfg.seed)
+    tr = AdaptTrainer(cfg, lab, unl, ho)
+    tr.attach_companions()
+    tr.selector = lambda t, res: ((1.0, 0.0), {'val_accuracy': 1.0}) if res.step == 100 else None
+    tr.train()
+    assert tr.state.best_step == 100
+    fresh = AdaptTrainer(dataclasses.replace(cfg, seed=5), lab, unl)
+    tr.snapshot = {k: v.clone() for k, v in fresh.model.state_dict().items()}
+    final = {k: v.clone() for k, v in tr.model.state_dict().items()}
+    ref = Reference.of(tr.companion, ho)
+    d = decide(tr, ref, cfg.safeguard_margin, cfg.min_agreement)
+    assert d.deployed == 'adapted' and d.snapshot_step == cfg.steps == tr.state.best_step
+    assert 'the snapshot of step 100 fails against the final source-only model' in d.reason
+    assert d.adapted.agreement >= cfg.min_agreement  # the final weights' criteria
+    assert tr.restore_snapshot()
+    for k, v in tr.model.state_dict().items():
+        assert torch.equal(v, final[k])
+    # a snapshot that passes against the final reference too is deployed
+    tr.snapshot, tr.state.best_step = {k: v.clone() for k, v in final.items()}, 200
+    d = decide(tr, ref, cfg.safeguard_margin, cfg.min_agreement)
+    assert d.snapshot_step == 200 and 'fails' not in d.reason
+
+
 def test_snapshot_preference_rule():
     """SnapshotSelector.prefers: (held-out accuracy - outlier mass, entropy[, one row]), margin
     0.02 or 1.5 held-out rows when larger."""

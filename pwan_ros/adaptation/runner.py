@@ -280,7 +280,10 @@ def _run(config, lab, unl, out, resume, on_step, on_eval, should_stop, log) -> A
             adapted_res = res
             if guarded:
                 ref = Reference.of(trainer.companion, holdout)
+                kept_step = trainer.state.best_step
                 decision = decide(trainer, ref, config.safeguard_margin, config.min_agreement)
+                if trainer.state.best_step != kept_step:  # the final weights replaced it
+                    _ckpt_save(trainer, best)
                 log(f'safeguard: deploying {decision.deployed}: {decision.reason}')
                 companion = trainer.fallback  # source-only on all labelled rows
                 if decision.deployed == 'adapted':
