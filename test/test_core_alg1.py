@@ -296,11 +296,23 @@ def test_compiled_step_past_the_recompile_limit_runs_eager(monkeypatch):
     limit fails a fullgraph call, seen on a GPU): the registration still runs, eager, with one
     warning, and solves the pose."""
     import pwan_ros.core.alg1 as alg1
-    from pwan_ros.core import register
 
     torch._dynamo.reset()
     monkeypatch.setattr(alg1, 'MAX_GRAPHS', 1)
-    monkeypatch.setattr(torch._dynamo.config, 'recompile_limit', 1)
+    # not monkeypatch: its undo of a torch config entry deletes it (the next Compiled then fails
+    # with AttributeError), so the limit is set and restored by hand
+    limit = torch._dynamo.config.recompile_limit
+    torch._dynamo.config.recompile_limit = 1
+    try:
+        _run_past_the_limit(alg1, monkeypatch)
+    finally:
+        torch._dynamo.config.recompile_limit = limit
+        torch._dynamo.reset()
+
+
+def _run_past_the_limit(alg1, monkeypatch):
+    from pwan_ros.core import register
+
     made = {}
     fns = {
         'potential_grads': alg1.potential_grads,
@@ -326,7 +338,6 @@ def test_compiled_step_past_the_recompile_limit_runs_eager(monkeypatch):
         assert np.linalg.norm(res.transform[:3, 3] - t) < 0.1
     assert made and all(c.failed for c in made.values())
     assert 1 <= len(caught) <= len(made)
-    torch._dynamo.reset()
 
 
 @pytest.mark.slow
