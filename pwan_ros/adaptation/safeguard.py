@@ -42,7 +42,6 @@ import numpy as np
 import torch
 
 from .data import FeatureSet
-from .trainer import present_classes
 
 
 def holdout_split(labels: np.ndarray, fraction: float, seed: int) -> np.ndarray:
@@ -128,6 +127,8 @@ class Reference:
     def of(cls, source, holdout: np.ndarray) -> 'Reference':
         k = source.num_classes
         ps, probs = _predict(source, source.unlabelled)
+        from .trainer import present_classes
+
         present = present_classes(np.bincount(ps, minlength=k) / max(1, ps.size))
         weights = probs.mean(axis=0)
         vs, _ = _predict(source, source.labelled, holdout)
