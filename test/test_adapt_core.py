@@ -685,30 +685,6 @@ def test_first_layer_step_does_not_grow_with_feature_width_or_scale():
     assert tr.first_layer_lr == cfg.lr
 
 
-def test_m0_counts_classes_predicted_for_half_their_uniform_share():
-    """m0 = K / |present classes|, present = predicted for at least 1/(2K) of the unlabelled rows
-    (the safeguard's definition too): a present class just under the paper's 1/K still counts, a
-    leak into an absent class of a few rows does not."""
-    from pwan_ros.adaptation.trainer import present_classes
-
-    hard = np.array([0.30, 0.25, 0.21, 0.10, 0.09, 0.02, 0.01, 0.01, 0.01, 0.0])
-    assert present_classes(hard).tolist() == [True] * 5 + [False] * 5  # 0.09 < 1/K counts
-    assert present_classes(np.array([0.05, 0.0499, 0.9001, 0.0])).tolist() == [
-        False,
-        False,
-        True,
-        False,
-    ]  # K = 4: threshold 1/8
-    # through the trainer: after warm-up m0 comes from the warmed-up classifier's predictions
-    xl, yl, xu, yu = gaussian_domains(0)  # 6 classes, 3 present
-    cfg = AdaptConfig.from_mapping(dict(SYN, warmup_steps=50))
-    tr = AdaptTrainer(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu))
-    tr.train(until=cfg.warmup_steps)
-    _, frac = tr.class_fractions()  # what the first aligning step estimates m0 from
-    tr.train(until=cfg.warmup_steps + 1)
-    assert tr.state.m0 == pytest.approx(6 / present_classes(frac).sum())
-
-
 def test_saved_model_carries_its_standardisation(tmp_path):
     """model.ts holds the labelled-domain mean/scale: it classifies raw features (here on a scale
     of 1e3 with an offset) exactly as the trainer does; the summary says which model it is."""

@@ -127,9 +127,8 @@ class Reference:
     def of(cls, source, holdout: np.ndarray) -> 'Reference':
         k = source.num_classes
         ps, probs = _predict(source, source.unlabelled)
-        from .trainer import present_classes
-
-        present = present_classes(np.bincount(ps, minlength=k) / max(1, ps.size))
+        share = np.bincount(ps, minlength=k) / max(1, ps.size)
+        present = share >= 1.0 / (2 * k)
         weights = probs.mean(axis=0)
         vs, _ = _predict(source, source.labelled, holdout)
         check = ModelCheck(

@@ -10,9 +10,8 @@ unlabelled batch y:
 T^ is the frozen bottleneck (no gradient through the labelled side of the alignment term).
 mu_l = K * (mean softmax probability of class l on the unlabelled rows; the paper's hard
 indicator with ``soft_weights=False``), re-estimated every ``weight_interval`` steps.
-m_alpha = m0 * s^step with m0 = K / |{l : fraction of argmax predictions in l >= 1 / (2K)}|
-(:func:`present_classes`; estimated once, when alignment starts) unless given, and
-s = 10^(1/steps) unless given.
+m_alpha = m0 * s^step with m0 = K / |{l : fraction of argmax predictions in l > 1 / K}|
+(estimated once, when alignment starts) unless given, and s = 10^(1/steps) unless given.
 The first ``warmup_steps`` steps are plain cross-entropy; alignment, entropy, mu and m0 start
 after them. source_only and wgan (complete alignment) are the same trainer with fixed settings
 (:meth:`AdaptConfig.resolved_method`).
@@ -330,7 +329,8 @@ class AdaptTrainer:
             # m0 is estimated once, from the hard predictions of the warmed-up classifier (a soft
             # average of a young classifier is too flat to count classes); later estimates would
             # feed back on the alignment they drive.
-            self.state.m0 = k / max(1, int(present_classes(hard).sum()))
+            present = int((hard > 1.0 / k).sum())
+            self.state.m0 = k / max(1, present)
 
     # ------------------------------------------------------------------ inference
     @torch.no_grad()
@@ -562,18 +562,6 @@ class AdaptTrainer:
             return True
         finally:
             self.state.train_seconds += time.perf_counter() - t0
-
-
-def present_classes(fractions: np.ndarray) -> np.ndarray:
-    """(K,) bool: the classes estimated present in the unlabelled domain from the fractions (K,)
-    of its rows predicted as each class: those predicted for at least half their uniform share,
-    ``1 / (2K)``. The paper counts the classes above ``1 / K``, which drops a present class whose
-    share is just under it (GoogLeNet A>W, A>D: m0 = 2.5 where 5 of 10 classes are present)
-    and, on weak features, swings either way (SURF: 1.67 to 5); at ``1 / (2K)`` m0 is 2.0 on all
-    six GoogLeNet tasks and 1.25 to 2 on SURF, where the predictions leak into absent classes.
-    One definition for m0 and the safeguard's estimate of the absent classes."""
-    k = fractions.shape[0]
-    return np.asarray(fractions) >= 1.0 / (2 * k)
 
 
 @torch.no_grad()
