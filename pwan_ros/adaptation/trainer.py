@@ -36,6 +36,7 @@ from .models import AdaptedClassifier, PotentialNet, gradient_penalty
 
 # 2: tensors and plain values only (torch.load(weights_only=True)); 3: norm.scale, holdout;
 # 4: the selected snapshot (weights) and its label-free criteria, the source-only side models
+# 5: Adam with two parameter groups (the first bottleneck layer's own learning rate)
 CHECKPOINT_VERSION = 5
 # Config fields that may differ between a checkpoint and the run that resumes it.
 RESUME_FREE = (
