@@ -192,7 +192,7 @@ def judge(trainer, ref: Reference, margin: float, min_agreement: float):
 def one_row(ref: Reference, labels: np.ndarray) -> float:
     """The resolution of the weighted held-out accuracy: the most that one held-out row (of
     ``labels``, the held-out rows' labels) changes it, ``max_c w_c / (n_c sum w)``."""
-    counts = np.bincount(labels, minlength=ref.weights.size)[: ref.weights.size]
+    counts = np.bincount(labels, minlength=ref.weights.size)
     ok = (counts > 0) & (ref.weights > 0)
     if not ok.any():
         return 0.0
@@ -270,9 +270,9 @@ def decide(adapted, ref: Reference, margin: float, min_agreement: float) -> Safe
     if adapted.snapshot is None or st.best_step < 0:  # no selector ran: the final weights
         reason = 'adapted model kept (final weights pass; no snapshot was evaluated)'
         return SafeguardDecision('adapted', reason, a, ref.check, present, n, st.step)
-    final = {k: v.detach().clone() for k, v in adapted.model.state_dict().items()}
     kept, kept_fails = a, []
     if st.best_step != st.step:
+        final = {k: v.detach().clone() for k, v in adapted.model.state_dict().items()}
         adapted.model.load_state_dict(adapted.snapshot)
         kept, kept_fails = judge(adapted, ref, margin, min_agreement)
         adapted.model.load_state_dict(final)
