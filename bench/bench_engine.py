@@ -15,6 +15,9 @@ of the network's shapes (how far from the arithmetic floor it still is).
 
     python bench/bench_engine.py --baseline /tmp/pwan_a9638ec --repeats 3
     python bench/bench_engine.py --baseline /tmp/pwan_a9638ec --device cuda    # on a GPU machine
+
+``--also KEY=VALUE ...``: this core once more on the device with these configuration overrides
+(e.g. ``finetune.nn=torch``), a row of its own in the same process.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import sys
 import time
 
 import numpy as np
+import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import bunny_poses, print_table, rotation_error_deg, write_results  # noqa: E402
@@ -48,6 +52,12 @@ def load_core(checkout: str, name: str = 'pwan_core_baseline'):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def config_of(core, seed: int, device: str, case: str, extra: dict):
+    """The registration config of one run: ``case``'s settings, then ``extra`` (dotted keys)."""
+    values = {'seed': seed, 'threads': 1, 'device': device, **CASES[case], **extra}
+    return core.RegistrationConfig.from_dict(values)
 
 
 def network_flops(config, res, dim: int = 3) -> float:
@@ -102,6 +112,12 @@ def main(argv=None):
     p.add_argument('--repeats', type=int, default=3)
     p.add_argument('--device', default='cpu')
     p.add_argument(
+        '--also',
+        nargs='+',
+        metavar='KEY=VALUE',
+        help='also run this core on the device with these configuration overrides',
+    )
+    p.add_argument(
         '--cpu-side',
         action='store_true',
         help='also run this core on the CPU (1 thread) in the same process: the GPU speed-up',
@@ -110,12 +126,16 @@ def main(argv=None):
     import torch
 
     torch.set_num_threads(1)
-    # name -> (core module, device); the first entry is the reference of the speed-up column
-    cores = {'current': (current, args.device)}
+    # name -> (core module, device, config overrides); the first entry is the reference of the
+    # speed-up column
+    cores = {'current': (current, args.device, {})}
+    if args.also:
+        extra = {k: yaml.safe_load(v) for k, v in (kv.split('=', 1) for kv in args.also)}
+        cores['current[' + ','.join(args.also) + ']'] = (current, args.device, extra)
     if args.baseline:
-        cores = {'baseline': (load_core(args.baseline), args.device), **cores}
+        cores = {'baseline': (load_core(args.baseline), args.device, {}), **cores}
     if args.cpu_side and args.device != 'cpu':
-        cores = {'current@cpu': (current, 'cpu'), **cores}
+        cores = {'current@cpu': (current, 'cpu', {}), **cores}
     # CPU seconds measure the work on a CPU; on a GPU the host waits, so wall seconds count
     clock = 'cpu_s' if args.device == 'cpu' else 'wall_s'
     ref_name = next(iter(cores))
@@ -125,9 +145,9 @@ def main(argv=None):
     for case in args.cases:
         # on a GPU the first registration of a shape set builds its graphs (torch.compile, CUDA
         # graphs): timed once apart, as the warm-up a node pays on its first scan
-        for name, (core, device) in cores.items():
+        for name, (core, device, extra) in cores.items():
             if device != 'cpu':
-                cfg = core.RegistrationConfig(seed=99, threads=1, device=device, **CASES[case])
+                cfg = config_of(core, 99, device, case, extra)
                 w0 = time.perf_counter()
                 core.register(src_n[: args.points], ref_n[: args.points], cfg)
                 warmup.append({'case': case, 'core': name, 'warmup_s': time.perf_counter() - w0})
@@ -136,8 +156,8 @@ def main(argv=None):
             rng = np.random.default_rng(rep)
             src = src_n[rng.choice(len(src_n), args.points, replace=False)]
             ref = ref_n[rng.choice(len(ref_n), args.points, replace=False)]
-            for name, (core, device) in cores.items():
-                cfg = core.RegistrationConfig(seed=rep, threads=1, device=device, **CASES[case])
+            for name, (core, device, extra) in cores.items():
+                cfg = config_of(core, rep, device, case, extra)
                 c0, w0 = time.process_time(), time.perf_counter()
                 res = core.register(src, ref, cfg)
                 cpu, wall = time.process_time() - c0, time.perf_counter() - w0
@@ -165,7 +185,15 @@ def main(argv=None):
             sel = [r for r in rows if r['case'] == case and r['core'] == name]
             med[name] = {
                 k: float(np.median([r[k] for r in sel]))
-                for k in ('cpu_s', 'wall_s', 'rot_err_deg', 'adversarial_s', 'steps', 'updates')
+                for k in (
+                    'cpu_s',
+                    'wall_s',
+                    'rot_err_deg',
+                    'adversarial_s',
+                    'finetune_s',
+                    'steps',
+                    'updates',
+                )
             }
             if cores[name][0] is current:
                 med[name]['gflops'] = float(np.median([r['gflops'] for r in sel]))
@@ -189,6 +217,7 @@ def main(argv=None):
             'steps',
             'updates',
             'adversarial_s',
+            'finetune_s',
             'gflops',
         ],
         f'PWAN engine, bunny 045->000, {args.points} + {args.points} points, 1 thread, '

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The CUDA path checked in one step (at most 150 + 200 + 130 s on one GPU), then one table:
+# The CUDA path checked in one step (at most 120 + 200 + 160 s on one GPU), then one table:
 #   1. the device tests (test/test_core_device.py with PWAN_TEST_DEVICE = the device),
 #   2. bench/bench_engine.py: one start and the 24-start tournament (starts=24, start_steps=60),
-#      wall seconds, rotation error, GFLOP/s of the adversarial stage next to a plain bmm,
+#      wall seconds, rotation error, GFLOP/s of the adversarial stage next to a plain bmm, the
+#      fine-tune's seconds, once more with the fine-tune's search on the device
+#      (finetune.nn=torch; the default searches a k-d tree on the host),
 #   3. bench/bench_lidar.py --pwan-only: the odometry pipeline in pwan mode, PWAN on the device.
 #
 #   bench/device_check.sh [--device cuda|cuda:N|cpu] [--quick] [--data DIR] [--results DIR]
@@ -68,7 +70,7 @@ else
     ENGINE=(--points 2000 --repeats 2)
     LIDAR=()
 fi
-[ "$DEVICE" = cpu ] || ENGINE+=(--cpu-side)
+[ "$DEVICE" = cpu ] || ENGINE+=(--cpu-side --also finetune.nn=torch)
 [ -n "$BASELINE" ] && ENGINE+=(--baseline "$BASELINE")
 
 # step NAME LIMIT_S COMMAND...: runs it with a time limit, its output in $RESULTS/NAME.log
@@ -81,11 +83,11 @@ step() {
     echo "$name $? $((SECONDS - t0))" >>"$RESULTS/steps.txt"
 }
 rm -f "$RESULTS/steps.txt"
-step tests 150 "$PY" -m pytest -q -p no:cacheprovider test/test_core_device.py \
+step tests 120 "$PY" -m pytest -q -p no:cacheprovider test/test_core_device.py \
     --junitxml="$RESULTS/tests.xml"
 step engine 200 "$PY" bench/bench_engine.py --device "$DEVICE" --data "$DATA" \
     --results "$RESULTS" "${ENGINE[@]}"
-step odometry 130 "$PY" bench/bench_lidar.py --pwan-only --device "$DEVICE" --data "$DATA" \
+step odometry 160 "$PY" bench/bench_lidar.py --pwan-only --device "$DEVICE" --data "$DATA" \
     --results "$RESULTS" "${LIDAR[@]}"
 
 "$PY" - "$RESULTS" "$DEVICE" <<'EOF'
@@ -119,7 +121,10 @@ try:
         if 'case' not in s or 'warmup_s' in s:
             continue
         name = 'engine ' + ('24-start tournament' if s['case'] == 'tournament' else 'one start')
-        detail = f"{s['core']} on {s['device']}: rot err {s['rot_err_deg']:.3f} deg"
+        detail = (
+            f"{s['core']} on {s['device']}: rot err {s['rot_err_deg']:.3f} deg, "
+            f"fine-tune {s['finetune_s']:.2f} s"
+        )
         if 'speedup' in s:
             detail += f", speed-up {s['speedup']:.2f}x"
         if 'gflops' in s:

@@ -82,3 +82,27 @@ def test_nonrigid_on_the_device():
     after = np.mean(np.sum((res.transformed_source - ref) ** 2, 1))
     assert res.displacement is not None and res.displacement.shape == x.shape
     assert after < 0.3 * before
+
+
+def test_device_search_agrees_with_the_kdtree():
+    """finetune.nn=torch: the brute-force search on the device finds the k-d tree's neighbours
+    (points in metres, 500 m from the origin), within the bound and beyond it."""
+    from scipy.spatial import cKDTree
+
+    from pwan_ros.core.nearest import TorchNearest
+
+    _device_ok()
+    rng = np.random.default_rng(3)
+    ref = rng.uniform(-20.0, 20.0, size=(6000, 3)) + 500.0
+    qry = ref[rng.choice(6000, 2000, replace=False)] + rng.normal(0.0, 0.05, size=(2000, 3))
+    qry[:100] += 100.0  # far from the reference: beyond the bound
+    tree, dev = cKDTree(ref), TorchNearest(ref, DEVICE)
+    d_t, i_t = tree.query(qry, k=2)
+    d_d, i_d = dev.query(qry, k=2)
+    np.testing.assert_allclose(d_d, d_t, rtol=0, atol=1e-9)
+    assert (i_d == i_t).mean() > 0.999  # float32 near-ties may pick the other of two points
+    d_t, i_t = tree.query(qry, k=1, distance_upper_bound=1.0)
+    d_d, i_d = dev.query(qry, k=1, distance_upper_bound=1.0)
+    assert np.array_equal(np.isinf(d_d), np.isinf(d_t)) and np.isinf(d_d[:100]).all()
+    assert np.array_equal(i_d[:100], np.full(100, 6000))
+    np.testing.assert_allclose(d_d[100:], d_t[100:], rtol=0, atol=1e-9)

@@ -183,7 +183,7 @@ def test_register_with_the_torch_search_forced_on_cpu(transform, monkeypatch):
     np.testing.assert_array_equal(res['torch'].match_weights, res['kdtree'].match_weights)
 
 
-def test_nn_mode_validated_and_auto_picks_the_tree_on_cpu():
+def test_nn_mode_validated_and_auto_picks_the_tree_on_every_device():
     import torch
     from pwan_ros.core import PwanInputError
     from pwan_ros.core.config import FineTuneConfig
@@ -193,4 +193,5 @@ def test_nn_mode_validated_and_auto_picks_the_tree_on_cpu():
         FineTuneConfig(nn='faiss')
     cpu, cuda = torch.device('cpu'), torch.device('cuda')
     assert search_device('auto', cpu) is None and search_device('kdtree', cuda) is None
-    assert search_device('auto', cuda) == cuda and search_device('torch', cpu) == cpu
+    assert search_device('auto', cuda) is None
+    assert search_device('torch', cpu) == cpu and search_device('torch', cuda) == cuda

@@ -14,12 +14,12 @@ from .errors import PwanInputError
 def resolve_device(name: str) -> torch.device:
     """Map ``'auto'`` / ``'cpu'`` / ``'cuda'`` / ``'cuda:N'`` to a :class:`torch.device`.
 
-    ``'auto'`` is the device measured faster for registration, today the CPU: on an H200 the
-    CUDA path of these small networks (a few thousand points, hidden widths of tens) was
-    host-bound and slower than one CPU thread, and built its graphs for 15-35 s on the first
-    registration of each shape set (docs/benchmarks.md, device check). ``'cuda'`` / ``'cuda:N'``
-    run there on request; asking for CUDA without one is an error. The configs validate the name
-    with the same rule (``pwan_ros.params.FORMATS['device']``).
+    ``'auto'`` is the CPU: on an H200 the CUDA path of these small networks (a few thousand
+    points, hidden widths of tens) is host-bound, 1.1-1.4x faster than one CPU thread on a
+    registration and slower in ``pwan`` mode odometry, and builds its graphs for 20-26 s on the
+    first registration of each shape set (docs/benchmarks.md, device check). ``'cuda'`` /
+    ``'cuda:N'`` run there on request; asking for CUDA without one is an error. The configs
+    validate the name with the same rule (``pwan_ros.params.FORMATS['device']``).
     """
     valid, allowed = FORMATS['device']
     name = str(name).strip().lower()

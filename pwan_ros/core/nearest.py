@@ -116,8 +116,10 @@ def make_search(points: np.ndarray, device=None):
 
 def search_device(nn: str, device: torch.device):
     """The device of the fine-tune's search for ``finetune.nn`` and the registration's device, or
-    None for a k-d tree on the host: auto = torch on CUDA (no round trip to the host per query)
-    and a k-d tree on CPU (faster there than any brute-force search)."""
-    if nn == 'torch' or (nn == 'auto' and device.type == 'cuda'):
+    None for a k-d tree on the host: auto = the k-d tree on every device. The fine-tune's steps
+    run on the host, so a search on CUDA pays two copies and a synchronisation per iteration; on
+    an H200 it made the 24-start tournament's fine-tunes 3x slower than the host's k-d tree
+    (docs/benchmarks.md, device check)."""
+    if nn == 'torch':
         return device
     return None
