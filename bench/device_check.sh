@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The CUDA path checked in one step (at most 120 + 200 + 160 s on one GPU), then one table:
+# The CUDA path checked in one step (at most 120 + 150 + 130 + 120 s on one GPU), then one table:
 #   1. the device tests (test/test_core_device.py with PWAN_TEST_DEVICE = the device),
 #   2. bench/bench_engine.py: one start and the 24-start tournament (starts=24, start_steps=60),
 #      wall seconds, rotation error, GFLOP/s of the adversarial stage next to a plain bmm, the
-#      fine-tune's seconds, once more with the fine-tune's search on the device
-#      (finetune.nn=torch; the default searches a k-d tree on the host),
-#   3. bench/bench_lidar.py --pwan-only: the odometry pipeline in pwan mode, PWAN on the device.
+#      fine-tune's seconds,
+#   3. bench/bench_lidar.py --pwan-only: the odometry pipeline in pwan mode, PWAN on the device,
+#   4. bench/bench_nonrigid.py protocol (a), outlier ratio 0.6, one draw of fish, bunny, monkey:
+#      non-rigid PWAN on the device next to pycpd on the host CPU (seconds per pair, MSE).
 #
 #   bench/device_check.sh [--device cuda|cuda:N|cpu] [--quick] [--data DIR] [--results DIR]
 #                         [--baseline CHECKOUT] [--setup DIR]
@@ -66,11 +67,13 @@ SCALE=1
 if [ "$QUICK" = 1 ]; then
     ENGINE=(--points 300 --repeats 1)
     LIDAR=(--max-scans 3)
+    NONRIGID=(--shapes fish)
 else
     ENGINE=(--points 2000 --repeats 2)
     LIDAR=()
+    NONRIGID=(--shapes fish bunny monkey)
 fi
-[ "$DEVICE" = cpu ] || ENGINE+=(--cpu-side --also finetune.nn=torch)
+[ "$DEVICE" = cpu ] || ENGINE+=(--cpu-side)
 [ -n "$BASELINE" ] && ENGINE+=(--baseline "$BASELINE")
 
 # step NAME LIMIT_S COMMAND...: runs it with a time limit, its output in $RESULTS/NAME.log
@@ -85,10 +88,12 @@ step() {
 rm -f "$RESULTS/steps.txt"
 step tests 120 "$PY" -m pytest -q -p no:cacheprovider test/test_core_device.py \
     --junitxml="$RESULTS/tests.xml"
-step engine 200 "$PY" bench/bench_engine.py --device "$DEVICE" --data "$DATA" \
+step engine 150 "$PY" bench/bench_engine.py --device "$DEVICE" --data "$DATA" \
     --results "$RESULTS" "${ENGINE[@]}"
-step odometry 160 "$PY" bench/bench_lidar.py --pwan-only --device "$DEVICE" --data "$DATA" \
+step odometry 130 "$PY" bench/bench_lidar.py --pwan-only --device "$DEVICE" --data "$DATA" \
     --results "$RESULTS" "${LIDAR[@]}"
+step nonrigid 120 "$PY" bench/bench_nonrigid.py --protocol a --ratios 0.6 --runs 1 \
+    --methods pwan pycpd --device "$DEVICE" --data "$DATA" --results "$RESULTS" "${NONRIGID[@]}"
 
 "$PY" - "$RESULTS" "$DEVICE" <<'EOF'
 import json, os, sys
@@ -152,6 +157,29 @@ try:
             )
 except (OSError, ValueError, KeyError):
     rows.append(('odometry pwan mode', status('odometry'), steps['odometry'][1], 'no results'))
+try:
+    out = json.load(open(os.path.join(res, 'bench_nonrigid_a.json')))
+    summ = out['summary']
+    warm = {(s['shape'], s['ratio']): s['warmup_s'] for s in summ if 'warmup_s' in s}
+    by = {(s['shape'], s['method']): s for s in summ if 'method' in s}
+    for (shape, method), s in by.items():
+        if method != 'pwan':
+            continue
+        cpd = by.get((shape, 'pycpd'))
+        detail = f"PWAN on {device}: MSE {s['median']:.4f}"
+        if cpd is not None:
+            detail += (
+                f"; pycpd (CPU) {cpd['time_s']:.2f} s, MSE {cpd['median']:.4f}; "
+                f"time ratio {s['time_s'] / max(cpd['time_s'], 1e-9):.1f}x"
+            )
+        if (shape, s['ratio']) in warm:
+            detail += f"; first registration {warm[(shape, s['ratio'])]:.1f} s"
+        rows.append(
+            (f"non-rigid (a) {shape}, ratio {s['ratio']:g}", status('nonrigid'),
+             round(s['time_s'], 2), detail)
+        )
+except (OSError, ValueError, KeyError):
+    rows.append(('non-rigid', status('nonrigid'), steps['nonrigid'][1], 'no results'))
 print(f'\n## device check on {device} (logs in {res})')
 print('| check | status | wall s | result |')
 print('|---|---|---|---|')

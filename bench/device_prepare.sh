@@ -4,8 +4,9 @@
 # DIR (default .device_carry, git-ignored) then holds: whl/ (small_gicp for that Python),
 # open3d.tar.xz (open3d-cpu without its TensorFlow/PyTorch ops, resources and examples),
 # stub/ (empty plotly and dash: open3d.visualization imports them), libs/ (the system libraries
-# libOpen3D links that a CUDA image may lack, from this machine), data/ (the two datasets
-# device_check.sh reads) and setup.sh, which device_check.sh --setup DIR sources there:
+# libOpen3D links that a CUDA image may lack, from this machine), data/ (the datasets
+# device_check.sh reads: the bunny scans, BALM, the bcpd fish / bunny / monkey pairs; pycpd in
+# whl/ for the non-rigid anchor) and setup.sh, which device_check.sh --setup DIR sources there:
 #   run(command='bash bench/device_check.sh --setup .device_carry', carry=['.device_carry'])
 # POT is not carried (the registration never imports it), so --baseline cores that import it at
 # module level (a9638ec) cannot run there.
@@ -23,10 +24,10 @@ while [ $# -gt 0 ]; do
         *) echo "device_prepare: unknown argument $1 (--out, --data, --python)" >&2; exit 2 ;;
     esac
 done
-for d in rigid/stanford_bunny lidar/balm_seq_a; do
+for d in rigid/stanford_bunny lidar/balm_seq_a nonrigid/bcpd; do
     [ -d "$DATA/$d" ] || { echo "device_prepare: $DATA/$d not found (--data)" >&2; exit 2; }
 done
-rm -rf "$OUT" && mkdir -p "$OUT"/{whl,stub/plotly,stub/dash,libs,data/rigid,data/lidar}
+rm -rf "$OUT" && mkdir -p "$OUT"/{whl,stub/plotly,stub/dash,libs,data/rigid,data/lidar,data/nonrigid/bcpd}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 plat=()
@@ -35,6 +36,7 @@ for p in manylinux_2_35 manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux20
 done
 "$PIP" download -q --only-binary=:all: --no-deps --python-version "$PYV" "${plat[@]}" \
     -d "$OUT/whl" small_gicp
+"$PIP" download -q --only-binary=:all: --no-deps -d "$OUT/whl" pycpd  # pure Python, needs numpy
 "$PIP" download -q --only-binary=:all: --no-deps --python-version "$PYV" "${plat[@]}" \
     -d "$tmp" open3d-cpu
 (cd "$tmp" && unzip -q open3d_cpu-*.whl 'open3d/*')
@@ -53,6 +55,7 @@ ldd "$tmp"/open3d/libOpen3D.so.* | awk '$3 ~ /^\// {print $3}' | while read -r l
 done
 cp -r "$DATA/rigid/stanford_bunny" "$OUT/data/rigid/"
 cp -r "$DATA/lidar/balm_seq_a" "$OUT/data/lidar/"
+cp "$DATA"/nonrigid/bcpd/{fish,bunny,monkey}-[xy].txt "$OUT/data/nonrigid/bcpd/"
 cat >"$OUT/setup.sh" <<'SETUP'
 # sourced by device_check.sh --setup DIR on the device machine (DIR in $SETUP_DIR)
 python3 -m pip install -q --no-deps --no-index "$SETUP_DIR"/whl/*.whl
