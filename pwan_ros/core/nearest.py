@@ -1,5 +1,6 @@
-"""Nearest-neighbour search on a torch device (brute force, chunked): the fine-tune's search when
-the registration runs on CUDA, where a k-d tree would send every query back to the host CPU.
+"""Nearest-neighbour search on a torch device (brute force, chunked): the fine-tune's search with
+``finetune.nn='torch'`` (the default, ``auto``, is scipy's k-d tree on the host: see
+:func:`search_device`).
 
 :class:`TorchNearest` answers the part of scipy's ``cKDTree.query`` interface the fine-tune uses
 (``k``, ``distance_upper_bound``, ``workers``, ``n``): distances (n,) / (n, k) float64 and indices,
@@ -118,7 +119,7 @@ def search_device(nn: str, device: torch.device):
     """The device of the fine-tune's search for ``finetune.nn`` and the registration's device, or
     None for a k-d tree on the host: auto = the k-d tree on every device. The fine-tune's steps
     run on the host, so a search on CUDA pays two copies and a synchronisation per iteration; on
-    an H200 it made the 24-start tournament's fine-tunes 3x slower than the host's k-d tree
+    an H200 it made the 24-start tournament's fine-tunes 2.6x slower than the host's k-d tree
     (docs/benchmarks.md, device check)."""
     if nn == 'torch':
         return device
