@@ -4,7 +4,7 @@ The package is built with colcon into a scratch workspace; the upstream Jazzy la
 (``../shared/ros2-launch``: launch, launch_ros, ros2cli wheels and the composition_interfaces
 definition, none of them on the package index) is installed into a scratch prefix; then
 ``. install/setup.sh && ros2 launch pwan_ros register.launch.py ...`` runs in its own DDS domain.
-Checked: launch arguments reach the node (``ros2 param get``), a replayed bag is answered scan
+Checked: launch arguments reach the node (``ros2 param dump``), a replayed bag is answered scan
 for scan, SIGINT ends everything with exit code 0 and no process left, and what cannot run (a
 missing bag, rviz2 not installed) stops the launch before any process starts.
 """
@@ -18,6 +18,7 @@ import time
 
 import psutil
 import pytest
+import yaml
 
 from pwan_ros.evaluation.run_record import RunRecord
 from pwan_ros.ros.env import isolated_ros_env
@@ -124,15 +125,16 @@ def start_launch(env_setup, log, *args):
     )
 
 
-def param_get(env_setup, name, timeout=90.0):
-    """``ros2 param get /pwan_odometry NAME`` once the node answers."""
-    cmd, env = sourced(env_setup, 'ros2', 'param', 'get', '--no-daemon', '/pwan_odometry', name)
+def param_dump(env_setup, timeout=90.0):
+    """``ros2 param dump /pwan_odometry`` once the node answers: its parameters, name -> value (one
+    CLI call for all of them; each call starts a ROS process and discovers the graph anew)."""
+    cmd, env = sourced(env_setup, 'ros2', 'param', 'dump', '--no-daemon', '/pwan_odometry')
     end = time.monotonic() + timeout
     while True:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
         if proc.returncode == 0 or time.monotonic() > end:
             assert proc.returncode == 0, proc.stdout + proc.stderr
-            return proc.stdout.strip()
+            return yaml.safe_load(proc.stdout)['/pwan_odometry']['ros__parameters']
         time.sleep(1.0)
 
 
@@ -174,12 +176,11 @@ def test_register_launch_answers_a_replayed_bag(tmp_path, launch_env):
         'points:=/sim/points',
     )
     try:
-        assert param_get(launch_env, 'odom_frame') == 'String value is: odom_launch'
-        assert param_get(launch_env, 'use_sim_time') == 'Boolean value is: True'
-        assert param_get(launch_env, 'device') == 'String value is: cpu'
-        assert (
-            param_get(launch_env, 'mode') == 'String value is: adaptive'
-        )  # the installed params file
+        params = param_dump(launch_env)
+        assert params['odom_frame'] == 'odom_launch'
+        assert params['use_sim_time'] is True
+        assert params['device'] == 'cpu'
+        assert params['mode'] == 'adaptive'  # the installed params file
         env, _ = launch_env
         replay = subprocess.run(
             [
@@ -224,9 +225,10 @@ def test_odometry_launch_with_params_file_and_remap(tmp_path, launch_env):
         'base_frame:=base_link',
     )
     try:
-        assert param_get(launch_env, 'scan_voxel_size') == 'Double value is: 0.35'
-        assert param_get(launch_env, 'mode') == 'String value is: tracking'
-        assert param_get(launch_env, 'base_frame') == 'String value is: base_link'
+        params = param_dump(launch_env)
+        assert params['scan_voxel_size'] == 0.35
+        assert params['mode'] == 'tracking'
+        assert params['base_frame'] == 'base_link'
         cmd, env = sourced(
             launch_env,
             'ros2',
