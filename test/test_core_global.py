@@ -280,6 +280,26 @@ def test_one_cpu_pins_the_calling_thread_and_restores_it():
     assert os.sched_getaffinity(0) == before
 
 
+def test_native_output_goes_to_stderr_without_the_clamping_note(capfd):
+    """KISS-Matcher's console output (here written to the file descriptors as native code does)
+    reaches stderr, not stdout (``pwan_register --json``), without its six-line note that it clamps
+    the noise bounds; anything else it writes is kept."""
+    from pwan_ros.core.hypotheses import KISS_MATCHER_CLAMP_NOTE, _native_output_to_stderr
+
+    note = (
+        '\x1b[1;33m[Warning] Too large `{}` has been set.\n'
+        'Empirically, 1.0 tends to work better for large-scale maps.\n'
+        'If you do not want to clamp these values, disable `enable_noise_clamping`.\n\x1b[0m'
+    )
+    with _native_output_to_stderr(KISS_MATCHER_CLAMP_NOTE):
+        os.write(1, note.format('robin_noise_bound_').encode())
+        os.write(2, note.format('solver_noise bound_').encode())
+        os.write(1, b'[KISS-Matcher] too few correspondences\n')
+    out, err = capfd.readouterr()
+    assert out == ''
+    assert err == '[KISS-Matcher] too few correspondences\n'
+
+
 def test_kiss_matcher_candidate_is_reproducible(street):
     """The same inputs give the same KISS-Matcher pose in every call (unpinned, on 2 CPUs, it moved
     by up to 0.38 m between calls on this pair); without kiss-matcher installed, no candidate."""

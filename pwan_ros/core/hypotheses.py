@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import List, Optional
@@ -266,15 +268,16 @@ def feature_hypotheses(
 
 def _kiss_matcher(source: np.ndarray, reference: np.ndarray, voxel: float) -> Optional[np.ndarray]:
     """KISS-Matcher's pose (None when not installed, invalid, or when it rejects the input, e.g.
-    a voxel below its fixed floor on a small object). Its native warnings go to stderr: stdout
-    stays the caller's (``pwan_register --json``)."""
+    a voxel below its fixed floor on a small object). Its console output goes to stderr, less
+    its note that it clamps the noise bounds (:data:`KISS_MATCHER_CLAMP_NOTE`): stdout stays the
+    caller's (``pwan_register --json``)."""
     with _one_cpu():  # its first import and call size its thread pools (see _one_cpu)
         try:
             import kiss_matcher
         except ImportError:
             return None
         try:
-            with _native_stdout_to_stderr():
+            with _native_output_to_stderr(KISS_MATCHER_CLAMP_NOTE):
                 matcher = kiss_matcher.KISSMatcher(kiss_matcher.KISSMatcherConfig(voxel))
                 sol = matcher.estimate(
                     np.asarray(source, np.float32), np.asarray(reference, np.float32)
@@ -312,17 +315,40 @@ def _one_cpu():
             os.sched_setaffinity(0, cpus)
 
 
+#: KISS-Matcher's note that it clamps a noise bound to 1 m (its intended behaviour for the feature
+#: voxels of street scans, 1-2 m), six lines per call: left out of what reaches stderr
+KISS_MATCHER_CLAMP_NOTE = re.compile(
+    r'(\x1b\[[0-9;]*m)*\[Warning\] Too large `[^`]*` has been set\.\n'
+    r'Empirically, 1\.0 tends to work better for large-scale maps\.\n'
+    r'If you do not want to clamp these values, disable `enable_noise_clamping`\.\n'
+    r'(\x1b\[[0-9;]*m)*'
+)
+
+
 @contextlib.contextmanager
-def _native_stdout_to_stderr():
-    """Send what native code writes to file descriptor 1 to descriptor 2 for the block."""
+def _native_output_to_stderr(drop: Optional[re.Pattern] = None):
+    """What native code writes to file descriptors 1 and 2 during the block goes to stderr after
+    it, less the text ``drop`` matches (stdout stays the caller's: ``pwan_register --json``)."""
     sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        os.dup2(2, 1)
-        yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        try:
+            os.dup2(tmp.fileno(), 1)
+            os.dup2(tmp.fileno(), 2)
+            yield
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+            tmp.seek(0)
+            text = tmp.read().decode('utf-8', errors='replace')
+            if drop is not None:
+                text = drop.sub('', text)
+            if text:
+                sys.stderr.write(text)
+                sys.stderr.flush()
 
 
 #: rotation starts refined (of the cube's 24), most votes first
