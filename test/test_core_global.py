@@ -280,7 +280,7 @@ def test_one_cpu_pins_the_calling_thread_and_restores_it():
     assert os.sched_getaffinity(0) == before
 
 
-def test_native_output_goes_to_stderr_without_the_clamping_note(capfd):
+def test_native_output_goes_to_stderr_without_the_clamping_note(capfd, monkeypatch):
     """KISS-Matcher's console output (here written to the file descriptors as native code does)
     reaches stderr, not stdout (``pwan_register --json``), without its six-line note that it clamps
     the noise bounds; anything else it writes is kept."""
@@ -298,6 +298,17 @@ def test_native_output_goes_to_stderr_without_the_clamping_note(capfd):
     out, err = capfd.readouterr()
     assert out == ''
     assert err == '[KISS-Matcher] too few correspondences\n'
+    # no writable temporary directory: everything still reaches stderr (unfiltered), none stdout
+    import tempfile
+
+    def no_tmp(*args, **kwargs):
+        raise OSError(30, 'Read-only file system')
+
+    monkeypatch.setattr(tempfile, 'TemporaryFile', no_tmp)
+    with _native_output_to_stderr(KISS_MATCHER_CLAMP_NOTE):
+        os.write(1, note.format('robin_noise_bound_').encode())
+    out, err = capfd.readouterr()
+    assert out == '' and 'Too large `robin_noise_bound_`' in err
 
 
 def test_kiss_matcher_candidate_is_reproducible(street):

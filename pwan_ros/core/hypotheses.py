@@ -328,22 +328,29 @@ KISS_MATCHER_CLAMP_NOTE = re.compile(
 @contextlib.contextmanager
 def _native_output_to_stderr(drop: Optional[re.Pattern] = None):
     """What native code writes to file descriptors 1 and 2 during the block goes to stderr after
-    it, less the text ``drop`` matches (stdout stays the caller's: ``pwan_register --json``)."""
+    it, less the text ``drop`` matches (stdout stays the caller's: ``pwan_register --json``).
+    Without a writable temporary directory it goes to stderr as it comes, unfiltered."""
     sys.stdout.flush()
     sys.stderr.flush()
+    try:
+        tmp = tempfile.TemporaryFile()
+    except OSError:
+        tmp = None
+    sink = tmp.fileno() if tmp is not None else 2
     saved = os.dup(1), os.dup(2)
-    with tempfile.TemporaryFile() as tmp:
-        try:
-            os.dup2(tmp.fileno(), 1)
-            os.dup2(tmp.fileno(), 2)
-            yield
-        finally:
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            os.close(saved[0])
-            os.close(saved[1])
-            tmp.seek(0)
-            text = tmp.read().decode('utf-8', errors='replace')
+    try:
+        os.dup2(sink, 1)
+        os.dup2(sink, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+        if tmp is not None:
+            with tmp:
+                tmp.seek(0)
+                text = tmp.read().decode('utf-8', errors='replace')
             if drop is not None:
                 text = drop.sub('', text)
             if text:
