@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from pwan_ros.evaluation.offline import kiss_icp_available
+from pwan_ros.evaluation.run_record import RunRecord
 
 
 @pytest.mark.ros
@@ -48,7 +49,13 @@ def test_demo_side_by_side_with_real_node(tmp_path, ros_env):
     assert published == 31  # 40 scans, 9 in the blackout
     # adaptive: every scan answered, PWAN engaged (the blackout turn at least), on track throughout
     assert summary['scans'] == published and summary['scans_pwan_engaged'] >= 1, summary
-    assert summary['ate_rmse_m'] < 0.05 and summary['scans_lost_track'] == 0, summary
+    # the run record says why PWAN ran on each scan it did, and how that scan was judged
+    run = RunRecord.load(out / 'run' / 'run.json')
+    notes = {round(n[0], 3): n for n in run.scan_notes}
+    noted = {round(t, 3) for t in run.pwan_stamps + run.rejected_stamps}
+    assert sorted(notes) == sorted(noted), run.scan_notes
+    assert all(n[1] in ('pwan', 'rejected', 'reanchor') and n[3] for n in run.scan_notes), notes
+    assert summary['ate_rmse_m'] < 0.05 and summary['scans_lost_track'] == 0, (summary, notes)
     # tracking only, same bag: PWAN never runs and the turn after the blackout is lost
     tracking = summary['baselines']['tracking_only']
     assert tracking['scans_pwan_engaged'] == 0 and tracking['scans_lost_track'] >= 1, tracking

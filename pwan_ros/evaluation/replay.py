@@ -130,6 +130,7 @@ class _Recorder:
     diagnostics_last: dict = field(default_factory=dict)
     pwan_stamps: set = field(default_factory=set)  # scan stamps ns where full PWAN ran
     rejected_stamps: set = field(default_factory=set)  # ... rejected or re-anchored
+    scan_notes: dict = field(default_factory=dict)  # stamp ns -> [path, ratio, message] of those
     last_odom_wall: float = 0.0
 
 
@@ -219,6 +220,9 @@ def replay(cfg: ReplayConfig, log=print) -> RunRecord:
                         rec.pwan_stamps.add(ns)
                     if values.get('path') in ('rejected', 'reanchor'):
                         rec.rejected_stamps.add(ns)
+                    if ns in rec.pwan_stamps or ns in rec.rejected_stamps:
+                        ratio = _float(values.get('matched_ratio', ''))
+                        rec.scan_notes[ns] = [values.get('path', ''), ratio, status.message]
 
         odom_sub = None
         if cfg.odom_topic:
@@ -291,6 +295,7 @@ def replay(cfg: ReplayConfig, log=print) -> RunRecord:
             diagnostics_last=dict(rec.diagnostics_last),
             pwan_stamps=[ns * 1e-9 for ns in sorted(rec.pwan_stamps)],
             rejected_stamps=[ns * 1e-9 for ns in sorted(rec.rejected_stamps)],
+            scan_notes=[[ns * 1e-9, *rec.scan_notes[ns]] for ns in sorted(rec.scan_notes)],
         )
 
 

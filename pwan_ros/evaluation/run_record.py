@@ -30,6 +30,8 @@ class RunRecord:
     mode: 'replay' or 'offline'; wall_s: run duration, seconds.
     pwan_stamps / rejected_stamps: scan stamps (s) where the node reported on /diagnostics that
         full PWAN ran / the scan was rejected or re-anchored (empty for other estimators).
+    scan_notes: for each of those scans, [stamp (s), path, matched ratio, the node's message]
+        (why PWAN ran, why it was accepted or rejected), in stamp order.
     """
 
     estimate: Trajectory
@@ -44,6 +46,7 @@ class RunRecord:
     diagnostics_last: dict = field(default_factory=dict)
     pwan_stamps: list[float] = field(default_factory=list)
     rejected_stamps: list[float] = field(default_factory=list)
+    scan_notes: list[list] = field(default_factory=list)
 
     @property
     def scans(self) -> int:
