@@ -36,10 +36,9 @@ import sys
 import time
 
 import numpy as np
-import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import print_table, write_results  # noqa: E402
+from common import key_values, print_table, write_results  # noqa: E402
 
 from pwan_ros.evaluation.lidar_sim import SimConfig, simulate  # noqa: E402
 from pwan_ros.evaluation.metrics import EvalConfig, evaluate  # noqa: E402
@@ -180,16 +179,6 @@ def score(seq: str, method: str, poses, lat, gt, stamps, extra) -> dict:
     }
 
 
-def _parse(pairs):
-    out = {}
-    for kv in pairs:
-        key, sep, value = kv.partition('=')
-        if not sep:
-            raise SystemExit(f'expected KEY=VALUE, got {kv!r}')
-        out[key] = yaml.safe_load(value)
-    return out
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -232,12 +221,12 @@ def main(argv=None) -> int:
     )
     ap.add_argument('--no-kiss', action='store_true', help='skip KISS-ICP')
     args = ap.parse_args(argv)
-    overrides = _parse(args.set)
+    overrides = key_values(args.set)
     label = 'pwan_ros adaptive' + ''.join(f' {k}={v}' for k, v in overrides.items())
     variants = [(label, {})]
     if args.local_map:
         variants = [(f'{label} local map {n}', {'local_map_keyframes': n}) for n in args.local_map]
-    variants += [(f'{label} {kv}', _parse([kv])) for kv in args.variant]
+    variants += [(f'{label} {kv}', key_values([kv])) for kv in args.variant]
     sequences = []
     for which in args.sequences:
         sequences += [('sim', b) for b in args.sim_beams] if which == 'sim' else [(which, None)]

@@ -29,10 +29,15 @@ import sys
 import time
 
 import numpy as np
-import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import bunny_poses, print_table, rotation_error_deg, write_results  # noqa: E402
+from common import (  # noqa: E402
+    bunny_poses,
+    key_values,
+    print_table,
+    rotation_error_deg,
+    write_results,
+)
 from bench_rigid import make_pair  # noqa: E402
 
 import pwan_ros.core as current  # noqa: E402
@@ -130,7 +135,7 @@ def main(argv=None):
     # speed-up column
     cores = {'current': (current, args.device, {})}
     if args.also:
-        extra = {k: yaml.safe_load(v) for k, v in (kv.split('=', 1) for kv in args.also)}
+        extra = key_values(args.also)
         cores['current[' + ','.join(args.also) + ']'] = (current, args.device, extra)
     if args.baseline:
         cores = {'baseline': (load_core(args.baseline), args.device, {}), **cores}

@@ -31,10 +31,10 @@ import sys
 import time
 
 import numpy as np
-import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_engine import load_core  # noqa: E402
+from common import key_values  # noqa: E402
 
 import pwan_ros.odometry.pwan_recovery as pwan_recovery  # noqa: E402
 from pwan_ros.io import pointcloud2 as pc2
@@ -261,9 +261,7 @@ def main(argv=None) -> int:
     )
     args = ap.parse_args(argv)
     baseline = load_core(args.baseline) if args.baseline else None
-    baseline_cfg = {
-        k: yaml.safe_load(v) for k, v in (kv.split('=', 1) for kv in args.baseline_set)
-    }
+    baseline_cfg = key_values(args.baseline_set)
     if not (args.data / 'lidar' / 'balm_seq_a').is_dir():
         print(f'error: {args.data}/lidar/balm_seq_a not found (--data)', file=sys.stderr)
         return 2

@@ -28,10 +28,9 @@ import os
 import sys
 
 import numpy as np
-import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Timer, print_table, write_results  # noqa: E402
+from common import Timer, key_values, print_table, write_results  # noqa: E402
 import anchors  # noqa: E402
 
 from pwan_ros.core import RegistrationConfig, register  # noqa: E402
@@ -147,10 +146,7 @@ def main(argv=None):
         if 'pwan-baseline' not in args.methods:
             args.methods.insert(1, 'pwan-baseline')
     ratios = args.ratios or ([0.2, 0.6, 1.0, 1.2] if args.protocol == 'a' else [0.7, 0.85, 1.0])
-    overrides = {}
-    for kv in args.set:
-        k, v = kv.split('=', 1)
-        overrides[k] = yaml.safe_load(v)
+    overrides = key_values(args.set)
     overrides.setdefault('device', args.device)
     rows, summary, warmup = [], [], []
     for shape in args.shapes:

@@ -13,6 +13,7 @@ import time
 from typing import Dict, List, Sequence
 
 import numpy as np
+import yaml
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), '..')))
 
@@ -123,3 +124,15 @@ class Timer:
     def __exit__(self, *a):
         self.s = time.perf_counter() - self.t
         self.cpu = time.process_time() - self.c
+
+
+def key_values(pairs: Sequence[str]) -> dict:
+    """``KEY=VALUE`` command-line items as a dict, each value read as YAML (numbers, booleans,
+    lists, strings); an item without ``=`` ends the script with one line."""
+    out = {}
+    for kv in pairs:
+        key, sep, value = kv.partition('=')
+        if not sep:
+            raise SystemExit(f'expected KEY=VALUE, got {kv!r}')
+        out[key] = yaml.safe_load(value)
+    return out
