@@ -17,6 +17,9 @@ with the known correspondences, a floor for any method that is not truly non-rig
 ``--device cuda``: PWAN on a GPU (pycpd / probreg stay on the CPU), each setting's first
 registration (graph build) timed apart.
 
+``--also KEY=VALUE ...``: the method ``pwan[KEY=VALUE,...]`` is m-PWAN with these configuration
+overrides (e.g. ``cuda_graphs=false``), run side by side on the same draws.
+
 ``--baseline DIR``: the method 'pwan-baseline' is m-PWAN by another checkout's core (e.g. main:
 ``git worktree add /tmp/pwan_base main``), run in the same process on the same draws.
 """
@@ -69,10 +72,12 @@ def mse(a, b):
     return float(np.mean(np.sum((a - b) ** 2, axis=1)))
 
 
-def run_method(method, src, ref, pwan_cfg, baseline=None, baseline_cfg=None):
+def run_method(method, src, ref, pwan_cfg, baseline=None, baseline_cfg=None, also_cfg=None):
     if method == 'pwan':
         res = register(src, ref, pwan_cfg)
         return res.transformed_source
+    if method.startswith('pwan['):
+        return register(src, ref, also_cfg).transformed_source
     if method == 'pwan-baseline':
         if baseline is None:
             raise SystemExit('pwan-baseline needs --baseline DIR')
@@ -134,6 +139,13 @@ def main(argv=None):
     p.add_argument(
         '--baseline', help="checkout whose pwan_ros/core runs the method 'pwan-baseline'"
     )
+    p.add_argument(
+        '--also',
+        nargs='+',
+        default=[],
+        metavar='KEY=VALUE',
+        help="also the method 'pwan[KEY=VALUE,...]': m-PWAN with these overrides (YAML values)",
+    )
     args = p.parse_args(argv)
     import torch
 
@@ -147,6 +159,11 @@ def main(argv=None):
             args.methods.insert(1, 'pwan-baseline')
     ratios = args.ratios or ([0.2, 0.6, 1.0, 1.2] if args.protocol == 'a' else [0.7, 0.85, 1.0])
     overrides = key_values(args.set)
+    also = key_values(args.also)
+    also_name = 'pwan[' + ','.join(args.also) + ']'
+    if also and also_name not in args.methods:
+        args.methods.insert(args.methods.index('pwan') + 1 if 'pwan' in args.methods else 0,
+                            also_name)
     overrides.setdefault('device', args.device)
     rows, summary, warmup = [], [], []
     for shape in args.shapes:
@@ -198,11 +215,14 @@ def main(argv=None):
                 cfg.update(overrides)
                 pcfg = RegistrationConfig.from_dict(cfg)
                 bcfg = baseline.RegistrationConfig.from_dict(cfg) if baseline else None
-                if run == 0 and pcfg.device != 'cpu' and 'pwan' in args.methods:
+                acfg = RegistrationConfig.from_dict({**cfg, **also}) if also else None
+                for m in ('pwan', also_name):
+                    if run or pcfg.device == 'cpu' or m not in args.methods:
+                        continue
                     with Timer() as tw:  # graph build of this setting's shapes, apart
-                        run_method('pwan', src, ref_all, pcfg)
-                    warmup.append({'shape': shape, 'ratio': ratio, 'warmup_s': tw.s})
-                    print(f'{shape} ratio {ratio} first registration: {tw.s:.1f} s', flush=True)
+                        run_method(m, src, ref_all, pcfg, also_cfg=acfg)
+                    warmup.append({'shape': shape, 'ratio': ratio, 'method': m, 'warmup_s': tw.s})
+                    print(f'{shape} ratio {ratio} {m} first registration: {tw.s:.1f} s', flush=True)
                 for m in args.methods:
                     with Timer() as tm:
                         if m == 'oracle-similarity':
@@ -213,7 +233,7 @@ def main(argv=None):
                                 moved_b = similarity_oracle(src0[both_idx], ref0[both_idx])
                                 moved = None
                         else:
-                            moved = run_method(m, src, ref_all, pcfg, baseline, bcfg)
+                            moved = run_method(m, src, ref_all, pcfg, baseline, bcfg, acfg)
                     if args.protocol == 'a':
                         err = mse(moved, ref)
                     else:
@@ -263,7 +283,9 @@ def main(argv=None):
         f'bcpd non-rigid pairs, protocol ({args.protocol}): MSE (normalised units)',
     )
     if warmup:
-        print_table(warmup, ['shape', 'ratio', 'warmup_s'], 'first registration (graph build), s')
+        print_table(
+            warmup, ['shape', 'ratio', 'method', 'warmup_s'], 'first registration (graph build), s'
+        )
     write_results(args.results, f'bench_nonrigid_{args.protocol}', rows, summary + warmup)
 
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The CUDA path checked in one step (at most 120 + 150 + 130 + 120 s on one GPU), then one table:
+# The CUDA path checked in one step, then one table (each step under a limit: 180 + 150 + 130 +
+# 150 s on one GPU; about 8 minutes in all):
 #   1. the device tests (test/test_core_device.py with PWAN_TEST_DEVICE = the device),
 #   2. bench/bench_engine.py: one start and the 24-start tournament (starts=24, start_steps=60),
 #      wall seconds, rotation error, GFLOP/s of the adversarial stage next to a plain bmm, the
@@ -7,16 +8,18 @@
 #   3. bench/bench_lidar.py --pwan-only: the odometry pipeline in pwan mode, PWAN on the device,
 #   4. bench/bench_nonrigid.py protocol (a), outlier ratio 0.6, one draw of fish, bunny, monkey:
 #      non-rigid PWAN on the device next to pycpd on the host CPU (seconds per pair, MSE).
+# On a GPU, step 2 also runs with cuda_graphs=false side by side (steps launched one by one).
 #
 #   bench/device_check.sh [--device cuda|cuda:N|cpu] [--quick] [--data DIR] [--results DIR]
-#                         [--baseline CHECKOUT] [--setup DIR]
+#                         [--baseline CHECKOUT] [--setup DIR] [--steps tests,engine,odometry,nonrigid]
 #
 # On a GPU the engine also runs on the CPU (1 thread) in the same process, and with --baseline the
 # core of another checkout on the device: the speed-up column is wall seconds of the first over this.
 # --setup DIR: a folder made by bench/device_prepare.sh (open3d, small_gicp, the data) for a bare
 # GPU machine of the device tool; its setup.sh runs first and its data/ is the default --data.
 # --device cpu is the dry run of the script itself (implies --quick: small sizes); --quick: small
-# sizes on any device. Exits 2 with one line when the device is CUDA and torch sees none; 1 when a
+# sizes on any device. --steps: a comma list of the steps to run (default all four; a short device
+# budget runs the part not yet measured). Exits 2 with one line when the device is CUDA and torch sees none; 1 when a
 # step failed (the table says which).
 set -u
 cd "$(dirname "$0")/.."
@@ -26,6 +29,7 @@ DATA=../shared/data
 RESULTS=results/device_check
 BASELINE=
 SETUP=
+STEPS=tests,engine,odometry,nonrigid
 PY=${PYTHON:-python}
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -35,7 +39,8 @@ while [ $# -gt 0 ]; do
         --results) RESULTS=${2:?--results needs a value}; shift 2 ;;
         --baseline) BASELINE=${2:?--baseline needs a value}; shift 2 ;;
         --setup) SETUP=${2:?--setup needs a value}; shift 2 ;;
-        *) echo "device_check: unknown argument $1 (--device, --quick, --data, --results, --baseline, --setup)" >&2; exit 2 ;;
+        --steps) STEPS=${2:?--steps needs a value}; shift 2 ;;
+        *) echo "device_check: unknown argument $1 (--device, --quick, --data, --results, --baseline, --setup, --steps)" >&2; exit 2 ;;
     esac
 done
 if [ -n "$SETUP" ]; then
@@ -46,6 +51,12 @@ if [ -n "$SETUP" ]; then
     [ "$DATA" = ../shared/data ] && DATA=$SETUP_DIR/data
     PY=${PYTHON:-python3}
 fi
+for s in ${STEPS//,/ }; do
+    case "$s" in
+        tests | engine | odometry | nonrigid) ;;
+        *) echo "device_check: --steps takes tests, engine, odometry, nonrigid; got $s" >&2; exit 2 ;;
+    esac
+done
 case "$DEVICE" in
     cpu) QUICK=1 ;;
     cuda | cuda:[0-9]*)
@@ -69,30 +80,34 @@ if [ "$QUICK" = 1 ]; then
     LIDAR=(--max-scans 3)
     NONRIGID=(--shapes fish)
 else
-    ENGINE=(--points 2000 --repeats 2)
+    ENGINE=(--points 2000 --repeats 1)
     LIDAR=()
     NONRIGID=(--shapes fish bunny monkey)
 fi
-[ "$DEVICE" = cpu ] || ENGINE+=(--cpu-side)
+# on a GPU the engine also runs with its steps launched one by one (cuda_graphs=false) and on
+# the CPU, side by side; bench_nonrigid.py --also cuda_graphs=false does the same for non-rigid
+# (about 80 s more, over this script's 8 minutes)
+[ "$DEVICE" = cpu ] || ENGINE+=(--cpu-side --also cuda_graphs=false)
 [ -n "$BASELINE" ] && ENGINE+=(--baseline "$BASELINE")
 
 # step NAME LIMIT_S COMMAND...: runs it with a time limit, its output in $RESULTS/NAME.log
 step() {
     local name=$1 limit=$2
     shift 2
+    case ",$STEPS," in *",$name,"*) ;; *) return 0 ;; esac
     local t0=$SECONDS
     echo "[device_check] $name ..." >&2
     timeout "$((limit * SCALE))" "$@" >"$RESULTS/$name.log" 2>&1
     echo "$name $? $((SECONDS - t0))" >>"$RESULTS/steps.txt"
 }
 rm -f "$RESULTS/steps.txt"
-step tests 120 "$PY" -m pytest -q -p no:cacheprovider test/test_core_device.py \
+step tests 180 "$PY" -m pytest -q -p no:cacheprovider test/test_core_device.py \
     --junitxml="$RESULTS/tests.xml"
 step engine 150 "$PY" bench/bench_engine.py --device "$DEVICE" --data "$DATA" \
     --results "$RESULTS" "${ENGINE[@]}"
 step odometry 130 "$PY" bench/bench_lidar.py --pwan-only --device "$DEVICE" --data "$DATA" \
     --results "$RESULTS" "${LIDAR[@]}"
-step nonrigid 120 "$PY" bench/bench_nonrigid.py --protocol a --ratios 0.6 --runs 1 \
+step nonrigid 150 "$PY" bench/bench_nonrigid.py --protocol a --ratios 0.6 --runs 1 \
     --methods pwan pycpd --device "$DEVICE" --data "$DATA" --results "$RESULTS" "${NONRIGID[@]}"
 
 "$PY" - "$RESULTS" "$DEVICE" <<'EOF'
@@ -111,15 +126,18 @@ def status(name):
     return 'ok' if rc == 0 else ('timed out' if rc == 124 else f'failed (rc {rc})')
 
 
-rows = []
-try:
-    suite = ET.parse(os.path.join(res, 'tests.xml')).getroot().find('testsuite')
-    n, bad = int(suite.get('tests')), int(suite.get('failures')) + int(suite.get('errors'))
-    detail = f'{n - bad}/{n} passed'
-except (OSError, ET.ParseError, AttributeError, TypeError):
-    detail = 'no test report'
-rows.append(('device tests', status('tests'), steps['tests'][1], detail))
-try:
+def tests_rows():
+    try:
+        suite = ET.parse(os.path.join(res, 'tests.xml')).getroot().find('testsuite')
+        n, bad = int(suite.get('tests')), int(suite.get('failures')) + int(suite.get('errors'))
+        detail = f'{n - bad}/{n} passed'
+    except (OSError, ET.ParseError, AttributeError, TypeError):
+        detail = 'no test report'
+    return [('device tests', status('tests'), steps['tests'][1], detail)]
+
+
+def engine_rows():
+    rows = []
     out = json.load(open(os.path.join(res, 'bench_engine.json')))
     floor = next(s['matmul_gflops'] for s in out['summary'] if 'matmul_gflops' in s)
     for s in out['summary']:
@@ -140,9 +158,11 @@ try:
             rows.append((f"engine first registration ({s['case']})", status('engine'),
                          round(s['warmup_s'], 1), f"{s['core']}: graph build (torch.compile)"))
     rows.append(('engine bmm floor', status('engine'), '', f'{floor:.1f} GFLOP/s on {device}'))
-except (OSError, ValueError, KeyError, StopIteration):
-    rows.append(('engine', status('engine'), steps['engine'][1], 'no results'))
-try:
+    return rows
+
+
+def odometry_rows():
+    rows = []
     out = json.load(open(os.path.join(res, 'bench_lidar.json')))
     for label in ('clean', 'robust'):
         for r in out[label]:
@@ -155,31 +175,42 @@ try:
                     f"tr med {r['trans_median_mm']:.1f} mm (wall s = median per scan)",
                 )
             )
-except (OSError, ValueError, KeyError):
-    rows.append(('odometry pwan mode', status('odometry'), steps['odometry'][1], 'no results'))
-try:
-    out = json.load(open(os.path.join(res, 'bench_nonrigid_a.json')))
-    summ = out['summary']
-    warm = {(s['shape'], s['ratio']): s['warmup_s'] for s in summ if 'warmup_s' in s}
-    by = {(s['shape'], s['method']): s for s in summ if 'method' in s}
+    return rows
+
+
+def nonrigid_rows():
+    rows = []
+    summ = json.load(open(os.path.join(res, 'bench_nonrigid_a.json')))['summary']
+    warm = {(s['shape'], s['ratio'], s['method']): s['warmup_s'] for s in summ if 'warmup_s' in s}
+    by = {(s['shape'], s['method']): s for s in summ if 'median' in s}
     for (shape, method), s in by.items():
-        if method != 'pwan':
+        if not method.startswith('pwan'):
             continue
         cpd = by.get((shape, 'pycpd'))
-        detail = f"PWAN on {device}: MSE {s['median']:.4f}"
+        detail = f"{method.replace('pwan', 'PWAN', 1)} on {device}: MSE {s['median']:.4f}"
         if cpd is not None:
             detail += (
                 f"; pycpd (CPU) {cpd['time_s']:.2f} s, MSE {cpd['median']:.4f}; "
                 f"time ratio {s['time_s'] / max(cpd['time_s'], 1e-9):.1f}x"
             )
-        if (shape, s['ratio']) in warm:
-            detail += f"; first registration {warm[(shape, s['ratio'])]:.1f} s"
+        if (shape, s['ratio'], method) in warm:
+            detail += f"; first registration {warm[(shape, s['ratio'], method)]:.1f} s"
         rows.append(
             (f"non-rigid (a) {shape}, ratio {s['ratio']:g}", status('nonrigid'),
              round(s['time_s'], 2), detail)
         )
-except (OSError, ValueError, KeyError):
-    rows.append(('non-rigid', status('nonrigid'), steps['nonrigid'][1], 'no results'))
+    return rows
+
+
+rows = []
+for name, make in (('tests', tests_rows), ('engine', engine_rows),
+                   ('odometry', odometry_rows), ('nonrigid', nonrigid_rows)):
+    if name not in steps:  # not in --steps
+        continue
+    try:
+        rows += make()
+    except (OSError, ValueError, KeyError, StopIteration):
+        rows.append((name, status(name), steps[name][1], 'no results'))
 print(f'\n## device check on {device} (logs in {res})')
 print('| check | status | wall s | result |')
 print('|---|---|---|---|')

@@ -12,10 +12,11 @@ it in the transform. The potential's gradients (incl. the gradient penalty) are 
 (:func:`potential.forward` / :func:`potential.backward`: the network is piecewise linear, so its
 input gradient is a masked product of its weights, and no double backward is needed).
 Everything inside a step stays
-on the device: random indices come from a device generator, learning rates are tensors, Adam is
-fused, and the host reads the state only every ``window`` steps (the convergence test). The two
-gradient functions are pure functions of tensors that ``torch.compile(fullgraph=True)`` captures
-whole (``compile`` setting; on CUDA with ``mode='reduce-overhead'``, i.e. CUDA graphs).
+on the device: random indices come from a device generator, learning rates are read from a
+device table, Adam is fused, and the host reads the state only every ``window`` steps (the
+convergence test). The two gradient functions are pure functions of tensors that
+``torch.compile(fullgraph=True)`` captures whole (``compile`` setting). On CUDA a whole window of
+steps is captured once as one CUDA graph and replayed (:class:`WindowGraph`, ``cuda_graphs``).
 
 Shapes: points (S, n, d) in the normalised frame; row-vector convention T(y) = y A_s + t_s (+ V).
 """
@@ -311,7 +312,10 @@ class Alg1:
         self.tangents = (
             tangent_rows(self.n_gp, ys_np.shape[1], dtype, device) if self.gp_weight > 0 else None
         )
-        mode = 'reduce-overhead' if device.type == 'cuda' else None
+        # CUDA: whole windows of steps are captured as one CUDA graph (:class:`WindowGraph`),
+        # which the compiled functions' own graphs (mode 'reduce-overhead') cannot nest in
+        self.graphs = device.type == 'cuda' and config.cuda_graphs
+        mode = 'reduce-overhead' if device.type == 'cuda' and not self.graphs else None
         use = _compile_wanted(config, device)
         if use:
             self._potential_grads = compiled('potential_grads', mode)
@@ -386,10 +390,17 @@ class Alg1:
                 with_gp=(k % self.config.potential_updates == 0),
             )
 
-    def step(self, lr: float) -> None:
-        """One step of Alg. 1: u potential updates, then one transform update at learning rate
-        lr."""
-        self.opt_t.lr.fill_(lr)
+    def set_schedule(self, lrs: Sequence[float]) -> None:
+        """The transform's learning rate of each coming step (host floats, rounded to float32 as
+        ``fill_`` would); :meth:`step` reads the next one on the device."""
+        self.lr_table = torch.tensor(list(lrs) or [0.0], dtype=torch.float32, device=self.device)
+        self.lr_k = torch.zeros(1, dtype=torch.long, device=self.device)
+
+    def step(self) -> None:
+        """One step of Alg. 1: u potential updates, then one transform update at the next
+        learning rate of the schedule (:meth:`set_schedule`), read on the device."""
+        self.opt_t.lr.copy_(self.lr_table.index_select(0, self.lr_k).reshape(()))
+        self.lr_k.add_(1)
         xb, yi = self._batch()
         ysrc = (
             self.y.expand(self.count, -1, -1)
@@ -445,8 +456,53 @@ class Alg1:
             )
 
 
+class WindowGraph:
+    """``steps`` consecutive :meth:`Alg1.step` calls captured as one CUDA graph: a replay runs
+    them with no host work between kernels (a step is ~100 small kernels; launched one by one
+    from Python their launch cost is most of a step on a GPU). Everything a step reads or writes
+    lives in tensors that outlive the graph (network, transform, optimiser states, learning-rate
+    table and index), its random draws come from the run's device generator (registered with the
+    graph, so every replay draws new indices), and it reads nothing on the host. Built after the
+    run's first window ran eagerly (cuBLAS handles, compiled kernels and buffers exist by then);
+    capture does not execute the steps, :meth:`replay` does."""
+
+    def __init__(self, run: 'Alg1', steps: int):
+        self.graph = torch.cuda.CUDAGraph()
+        self.graph.register_generator_state(run.gen)
+        torch.cuda.synchronize(run.device)
+        with torch.cuda.graph(self.graph):
+            for _ in range(steps):
+                run.step()
+        self.steps = steps
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+def _window_graph(run: 'Alg1', steps: int) -> Optional[WindowGraph]:
+    """A :class:`WindowGraph` of ``run``, or None (with one warning per process) when this torch
+    or driver cannot capture it: the run goes on launching each step."""
+    global _GRAPH_FAILED
+    if _GRAPH_FAILED:
+        return None
+    try:
+        return WindowGraph(run, steps)
+    except (RuntimeError, AttributeError) as e:  # capture unsupported here: steps run eagerly
+        _GRAPH_FAILED = True
+        warnings.warn(
+            f'CUDA graph capture of Alg. 1 failed ({type(e).__name__}: {e}); steps are launched '
+            'one by one in this process',
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
+
+
+_GRAPH_FAILED = False
+
+
 def _compile_wanted(config: RegistrationConfig, device: torch.device) -> bool:
-    """``config.compile``: 'on', 'off', or 'auto' = on for CUDA (CUDA graphs), off on CPU (the
+    """``config.compile``: 'on', 'off', or 'auto' = on for CUDA, off on CPU (the
     compile cost is not paid back there, docs/core.md)."""
     if config.compile == 'auto':
         return device.type == 'cuda'
@@ -484,7 +540,8 @@ def run_alg1(
     ``config.tolerance`` x the source spacing (after ``config.min_steps``; tested every
     ``window`` steps, the only host read of the loop). h_floor: lower bound of a learned h
     (normalised units). coherence: the non-rigid regulariser (nonrigid only, one start).
-    should_stop: polled before every step; True ends the run (not converged).
+    should_stop: polled before every step (with CUDA graphs: every ``window`` steps); True ends
+    the run (not converged).
     """
     run = Alg1(
         config,
@@ -509,17 +566,27 @@ def run_alg1(
     )
     tol = config.tolerance * max(median_spacing(ys_np), 1e-9)
     window = config.window
+    run.set_schedule(config.lr_transform * decay ** (k + step_offset) for k in range(steps))
     moving = torch.ones(run.count, dtype=torch.bool)
     checked = False
     last = run.moved(eval_idx) if converge else None
     done = 0
-    for step in range(steps):
+    graph = None
+    while done < steps:
         if should_stop is not None and should_stop():
             moving[:] = True
             checked = True
             break
-        run.step(config.lr_transform * decay ** (step + step_offset))
-        done = step + 1
+        if graph is None and run.graphs and done == window and steps - done >= window:
+            # the first window ran eagerly (warm-up of every kernel): capture the next
+            graph = _window_graph(run, window)
+            run.graphs = graph is not None
+        if graph is not None and steps - done >= window:
+            graph.replay()  # should_stop is polled once per window here
+            done += window
+        else:
+            run.step()
+            done += 1
         if converge and done % window == 0:
             now = run.moved(eval_idx)
             motion = (now - last).pow(2).sum(2).mean(1).sqrt().cpu()  # the loop's one host read

@@ -384,15 +384,20 @@ class RegistrationConfig:
     )
     device: str = param(
         'auto',
-        'compute device; auto = the CPU (at these sizes CUDA gained 1.1-1.4x on an H200 and '
-        'builds its graphs for 20-26 s per shape set)',
+        'compute device; auto = the CPU (at these sizes an H200 gained up to 2x on one start, '
+        'nothing on the 24-start tournament, and builds its graphs for 7-21 s per shape set)',
         fmt='device',
     )
     compile: str = param(
         'auto',
-        'torch.compile the two objectives of Alg. 1 (fullgraph): auto = on for CUDA '
-        '(CUDA graphs), off on CPU',
+        'torch.compile the two objectives of Alg. 1 (fullgraph): auto = on for CUDA, off on CPU',
         choices=COMPILE_MODES,
+    )
+    cuda_graphs: bool = param(
+        True,
+        'CUDA: each window of Alg. 1 steps after the first runs as one captured CUDA graph '
+        '(no per-kernel launch from Python); false = launch kernel by kernel (compiled '
+        "functions then use torch.compile's own graphs); no effect on the CPU",
     )
     seed: int = param(0, 'random seed (sampling, network initialisation)', 0)
     threads: int = param(0, 'CPU threads for torch (0 = automatic)', 0)
