@@ -8,7 +8,7 @@
 #   3. bench/bench_lidar.py --pwan-only: the odometry pipeline in pwan mode, PWAN on the device,
 #   4. bench/bench_nonrigid.py protocol (a), outlier ratio 0.6, one draw of fish, bunny, monkey:
 #      non-rigid PWAN on the device next to pycpd on the host CPU (seconds per pair, MSE).
-# On a GPU, step 2 also runs with cuda_graphs=false side by side (steps launched one by one).
+# On a GPU, steps 2 and 4 also run with compile=off side by side (no graph build).
 #
 #   bench/device_check.sh [--device cuda|cuda:N|cpu] [--quick] [--data DIR] [--results DIR]
 #                         [--baseline CHECKOUT] [--setup DIR] [--steps tests,engine,odometry,nonrigid]
@@ -84,10 +84,13 @@ else
     LIDAR=()
     NONRIGID=(--shapes fish bunny monkey)
 fi
-# on a GPU the engine also runs with its steps launched one by one (cuda_graphs=false) and on
-# the CPU, side by side; bench_nonrigid.py --also cuda_graphs=false does the same for non-rigid
-# (about 80 s more, over this script's 8 minutes)
-[ "$DEVICE" = cpu ] || ENGINE+=(--cpu-side --also cuda_graphs=false)
+# on a GPU the engine and non-rigid also run uncompiled (compile=off: CUDA graphs of eager
+# kernels, no graph build) side by side, and the engine on the CPU (--also cuda_graphs=false
+# compares launched steps instead)
+if [ "$DEVICE" != cpu ]; then
+    ENGINE+=(--cpu-side --also compile=off)
+    NONRIGID+=(--also compile=off)
+fi
 [ -n "$BASELINE" ] && ENGINE+=(--baseline "$BASELINE")
 
 # step NAME LIMIT_S COMMAND...: runs it with a time limit, its output in $RESULTS/NAME.log

@@ -108,6 +108,26 @@ def test_nonrigid_multistart_compares_deformed_finalists():
     assert after < 0.5 * before
 
 
+def test_nonrigid_warns_for_its_own_finetune_cap_only():
+    """The fine-tune's iteration-cap warning names a result the caller gets: a non-rigid
+    registration's rigid pre-alignment (only its starting point) does not warn, the non-rigid
+    fine-tune does. finetune.max_iterations=1 caps both."""
+    import warnings
+
+    x = curve2d(120, 0)
+    ref = x + 0.1 * np.stack((np.sin(2 * x[:, 1]), np.cos(2 * x[:, 0])), 1)
+    cfg = RegistrationConfig(
+        transform='nonrigid', mass_ratio=1.0, seed=0, steps=40, finetune=FineTuneConfig(max_iterations=1)
+    )
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter('always')
+        res = register(x, ref, cfg)
+    capped = [w for w in rec if 'fine-tune stopped' in str(w.message)]
+    assert 'prealign' in res.timings
+    assert len(capped) == 1, [str(w.message) for w in capped]
+    assert not res.converged
+
+
 def test_clearly_worse_rigid_finalist_is_not_deformed():
     """Non-rigid prealign: a rigid finalist that leaves clearly more of the source off the
     reference (> PREALIGN_GAP) than the best is not deformed; one within the gap is."""

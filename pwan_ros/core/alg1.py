@@ -458,8 +458,9 @@ class Alg1:
 
 class WindowGraph:
     """``steps`` consecutive :meth:`Alg1.step` calls captured as one CUDA graph: a replay runs
-    them with no host work between kernels (a step is ~100 small kernels; launched one by one
-    from Python their launch cost is most of a step on a GPU). Everything a step reads or writes
+    them with no host work between kernels (a step is tens of small kernels per potential update;
+    launched one by one from Python, their launch cost was most of a single start's step on an
+    H200). Everything a step reads or writes
     lives in tensors that outlive the graph (network, transform, optimiser states, learning-rate
     table and index), its random draws come from the run's device generator (registered with the
     graph, so every replay draws new indices), and it reads nothing on the host. Built after the
@@ -473,7 +474,6 @@ class WindowGraph:
         with torch.cuda.graph(self.graph):
             for _ in range(steps):
                 run.step()
-        self.steps = steps
 
     def replay(self) -> None:
         self.graph.replay()

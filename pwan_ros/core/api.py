@@ -361,7 +361,9 @@ def register(
     # are deformed and compared after the non-rigid stage: a rigid fit of a deformed shape can rank
     # a wrong, symmetric pose first.
     rigid = config.replace(transform='rigid', prealign=False, self_check=False)
-    cands = _register_candidates(source, reference, rigid, init, None, should_stop, cache)
+    cands = _register_candidates(
+        source, reference, rigid, init, None, should_stop, cache, warn=False
+    )
     ref_clean = np.asarray(reference, dtype=np.float64)
     ref_clean = ref_clean[np.isfinite(ref_clean).all(axis=1)]  # validated by the rigid stage
     ref_clean = ref_clean[~far_outliers(ref_clean)]
@@ -555,9 +557,12 @@ def _register_candidates(
     potential_state,
     should_stop,
     reference_cache: Optional[ReferenceCache] = None,
+    warn: bool = True,
 ) -> list:
     """Alg. 1 + fine-tune (all starts / the tournament); returns the finalists as
-    [(start score, RegistrationResult)], best first (one entry without multi-start)."""
+    [(start score, RegistrationResult)], best first (one entry without multi-start). warn: a
+    final fine-tune stopped by its iteration cap warns (off for a non-rigid registration's rigid
+    pre-alignment, which the deformation continues from)."""
     t0 = time.perf_counter()
     config = config.resolved()
     prob = prepare(source, reference, config, init)
@@ -630,7 +635,7 @@ def _register_candidates(
             rng,
             data,
             final=not small,
-            warn=not small,
+            warn=warn and not small,
             max_iterations=config.start_finetune_iterations if small else None,
         )
         timings['finetune'] += time.perf_counter() - tf
