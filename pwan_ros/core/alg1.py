@@ -314,7 +314,7 @@ class Alg1:
         )
         # CUDA: whole windows of steps are captured as one CUDA graph (:class:`WindowGraph`),
         # which the compiled functions' own graphs (mode 'reduce-overhead') cannot nest in
-        self.graphs = device.type == 'cuda' and config.cuda_graphs
+        self.graphs = _graphs_wanted(config, device)
         mode = 'reduce-overhead' if device.type == 'cuda' and not self.graphs else None
         use = _compile_wanted(config, device)
         if use:
@@ -477,6 +477,11 @@ class WindowGraph:
 
     def replay(self) -> None:
         self.graph.replay()
+
+
+def _graphs_wanted(config: RegistrationConfig, device: torch.device) -> bool:
+    """``config.cuda_graphs`` on a CUDA device."""
+    return device.type == 'cuda' and config.cuda_graphs
 
 
 def _window_graph(run: 'Alg1', steps: int) -> Optional[WindowGraph]:
