@@ -162,8 +162,9 @@ def main(argv=None):
     also = key_values(args.also)
     also_name = 'pwan[' + ','.join(args.also) + ']'
     if also and also_name not in args.methods:
-        args.methods.insert(args.methods.index('pwan') + 1 if 'pwan' in args.methods else 0,
-                            also_name)
+        args.methods.insert(
+            args.methods.index('pwan') + 1 if 'pwan' in args.methods else 0, also_name
+        )
     overrides.setdefault('device', args.device)
     rows, summary, warmup = [], [], []
     for shape in args.shapes:
@@ -222,7 +223,9 @@ def main(argv=None):
                     with Timer() as tw:  # graph build of this setting's shapes, apart
                         run_method(m, src, ref_all, pcfg, also_cfg=acfg)
                     warmup.append({'shape': shape, 'ratio': ratio, 'method': m, 'warmup_s': tw.s})
-                    print(f'{shape} ratio {ratio} {m} first registration: {tw.s:.1f} s', flush=True)
+                    print(
+                        f'{shape} ratio {ratio} {m} first registration: {tw.s:.1f} s', flush=True
+                    )
                 for m in args.methods:
                     with Timer() as tm:
                         if m == 'oracle-similarity':

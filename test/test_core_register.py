@@ -117,7 +117,11 @@ def test_nonrigid_warns_for_its_own_finetune_cap_only():
     x = curve2d(120, 0)
     ref = x + 0.1 * np.stack((np.sin(2 * x[:, 1]), np.cos(2 * x[:, 0])), 1)
     cfg = RegistrationConfig(
-        transform='nonrigid', mass_ratio=1.0, seed=0, steps=40, finetune=FineTuneConfig(max_iterations=1)
+        transform='nonrigid',
+        mass_ratio=1.0,
+        seed=0,
+        steps=40,
+        finetune=FineTuneConfig(max_iterations=1),
     )
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter('always')
