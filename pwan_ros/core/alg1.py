@@ -471,7 +471,9 @@ class WindowGraph:
         self.graph = torch.cuda.CUDAGraph()
         self.graph.register_generator_state(run.gen)
         torch.cuda.synchronize(run.device)
-        with torch.cuda.graph(self.graph):
+        # thread_local: CUDA work of the caller's other threads (another model, say) during the
+        # capture neither breaks it nor is captured
+        with torch.cuda.graph(self.graph, capture_error_mode='thread_local'):
             for _ in range(steps):
                 run.step()
 
