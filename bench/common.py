@@ -128,11 +128,16 @@ class Timer:
 
 def key_values(pairs: Sequence[str]) -> dict:
     """``KEY=VALUE`` command-line items as a dict, each value read as YAML (numbers, booleans,
-    lists, strings); an item without ``=`` ends the script with one line."""
+    lists, strings), except that only true / false are booleans: YAML 1.1 reads on / off / yes /
+    no as booleans too, and ``compile=off`` must stay the word; an item without ``=`` ends the
+    script with one line."""
     out = {}
     for kv in pairs:
         key, sep, value = kv.partition('=')
         if not sep:
             raise SystemExit(f'expected KEY=VALUE, got {kv!r}')
-        out[key] = yaml.safe_load(value)
+        parsed = yaml.safe_load(value)
+        if isinstance(parsed, bool) and value.strip().lower() not in ('true', 'false'):
+            parsed = value.strip()
+        out[key] = parsed
     return out
