@@ -123,9 +123,11 @@ class Recovery:
     """transform: (4, 4) T_keyframe_scan of the best start (polished by the tracker); quality:
     its match quality; iterations: PWAN + tracker iterations of all starts; starts: starts run;
     pwan_ms / polish_ms: time spent in each; origin: 'prediction', 'yaw N deg' or 'global' (the
-    start the result came from); global_status: the global registration's status ('' if it did
-    not run); check: the core's self-check of the result (:func:`pwan_ros.core.verify.check_pose`,
-    scan against keyframe): a recovery it refuses must not be accepted."""
+    start the result came from), prefixed 'self-check rival of the' when the self-check found a
+    clearly better pose next to it and the result was polished from there; global_status: the
+    global registration's status ('' if it did not run); check: the core's self-check of the
+    result (:func:`pwan_ros.core.verify.check_pose`, scan against keyframe): a recovery it
+    refuses must not be accepted."""
 
     transform: np.ndarray
     quality: MatchQuality
@@ -155,7 +157,10 @@ def recover(
     each polished by the partial tracker. Stops at the first start matching ``good`` or at
     ``deadline`` (time.perf_counter() seconds). ``use_global``: when no start matched ``good``
     (a kidnapped robot, a jump far beyond the prediction), a global registration (no initial
-    pose) is tried too and kept if it is not refused. Returns the best by matched ratio."""
+    pose) is tried too and kept if it is not refused. Returns the best by matched ratio.
+
+    The result is judged by the core's self-check; when it finds a clearly better pose next to
+    the result, the result is polished from there and judged in its place."""
     yaws = [0.0] + [2.0 * np.pi * k / yaw_starts for k in range(1, yaw_starts)]
     yaws = sorted(yaws, key=lambda a: min(a, 2.0 * np.pi - a))
     best = None
@@ -191,6 +196,18 @@ def recover(
     t1 = time.perf_counter()
     moved = scan.points @ best.transform[:3, :3].T + best.transform[:3, 3]
     check = check_pose(moved, keyframe.points)
+    if check.rival_better:
+        # the self-check found a clearly better pose next to the result (a polish that slid
+        # along a corridor, say): polished from there and judged in its place, as the global
+        # search does
+        tr = track(
+            keyframe, scan, check.rival_transform @ best.transform, h, num_threads=num_threads
+        )
+        iterations += tr.iterations
+        moved = scan.points @ tr.transform[:3, :3].T + tr.transform[:3, 3]
+        retry = check_pose(moved, keyframe.points)
+        if retry.status == 'ok':
+            best, check, origin = tr, retry, f'self-check rival of the {origin}'
     polish_ms += (time.perf_counter() - t1) * 1e3
     return Recovery(
         best.transform,
