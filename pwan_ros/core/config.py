@@ -385,7 +385,7 @@ class RegistrationConfig:
     device: str = param(
         'auto',
         'compute device; auto = the CPU (at these sizes an H200 gained up to 2x on one start, '
-        'nothing on the 24-start tournament, and builds its graphs for 7-21 s per shape set)',
+        'nothing on the 24-start tournament, and builds its graphs for 7-22 s per shape set)',
         fmt='device',
     )
     compile: str = param(
