@@ -460,12 +460,12 @@ class WindowGraph:
     """``steps`` consecutive :meth:`Alg1.step` calls captured as one CUDA graph: a replay runs
     them with no host work between kernels (a step is tens of small kernels per potential update;
     launched one by one from Python, their launch cost was most of a single start's step on an
-    H200). Everything a step reads or writes
-    lives in tensors that outlive the graph (network, transform, optimiser states, learning-rate
-    table and index), its random draws come from the run's device generator (registered with the
-    graph, so every replay draws new indices), and it reads nothing on the host. Built after the
-    run's first window ran eagerly (cuBLAS handles, compiled kernels and buffers exist by then);
-    capture does not execute the steps, :meth:`replay` does."""
+    H200). Everything a step reads or writes lives in tensors that outlive the graph (network,
+    transform, optimiser states, learning-rate table and index), its random draws come from the
+    run's device generator (registered with the graph, so every replay draws new indices), and it
+    reads nothing on the host. Built after the run's first window ran eagerly (cuBLAS handles,
+    compiled kernels and buffers exist by then); capture does not execute the steps,
+    :meth:`replay` does."""
 
     def __init__(self, run: 'Alg1', steps: int):
         self.graph = torch.cuda.CUDAGraph()

@@ -20,7 +20,7 @@ from scipy.spatial.transform import Rotation
 from pwan_ros.core import RegistrationConfig, RegistrationResult, register
 from pwan_ros.core.reference import ReferenceCache
 from pwan_ros.core.verify import PoseCheck, check_pose
-from pwan_ros.geometry.se3 import make_transform
+from pwan_ros.geometry.se3 import make_transform, transform_points
 from pwan_ros.odometry.config import OdometryConfig
 from pwan_ros.odometry.keyframe_tracker import MatchQuality, PreparedCloud, track
 
@@ -194,8 +194,11 @@ def recover(
             if tr.quality.matched_ratio > best.quality.matched_ratio:
                 best, origin = tr, 'global'
     t1 = time.perf_counter()
-    moved = scan.points @ best.transform[:3, :3].T + best.transform[:3, 3]
-    check = check_pose(moved, keyframe.points)
+
+    def judged(t: np.ndarray) -> PoseCheck:  # the self-check of the scan at T_keyframe_scan t
+        return check_pose(transform_points(t, scan.points), keyframe.points)
+
+    check = judged(best.transform)
     if check.rival_better:
         # the self-check found a clearly better pose next to the result (a polish that slid
         # along a corridor, say): polished from there and judged in its place, as the global
@@ -204,8 +207,7 @@ def recover(
             keyframe, scan, check.rival_transform @ best.transform, h, num_threads=num_threads
         )
         iterations += tr.iterations
-        moved = scan.points @ tr.transform[:3, :3].T + tr.transform[:3, 3]
-        retry = check_pose(moved, keyframe.points)
+        retry = judged(tr.transform)
         if retry.status == 'ok':
             best, check, origin = tr, retry, f'self-check rival of the {origin}'
     polish_ms += (time.perf_counter() - t1) * 1e3
