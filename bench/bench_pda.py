@@ -71,6 +71,19 @@ SETS = {
     'synthetic': (None, None, (), ['s0', 's0.25', 's0.5', 's0.75', 's1']),
 }
 LETTER = {'A': 'amazon', 'C': 'Caltech10', 'D': 'dslr', 'W': 'webcam'}
+#: Office-Caltech10's classes in label order (../shared/data/README.md)
+CLASSES = (
+    'back_pack',
+    'bike',
+    'calculator',
+    'headphones',
+    'keyboard',
+    'laptop',
+    'monitor',
+    'mouse',
+    'mug',
+    'projector',
+)
 KEEP = 5  # the unlabelled domain keeps classes 0..KEEP-1
 
 
@@ -290,6 +303,40 @@ def print_estimates(data, features, tasks, seed, overrides):
     return 0
 
 
+def confusion(truth: np.ndarray, pred: np.ndarray, k: int) -> np.ndarray:
+    """(k, k) counts: row = true class, column = predicted class."""
+    out = np.zeros((k, k), dtype=np.int64)
+    np.add.at(out, (truth, pred), 1)
+    return out
+
+
+def print_confusion(data, features, tasks, seed, overrides):
+    """Where the unlabelled rows go (``--confusion``): per present class, the classes the
+    source-only model (``method=source_only``) and the adapted model's final weights predict for
+    its rows, both trained on all labelled rows without the safeguard, first seed. Shows which
+    confusions adaptation fixes and which it keeps."""
+    names = CLASSES if features != 'synthetic' else tuple(f'c{i}' for i in range(10))
+    for task in tasks:
+        lab, unl = task_sets(data, features, task)
+        k = int(lab.labels.max()) + 1
+        print(f'\n{features} {task}, seed {seed}: rows = true class, columns = predicted')
+        print('| true class | model | ' + ' | '.join(names[:k]) + ' | accuracy |')
+        print('|---|---|' + '---|' * (k + 1))
+        for method in ('source_only', 'pwan'):
+            cfg = AdaptConfig.from_mapping(
+                dict(overrides, method=method, seed=seed, safeguard=False)
+            )
+            tr = AdaptTrainer(cfg, lab, unl)
+            tr.train()
+            res = tr.evaluate()
+            cm = confusion(unl.labels, res.predictions, k)
+            for c in np.flatnonzero(cm.sum(1)):
+                acc = cm[c, c] / cm[c].sum()
+                cells = ' | '.join(str(v) if v else '.' for v in cm[c])
+                print(f'| {names[c]} | {method} | {cells} | {acc:.2f} |', flush=True)
+    return 0
+
+
 def _spread(values) -> str:
     """'mean' or 'mean +- sample std' (several seeds)."""
     v = np.asarray(values, dtype=float)
@@ -401,6 +448,12 @@ def main(argv=None):
         action='store_true',
         help="only print the m0 estimate at the end of warm-up per task (first seed)",
     )
+    ap.add_argument(
+        '--confusion',
+        action='store_true',
+        help='only print, per task, the predicted classes of each present class of unlabelled '
+        'rows, source-only against the adapted final weights (first seed, no safeguard)',
+    )
     ap.add_argument('--out', help='write all results as JSON here')
     ap.add_argument(
         '--merge', nargs='*', metavar='JSON', help='only print the table of earlier --out files'
@@ -418,6 +471,8 @@ def main(argv=None):
     tasks = args.tasks or SETS[args.features][3]
     if args.estimates:
         return print_estimates(args.data, args.features, tasks, args.seeds[0], overrides)
+    if args.confusion:
+        return print_confusion(args.data, args.features, tasks, args.seeds[0], overrides)
     rows = []
     label = ' '.join([args.features] + args.set)  # e.g. 'surf input_norm=l2' in the table
     print(

@@ -769,3 +769,24 @@ def test_package_and_bench_work_without_skada(tmp_path):
     assert proc.stdout.strip() == 'logreg', proc.stderr
     assert proc.returncode == 1 and 'Traceback' not in proc.stderr, proc.stderr
     assert proc.stderr.strip().startswith('--methods kmm needs skada'), proc.stderr
+
+
+def test_bench_confusion_counts_every_unlabelled_row_once(capsys):
+    """bench_pda --confusion: per present class and model, the predicted classes of its rows sum
+    to the class's row count, and the accuracy column is the diagonal's share."""
+    sys.path.insert(0, str(ROOT / 'bench'))
+    import bench_pda
+
+    cm = bench_pda.confusion(np.array([0, 0, 1, 2]), np.array([0, 1, 1, 0]), 3)
+    assert cm.tolist() == [[1, 1, 0], [0, 1, 0], [1, 0, 0]]
+    argv = ['--features', 'synthetic', '--tasks', 's0', '--confusion']
+    assert bench_pda.main(argv + ['--set', 'steps=30', 'warmup_steps=10']) == 0
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith('| c')]
+    assert len(rows) == 2 * 5  # 5 present classes, source-only and adapted
+    for ln in rows:
+        cells = [c.strip() for c in ln.strip('|').split('|')]
+        true_class, model = int(cells[0][1:]), cells[1]
+        counts = [0 if c == '.' else int(c) for c in cells[2:-1]]
+        assert model in ('source_only', 'pwan') and len(counts) == 10
+        assert sum(counts) == 80  # synthetic: 80 rows per class
+        assert cells[-1] == f'{counts[true_class] / 80:.2f}'
