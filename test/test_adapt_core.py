@@ -773,7 +773,8 @@ def test_package_and_bench_work_without_skada(tmp_path):
 
 def test_bench_confusion_counts_every_unlabelled_row_once(capsys):
     """bench_pda --confusion: per present class and model, the predicted classes of its rows sum
-    to the class's row count, and the accuracy column is the diagonal's share."""
+    to the class's row count, and the accuracy column is the diagonal's share; the own-label
+    yardstick predicts every row from folds that do not contain it."""
     sys.path.insert(0, str(ROOT / 'bench'))
     import bench_pda
 
@@ -782,11 +783,17 @@ def test_bench_confusion_counts_every_unlabelled_row_once(capsys):
     argv = ['--features', 'synthetic', '--tasks', 's0', '--confusion']
     assert bench_pda.main(argv + ['--set', 'steps=30', 'warmup_steps=10']) == 0
     rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith('| c')]
-    assert len(rows) == 2 * 5  # 5 present classes, source-only and adapted
+    assert len(rows) == 3 * 5  # 5 present classes: source-only, adapted, own-label yardstick
     for ln in rows:
         cells = [c.strip() for c in ln.strip('|').split('|')]
         true_class, model = int(cells[0][1:]), cells[1]
         counts = [0 if c == '.' else int(c) for c in cells[2:-1]]
-        assert model in ('source_only', 'pwan') and len(counts) == 10
+        assert model in ('source_only', 'pwan', 'own_labels') and len(counts) == 10
         assert sum(counts) == 80  # synthetic: 80 rows per class
         assert cells[-1] == f'{counts[true_class] / 80:.2f}'
+    # the yardstick's folds: a row's prediction comes from a model fitted without it (a domain
+    # whose labels are noise is then at chance, not at the fitted model's 100 %)
+    rng = np.random.default_rng(0)
+    noise = FeatureSet(rng.normal(size=(200, 50)).astype(np.float32), rng.integers(0, 5, 200))
+    acc = (bench_pda.own_label_predictions(noise) == noise.labels).mean()
+    assert 0.05 < acc < 0.4
