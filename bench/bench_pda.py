@@ -35,6 +35,12 @@ decision function unchanged: ``rot4096`` (a random orthonormal map into 4096-d),
       --out results/pda_googlenet.json
   python bench/bench_pda.py --features surf --seeds 0 --out results/pda_surf.json
   python bench/bench_pda.py --merge results/pda_googlenet.json results/pda_surf.json
+
+``--estimates`` prints the m0 estimate per task; ``--confusion`` where each present class's
+unlabelled rows go under source-only and under the adapted final weights, next to logistic
+regression on that domain's own labels (a yardstick no method may use):
+
+  python bench/bench_pda.py --confusion --tasks 'A>W' 'A>D'
 """
 
 from __future__ import annotations
@@ -332,7 +338,7 @@ def confusion(truth: np.ndarray, pred: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
-def print_confusion(data, features, tasks, seed, overrides):
+def print_confusion(data, features, tasks, seed, overrides, copy='orig'):
     """Where the unlabelled rows go (``--confusion``): per present class, the classes the
     source-only model (``method=source_only``) and the adapted model's final weights predict for
     its rows, both trained on all labelled rows without the safeguard, first seed; and, as a
@@ -341,9 +347,9 @@ def print_confusion(data, features, tasks, seed, overrides):
     and whether the domain itself separates them."""
     names = CLASSES if features != 'synthetic' else tuple(f'c{i}' for i in range(10))
     for task in tasks:
-        lab, unl = task_sets(data, features, task)
+        lab, unl = task_sets(data, features, task, copy)
         k = int(lab.labels.max()) + 1
-        print(f'\n{features} {task}, seed {seed}: rows = true class, columns = predicted')
+        print(f'\n{features} {copy} {task}, seed {seed}: rows = true class, columns = predicted')
         print('| true class | model | ' + ' | '.join(names[:k]) + ' | accuracy |')
         print('|---|---|' + '---|' * (k + 1))
         for method in ('source_only', 'pwan', 'own_labels'):
@@ -479,7 +485,8 @@ def main(argv=None):
         '--confusion',
         action='store_true',
         help='only print, per task, the predicted classes of each present class of unlabelled '
-        'rows, source-only against the adapted final weights (first seed, no safeguard)',
+        'rows: source-only, the adapted final weights (first seed and copy, no safeguard) and '
+        "logistic regression on the unlabelled domain's own labels (5-fold, a yardstick)",
     )
     ap.add_argument('--out', help='write all results as JSON here')
     ap.add_argument(
@@ -499,7 +506,9 @@ def main(argv=None):
     if args.estimates:
         return print_estimates(args.data, args.features, tasks, args.seeds[0], overrides)
     if args.confusion:
-        return print_confusion(args.data, args.features, tasks, args.seeds[0], overrides)
+        return print_confusion(
+            args.data, args.features, tasks, args.seeds[0], overrides, args.copies[0]
+        )
     rows = []
     label = ' '.join([args.features] + args.set)  # e.g. 'surf input_norm=l2' in the table
     print(
