@@ -162,14 +162,27 @@ def _scores(tr):
     return {'accuracy': res.accuracy, 'absent': res.absent_fraction}
 
 
-def run_method(lab, unl, method, seed, overrides):
-    """One trainer run: mlp/source_only, wgan; 'pwan' gives both the pwan and the deployed row."""
+def check_rows(unl, count: int, seed: int):
+    """``count`` random rows of the unlabelled domain with their labels (``--check-rows``): what a
+    user labels by hand to check the safeguard's candidates; None for 0."""
+    if count <= 0:
+        return None
+    idx = np.sort(np.random.default_rng([seed, 1013]).choice(unl.n, min(count, unl.n), False))
+    return FeatureSet(unl.rows(idx), unl.labels[idx], path='check')
+
+
+def run_method(lab, unl, method, seed, overrides, check_count: int = 0):
+    """One trainer run: mlp/source_only, wgan; 'pwan' gives both the pwan and the deployed row
+    (with ``check_count`` > 0 the safeguard also compares its candidates on that many labelled
+    rows of the unlabelled domain)."""
     if method == 'mlp':
         method = 'source_only'
     cfg = AdaptConfig.from_mapping(dict(overrides, method=method, seed=seed))
     t0 = time.perf_counter()
     if method == 'pwan' and cfg.safeguard:
-        deployed, final, source, decision = adapt_with_safeguard(cfg, lab, unl)
+        deployed, final, source, decision = adapt_with_safeguard(
+            cfg, lab, unl, check_rows(unl, check_count, seed)
+        )
         dt = time.perf_counter() - t0
         d = decision.to_dict()
         extra = {
@@ -179,6 +192,7 @@ def run_method(lab, unl, method, seed, overrides):
             'criteria': {k: d[k] for k in ('adapted', 'source_only')},
             'companion': _scores(source),
             'm0': float(deployed.state.m0) if d['deployed'] == 'adapted' else None,
+            'check': d['check'],
         }
         return [
             dict(
@@ -488,6 +502,14 @@ def main(argv=None):
         'rows: source-only, the adapted final weights (first seed and copy, no safeguard) and '
         "logistic regression on the unlabelled domain's own labels (5-fold, a yardstick)",
     )
+    ap.add_argument(
+        '--check-rows',
+        type=int,
+        default=0,
+        metavar='N',
+        help='pwan: the safeguard also compares its two candidates on N random labelled rows of '
+        'the unlabelled domain (the check file of pwan_adapt; 0 = label-free only)',
+    )
     ap.add_argument('--out', help='write all results as JSON here')
     ap.add_argument(
         '--merge', nargs='*', metavar='JSON', help='only print the table of earlier --out files'
@@ -510,7 +532,10 @@ def main(argv=None):
             args.data, args.features, tasks, args.seeds[0], overrides, args.copies[0]
         )
     rows = []
-    label = ' '.join([args.features] + args.set)  # e.g. 'surf input_norm=l2' in the table
+    # e.g. 'surf input_norm=l2' in the table
+    label = ' '.join(
+        [args.features, *args.set] + ([f'check_rows={args.check_rows}'] if args.check_rows else [])
+    )
     print(
         f'# {args.features}  copies={args.copies}  overrides={overrides}  seeds={args.seeds}',
         flush=True,
@@ -525,7 +550,7 @@ def main(argv=None):
             elif method in SKADA:
                 out = run_skada(lab, unl, method)
             else:
-                out = run_method(lab, unl, method, seed, overrides)
+                out = run_method(lab, unl, method, seed, overrides, args.check_rows)
             for r in out:
                 rows.append(dict(features=label, copy=copy, task=task, seed=seed, **r))
                 print(

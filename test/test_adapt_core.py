@@ -105,7 +105,7 @@ def test_config_validation_and_yaml(tmp_path):
     values, io = split_yaml(ROOT / 'config' / 'adapt.yaml')
     assert AdaptConfig.from_mapping(values) == AdaptConfig()
     assert set(values) == set(AdaptConfig.specs())
-    assert set(io) == {'labelled', 'unlabelled', 'output', 'resume', 'progress_interval'}
+    assert set(io) == {'labelled', 'unlabelled', 'output', 'check', 'resume', 'progress_interval'}
     flat = tmp_path / 'flat.yaml'
     flat.write_text(yaml.safe_dump({'steps': 7, 'method': 'wgan'}))
     assert AdaptConfig.from_yaml(flat) == AdaptConfig(steps=7, method='wgan')
@@ -797,3 +797,91 @@ def test_bench_confusion_counts_every_unlabelled_row_once(capsys):
     noise = FeatureSet(rng.normal(size=(200, 50)).astype(np.float32), rng.integers(0, 5, 200))
     acc = (bench_pda.own_label_predictions(noise) == noise.labels).mean()
     assert 0.05 < acc < 0.4
+
+
+def _outputs_of(out: pathlib.Path, name: str, x: np.ndarray) -> np.ndarray:
+    """Logits of ``out``'s TorchScript model ``name`` (relative path) on rows x."""
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', DeprecationWarning)
+        model = torch.jit.load(str(out / name))
+    with torch.no_grad():
+        return model(torch.from_numpy(x)).numpy()
+
+
+def test_check_rows_deploy_the_candidate_they_show_better(tmp_path):
+    """A few labelled rows of the unlabelled domain overrule the label-free decision when the sign
+    test decides: here the label-free checks refuse a better adapted model (min_agreement = 1
+    cannot be met), 45 check rows show it better (5 rows only it gets right, none the other way:
+    p = 1/32), so it is deployed, and model.ts, predictions.npy and summary.json say so."""
+    xl, yl, xu, yu = gaussian_domains(0)
+    cfg = AdaptConfig.from_mapping(dict(SYN, min_agreement=1.0))
+    chk = FeatureSet(xu[::4], yu[::4], path='check')
+    out = tmp_path / 'o'
+    res = run_adaptation(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu), out, check=chk)
+    assert res.adapted_accuracy > res.source_only_accuracy + 0.05, res  # adaptation does help
+    assert res.deployed == 'adapted' and res.accuracy == res.adapted_accuracy
+    assert res.deployed_reason.startswith('adapted model not predicted to be better')
+    assert 'check rows: adapted shown better at 0.05 (45 rows' in res.deployed_reason
+    verdict = res.safeguard['check']
+    assert (
+        verdict['verdict'] == 'adapted' and verdict['adapted_only'] > verdict['source_only_only']
+    )
+    assert verdict['p_better'] == pytest.approx(0.5 ** verdict['adapted_only'])  # no losses
+    assert res.safeguard['snapshot_step'] == cfg.steps  # the final weights were checked
+    logits = _outputs_of(out, 'model.ts', xu)
+    np.testing.assert_array_equal(logits, _outputs_of(out, 'candidates/adapted.ts', xu))
+    np.testing.assert_array_equal(logits.argmax(1), np.load(res.predictions_path))
+    summary = json.loads(pathlib.Path(res.summary_path).read_text())
+    assert summary['deployed'] == 'adapted' and summary['safeguard']['check'] == verdict
+
+
+def test_check_rows_refuse_an_adapted_model_they_show_worse(tmp_path):
+    """The other way: the label-free checks pass the adapted model, but on check rows labelled as
+    source-only predicts them every disagreement counts against it; source-only (on all labelled
+    rows) is deployed. A harmful adaptation with true labels is refused by both. An undecided
+    check leaves the label-free decision."""
+    xl, yl, xu, yu = gaussian_domains(0)
+    lab, unl = FeatureSet(xl, yl), FeatureSet(xu, yu)
+    cfg = AdaptConfig.from_mapping(SYN)
+    first = run_adaptation(cfg, lab, unl, tmp_path / 'a')
+    assert first.deployed == 'adapted'
+    source_pred = _outputs_of(tmp_path / 'a', 'candidates/source_only.ts', xu).argmax(1)
+    adapted_pred = np.load(first.predictions_path)
+    assert (source_pred != adapted_pred).sum() >= 5
+    res = run_adaptation(cfg, lab, unl, tmp_path / 'b', check=FeatureSet(xu, source_pred))
+    assert res.deployed == 'source_only' and res.safeguard['snapshot_step'] is None
+    assert res.safeguard['check']['verdict'] == 'source_only'
+    assert 'adapted shown worse' in res.deployed_reason
+    np.testing.assert_array_equal(
+        _outputs_of(tmp_path / 'b', 'model.ts', xu),
+        _outputs_of(tmp_path / 'b', 'candidates/source_only.ts', xu),
+    )
+    harm = AdaptConfig.from_mapping(dict(SYN, method='wgan', lambda1=5.0, potential_updates=1))
+    res = run_adaptation(harm, lab, unl, tmp_path / 'c', check=FeatureSet(xu, yu))
+    assert res.deployed == 'source_only' and res.safeguard['check']['verdict'] == 'source_only'
+    few = run_adaptation(harm, lab, unl, tmp_path / 'd', check=FeatureSet(xu[:3], yu[:3]))
+    assert few.safeguard['check']['verdict'] == 'undecided' and few.deployed == 'source_only'
+    assert 'not shown better or worse' in few.deployed_reason
+
+
+def test_cli_bad_check_rows_are_one_line_and_write_nothing(tmp_path, capsys):
+    lp, up = write_pair(tmp_path)
+    xl, _, _, _ = gaussian_domains(0)
+    np.savez(tmp_path / 'narrow.npz', features=xl[:5, :3], labels=np.zeros(5, np.int64))
+    np.savez(tmp_path / 'badlabel.npz', features=xl[:5], labels=np.full(5, 6))
+    np.savez(tmp_path / 'nolabels.npz', features=xl[:5])
+    out = tmp_path / 'out'
+    base = ['--labelled', str(lp), '--unlabelled', str(up), '--output', str(out), '--check']
+    cases = {
+        'narrow.npz': 'feature dimensions differ: labelled',
+        'badlabel.npz': 'label 6 out of range 0..5',
+        'nolabels.npz': "no 'labels' array (required)",
+        'missing.npz': 'check file',
+    }
+    for name, msg in cases.items():
+        assert adapt_main(base + [str(tmp_path / name)]) == 2, name
+        err = capsys.readouterr().err
+        assert msg in err and 'Traceback' not in err and len(err.strip().splitlines()) == 1, err
+    assert adapt_main(base + [str(up), '--safeguard', 'false']) == 2
+    assert 'need safeguard: true' in capsys.readouterr().err
+    assert not out.exists()

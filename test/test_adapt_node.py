@@ -99,7 +99,8 @@ def test_node_trains_publishes_and_exits(tmp_path, ros_env):
     listener, status = _listen(tmp_path, ros_env, 90)
     time.sleep(1.0)  # discovery
     node = subprocess.run(
-        [str(NODE)] + _params(tmp_path, steps=200),
+        # check: the unlabelled file carries its labels, so it serves as the check rows too
+        [str(NODE)] + _params(tmp_path, steps=200, check=tmp_path / 'unl.npz'),
         env=ros_env,
         capture_output=True,
         text=True,
@@ -124,6 +125,9 @@ def test_node_trains_publishes_and_exits(tmp_path, ros_env):
     assert (
         final['deployed_reason'] == summary['deployed_reason']
         and summary['safeguard']['n_holdout'] > 0
+    )
+    assert (
+        summary['safeguard']['check']['rows'] == 180 and 'check rows: ' in final['deployed_reason']
     )
     pred = np.load(final['predictions'])
     assert pred.shape == (180,) and (tmp_path / 'out' / 'model.ts').stat().st_size > 0

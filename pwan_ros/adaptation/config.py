@@ -129,6 +129,15 @@ class AdaptConfig:
         0.0,
         1.0,
     )
+    check_alpha: float = param(
+        0.05,
+        'check rows (the check file): significance of the one-sided exact sign test on the rows '
+        'the two candidates disagree on; the adapted candidate is deployed when it is shown '
+        'better at this level, source-only when shown worse, otherwise the label-free decision '
+        'stands',
+        1e-9,
+        0.5,
+    )
     eval_interval: int = param(
         250,
         'steps between full passes over the unlabelled set (metrics, best checkpoint)',
@@ -213,6 +222,12 @@ class AdaptIO:
         '', '.npz with features (M, D), optional evaluation labels (M,) (required)'
     )
     output: str = param('', 'output directory (required)')
+    check: str = param(
+        '',
+        '.npz with a few rows of the unlabelled domain and their labels (features (C, D), labels '
+        '(C,)): the safeguard compares its two candidates on them (check_alpha); "" = the '
+        'label-free decision only',
+    )
     resume: bool = param(False, 'continue from output/checkpoints/latest.pt')
     progress_interval: int = param(
         20, 'adapt_node: training steps between status messages on /diagnostics', 1, 1_000_000

@@ -32,7 +32,7 @@ import torch
 
 from .config import AdaptConfig
 from .data import FeatureSet, load_npz
-from .errors import AdaptInputError, AdaptOutputError
+from .errors import AdaptConfigError, AdaptInputError, AdaptOutputError
 from pwan_ros.io.atomic import (
     OutputError,
     check_output,
@@ -46,6 +46,8 @@ from .safeguard import (
     Reference,
     SafeguardDecision,
     SnapshotSelector,
+    apply_check,
+    check_candidates,
     decide,
     holdout_split,
 )
@@ -180,8 +182,13 @@ def run_adaptation(
     on_eval: Optional[Callable[[AdaptTrainer, UnlabelledPass], None]] = None,
     should_stop: Optional[Callable[[], bool]] = None,
     log: Callable[[str], None] = lambda s: None,
+    check=None,
 ) -> AdaptResult:
     """Train on ``labelled`` / ``unlabelled`` (paths or :class:`FeatureSet`) and write the outputs.
+
+    ``check`` (a path, a :class:`FeatureSet` or None): labelled rows of the unlabelled domain; the
+    safeguard's two candidates are compared on them (:func:`safeguard.check_candidates`,
+    ``config.check_alpha``) after the label-free decision, which a decided comparison replaces.
 
     With ``resume`` the run continues from ``output_dir/checkpoints/latest.pt`` (an error when it
     does not exist). Inputs and the output directory are validated before anything is written;
@@ -202,7 +209,9 @@ def run_adaptation(
         if opened
         else (labelled, unlabelled)
     )
+    chk = None
     try:
+        chk = _check_rows(check, config, lab)
         return _run(
             config,
             lab,
@@ -213,6 +222,7 @@ def run_adaptation(
             on_eval,
             should_stop,
             log,
+            chk,
         )
     except OSError as exc:  # writing an output failed part-way (full disk, permissions changed)
         for d in reversed(created):  # directories this run made and left empty
@@ -223,9 +233,45 @@ def run_adaptation(
         if opened:
             lab.close()
             unl.close()
+        if chk is not None and not isinstance(check, FeatureSet):
+            chk.close()
 
 
-def _run(config, lab, unl, out, resume, on_step, on_eval, should_stop, log) -> AdaptResult:
+def _check_rows(check, config: AdaptConfig, lab: FeatureSet) -> Optional[FeatureSet]:
+    """The check rows (``check``: a path, a :class:`FeatureSet` or None/''), validated against
+    the labelled set; an :class:`AdaptInputError` / :class:`AdaptConfigError` when unusable."""
+    if check is None or (isinstance(check, str) and not check):
+        return None
+    if not config.safeguard or config.method == 'source_only':
+        raise AdaptConfigError(
+            'check rows compare the safeguard\'s two candidates: they need safeguard: true and '
+            'method pwan or wgan'
+        )
+    chk = (
+        check
+        if isinstance(check, FeatureSet)
+        else load_npz(check, 'check', require_labels=True, max_memory_mb=config.memory_limit_mb)
+    )
+    try:
+        if chk.labels is None or chk.n == 0:
+            raise AdaptInputError(f'check file {chk.path}: no labelled rows')
+        if chk.dim != lab.dim:
+            raise AdaptInputError(
+                f'feature dimensions differ: labelled {lab.path} has D={lab.dim}, check '
+                f'{chk.path} has D={chk.dim}'
+            )
+        k = len(lab.class_names) if lab.class_names is not None else int(lab.labels.max()) + 1
+        if chk.labels.min() < 0 or chk.labels.max() >= k:
+            bad = int(chk.labels.min()) if chk.labels.min() < 0 else int(chk.labels.max())
+            raise AdaptInputError(f'check file {chk.path}: label {bad} out of range 0..{k - 1}')
+    except BaseException:
+        if not isinstance(check, FeatureSet):
+            chk.close()
+        raise
+    return chk
+
+
+def _run(config, lab, unl, out, resume, on_step, on_eval, should_stop, log, chk) -> AdaptResult:
     ckdir = os.path.join(out, 'checkpoints')
     latest, best = os.path.join(ckdir, 'latest.pt'), os.path.join(ckdir, 'best.pt')
     torch_threads = torch.get_num_threads()
@@ -292,6 +338,10 @@ def _run(config, lab, unl, out, resume, on_step, on_eval, should_stop, log) -> A
                 os.makedirs(os.path.join(out, 'candidates'), exist_ok=True)
                 export_torchscript(trainer, os.path.join(out, 'candidates', 'adapted.ts'))
                 export_torchscript(companion, os.path.join(out, 'candidates', 'source_only.ts'))
+                if chk is not None:  # labelled rows of the unlabelled domain: direct evidence
+                    verdict = check_candidates(trainer, companion, chk, config.check_alpha)
+                    decision = apply_check(decision, verdict, trainer.state.step)
+                    log(f'safeguard: {verdict.describe()}: deploying {decision.deployed}')
                 if decision.deployed == 'source_only':
                     deployed = companion
             source_res = None if companion is None else companion.evaluate()

@@ -95,9 +95,96 @@ class SafeguardDecision:
     present_classes: List[int]
     n_holdout: int
     snapshot_step: Optional[int] = None  # step of the deployed adapted snapshot
+    check: Optional[Dict] = None  # CheckVerdict.to_dict() when check rows were given
 
     def to_dict(self) -> Dict:
         return dataclasses.asdict(self)
+
+
+@dataclass
+class CheckVerdict:
+    """The two candidates on labelled rows of the unlabelled domain (the ``check`` file).
+
+    ``adapted_only`` / ``source_only_only``: rows only that candidate classifies correctly (the
+    rows they disagree on and one of them gets right); ``p_better`` / ``p_worse``: one-sided exact
+    sign-test p-values of "the adapted candidate is better / worse" on those rows (binomial, 1/2,
+    as McNemar's exact test); ``verdict``: ``adapted`` (shown better at ``alpha``),
+    ``source_only`` (shown worse) or ``undecided``."""
+
+    rows: int
+    adapted_accuracy: float
+    source_only_accuracy: float
+    adapted_only: int
+    source_only_only: int
+    p_better: float
+    p_worse: float
+    alpha: float
+    verdict: str
+
+    def to_dict(self) -> Dict:
+        return dataclasses.asdict(self)
+
+    def describe(self) -> str:
+        what = {
+            'adapted': 'shown better',
+            'source_only': 'shown worse',
+            'undecided': 'not shown better or worse',
+        }[self.verdict]
+        return (
+            f'check rows: adapted {what} at {self.alpha:g} ({self.rows} rows: accuracy '
+            f'{self.adapted_accuracy:.3f} against source-only {self.source_only_accuracy:.3f}; '
+            f'only the adapted candidate right on {self.adapted_only}, only source-only on '
+            f'{self.source_only_only}; p {self.p_better:.3g} / {self.p_worse:.3g})'
+        )
+
+
+def check_candidates(adapted, source, check: FeatureSet, alpha: float) -> CheckVerdict:
+    """Compare two trainers' current models on the labelled ``check`` rows (see
+    :class:`CheckVerdict`)."""
+    from scipy.stats import binomtest
+
+    pa, _ = _predict(adapted, check)
+    ps, _ = _predict(source, check)
+    right_a, right_s = pa == check.labels, ps == check.labels
+    wins, losses = int((right_a & ~right_s).sum()), int((right_s & ~right_a).sum())
+    n = wins + losses
+    p_better = binomtest(wins, n, 0.5, alternative='greater').pvalue if n else 1.0
+    p_worse = binomtest(losses, n, 0.5, alternative='greater').pvalue if n else 1.0
+    verdict = 'undecided'
+    if p_better <= alpha:
+        verdict = 'adapted'
+    elif p_worse <= alpha:
+        verdict = 'source_only'
+    return CheckVerdict(
+        int(check.n),
+        float(right_a.mean()),
+        float(right_s.mean()),
+        wins,
+        losses,
+        float(p_better),
+        float(p_worse),
+        float(alpha),
+        verdict,
+    )
+
+
+def apply_check(decision: SafeguardDecision, verdict: CheckVerdict, adapted_step: int):
+    """The decision after the check rows: the verdict's candidate when it is decided, else the
+    label-free one; ``adapted_step`` is the step of the adapted candidate that was checked."""
+    deployed = decision.deployed if verdict.verdict == 'undecided' else verdict.verdict
+    return dataclasses.replace(
+        decision,
+        deployed=deployed,
+        reason=f'{decision.reason}; {verdict.describe()}',
+        snapshot_step=(
+            None
+            if deployed == 'source_only'
+            else decision.snapshot_step
+            if decision.deployed == 'adapted'
+            else adapted_step
+        ),
+        check=verdict.to_dict(),
+    )
 
 
 def _weighted_accuracy(pred, labels, weights) -> Optional[float]:
@@ -296,9 +383,12 @@ def decide(adapted, ref: Reference, margin: float, min_agreement: float) -> Safe
     return SafeguardDecision('adapted', reason, kept, ref.check, present, n, st.best_step)
 
 
-def adapt_with_safeguard(config, labelled: FeatureSet, unlabelled: FeatureSet):
+def adapt_with_safeguard(
+    config, labelled: FeatureSet, unlabelled: FeatureSet, check: Optional[FeatureSet] = None
+):
     """Train the adapted model with its source-only companion and fallback in lock-step and
-    snapshot selection (in memory, no files), and decide.
+    snapshot selection (in memory, no files), and decide (with ``check``, labelled rows of the
+    unlabelled domain, as :func:`pwan_ros.adaptation.runner.run_adaptation` does).
 
     Returns ``(deployed, final, source_only, decision)``: ``deployed`` is the adapted trainer with
     its selected snapshot loaded, or the fallback (source-only on all labelled rows); ``final`` is
@@ -319,5 +409,9 @@ def adapt_with_safeguard(config, labelled: FeatureSet, unlabelled: FeatureSet):
     decision = decide(adapted, ref, config.safeguard_margin, config.min_agreement)
     if decision.deployed == 'adapted':
         adapted.restore_snapshot()
+    if check is not None:
+        verdict = check_candidates(adapted, adapted.fallback, check, config.check_alpha)
+        decision = apply_check(decision, verdict, adapted.state.step)
+    if decision.deployed == 'adapted':
         return adapted, final, source, decision
     return adapted.fallback, final, source, decision

@@ -2,6 +2,7 @@
 
   pwan_adapt --labelled L.npz --unlabelled U.npz [--config adapt.yaml] [--steps N]
              [--method pwan|source_only|wgan] [--seed S] [--device D] --output DIR [--json]
+             [--check C.npz]
 
 Every field of :class:`pwan_ros.adaptation.AdaptConfig` is also a flag (``--batch-size``,
 ``--lambda1`` ...). Precedence: defaults < ``--config`` YAML < flags. ``--resume`` continues
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     io = specs(AdaptIO)
     for name in _PATHS:
         p.add_argument('--' + name, help=io[name][1].description)
+    p.add_argument('--check', help=io['check'][1].description)
     p.add_argument('--config', help='YAML file (flat keys or a ROS parameter file)')
     p.add_argument('--resume', action='store_true', help=io['resume'][1].description)
     p.add_argument(
@@ -104,7 +106,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 def _main(args) -> int:
     try:
         values, io = ({}, {}) if args.config is None else split_yaml(args.config)
-        for key in _PATHS:
+        for key in (*_PATHS, 'check'):
             if getattr(args, key) is None and io.get(key):
                 setattr(args, key, str(io[key]))
         missing = [k for k in _PATHS if not getattr(args, k)]
@@ -132,6 +134,7 @@ def _main(args) -> int:
                 on_step=Progress(config.steps, not args.quiet and not args.json),
                 should_stop=lambda: stop['flag'],
                 log=lambda s: print(s, file=sys.stderr),
+                check=args.check,
             )
         finally:
             for s, h in old.items():

@@ -150,6 +150,7 @@ class AdaptNode(Node):
                 on_eval=on_eval,
                 should_stop=lambda: self.stop_requested,
                 log=lambda s: self.get_logger().info(s),
+                check=self.io['check'],
             )
         except AdaptError as exc:
             self.get_logger().error(str(exc))
