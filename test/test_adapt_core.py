@@ -30,7 +30,11 @@ from pwan_ros.cli.adapt import main as adapt_main
 from pwan_ros.adaptation.config import split_yaml
 from pwan_ros.adaptation.data import check_pair
 from pwan_ros.adaptation.runner import load_checkpoint
-from pwan_ros.adaptation.safeguard import SnapshotSelector
+from pwan_ros.adaptation.safeguard import (
+    SnapshotSelector,
+    adapt_with_safeguard,
+    check_candidates,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CLI = pathlib.Path(sys.executable).parent / 'pwan_adapt'
@@ -555,8 +559,17 @@ def test_run_adaptation_stop_writes_checkpoint(tmp_path):
     assert (
         os.path.isfile(res.checkpoint_path) and not (tmp_path / 'o' / 'predictions.npy').exists()
     )
-    res = run_adaptation(cfg, FeatureSet(xl, yl), FeatureSet(xu, yu), tmp_path / 'o', resume=True)
-    assert res.completed and res.steps_done == 50
+    # check_alpha only affects the final decision: a resume may change it, and add check rows
+    cfg = dataclasses.replace(cfg, check_alpha=0.1)
+    res = run_adaptation(
+        cfg,
+        FeatureSet(xl, yl),
+        FeatureSet(xu, yu),
+        tmp_path / 'o',
+        resume=True,
+        check=FeatureSet(xu[::4], yu[::4]),
+    )
+    assert res.completed and res.steps_done == 50 and res.safeguard['check']['alpha'] == 0.1
 
 
 class _Planted:
@@ -833,6 +846,18 @@ def test_check_rows_deploy_the_candidate_they_show_better(tmp_path):
     np.testing.assert_array_equal(logits.argmax(1), np.load(res.predictions_path))
     summary = json.loads(pathlib.Path(res.summary_path).read_text())
     assert summary['deployed'] == 'adapted' and summary['safeguard']['check'] == verdict
+    # the rows were judged with the exported candidate's weights, which became the kept snapshot
+    checked = _outputs_of(out, 'candidates/adapted.ts', chk.features).argmax(1)
+    assert verdict['adapted_accuracy'] == (checked == chk.labels).mean()
+    assert res.best_step == cfg.steps and os.path.isfile(res.best_checkpoint_path)
+    # the in-memory form (what bench_pda runs) decides the same
+    deployed, _, _, decision = adapt_with_safeguard(
+        cfg, FeatureSet(xl, yl), FeatureSet(xu, yu), chk
+    )
+    assert decision.to_dict() == res.safeguard and deployed.evaluate().accuracy == res.accuracy
+    for bad in (FeatureSet(xu[:3]), FeatureSet(xu[:3, :5], yu[:3])):  # no labels, other width
+        with pytest.raises(ValueError, match='check rows need labels and D=32'):
+            check_candidates(deployed, deployed, bad, 0.05)
 
 
 def test_check_rows_refuse_an_adapted_model_they_show_worse(tmp_path):
@@ -870,6 +895,10 @@ def test_cli_bad_check_rows_are_one_line_and_write_nothing(tmp_path, capsys):
     np.savez(tmp_path / 'narrow.npz', features=xl[:5, :3], labels=np.zeros(5, np.int64))
     np.savez(tmp_path / 'badlabel.npz', features=xl[:5], labels=np.full(5, 6))
     np.savez(tmp_path / 'nolabels.npz', features=xl[:5])
+    names = np.array([f'c{i}' for i in range(6)][::-1])  # write_pair names them c0..c5
+    np.savez(
+        tmp_path / 'renamed.npz', features=xl[:5], labels=np.zeros(5, np.int64), class_names=names
+    )
     out = tmp_path / 'out'
     base = ['--labelled', str(lp), '--unlabelled', str(up), '--output', str(out), '--check']
     cases = {
@@ -877,6 +906,7 @@ def test_cli_bad_check_rows_are_one_line_and_write_nothing(tmp_path, capsys):
         'badlabel.npz': 'label 6 out of range 0..5',
         'nolabels.npz': "no 'labels' array (required)",
         'missing.npz': 'check file',
+        'renamed.npz': "class_names ['c5', 'c4'",
     }
     for name, msg in cases.items():
         assert adapt_main(base + [str(tmp_path / name)]) == 2, name

@@ -6,10 +6,11 @@ Output directory layout (every file written atomically)::
   checkpoints/best.pt     the selected snapshot's checkpoint (safeguard: the best-scoring snapshot
                           that passed the label-free tests; off: lowest mean entropy)
   model.ts                TorchScript of the deployed model: features (n, D) -> logits (n, K)
-                          (input standardisation + bottleneck + classifier); the selected adapted
-                          snapshot, or the source-only model when no snapshot passed
+                          (input standardisation + bottleneck + classifier): one of the two
+                          candidates, as the safeguard (and the check rows, when given) decided
   candidates/adapted.ts, candidates/source_only.ts   both candidates (safeguard on; adapted.ts is
-                          the selected snapshot, or the final weights when none passed)
+                          the kept snapshot when the final weights pass the label-free tests, else
+                          the final weights; source_only.ts: source-only on all labelled rows)
   predictions.npy         (M,) int64 0-based class ids of the unlabelled rows (deployed model)
   metrics.csv             per-step metrics;  evals.csv: per-evaluation metrics
   metrics.json            both, as lists of records
@@ -260,6 +261,15 @@ def _check_rows(check, config: AdaptConfig, lab: FeatureSet) -> Optional[Feature
                 f'feature dimensions differ: labelled {lab.path} has D={lab.dim}, check '
                 f'{chk.path} has D={chk.dim}'
             )
+        if (
+            chk.class_names is not None
+            and lab.class_names is not None
+            and chk.class_names != lab.class_names
+        ):
+            raise AdaptInputError(
+                f'check file {chk.path}: class_names {chk.class_names} differ from the labelled '
+                f'file\'s {lab.class_names} (the same ids must name the same classes)'
+            )
         k = len(lab.class_names) if lab.class_names is not None else int(lab.labels.max()) + 1
         if chk.labels.min() < 0 or chk.labels.max() >= k:
             bad = int(chk.labels.min()) if chk.labels.min() < 0 else int(chk.labels.max())
@@ -330,7 +340,8 @@ def _run(config, lab, unl, out, resume, on_step, on_eval, should_stop, log, chk)
                 decision = decide(trainer, ref, config.safeguard_margin, config.min_agreement)
                 if trainer.state.best_step != kept_step:  # the final weights replaced it
                     _ckpt_save(trainer, best)
-                log(f'safeguard: deploying {decision.deployed}: {decision.reason}')
+                label_free = 'label-free decision' if chk is not None else 'deploying'
+                log(f'safeguard: {label_free} {decision.deployed}: {decision.reason}')
                 companion = trainer.fallback  # source-only on all labelled rows
                 if decision.deployed == 'adapted':
                     if trainer.restore_snapshot() and trainer.state.best_step != res.step:
@@ -339,8 +350,11 @@ def _run(config, lab, unl, out, resume, on_step, on_eval, should_stop, log, chk)
                 export_torchscript(trainer, os.path.join(out, 'candidates', 'adapted.ts'))
                 export_torchscript(companion, os.path.join(out, 'candidates', 'source_only.ts'))
                 if chk is not None:  # labelled rows of the unlabelled domain: direct evidence
+                    kept_step = trainer.state.best_step
                     verdict = check_candidates(trainer, companion, chk, config.check_alpha)
-                    decision = apply_check(decision, verdict, trainer.state.step)
+                    decision = apply_check(decision, verdict, trainer)
+                    if trainer.state.best_step != kept_step:  # the checked final weights
+                        _ckpt_save(trainer, best)
                     log(f'safeguard: {verdict.describe()}: deploying {decision.deployed}')
                 if decision.deployed == 'source_only':
                     deployed = companion

@@ -139,9 +139,15 @@ class CheckVerdict:
 
 
 def check_candidates(adapted, source, check: FeatureSet, alpha: float) -> CheckVerdict:
-    """Compare two trainers' current models on the labelled ``check`` rows (see
-    :class:`CheckVerdict`)."""
+    """Compare two trainers' current models on the labelled ``check`` rows (C, D) (see
+    :class:`CheckVerdict`). ValueError when the rows have no labels or another width."""
     from scipy.stats import binomtest
+
+    if check.labels is None or check.dim != source.labelled.dim:
+        raise ValueError(
+            f'check rows need labels and D={source.labelled.dim} features (got D={check.dim}'
+            f'{", no labels" if check.labels is None else ""})'
+        )
 
     pa, _ = _predict(adapted, check)
     ps, _ = _predict(source, check)
@@ -168,23 +174,34 @@ def check_candidates(adapted, source, check: FeatureSet, alpha: float) -> CheckV
     )
 
 
-def apply_check(decision: SafeguardDecision, verdict: CheckVerdict, adapted_step: int):
+def apply_check(decision: SafeguardDecision, verdict: CheckVerdict, adapted) -> SafeguardDecision:
     """The decision after the check rows: the verdict's candidate when it is decided, else the
-    label-free one; ``adapted_step`` is the step of the adapted candidate that was checked."""
+    label-free one. ``adapted``: the trainer whose current weights were checked; when the check
+    deploys them against a label-free refusal (the final weights), they become its kept snapshot
+    (``snapshot``, ``best_step``), as in :func:`decide`."""
     deployed = decision.deployed if verdict.verdict == 'undecided' else verdict.verdict
+    if deployed == 'source_only':
+        step = None
+    elif decision.deployed == 'adapted':
+        step = decision.snapshot_step
+    else:
+        keep_final_weights(adapted, decision.adapted)
+        step = adapted.state.step
     return dataclasses.replace(
         decision,
         deployed=deployed,
         reason=f'{decision.reason}; {verdict.describe()}',
-        snapshot_step=(
-            None
-            if deployed == 'source_only'
-            else decision.snapshot_step
-            if decision.deployed == 'adapted'
-            else adapted_step
-        ),
+        snapshot_step=step,
         check=verdict.to_dict(),
     )
+
+
+def keep_final_weights(adapted, criteria: ModelCheck) -> None:
+    """Make ``adapted``'s current (final) weights its kept snapshot, judged as ``criteria``."""
+    st = adapted.state
+    adapted.snapshot = {k: v.detach().clone() for k, v in adapted.model.state_dict().items()}
+    st.best_step, st.best_entropy = st.step, criteria.mean_entropy
+    st.best_criteria = dataclasses.asdict(criteria)
 
 
 def _weighted_accuracy(pred, labels, weights) -> Optional[float]:
@@ -370,9 +387,7 @@ def decide(adapted, ref: Reference, margin: float, min_agreement: float) -> Safe
             + '; '.join(kept_fails)
             + ')'
         )
-        adapted.snapshot = final
-        st.best_step, st.best_entropy = st.step, a.mean_entropy
-        st.best_criteria = dataclasses.asdict(a)
+        keep_final_weights(adapted, a)  # the final weights are loaded again
         kept = a
     reason = (
         f'adapted model (snapshot of step {st.best_step}) kept: held-out accuracy '
@@ -391,7 +406,8 @@ def adapt_with_safeguard(
     unlabelled domain, as :func:`pwan_ros.adaptation.runner.run_adaptation` does).
 
     Returns ``(deployed, final, source_only, decision)``: ``deployed`` is the adapted trainer with
-    its selected snapshot loaded, or the fallback (source-only on all labelled rows); ``final`` is
+    its kept snapshot loaded (the final weights when the check rows deployed them against a
+    label-free refusal), or the fallback (source-only on all labelled rows); ``final`` is
     the :class:`~pwan_ros.adaptation.trainer.UnlabelledPass` of the adapted model's last iterate
     (before the snapshot is restored); ``source_only`` the companion (trained without the
     held-out rows: the reference of the checks); ``decision`` the :class:`SafeguardDecision`. What
@@ -411,7 +427,7 @@ def adapt_with_safeguard(
         adapted.restore_snapshot()
     if check is not None:
         verdict = check_candidates(adapted, adapted.fallback, check, config.check_alpha)
-        decision = apply_check(decision, verdict, adapted.state.step)
+        decision = apply_check(decision, verdict, adapted)
     if decision.deployed == 'adapted':
         return adapted, final, source, decision
     return adapted.fallback, final, source, decision

@@ -50,6 +50,7 @@ RESUME_FREE = (
     'memory_limit_mb',
     'safeguard_margin',
     'min_agreement',
+    'check_alpha',
 )
 
 
