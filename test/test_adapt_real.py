@@ -16,18 +16,10 @@ from pwan_ros.adaptation import AdaptConfig, AdaptTrainer, FeatureSet, load_npz,
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PDA = ROOT.parent / 'shared' / 'data' / 'pda' / 'office_caltech10_googlenet'
 CLI = pathlib.Path(sys.executable).parent / 'pwan_adapt'
-NAMES = [
-    'back_pack',
-    'bike',
-    'calculator',
-    'headphones',
-    'keyboard',
-    'laptop',
-    'monitor',
-    'mouse',
-    'mug',
-    'projector',
-]
+sys.path.insert(0, str(ROOT / 'bench'))
+from bench_pda import CLASSES  # noqa: E402  (Office-Caltech10's class names, in label order)
+
+NAMES = list(CLASSES)
 
 
 def domain(name):
