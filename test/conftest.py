@@ -4,6 +4,7 @@ import os
 import pathlib
 import random
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -14,6 +15,13 @@ from pwan_ros.ros.env import isolated_ros_env
 # Wheel-based ROS installs live in the venv prefix; ament_index look-ups need it named.
 # (A sourced system ROS sets AMENT_PREFIX_PATH itself.)
 os.environ.setdefault('AMENT_PREFIX_PATH', sys.prefix)
+
+# The tests that press Ctrl-C (SIGINT to pwan_sim, pwan_register, ros2 launch) start those
+# programs as a terminal would: with SIGINT at its default. A suite started as a background job
+# of a non-interactive shell (``make test &`` in a script) inherits SIGINT ignored, and an ignored
+# signal stays ignored across exec in every child; a Python handler does not (exec resets it).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config, items):
