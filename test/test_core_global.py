@@ -518,3 +518,44 @@ def test_cli_global_on_a_plane_with_viewpoints_refuses_with_json_only_on_stdout(
     )
     assert proc.returncode == 3 and 'Traceback' not in proc.stderr, proc.stderr[-2000:]
     assert json.loads(proc.stdout)['status'] == 'refused'
+
+
+def test_ransac_finds_a_pose_held_by_two_percent_of_the_matches(monkeypatch):
+    """12 true matches among 600 (2 %, as a room at 30 % overlap gives): uniform 3-match samples
+    are all true about once in 125k draws; the guided samples (every pair agrees in length) find
+    the pose within the default 20k, and every sample they solve is length-consistent."""
+    from pwan_ros.core.hypotheses import EDGE_RATIO, _compatible, _ransac, _triplets
+
+    rng = np.random.default_rng(5)
+    a = rng.uniform(-5.0, 5.0, (600, 3))  # source feature points (m)
+    from scipy.spatial.transform import Rotation
+
+    axis = np.array([0.3, 0.2, 1.0]) / np.linalg.norm([0.3, 0.2, 1.0])
+    pose = make_transform(Rotation.from_rotvec(np.radians(100.0) * axis).as_matrix(), [4, -7, 1.5])
+    b = rng.uniform(-5.0, 5.0, (600, 3)) + pose[:3, 3]  # wrong matches: anywhere
+    true = rng.choice(600, 12, replace=False)
+    b[true] = a[true] @ pose[:3, :3].T + pose[:3, 3] + rng.normal(0, 0.02, (12, 3))
+    matches = np.stack([np.arange(600)] * 2, 1)
+    pool = np.arange(600)
+    sample = _triplets(_compatible(a, b, 0.15, pool), pool, 2000, np.random.default_rng(0))
+    assert len(sample) > 200
+    # a partner pool smaller than the matches (PARTNER_POOL bounds the table): still consistent
+    sub = np.sort(np.random.default_rng(1).choice(600, 300, replace=False))
+    sample = np.vstack(
+        [sample, _triplets(_compatible(a, b, 0.15, sub), sub, 2000, np.random.default_rng(0))]
+    )
+    assert np.isin(sample[-100:, 1:], sub).all()
+    for i, j in ((0, 1), (1, 2), (0, 2)):
+        la = np.linalg.norm(a[sample[:, i]] - a[sample[:, j]], axis=1)
+        lb = np.linalg.norm(b[sample[:, i]] - b[sample[:, j]], axis=1)
+        assert np.all(np.minimum(la, lb) >= EDGE_RATIO * np.maximum(la, lb))
+    for seed in range(3):  # uniform samples found it with 1 of these 3 streams (and 1 of 5)
+        best = _ransac(a, b, matches, 0.15, 20000, 6, np.random.default_rng(seed))[0]
+        assert best.support >= 11
+        assert np.degrees(rotation_angle(invert(pose) @ best.transform)) < 1.0
+        assert np.linalg.norm(best.transform[:3, 3] - pose[:3, 3]) < 0.1
+    # more matches than the partner pool: partners from a random 400 of the 600 (about 8 true ones)
+    monkeypatch.setattr('pwan_ros.core.hypotheses.PARTNER_POOL', 400)
+    best = _ransac(a, b, matches, 0.15, 20000, 6, np.random.default_rng(0))[0]
+    assert best.support >= 11
+    assert np.degrees(rotation_angle(invert(pose) @ best.transform)) < 1.0

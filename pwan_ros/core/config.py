@@ -205,7 +205,12 @@ class GlobalConfig:
     candidates: int = param(
         6, 'distinct RANSAC poses refined and scored by the partial objective', 1, 100
     )
-    ransac_iterations: int = param(20000, '3-point samples drawn by the RANSAC', 100, 10_000_000)
+    ransac_iterations: int = param(
+        20000,
+        '3-point samples drawn by the RANSAC (guided: each pair of a sample agrees in length)',
+        100,
+        10_000_000,
+    )
     min_overlap: float = param(
         0.2,
         'refuse when less than this fraction of the source lies within h of the '
