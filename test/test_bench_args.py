@@ -34,3 +34,28 @@ def test_words_yaml_reads_as_booleans_stay_words():
 def test_item_without_equals_ends_with_one_line():
     with pytest.raises(SystemExit, match="expected KEY=VALUE, got 'steps'"):
         _key_values(['steps'])
+
+
+def test_unrotate_leaves_scale_translation_and_deformation():
+    """bench_nonrigid --unrotate: a pair rotated by 80 deg, scaled, moved and deformed comes back
+    with no rotation in its best similarity (the deformation and the rest untouched)."""
+    import numpy as np
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / 'bench'))
+    from bench_nonrigid import similarity_oracle, unrotated
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(200, 3)) * [3.0, 2.0, 1.0]
+    deformed = x + 0.05 * np.sin(x[:, [1, 2, 0]])
+    c, s = np.cos(np.radians(80)), np.sin(np.radians(80))
+    rot = np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]])
+    y = 0.5 * deformed @ rot.T + [4.0, -2.0, 7.0]  # the source: point i corresponds to x[i]
+    y0 = unrotated(y, x)
+    # only the rotation was removed: distances within the source are kept
+    d = np.linalg.norm(y[:50, None] - y[None, :50], axis=2)
+    assert np.allclose(np.linalg.norm(y0[:50, None] - y0[None, :50], axis=2), d)
+    assert np.allclose(y0.mean(0), y.mean(0))
+    # the best similarity y0 -> x is now a scale and a translation: centred, x ~ 2 y0
+    yc, xc = y0 - y0.mean(0), x - x.mean(0)
+    assert np.abs(2.0 * yc - xc).max() < 0.2 < np.abs(2.0 * (y - y.mean(0)) - xc).max()
+    assert np.allclose(similarity_oracle(y0, x), similarity_oracle(y, x))
