@@ -524,12 +524,12 @@ def test_ransac_finds_a_pose_held_by_two_percent_of_the_matches(monkeypatch):
     """12 true matches among 600 (2 %, as a room at 30 % overlap gives): uniform 3-match samples
     are all true about once in 125k draws; the guided samples (every pair agrees in length) find
     the pose within the default 20k, and every sample they solve is length-consistent."""
+    from scipy.spatial.transform import Rotation
+
     from pwan_ros.core.hypotheses import EDGE_RATIO, _compatible, _ransac, _triplets
 
     rng = np.random.default_rng(5)
     a = rng.uniform(-5.0, 5.0, (600, 3))  # source feature points (m)
-    from scipy.spatial.transform import Rotation
-
     axis = np.array([0.3, 0.2, 1.0]) / np.linalg.norm([0.3, 0.2, 1.0])
     pose = make_transform(Rotation.from_rotvec(np.radians(100.0) * axis).as_matrix(), [4, -7, 1.5])
     b = rng.uniform(-5.0, 5.0, (600, 3)) + pose[:3, 3]  # wrong matches: anywhere
