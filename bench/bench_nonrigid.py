@@ -57,15 +57,22 @@ def load_pair(data_dir, shape):
     return y, x
 
 
-def unrotated(y, x):
-    """y (n, d) turned about its centroid by the rotation of its best similarity to x (n, d),
-    point i of y corresponding to point i of x (Umeyama): what is left is scale, translation and
-    the deformation."""
-    ms, mr = y.mean(0), x.mean(0)
-    u, _, vt = np.linalg.svd((x - mr).T @ (y - ms))
-    d = np.ones(y.shape[1])
+def best_similarity(src, ref):
+    """(r (d, d), scale, src centroid, ref centroid) of the similarity ref ~ scale r (src - ms) +
+    mr, point i of src corresponding to point i of ref (Umeyama)."""
+    ms, mr = src.mean(0), ref.mean(0)
+    a, b = src - ms, ref - mr
+    u, s, vt = np.linalg.svd(b.T @ a)
+    d = np.ones(src.shape[1])
     d[-1] = np.sign(np.linalg.det(u @ vt))
-    return (y - ms) @ (u @ np.diag(d) @ vt).T + ms
+    return u @ np.diag(d) @ vt, (s * d).sum() / (a**2).sum(), ms, mr
+
+
+def unrotated(y, x):
+    """y (n, d) turned about its centroid by the rotation of its best similarity to x (n, d):
+    what is left is scale, translation and the deformation."""
+    r, _, ms, _ = best_similarity(y, x)
+    return (y - ms) @ r.T + ms
 
 
 def standardise(p):
@@ -73,16 +80,10 @@ def standardise(p):
 
 
 def similarity_oracle(src, ref):
-    """MSE after the best similarity transform with known correspondences (Umeyama)."""
-    ms, mr = src.mean(0), ref.mean(0)
-    a, b = src - ms, ref - mr
-    u, s, vt = np.linalg.svd(b.T @ a)
-    d = np.ones(src.shape[1])
-    d[-1] = np.sign(np.linalg.det(u @ vt))
-    r = u @ np.diag(d) @ vt
-    scale = (s * d).sum() / (a**2).sum()
-    moved = scale * a @ r.T + mr
-    return moved
+    """src moved by its best similarity to ref, known correspondences (the MSE floor of any
+    method that is not truly non-rigid)."""
+    r, scale, ms, mr = best_similarity(src, ref)
+    return scale * (src - ms) @ r.T + mr
 
 
 def mse(a, b):
