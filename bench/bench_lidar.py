@@ -17,6 +17,7 @@ both without ``recovery_global``, which an older core does not have).
   python bench/bench_lidar.py [--data ../shared/data] [--results results/lidar] [--quick]
   python bench/bench_lidar.py --pwan-only --baseline /tmp/pwan_a9638ec
   python bench/bench_lidar.py --pwan-only --device cuda    # pwan mode's PWAN on a GPU
+  python bench/bench_lidar.py --pwan-only --device cuda --also compile=off   # side by side
 """
 
 from __future__ import annotations
@@ -257,11 +258,19 @@ def main(argv=None) -> int:
         '--device', default='auto', help="PWAN's device in the pipeline (OdometryConfig.device)"
     )
     ap.add_argument(
+        '--also',
+        nargs='*',
+        default=[],
+        metavar='KEY=VALUE',
+        help='pwan mode a second time with these odometry parameters, side by side',
+    )
+    ap.add_argument(
         '--max-scans', type=int, default=0, help='first N scans of each sequence only (0: all)'
     )
     args = ap.parse_args(argv)
     baseline = load_core(args.baseline) if args.baseline else None
     baseline_cfg = key_values(args.baseline_set)
+    also_cfg = key_values(args.also)
     if not (args.data / 'lidar' / 'balm_seq_a').is_dir():
         print(f'error: {args.data}/lidar/balm_seq_a not found (--data)', file=sys.stderr)
         return 2
@@ -305,6 +314,13 @@ def main(argv=None) -> int:
                     paths,
                 )
             )
+            if also_cfg:
+                print(f'[{label}] pwan_ros pwan mode {args.also} ...', file=sys.stderr)
+                rel, times, paths = run_pipeline(
+                    s, st, scan_voxel_size=0.25, mode='pwan', **{**same, **also_cfg}
+                )
+                name = f"pwan_ros pwan mode ({args.device}) [{','.join(args.also)}]"
+                rows.append(summarise(name, rel, times, gt_rel, paths))
             if baseline is not None:
                 print(f'[{label}] pwan_ros pwan mode, baseline core ...', file=sys.stderr)
                 with core_of(baseline):
