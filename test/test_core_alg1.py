@@ -402,6 +402,6 @@ def test_compile_auto_is_off_on_every_device():
     from pwan_ros.core.alg1 import _compile_wanted
 
     for dev in ('cpu', 'cuda'):
-        assert not _compile_wanted(RegistrationConfig(), torch.device(dev))
-        assert not _compile_wanted(RegistrationConfig(compile='off'), torch.device(dev))
-        assert _compile_wanted(RegistrationConfig(compile='on'), torch.device(dev))
+        assert not _compile_wanted(RegistrationConfig(device=dev))
+        assert not _compile_wanted(RegistrationConfig(compile='off', device=dev))
+        assert _compile_wanted(RegistrationConfig(compile='on', device=dev))

@@ -316,7 +316,7 @@ class Alg1:
         # which the compiled functions' own graphs (mode 'reduce-overhead') cannot nest in
         self.graphs = _graphs_wanted(config, device)
         mode = 'reduce-overhead' if device.type == 'cuda' and not self.graphs else None
-        use = _compile_wanted(config, device)
+        use = _compile_wanted(config)
         if use:
             self._potential_grads = compiled('potential_grads', mode)
             self._transform_grad = compiled('transform_input_grad', mode)
@@ -508,12 +508,11 @@ def _window_graph(run: 'Alg1', steps: int) -> Optional[WindowGraph]:
 _GRAPH_FAILED = False
 
 
-def _compile_wanted(config: RegistrationConfig, device: torch.device) -> bool:
+def _compile_wanted(config: RegistrationConfig) -> bool:
     """``config.compile``: 'on'; 'off' or 'auto' = off on every device: on the CPU the compile
     pays back only after ~40 registrations of one shape set, and on CUDA the windows of eager
     steps replayed as CUDA graphs ran as fast as compiled ones (H200, docs/benchmarks.md) without
     a 17-42 s graph build per shape set."""
-    del device  # the same rule on every device
     return config.compile == 'on'
 
 
