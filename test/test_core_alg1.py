@@ -292,8 +292,8 @@ def test_starts_do_not_interact():
 @pytest.mark.parametrize('fn', ['potential', 'transform'])
 def test_gradient_functions_compile_whole(fn):
     """torch.compile(fullgraph=True) captures each gradient function in one graph on CPU (a graph
-    break raises): what CUDA graphs need (compile=auto on CUDA). The eager backend checks the
-    capture without paying for code generation; the result equals the plain call."""
+    break raises): what compile=on needs. The eager backend checks the capture without paying
+    for code generation; the result equals the plain call."""
     torch._dynamo.reset()
     net = _net(2)
     ws, bs = net.views()
