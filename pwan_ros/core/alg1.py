@@ -262,6 +262,7 @@ class Alg1:
         translations=None,
         h_floor: float = 0.0,
         coherence: Optional[Coherence] = None,
+        ref_mass: Optional[float] = None,
     ):
         pc = config.potential
         self.config, self.device = config, device
@@ -292,7 +293,8 @@ class Alg1:
             with torch.no_grad():
                 self.net.h.fill_(float(h_n))
         c_h = (mass_n - r) / r if config.divergence == 'mass' else -1.0
-        self.coef = torch.tensor([q / r, c_h], dtype=dtype, device=device)
+        m_alpha = float(q if ref_mass is None else ref_mass)
+        self.coef = torch.tensor([m_alpha / r, c_h], dtype=dtype, device=device)
         self.opt_f = FusedAdam([self.net.theta], pc.lr, pc.betas)
         self.weights, self.biases = (
             self.net.views()
@@ -534,15 +536,18 @@ def run_alg1(
     warmup: bool = True,
     h_floor: float = 0.0,
     coherence: Optional[Coherence] = None,
+    ref_mass: Optional[float] = None,
 ) -> Alg1Result:
     """Alg. 1 (u = ``config.potential_updates``) for every start at once: ``config.warmup_updates``
     potential updates (if ``warmup``), then up to ``steps`` transform steps.
 
     ys_np (r, d) source, xs_np (q, d) reference, normalised frame. mass_n: matched mass (mass type,
-    points); h_n: threshold (distance type, normalised units). rotations: initial rotations
-    (d, d), column convention, about the origin; translations: initial t (d,) (default 0);
-    states: per-start ``PotentialNet`` state dicts to begin from (None entries: fresh init). The
-    learning-rate schedule is that of a full ``config.steps`` run, entered at ``step_offset``.
+    in source points: each of the r weighs 1); ref_mass: the reference's total mass in that unit
+    (default q; sets sampled at different rates: :func:`api.sample_masses`); h_n: threshold
+    (distance type, normalised units). rotations: initial rotations (d, d), column convention,
+    about the origin; translations: initial t (d,) (default 0); states: per-start
+    ``PotentialNet`` state dicts to begin from (None entries: fresh init). The learning-rate
+    schedule is that of a full ``config.steps`` run, entered at ``step_offset``.
     converge: stop once every start's RMS motion over ``config.window`` steps is below
     ``config.tolerance`` x the source spacing (after ``config.min_steps``; tested every
     ``window`` steps, the only host read of the loop). h_floor: lower bound of a learned h
@@ -563,6 +568,7 @@ def run_alg1(
         translations,
         h_floor,
         coherence,
+        ref_mass,
     )
     warm = config.warmup_updates if warmup else 0
     run.warmup(warm)

@@ -245,10 +245,11 @@ def _single_start(
     seed: int,
     should_stop: Optional[Callable[[], bool]] = None,
     h_floor: float = 0.0,
+    ref_mass: Optional[float] = None,
 ) -> Tuple[Candidate, int, int]:
     """Alg. 1 (one start, :func:`alg1.run_alg1`) in the normalised frame from the rotation ``rot0``
-    (column convention, about the origin). Returns (the start as a :class:`Candidate` of score 0,
-    Alg. 1 steps, potential updates)."""
+    (column convention, about the origin); ``mass_n`` / ``ref_mass``: :class:`SampleMasses`.
+    Returns (the start as a :class:`Candidate` of score 0, Alg. 1 steps, potential updates)."""
     kind = config.transform
     d = ys_np.shape[1]
     coh = None
@@ -269,6 +270,7 @@ def _single_start(
         states=[potential_state],
         h_floor=h_floor,
         coherence=coh,
+        ref_mass=ref_mass,
     )
     st = out.starts[0]
     v_fn = None
@@ -549,6 +551,38 @@ def _viewpoints(viewpoints) -> Optional[tuple]:
     return pair
 
 
+@dataclass(frozen=True)
+class SampleMasses:
+    """Masses of the adversarial stage's sampled sets, in units of one sampled source point:
+    ``matched`` (mass type; None for the distance type) and ``reference`` (the reference's
+    total; see :func:`sample_masses`)."""
+
+    matched: Optional[float]
+    reference: float
+
+
+def sample_masses(
+    ratio_min: Optional[float], n_src: int, n_ref: int, r: int, q: int, transform: str
+) -> SampleMasses:
+    """The masses of the sampled sets. n_src, n_ref: points before the random cap
+    (``max_points``, after the voxel grid); r, q: after it; ratio_min: the matched mass over the
+    smaller set (:class:`Problem`).
+
+    Non-rigid: the cap draws each set at its own rate and estimates the same problem, so each set
+    keeps its mass and the matched mass its fraction of each set (a sampled source point weighs
+    n_src / r points). Capping only a reference of 2000 points and 1200 outliers to 2000 points
+    would otherwise match that sample as a whole, outliers included, and the deformation
+    follows them (docs/core.md). Rigid / affine: the samples weigh as sets of equal points,
+    (ratio_min min(r, q), q), what their stages were validated with: weighted by the sets' sizes,
+    voxelised street scans with as many uniform outliers (a reference 8-12x the source) were
+    solved on 10 of 20 seed runs instead of 18 of 20. Without a cap both give the same."""
+    if transform != 'nonrigid':
+        return SampleMasses(None if ratio_min is None else ratio_min * min(r, q), float(q))
+    unit = r / n_src
+    matched = None if ratio_min is None else ratio_min * min(n_src, n_ref) * unit
+    return SampleMasses(matched, n_ref * unit)
+
+
 def _register_candidates(
     source,
     reference,
@@ -572,6 +606,7 @@ def _register_candidates(
     # adversarial-stage point sets (caller units -> voxel -> cap -> normalised)
     src_ds = voxel_downsample(prob.src_fit, config.voxel_size)
     ref_ds = voxel_downsample(prob.ref_fit, config.voxel_size)
+    n_src, n_ref = src_ds.shape[0], ref_ds.shape[0]
     src_ds = random_subset(src_ds, config.max_points, rng)
     ref_ds = random_subset(ref_ds, config.max_points, rng)
     if src_ds.shape[0] < 3 or ref_ds.shape[0] < 3:
@@ -581,11 +616,12 @@ def _register_candidates(
     h_caller = threshold(config, ref_ds) if config.divergence == 'distance' else None
     ys_np = norm.source(src_ds)
     xs_np = norm.reference(ref_ds)
-    r, q = ys_np.shape[0], xs_np.shape[0]
+    r = ys_np.shape[0]
     kind = config.transform
     d = prob.dim
     timings = {'preprocess': time.perf_counter() - t0, 'adversarial': 0.0, 'finetune': 0.0}
-    mass_n = prob.ratio_min * min(q, r) if config.divergence == 'mass' else None
+    masses = sample_masses(prob.ratio_min, n_src, n_ref, r, xs_np.shape[0], kind)
+    mass_n = masses.matched
     h_n = h_caller / norm.scale if h_caller is not None else None
     # resolution floor of the learned h (normalised): below the reference sampling the potential is
     # flat
@@ -659,6 +695,7 @@ def _register_candidates(
                 tot,
                 finetune,
                 score_of,
+                ref_mass=masses.reference,
             ),
             key=lambda c: c.score,
         )
@@ -685,6 +722,7 @@ def _register_candidates(
                 config.seed,
                 should_stop,
                 h_floor,
+                masses.reference,
             )
         timings['adversarial'] += time.perf_counter() - ta
         tot['steps'] += steps

@@ -178,6 +178,7 @@ def run_multistart(
     tot,
     finetune,
     score_of,
+    ref_mass=None,
 ) -> list:
     """Multi-start (rigid/affine), all starts in lock-step (:func:`alg1.run_alg1`).
 
@@ -190,7 +191,7 @@ def run_multistart(
     runs the full Alg. 1. Finalists end with the fine-tune on ``start_finetune_points`` source
     points (if enabled; the caller gives the winner the dense one); in the tournament each finalist
     contributes the better (by ``score_of``) of its continued and its short-stage pose. Returns the
-    finalists as [:class:`Candidate`]."""
+    finalists as [:class:`Candidate`]. mass_n / ref_mass: :class:`api.SampleMasses`."""
     r, q = ys_np.shape[0], xs_np.shape[0]
     group = max(1, ENSEMBLE_POINTS // max(config.batch_size or max(q, r), 1))
 
@@ -216,6 +217,7 @@ def run_multistart(
                     states=[p[2] for p in part],
                     translations=None if part[0][1] is None else [p[1] for p in part],
                     h_floor=h_floor,
+                    ref_mass=ref_mass,
                     **kw,
                 )
                 starts, done, updates = out.starts, out.steps, out.updates
