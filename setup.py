@@ -67,6 +67,8 @@ setup(
             'probreg>=0.3',
             'pycpd>=2.0',
             'scikit-learn>=1.2',
+            # bench/bench_nonrigid.py runs the anchors' BLAS on one thread, as PWAN
+            'threadpoolctl>=3.0',
             # bench/bench_pda.py's library columns (kmm, dreweight); the package never imports it
             'skada>=0.6',
         ],
