@@ -195,9 +195,13 @@ def _flags(parser: argparse.ArgumentParser):
 def test_pwan_register_flags_are_the_core_fields_with_library_defaults():
     from pwan_ros.cli.register import _NO_FLAG, _config, _parser
 
+    from pwan_ros.core.config import _SECTIONS
+
     parser = _parser()
     flags = _flags(parser)
-    table = specs(RegistrationConfig)
+    table = dict(specs(RegistrationConfig))
+    for section, cls in _SECTIONS.items():  # --finetune.max-iterations etc.: from_dict's keys
+        table.update({f'{section}.{k}': v for k, v in specs(cls).items()})
     for dest, action in flags.items():
         if dest in (
             'output',

@@ -116,3 +116,51 @@ def test_multistart_flags_pick_the_tournament(args, starts, start_steps):
         **{a.lstrip('-').replace('-', '_'): int(v) for a, v in zip(args[::2], args[1::2])}
     )
     assert library.resolved() == cfg.replace(verbose=False)
+
+
+def test_section_flags_reach_the_config():
+    """Every field of the config's sections is a flag named by its from_dict key
+    (``--finetune.max-iterations``, ``--potential.hidden A B``, ``--no-finetune.polish``), so the
+    fine-tune cap warning's advice can be followed from the command line."""
+    from pwan_ros.cli.register import _config, _parser
+    from pwan_ros.core import RegistrationConfig
+
+    args = [
+        'a.npy',
+        'b.npy',
+        '--finetune.max-iterations',
+        '600',
+        '--potential.hidden',
+        '8',
+        '12',
+        '--no-finetune.polish',
+        '--global-search.min-overlap',
+        '0.3',
+        '--coherence.rho',
+        '1.5',
+    ]
+    cfg = _config(_parser().parse_args(args))
+    library = RegistrationConfig.from_dict(
+        {
+            'finetune.max_iterations': 600,
+            'potential.hidden': (8, 12),
+            'finetune.polish': False,
+            'global_search.min_overlap': 0.3,
+            'coherence.rho': 1.5,
+        }
+    )
+    assert cfg == library.replace(verbose=True)
+    assert _config(_parser().parse_args(['a.npy', 'b.npy'])) == RegistrationConfig(verbose=True)
+
+
+def test_section_flag_in_a_real_run_and_a_bad_value(pair, capsys):
+    """--finetune.max-iterations 1 caps the fine-tune of a real registration (its warning on
+    stderr, exit 0); an out-of-range section value is one line, exit 2."""
+    _, sp, rp = pair
+    rc = main([str(sp), str(rp), '--json', '--steps', '60', '--finetune.max-iterations', '1'])
+    captured = capsys.readouterr()
+    assert rc == 0 and 'finetune.max_iterations=1 ' in captured.err
+    assert json.loads(captured.out)['converged'] is False
+    rc = main([str(sp), str(rp), '--potential.lr', '-1'])
+    captured = capsys.readouterr()
+    assert rc == 2 and 'potential.lr' in captured.err and 'Traceback' not in captured.err

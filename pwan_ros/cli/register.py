@@ -25,9 +25,21 @@ from pwan_ros.core.errors import PwanInputError
 _NO_FLAG = ('verbose',)
 
 
+def _flags():
+    """``(key, config class, field name)`` of every flag: the fields of RegistrationConfig, then
+    those of its sections as ``section.field`` (``--finetune.max-iterations``), the keys of
+    :meth:`RegistrationConfig.from_dict`."""
+    from pwan_ros.core.config import _SECTIONS, RegistrationConfig
+    from pwan_ros.params import specs
+
+    out = [(name, RegistrationConfig, name) for name in specs(RegistrationConfig)]
+    for section, cls in _SECTIONS.items():
+        out += [(f'{section}.{name}', cls, name) for name in specs(cls)]
+    return [f for f in out if f[0] not in _NO_FLAG]
+
+
 def _parser() -> argparse.ArgumentParser:
-    from pwan_ros.core.config import RegistrationConfig
-    from pwan_ros.params import specs, value_type
+    from pwan_ros.params import element_types, specs, value_type
 
     p = argparse.ArgumentParser(
         prog='pwan_register',
@@ -35,35 +47,34 @@ def _parser() -> argparse.ArgumentParser:
         description='Register SRC onto REF with a Partial Wasserstein Adversarial Network (PWAN). '
         'Files: .ply .pcd .xyz .txt .csv .npy (N x 3 or N x 2; text/ply/pcd may be .gz). '
         "Lengths are in the files' units. Every option is a field of "
-        'pwan_ros.core.RegistrationConfig (same name, same default).',
+        'pwan_ros.core.RegistrationConfig (same name, same default); the fields of its sections '
+        'are --section.field (--finetune.max-iterations, --potential.hidden A B).',
     )
     p.add_argument('source', metavar='SRC', help='source point file (moved)')
     p.add_argument('reference', metavar='REF', help='reference point file (fixed)')
-    for name, (default, spec) in specs(RegistrationConfig).items():
-        if name in _NO_FLAG:
-            continue
-        kind, _ = value_type(RegistrationConfig, name)
+    for key, cls, name in _flags():
+        default, spec = specs(cls)[name]
+        kind, _ = value_type(cls, name)
         rng = spec.range_text()
         text = (
             spec.description
             + (f'; range {rng}' if rng and not spec.choices else '')
             + f' (default {default})'
         ).replace('%', '%%')
-        flags = ['--' + name.replace('_', '-')]
+        flags = ['--' + key.replace('_', '-')]
         if kind is bool:
             p.add_argument(
-                *flags, dest=name, action=argparse.BooleanOptionalAction, default=None, help=text
+                *flags, dest=key, action=argparse.BooleanOptionalAction, default=None, help=text
             )
-        else:
-            p.add_argument(
-                *flags,
-                dest=name,
-                type=kind,
-                default=None,
-                metavar=name.upper(),
-                help=text,
-                choices=spec.choices or None,
-            )
+            continue
+        meta = name.upper()
+        extra = {'type': kind, 'metavar': meta}
+        if kind is tuple:  # e.g. --potential.hidden 32 32
+            elements = element_types(cls, name)
+            extra = {'type': elements[0], 'nargs': len(elements), 'metavar': meta}
+        p.add_argument(
+            *flags, dest=key, default=None, help=text, choices=spec.choices or None, **extra
+        )
     p.add_argument(
         '--output',
         '-o',
@@ -90,13 +101,12 @@ def _parser() -> argparse.ArgumentParser:
 def _config(args):
     """The core config of the given flags (the others keep the library defaults)."""
     from pwan_ros.core.config import RegistrationConfig
-    from pwan_ros.params import specs
 
-    values = {
-        k: getattr(args, k)
-        for k in specs(RegistrationConfig)
-        if getattr(args, k, None) is not None
-    }
+    values = {}
+    for key, _, _ in _flags():
+        value = getattr(args, key, None)
+        if value is not None:
+            values[key] = tuple(value) if isinstance(value, list) else value
     values['verbose'] = not args.quiet
     return RegistrationConfig.from_dict(values)
 

@@ -146,7 +146,7 @@ def value_type(cls, name: str) -> Tuple[type, bool]:
     return origin, optional
 
 
-def _element_types(cls, name: str) -> Tuple[type, ...]:
+def element_types(cls, name: str) -> Tuple[type, ...]:
     """Element types of a ``Tuple[...]`` field (``Tuple[int, int]`` -> ``(int, int)``; ``()`` for
     a bare ``tuple`` or ``Tuple[x, ...]``)."""
     hint = _hints(cls)[name]
@@ -196,7 +196,7 @@ def problem(cls, name: str, value: Any) -> Optional[str]:
     if kind in (int, float):
         return _number_problem(spec, kind, value)
     if kind is tuple:
-        types = _element_types(cls, name)
+        types = element_types(cls, name)
         if not types:
             return None if isinstance(value, (tuple, list)) else 'expected a list'
         noun = {int: 'integers', float: 'numbers'}.get(types[0], 'values')
@@ -242,7 +242,7 @@ def check(
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             object.__setattr__(config, name, float(value))
         elif kind is tuple and isinstance(value, (list, tuple)):
-            types = _element_types(cls, name) or (None,) * len(value)
+            types = element_types(cls, name) or (None,) * len(value)
             object.__setattr__(
                 config, name, tuple(float(v) if t is float else v for t, v in zip(types, value))
             )
