@@ -180,6 +180,23 @@ class FineTuneConfig:
         'puts 0.5 % more of the source within the matching distance (the fine-tune slides '
         'slowly along streets and corridors)',
     )
+    soft_iterations: int = param(
+        100,
+        'nonrigid: cap on the EM steps of the soft-correspondence polish after the fine-tune '
+        '(coherent point drift from the fine-tuned field, outlier weight from the mass or h; '
+        '0 = off)',
+        0,
+    )
+    soft_beta: float = param(
+        2.0,
+        'nonrigid polish: width beta of its Gaussian kernel (normalised units, rho = 2 beta^2; '
+        "CPD's default)",
+        0.0,
+        low_open=True,
+    )
+    soft_lambda: float = param(
+        2.0, "nonrigid polish: weight lambda of its coherence term (CPD's default)", 0.0
+    )
     nn: str = param(
         'auto',
         'nearest-neighbour search of the fine-tune: kdtree (scipy, host CPU), torch (chunked '

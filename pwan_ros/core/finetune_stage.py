@@ -11,6 +11,7 @@ from typing import Optional
 
 import numpy as np
 import torch
+from scipy.spatial import cKDTree
 
 from .coherence import Coherence
 from .config import RegistrationConfig
@@ -18,6 +19,7 @@ from .finetune import run_finetune
 from .nearest import make_search
 from .problem import Problem, finetune_set
 from .reference import PreparedReference
+from .soft_finetune import outlier_fraction, soft_coherence, soft_polish
 
 __all__ = ['SAMPLE_REF_FACTOR', 'FineTuneData', 'finetune_data', 'finetune_stage']
 
@@ -177,6 +179,8 @@ def finetune_stage(
             stacklevel=3,
         )
     new_v_fn = v_fn
+    if kind == 'nonrigid' and final and config.finetune.soft_iterations > 0:
+        out, coh = _soft(prob, config, ys, xr, out, h_n)
     if kind == 'nonrigid':
         v_ft = torch.as_tensor(out.v, dtype=torch.float64)
         solved_on = ys  # offsets are exact on the points they were solved for
@@ -188,3 +192,23 @@ def finetune_stage(
 
         new_v_fn = _offsets
     return out.a, out.t, new_v_fn, out.iterations, out.converged
+
+
+def _soft(prob: Problem, config: RegistrationConfig, ys, xr, out, h_n: float):
+    """The soft-correspondence polish (:mod:`soft_finetune`) of a final non-rigid fine-tune
+    ``out``; returns (the outcome with its a, t, v, its coherence for the interpolation)."""
+    ft = config.finetune
+    coh = soft_coherence(ys, config.coherence, ft.soft_beta, ft.soft_lambda, config.seed + 19)
+    if config.divergence == 'mass':
+        w = outlier_fraction(prob.mass, prob.ref_fit.shape[0])
+    else:  # the share of the reference within h of the moved source is what is matched
+        z = ys @ out.a + out.t + out.v
+        near = np.isfinite(cKDTree(z).query(xr, k=1, distance_upper_bound=h_n, workers=-1)[0])
+        w = outlier_fraction(float(near.sum()), xr.shape[0])
+    soft = soft_polish(
+        ys, xr, out.a, out.t, out.v, coh, w, ft.soft_iterations, ft.tolerance, workers=-1
+    )
+    out = dataclasses.replace(
+        out, a=soft.a, t=soft.t, v=soft.v, iterations=out.iterations + soft.iterations
+    )
+    return out, coh
