@@ -21,7 +21,8 @@ class RegistrationResult:
     source_valid: (N,) bool, input rows kept (False = dropped NaN/inf row).
     matched_ratio: mean of match_weights. converged: the adversarial stage stopped on its motion
     criterion (or was skipped) and the fine-tune converged. iterations: transform updates of the
-    adversarial stage. potential_updates: potential network updates. finetune_iterations.
+    adversarial stage. potential_updates: potential network updates. finetune_iterations (incl.
+    the EM steps of the non-rigid soft polish).
     time_s: wall time of the call; timings: per stage seconds. num_source / num_reference: valid
     input points; num_dropped_*: NaN/inf rows removed. mass: matched mass in points (mass type,
     else None); distance_threshold: h in caller units (distance type or the fine-tune threshold,
