@@ -104,17 +104,13 @@ def soft_polish(
         top = np.maximum(logk.max(1, keepdims=True), logc)
         e = np.exp(logk - top)
         p = e / (e.sum(1, keepdims=True) + np.exp(logc - top))  # (m, k)
-        rows = np.minimum(idx[found], n - 1)
-        pf = p[found]
+        rows, pf, ref_rows = idx[found], p[found], np.nonzero(found)[0]
         p1 = np.bincount(rows, weights=pf, minlength=n)
         mass = float(p1.sum())
         if mass < d + 1:
             break
         px = np.stack(
-            [
-                np.bincount(rows, weights=pf * ref[np.nonzero(found)[0], c], minlength=n)
-                for c in range(d)
-            ],
+            [np.bincount(rows, weights=pf * ref[ref_rows, c], minlength=n) for c in range(d)],
             1,
         )
         target = np.where(p1[:, None] > 0, px / np.maximum(p1, 1e-300)[:, None], z)
