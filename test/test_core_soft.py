@@ -3,11 +3,19 @@ on known deformations, and its place in :func:`register`."""
 
 import numpy as np
 import pytest
+import torch
 
 from _core_shapes import blob
 from pwan_ros.core import RegistrationConfig, register
-from pwan_ros.core.config import CoherenceConfig
-from pwan_ros.core.soft_finetune import outlier_fraction, soft_coherence, soft_polish
+from pwan_ros.core.config import CoherenceConfig, FineTuneConfig
+from pwan_ros.core.soft_finetune import (
+    cpd_from_start,
+    cpd_variance,
+    outlier_fraction,
+    soft_coherence,
+    soft_polish,
+    soft_stage,
+)
 
 
 def _deformed(n, seed=0):
@@ -38,6 +46,90 @@ def test_polish_recovers_the_deformation_from_halfway(outliers):
     assert end < 0.05 * start, end / start
     s2_start = float(np.mean(np.min(np.sum((ref[:, None] - (y + v0)[None]) ** 2, 2), 0))) / 3
     assert res.s2 <= s2_start
+
+
+def _with_outliers(x, ratio, seed=1):
+    rng = np.random.default_rng(seed)
+    return np.vstack((x, rng.uniform(x.min(0), x.max(0), size=(int(ratio * len(x)), x.shape[1]))))
+
+
+def test_cpd_variance_is_the_mean_over_all_pairs():
+    rng = np.random.default_rng(0)
+    z, ref = rng.normal(size=(7, 3)), 2.0 * rng.normal(size=(11, 3)) + 1.0
+    brute = float(np.mean(np.sum((ref[:, None] - z[None]) ** 2, 2))) / 3
+    assert cpd_variance(z, ref) == pytest.approx(brute, rel=1e-12)
+
+
+def test_extend_reproduces_a_smooth_field_on_the_source():
+    """The Nystrom extension of a field of the kernel's span (what the EM's M-step returns) equals
+    it on the source points, with CPD's ridge-free regulariser, and varies smoothly between
+    them."""
+    y, x = _deformed(300)
+    coh = soft_coherence(y, CoherenceConfig(), 2.0, 2.0, seed=0, ridge=1e-6)
+    v = coh.solve_weighted(torch.full((300,), 100.0, dtype=torch.float64), torch.as_tensor(x - y))
+    yt = torch.as_tensor(y)
+    assert torch.allclose(coh.extend(v, yt), v, atol=1e-6 * float(v.abs().max()))
+    step = coh.extend(v, yt + 1e-3) - coh.extend(v, yt)
+    assert float(step.abs().max()) < 1e-2 * float(v.abs().max())
+
+
+def test_cpd_from_start_recovers_the_deformation_at_any_scale():
+    """CPD from the pose as given, with as many uniform outliers as true points (w their known
+    share), recovers the deformation, and the same in metres 50x larger 30 m away: its outlier
+    term is a density over the reference's bounding box and its kernel follows the source's
+    spread, so the relative error does not depend on the units."""
+    y, x = _deformed(400)
+    ref = _with_outliers(x, 1.0)
+    w = outlier_fraction(len(x), len(ref))
+    rels = []
+    for scale, offset in ((1.0, 0.0), (50.0, np.array([30.0, -4.0, 2.0]))):
+        ys, xs = y * scale + offset, x * scale + offset
+        res, interp = cpd_from_start(
+            ys, ref * scale + offset, CoherenceConfig(), 2.0, 2.0, w, 100, 1e-6 * scale, 0
+        )
+        rels.append(_mse(ys @ res.a + res.t + res.v, xs) / _mse(ys, xs))
+        v = interp(torch.as_tensor(res.v), torch.as_tensor(ys)).numpy()
+        assert np.allclose(v, res.v, atol=1e-6 * scale)
+    assert rels[0] < 0.02, rels
+    assert rels[1] == pytest.approx(rels[0], rel=1e-3)
+
+
+def _stage(y, ref, a, v, n_matched, from_start=True):
+    ft = FineTuneConfig(soft_from_start=from_start)
+    w = outlier_fraction(n_matched, len(ref))
+    d = y.shape[1]
+    return soft_stage(
+        y, ref, a, np.zeros(d), v, ft, CoherenceConfig(), 'mass', w, n_matched, 0.0, seed=0
+    )
+
+
+def test_soft_stage_keeps_cpd_when_the_fine_tune_is_in_a_wrong_basin():
+    """A fine-tuned field left a quarter turn off (a wrong local optimum): the polish stays
+    there, CPD from the initial pose (the truth's) finds the deformation, and the stage keeps
+    it by its lower partial nearest-neighbour objective."""
+    y, x = _deformed(400)
+    ref = _with_outliers(x, 0.5)
+    quarter = np.array([[0.0, 1.0, 0.0], [-1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
+    out = _stage(y, ref, quarter, np.zeros_like(y), len(x))
+    assert out.origin == 'cpd'
+    assert out.objectives['cpd'] < out.objectives['polish']
+    o = out.outcome
+    assert _mse(y @ o.a + o.t + o.v, x) < 0.02 * _mse(y, x)
+    only = _stage(y, ref, quarter, np.zeros_like(y), len(x), from_start=False)
+    assert only.origin == 'polish' and set(only.objectives) == {'polish'}
+    assert _mse(y @ only.outcome.a + only.outcome.t + only.outcome.v, x) > 0.5 * _mse(y, x)
+    assert out.iterations > only.iterations
+
+
+def test_soft_stage_keeps_the_polish_when_it_fits_better():
+    """From the true field, the polish ends at the deformation and is kept unless CPD from the
+    start fits the reference at least as closely."""
+    y, x = _deformed(400)
+    ref = _with_outliers(x, 1.0)
+    out = _stage(y, ref, np.eye(3), x - y, len(x))
+    assert out.objectives[out.origin] == min(out.objectives.values())
+    o = out.outcome
+    assert _mse(y @ o.a + o.t + o.v, x) < 0.05 * _mse(y, x)
 
 
 def test_outlier_fraction_is_the_unmatched_share():

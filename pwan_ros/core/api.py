@@ -24,7 +24,7 @@ from .coherence import Coherence
 from .config import RegistrationConfig
 from .device import resolve_device, thread_scope
 from .errors import PwanInputError
-from .finetune import query_workers, select_pairs
+from .finetune import partial_objective, query_workers, select_pairs
 from .finetune_stage import finetune_data, finetune_stage
 from .global_search import register_global
 from .mass import measured_mass_ratio, refit_mass
@@ -33,7 +33,6 @@ from .multistart import (
     OverlapScorer,
     distinct_poses,
     overlap_score,
-    partial_objective,
     run_multistart,
     start_rotations,
 )

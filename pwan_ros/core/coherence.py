@@ -34,6 +34,7 @@ class Coherence:
         s, u = torch.linalg.eigh(g_kk)
         keep = s > s.max() * 1e-8
         self.q = (g_rk @ u[:, keep] / s[keep].sqrt()).to(y.dtype)  # (r, k')
+        self.proj = (u[:, keep] / s[keep].sqrt()).to(y.dtype)  # (k, k'): Q = G_rk proj
         qd = self.q.double()
         self.sigma = float(config.sigma)
         self.inner = torch.linalg.inv(
@@ -72,6 +73,19 @@ class Coherence:
         lhs = q.T @ (wd[:, None] * q) + lam * reg + 1e-10 * torch.trace(qtq) * eye
         b = torch.linalg.solve(lhs, q.T @ (wd[:, None] * target.double()))
         return (q @ b).to(target.dtype)
+
+    def extend(self, v: torch.Tensor, points: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
+        """Offsets at new points p (n, d) of a field in the span of Q (what
+        :meth:`solve_weighted` returns), V = Q B: the Nystrom extension G(p, L) U S^-1/2 B over
+        the landmarks L, equal to V on the source points and stable for any sigma (the
+        ridge-free regulariser of CPD, where :meth:`interpolate` divides by sigma)."""
+        b = torch.linalg.lstsq(self.q.double(), v.double()).solution
+        w = (self.proj.double() @ b).to(v.dtype)
+        out = [
+            gaussian_kernel(points[s : s + chunk], self.landmarks, self.config.rho) @ w
+            for s in range(0, points.shape[0], chunk)
+        ]
+        return torch.cat(out) if out else points.new_zeros((0, v.shape[1]))
 
     def interpolate(
         self, v: torch.Tensor, points: torch.Tensor, chunk: int = 4096

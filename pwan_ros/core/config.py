@@ -197,6 +197,12 @@ class FineTuneConfig:
     soft_lambda: float = param(
         2.0, "nonrigid polish: weight lambda of its coherence term (CPD's default)", 0.0
     )
+    soft_from_start: bool = param(
+        True,
+        'nonrigid: also run coherent point drift from the stage\'s initial pose (CPD\'s wide '
+        'start, a smooth field only, soft_beta / soft_lambda) and keep whichever of it and the '
+        'polished PWAN field has the lower partial nearest-neighbour objective',
+    )
     nn: str = param(
         'auto',
         'nearest-neighbour search of the fine-tune: kdtree (scipy, host CPU), torch (chunked '

@@ -46,6 +46,14 @@ def select_pairs(dist: np.ndarray, divergence: str, count: int, h: float) -> np.
     return dist <= h
 
 
+def partial_objective(dist: np.ndarray, sel: np.ndarray, divergence: str, h: float) -> float:
+    """Primal PW objective of a nearest-neighbour matching: sum of selected distances (mass type,
+    fixed count) or sum over selected of (d - h) (distance type); lower is better."""
+    if divergence == 'mass':
+        return float(dist[sel].sum())
+    return float((dist[sel] - h).sum())
+
+
 def weighted_kabsch(p: np.ndarray, q: np.ndarray, w: np.ndarray):
     """R (d, d), t (d,) minimising sum w_j |R p_j + t - q_j|^2 (column convention)."""
     ws = w.sum()

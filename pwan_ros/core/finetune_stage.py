@@ -19,7 +19,7 @@ from .finetune import run_finetune
 from .nearest import make_search
 from .problem import Problem, finetune_set
 from .reference import PreparedReference
-from .soft_finetune import outlier_fraction, soft_coherence, soft_polish
+from .soft_finetune import outlier_fraction, soft_stage
 
 __all__ = ['SAMPLE_REF_FACTOR', 'FineTuneData', 'finetune_data', 'finetune_stage']
 
@@ -179,36 +179,49 @@ def finetune_stage(
             stacklevel=3,
         )
     new_v_fn = v_fn
-    if kind == 'nonrigid' and final and config.finetune.soft_iterations > 0:
-        out, coh = _soft(prob, config, ys, xr, out, h_n)
     if kind == 'nonrigid':
+        interp = coh.interpolate
+        if final and config.finetune.soft_iterations > 0:
+            out, interp = _soft(prob, config, ys, xr, out, h_n, count)
         v_ft = torch.as_tensor(out.v, dtype=torch.float64)
         solved_on = ys  # offsets are exact on the points they were solved for
 
         def _offsets(p):
             if p.shape == solved_on.shape and np.array_equal(p, solved_on):
                 return out.v
-            return coh.interpolate(v_ft, torch.as_tensor(p, dtype=torch.float64)).numpy()
+            return interp(v_ft, torch.as_tensor(p, dtype=torch.float64)).numpy()
 
         new_v_fn = _offsets
     return out.a, out.t, new_v_fn, out.iterations, out.converged
 
 
-def _soft(prob: Problem, config: RegistrationConfig, ys, xr, out, h_n: float):
-    """The soft-correspondence polish (:mod:`soft_finetune`) of a final non-rigid fine-tune
-    ``out``; returns (the outcome with its a, t, v, its coherence for the interpolation)."""
-    ft = config.finetune
-    coh = soft_coherence(ys, config.coherence, ft.soft_beta, ft.soft_lambda, config.seed + 19)
+def _soft(prob: Problem, config: RegistrationConfig, ys, xr, out, h_n: float, count: int):
+    """The soft-correspondence stage (:func:`soft_finetune.soft_stage`) of a final non-rigid
+    fine-tune ``out``, from the stage's initial pose (the identity here). Returns (the outcome
+    with its a, t, v, the interpolation of its offsets)."""
     if config.divergence == 'mass':
         w = outlier_fraction(prob.mass, prob.ref_fit.shape[0])
     else:  # the share of the reference within h of the moved source is what is matched
         z = ys @ out.a + out.t + out.v
         near = np.isfinite(cKDTree(z).query(xr, k=1, distance_upper_bound=h_n, workers=-1)[0])
         w = outlier_fraction(float(near.sum()), xr.shape[0])
-    soft = soft_polish(
-        ys, xr, out.a, out.t, out.v, coh, w, ft.soft_iterations, ft.tolerance, workers=-1
+    soft = soft_stage(
+        ys,
+        xr,
+        out.a,
+        out.t,
+        out.v,
+        config.finetune,
+        config.coherence,
+        config.divergence,
+        w,
+        count,
+        h_n,
+        config.seed,
+        workers=-1,
     )
+    o = soft.outcome
     out = dataclasses.replace(
-        out, a=soft.a, t=soft.t, v=soft.v, iterations=out.iterations + soft.iterations
+        out, a=o.a, t=o.t, v=o.v, iterations=out.iterations + soft.iterations
     )
-    return out, coh
+    return out, soft.interpolate

@@ -25,7 +25,6 @@ __all__ = [
     'overlap_score',
     'start_rotations',
     'own_poses',
-    'partial_objective',
     'distinct_poses',
     'run_multistart',
     'Candidate',
@@ -126,14 +125,6 @@ def start_rotations(dim: int, count: int) -> list:
             )
         )
     return mats[:count]
-
-
-def partial_objective(dist: np.ndarray, sel: np.ndarray, divergence: str, h: float) -> float:
-    """Primal PW objective of a nearest-neighbour matching: sum of selected distances (mass type,
-    fixed count) or sum over selected of (d - h) (distance type); lower is better."""
-    if divergence == 'mass':
-        return float(dist[sel].sum())
-    return float((dist[sel] - h).sum())
 
 
 def distinct_poses(placements: list, tol: float, keep: int) -> list:
