@@ -46,6 +46,8 @@ from scipy.spatial import cKDTree
 from .coherence import Coherence
 from .config import CoherenceConfig, FineTuneConfig
 from .finetune import partial_objective, select_pairs, weighted_affine
+from .preprocess import random_subset
+from .problem import finetune_set
 
 __all__ = [
     'SoftOutcome',
@@ -318,12 +320,8 @@ def _cpd_on_sample(src, ref, finetune: FineTuneConfig, coherence, w, seed, worke
     """:func:`cpd_from_start` on at most :data:`WIDE_POINTS` source and twice as many reference
     points, its field extended to every source point: (outcome on all of src, interpolation)."""
     rng = np.random.default_rng(seed)
-    sub = np.arange(src.shape[0])
-    if src.shape[0] > WIDE_POINTS:
-        sub = np.sort(rng.choice(src.shape[0], size=WIDE_POINTS, replace=False))
-    ref_s = ref
-    if ref.shape[0] > 2 * WIDE_POINTS:
-        ref_s = ref[np.sort(rng.choice(ref.shape[0], size=2 * WIDE_POINTS, replace=False))]
+    sub = finetune_set(src, WIDE_POINTS, rng)
+    ref_s = random_subset(ref, 2 * WIDE_POINTS, rng)
     out, interp = cpd_from_start(
         src[sub],
         ref_s,
