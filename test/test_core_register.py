@@ -150,6 +150,49 @@ def test_nonrigid_multistart_compares_deformed_finalists():
     assert after < 0.5 * before
 
 
+@pytest.mark.heavy
+@pytest.mark.parametrize(
+    'turn,prealign,right',
+    [
+        ((90, 90, 0), True, True),
+        ((0, 120, 0), True, False),
+        ((0, 0, 15), False, True),
+        ((150, 0, 60), False, False),
+    ],
+)
+def test_nonrigid_is_refused_when_the_pose_it_deforms_is_wrong(turn, prealign, right):
+    """A deformation can lay a wrongly posed shape onto the reference, so the deformed result's
+    own overlap looks right: a non-rigid result is judged by the pose it deforms too (the rigid
+    pre-alignment, or without it the result's affine part). In metres (x5, 40 m away), one
+    start: a quarter turn is within the pre-alignment's reach and 15 deg within the
+    deformation's, and the result is ok; from a turn of 120 deg (150 deg and 60 deg without the
+    pre-alignment) the deformed shape sits wrong (RMS near the blob's size) and the result is
+    refused, with the pose's rival in the reason. The check is local: without the
+    pre-alignment, a 120 deg turn's affine part has no rival within the check's reach (ok,
+    RMS 1.5)."""
+    x = knobbed_blob(400, 0)
+
+    def bend(p):
+        return p + 0.12 * np.stack(
+            (np.sin(2 * p[:, 1]), np.cos(2 * p[:, 2]), np.sin(2 * p[:, 0])), 1
+        )
+
+    scale, off = 5.0, np.array([40.0, -12.0, 3.0])
+    cfg = RegistrationConfig(
+        transform='nonrigid', mass_ratio=1.0, seed=0, steps=300, prealign=prealign
+    )
+    r = rot3(*turn)
+    ref = bend(knobbed_blob(400, 1)) @ r.T
+    res = register(x * scale + off, ref * scale + off, cfg)
+    moved = (res.transformed_source - off) / scale
+    rms = np.sqrt(np.mean(np.sum((moved - bend(x) @ r.T) ** 2, 1)))
+    if right:
+        assert res.status == 'ok' and rms < 0.3, (res.reason, rms)
+    else:
+        assert rms > 0.8  # the wrong pose the check has to catch
+        assert res.status == 'refused' and 'the pose it deforms' in res.reason
+
+
 def test_nonrigid_warns_for_its_own_finetune_cap_only():
     """The fine-tune's iteration-cap warning names a result the caller gets: a non-rigid
     registration's rigid pre-alignment (only its starting point) does not warn, the non-rigid

@@ -352,6 +352,12 @@ def register(
         res = _mass_at_overlap(source, reference, config, res, reference_cache)
         if init is None and _unconvincing(res, config):
             res = _confirmed(source, reference, config, res, reference_cache)
+        if config.transform == 'nonrigid' and config.self_check and res.status == 'ok':
+            # the pose it deforms: the source under the result's affine part
+            src = np.asarray(source, dtype=np.float64)[res.source_valid]
+            a = res.transform
+            posed = src @ a[:-1, :-1].T + a[:-1, -1]
+            res = _judged_with_pose(res, posed, _fit_reference(reference), config)
         return dataclasses.replace(res, time_s=time.perf_counter() - t0)
     # the rigid and non-rigid stages share the reference's search structures
     cache = reference_cache if reference_cache is not None else ReferenceCache()
@@ -365,9 +371,7 @@ def register(
     cands = _register_candidates(
         source, reference, rigid, init, None, should_stop, cache, warn=False
     )
-    ref_clean = np.asarray(reference, dtype=np.float64)
-    ref_clean = ref_clean[np.isfinite(ref_clean).all(axis=1)]  # validated by the rigid stage
-    ref_clean = ref_clean[~far_outliers(ref_clean)]
+    ref_clean = _fit_reference(reference)  # validated by the rigid stage
     # distinct poses only: finalists that converged to the same pose (within the reference
     # sampling) would be deformed twice
     tol = median_spacing(random_subset(ref_clean, 5000, np.random.default_rng(config.seed)))
@@ -402,8 +406,51 @@ def register(
             start_index=pre.start_index,
         )
         if best is None or score < best[0]:
-            best = (score, res)
-    return dataclasses.replace(best[1], time_s=time.perf_counter() - t0)
+            best = (score, res, pre)
+    res = best[1]
+    if config.self_check and res.status == 'ok':
+        res = _judged_with_pose(res, best[2].transformed_source, ref_clean, config)
+    return dataclasses.replace(res, time_s=time.perf_counter() - t0)
+
+
+def _fit_reference(reference) -> np.ndarray:
+    """The reference's finite rows without far outliers (m, d), as the estimation sees it."""
+    ref = np.asarray(reference, dtype=np.float64)
+    ref = ref[np.isfinite(ref).all(axis=1)]
+    return ref[~far_outliers(ref)]
+
+
+def _judged_with_pose(
+    res: RegistrationResult, posed: np.ndarray, reference: np.ndarray, config: RegistrationConfig
+) -> RegistrationResult:
+    """A non-rigid result judged by the pose it deforms as well: a deformation can lay a
+    wrongly posed shape onto the reference (its own overlap then looks right), so the result is
+    refused when the self-check refuses that pose. posed (n, 3): the source at that pose (the
+    rigid pre-alignment's result, or the source under the result's affine part without
+    ``prealign``); reference (m, 3): caller units, far outliers left out. The check's rival
+    search finds a distinct pose of the undeformed shape that fits better or as well; a better
+    fit within ``RIVAL_DISTINCT`` gates is the same pose, judged there. 3-D only: in 2-D the check
+    has no rival search, and the overlap of a rigid fit to a deformed shape tells nothing the
+    deformed result's own check does not. A refused result carries that pose's check."""
+    if posed.shape[1] != 3:
+        return res
+    tc = time.perf_counter()
+    verdict = check_pose(posed, reference, seed=config.seed)
+    if verdict.rival_better and verdict.rival_shift <= RIVAL_DISTINCT * verdict.gate:
+        # a better rigid fit next to the pose (the fit stopped short of it): the same pose for
+        # the deformation, judged there as the rigid path judges the pose it takes
+        t = verdict.rival_transform
+        moved = posed @ t[:3, :3].T + t[:3, 3]
+        verdict = check_pose(moved, reference, verdict.voxel, seed=config.seed)
+    timings = {**res.timings, 'check': res.timings.get('check', 0.0) + time.perf_counter() - tc}
+    if verdict.status == 'ok':
+        return dataclasses.replace(res, timings=timings)
+    reason = f'the self-check refuses the pose it deforms: {verdict.reason}'
+    if config.starts == 1:
+        reason += ' (an orientation far from the initial one needs starts=24 and prealign)'
+    return dataclasses.replace(
+        res, status='refused', reason=reason, timings=timings, check=verdict
+    )
 
 
 #: non-rigid prealign: a rigid finalist whose overlap score (fraction of the source off the
@@ -437,9 +484,7 @@ def _mass_at_overlap(source, reference, config, res, cache) -> RegistrationResul
     t0 = time.perf_counter()
     rng = np.random.default_rng(config.seed)
     src = np.asarray(source, dtype=np.float64)[res.source_valid]
-    ref = np.asarray(reference, dtype=np.float64)
-    ref = ref[np.isfinite(ref).all(axis=1)]
-    ref = ref[~far_outliers(ref)]
+    ref = _fit_reference(reference)
     voxel = res.check.voxel if res.check is not None else judging_voxel(ref)
     src, tree = random_subset(src, 20000, rng), cKDTree(random_subset(ref, 80000, rng))
 
