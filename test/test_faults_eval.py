@@ -107,6 +107,19 @@ def test_outputs_are_checked_before_any_work(tmp_path, small_bag, unwritable_dir
     assert (tmp_path / 'afile').read_text() == 'x'
 
 
+def test_a_file_that_is_no_bag_is_one_line(tmp_path):
+    """A --bag of no known storage format (rosbags refuses it while opening) is bad input."""
+    notbag = tmp_path / 'some_file.txt'
+    notbag.write_text('x\n')
+    for name, args in [
+        ('pwan_evaluate', ['--offline', '--bag', notbag, '--json']),
+        ('pwan_replay', ['--bag', notbag, '--output', tmp_path / 'out']),
+    ]:
+        proc = tool(name, *args)
+        assert_one_line_failure(proc, 2, ['some_file.txt', 'Unrecognized storage format'])
+    assert entries(tmp_path) == ['some_file.txt']
+
+
 def test_sim_on_a_full_disk_leaves_no_bag(tmp_path):
     proc = tool(
         'pwan_sim',

@@ -216,8 +216,8 @@ def _open(path):
         raise BagError(f'bag {path} does not exist')
     if path.is_dir() and not (path / 'metadata.yaml').exists():
         raise BagError(f'{path} is not a rosbag2 directory (no metadata.yaml)')
-    reader = AnyReader([path], default_typestore=typestore())
-    try:
+    try:  # AnyReader() itself refuses a file of no known storage format
+        reader = AnyReader([path], default_typestore=typestore())
         reader.open()
     except Exception as exc:  # rosbags raises several types for unreadable/corrupt bags
         raise BagError(f'cannot open bag {path}: {type(exc).__name__}: {exc}') from exc
