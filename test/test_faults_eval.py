@@ -120,6 +120,23 @@ def test_a_file_that_is_no_bag_is_one_line(tmp_path):
     assert entries(tmp_path) == ['some_file.txt']
 
 
+@pytest.mark.heavy
+def test_evaluate_unusable_estimator_factory_is_one_line(tmp_path, small_bag):
+    """--estimator module:factory: a factory that needs arguments, or whose result is no
+    estimate(points_xyz, stamp) callable, is bad input, refused before any output."""
+    out = tmp_path / 'out'
+    for spec, words in [
+        ('os:system', 'not a factory callable without arguments'),
+        ('os.path:sep', 'not a factory callable without arguments'),
+        ('os:getcwd', 'getcwd() returned str, not an estimator'),
+    ]:
+        proc = tool(
+            'pwan_evaluate', '--offline', '--bag', small_bag, '--estimator', spec, '--output', out
+        )
+        assert_one_line_failure(proc, 2, [spec, words])
+        assert not out.exists()
+
+
 def test_sim_on_a_full_disk_leaves_no_bag(tmp_path):
     proc = tool(
         'pwan_sim',
