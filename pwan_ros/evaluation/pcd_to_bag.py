@@ -65,15 +65,17 @@ class ConvertConfig:
     start_time: float = param(0.0, 'first stamp when rate_hz is used (s)', 0.0)
     frame_id: str = param('base_link', 'frame of the clouds (the sensor)')
     world_frame: str = param('world', 'parent frame of the ground truth poses')
-    topic: str = param(POINTS_TOPIC, 'topic of the clouds (sensor_msgs/PointCloud2)')
-    gt_topic: str = param('/ground_truth', 'topic of the ground truth (nav_msgs/Odometry)')
+    topic: str = param(POINTS_TOPIC, 'topic of the clouds (sensor_msgs/PointCloud2)', fmt='topic')
+    gt_topic: str = param(
+        '/ground_truth', 'topic of the ground truth (nav_msgs/Odometry)', fmt='topic'
+    )
     clock_hz: float = param(
         100.0, '/clock messages per second of bag time', 0.0, 100_000.0, low_open=True
     )
     storage: str = param('mcap', 'rosbag2 storage plugin', choices=('mcap', 'sqlite3'))
 
     def __post_init__(self):
-        check(self)
+        check(self, rules=lambda c: bag_io.topic_rules(c.topic, 'topic', c.gt_topic))
 
 
 @dataclass(frozen=True)
