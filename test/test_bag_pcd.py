@@ -138,6 +138,42 @@ def test_convert_folder_with_tum_and_kitti_poses(tmp_path, capsys):
     assert rc == 2 and 'scan9.pcd: pose index beyond the 5 poses' in capsys.readouterr().err
 
 
+def test_convert_refuses_unusable_poses_and_pairings(tmp_path, capsys):
+    """Negative or repeated stamps, a KITTI rotation that is not one, two scans on one pose: one
+    line naming the file (and line), exit 2, no bag left behind."""
+    scans = tmp_path / 'scans'
+    scans.mkdir()
+    for k in range(3):
+        write_pcd(scans / f'{k:06d}.pcd', points(k), 'binary')
+    twice = tmp_path / 'twice'
+    twice.mkdir()
+    for name in ('a_1.pcd', 'b_1.pcd'):
+        write_pcd(twice / name, points(1), 'binary')
+    tum = '{} 0 0 0 0 0 0 1\n'
+    (tmp_path / 'neg.tum').write_text(''.join(tum.format(s) for s in (-5.0, -4.9, -4.8)))
+    (tmp_path / 'dup.tum').write_text(''.join(tum.format(s) for s in (1.0, 2.0, 2.0)))
+    (tmp_path / 'ok.tum').write_text(''.join(tum.format(s) for s in (1.0, 2.0, 3.0)))
+    kitti = '1 0 0 0 0 1 0 0 0 0 1 0\n'
+    (tmp_path / 'bad.kitti').write_text(
+        kitti + '# a comment\n' + kitti.replace('0 1 0\n', '0 2 0\n')
+    )
+    cases = [
+        (scans, 'neg.tum', ['neg.tum', 'stamp -5 s', '000000.pcd']),
+        (scans, 'dup.tum', ['dup.tum', 'stamp 2 repeats on lines 2, 3']),
+        (scans, 'bad.kitti', ['bad.kitti:3', 'not a rotation']),
+        (twice, 'ok.tum', ['a_1.pcd and b_1.pcd both map to pose 1']),
+    ]
+    for folder, poses, words in cases:
+        out = tmp_path / 'bag'
+        argv = ['--scans', str(folder), '--poses', str(tmp_path / poses), '--output', str(out)]
+        assert pcd2bag_cli.main(argv + ['--match', 'order'] * (poses == 'bad.kitti')) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1, err
+        for word in words:
+            assert word in err[0], (word, err[0])
+        assert not out.exists() and not list(tmp_path.glob('bag*')), poses
+
+
 @pytest.mark.slow
 def test_balm_sequence_to_bag_and_offline_evaluation(tmp_path, capsys):
     """The real BALM scans (../shared/data) through the converter and the offline ICP baseline."""

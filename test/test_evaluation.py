@@ -171,6 +171,33 @@ def test_cli_pose_files_writes_summary_plot_and_table(tmp_path, capsys):
     assert rc == 2 and 'cannot read pose file' in capsys.readouterr().err
 
 
+@pytest.mark.filterwarnings('error::RuntimeWarning')
+def test_static_ground_truth_reports_null_drift_and_strict_json(tmp_path, capsys):
+    """A ground truth that never moves has no path: RPE per metre is undefined (null), with no
+    numpy warnings, and the --json output and summary.json are strict JSON."""
+    still = Trajectory(100.0 + np.arange(5.0), np.tile(np.eye(4), (5, 1, 1)))
+    moved = still.poses.copy()
+    moved[:, 0, 3] = 0.01 * np.arange(5)
+    write_tum(tmp_path / 'gt.tum', still)
+    write_tum(tmp_path / 'est.tum', Trajectory(still.stamps, moved))
+    out = tmp_path / 'eval'
+    rc = evaluate_cli.main(
+        ['--est', str(tmp_path / 'est.tum'), '--gt-file', str(tmp_path / 'gt.tum')]
+        + ['--output', str(out), '--json']
+    )
+    text = capsys.readouterr().out
+
+    def strict(token):
+        raise AssertionError(f'{token} in the JSON output')
+
+    printed = json.loads(text[: text.rindex('}') + 1], parse_constant=strict)
+    saved = json.loads((out / 'summary.json').read_text(), parse_constant=strict)
+    assert rc == 0 and printed == saved
+    assert saved['path_length_m'] == 0.0 and saved['rpe_lengths_m'] == []
+    assert saved['rpe_trans_pct'] is None and saved['rpe_rot_deg_per_m'] is None
+    assert saved['rpe_trans_m'] == pytest.approx(0.01)
+
+
 def test_offline_run_and_run_record(tmp_path, small_bag):
     """Offline mode on a generated bag: an estimator with a known 5 % scale error."""
     from pwan_ros.io.bags import read_trajectory

@@ -115,6 +115,28 @@ def test_label_beyond_the_class_names_is_refused(tmp_path, inputs):
     assert not out.exists()
 
 
+def test_pickled_arrays_are_refused_in_every_member(tmp_path, inputs):
+    """An object array (loading it would unpickle, i.e. run code) in class_names, as in labels,
+    is bad input: one line naming the file and the array, in --labelled and in --check."""
+    import numpy as np
+
+    from test_adapt_core import gaussian_domains as domains
+
+    xl, yl, _, _ = domains(0)
+    evil = tmp_path / 'evil.npz'
+    names = np.array(['a', 1, 'c', 2.0, 'e', 'f'], dtype=object)
+    np.savez(evil, features=xl, labels=yl, class_names=names)
+    out = tmp_path / 'out'
+    lab, unl = inputs
+    for args in (
+        ['--labelled', evil, '--unlabelled', unl],
+        ['--labelled', lab, '--unlabelled', unl, '--check', evil],
+    ):
+        proc = adapt(*args, '--output', out, *FAST)
+        assert_one_line_failure(proc, 2, ['evil.npz', 'class_names unreadable'])
+        assert not out.exists()
+
+
 def test_unwritable_output_fails_before_training(inputs, unwritable_dir):
     lab, unl = inputs
     t0 = time.monotonic()

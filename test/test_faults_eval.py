@@ -107,6 +107,65 @@ def test_outputs_are_checked_before_any_work(tmp_path, small_bag, unwritable_dir
     assert (tmp_path / 'afile').read_text() == 'x'
 
 
+def test_a_file_that_is_no_bag_is_one_line(tmp_path):
+    """A --bag of no known storage format (rosbags refuses it while opening) is bad input."""
+    notbag = tmp_path / 'some_file.txt'
+    notbag.write_text('x\n')
+    for name, args in [
+        ('pwan_evaluate', ['--offline', '--bag', notbag, '--json']),
+        ('pwan_replay', ['--bag', notbag, '--output', tmp_path / 'out']),
+    ]:
+        proc = tool(name, *args)
+        assert_one_line_failure(proc, 2, ['some_file.txt', 'Unrecognized storage format'])
+    assert entries(tmp_path) == ['some_file.txt']
+
+
+@pytest.mark.heavy
+def test_evaluate_unusable_estimator_factory_is_one_line(tmp_path, small_bag):
+    """--estimator module:factory: a factory that needs arguments, or whose result is no
+    estimate(points_xyz, stamp) callable, is bad input, refused before any output."""
+    out = tmp_path / 'out'
+    for spec, words in [
+        ('os:system', 'not a factory callable without arguments'),
+        ('os.path:sep', 'not a factory callable without arguments'),
+        ('os:getcwd', 'getcwd() returned str, not an estimator'),
+    ]:
+        proc = tool(
+            'pwan_evaluate', '--offline', '--bag', small_bag, '--estimator', spec, '--output', out
+        )
+        assert_one_line_failure(proc, 2, [spec, words])
+        assert not out.exists()
+
+
+def test_bad_topics_and_scan_counts_are_refused_before_writing(tmp_path):
+    """Two message types on one topic, an invalid ROS topic name, a negative --max-scans: one
+    line naming the flag, exit 2, nothing written."""
+    scans = tmp_path / 'scans'
+    scans.mkdir()
+    write_pcd(scans / 'scan0.pcd', points(0), 'binary')
+    (tmp_path / 'poses.tum').write_text('0 0 0 0 0 0 0 1\n')
+    pcd2bag = ['--scans', scans, '--poses', tmp_path / 'poses.tum', '--output', tmp_path / 'bag']
+    cases = [
+        ('pwan_sim', ['--points-topic', '/a', '--gt-topic', '/a'], "--gt-topic '/a'"),
+        ('pwan_sim', ['--points-topic', 'bad topic'], "--points-topic 'bad topic'"),
+        ('pwan_sim', ['--gt-topic', '/clock'], "--gt-topic '/clock'"),
+        ('pwan_pcd2bag', [*pcd2bag, '--topic', '/points/'], "--topic '/points/'"),
+        ('pwan_pcd2bag', [*pcd2bag, '--gt-topic', '/points'], "--gt-topic '/points'"),
+        (
+            'pwan_evaluate',
+            ['--offline', '--bag', tmp_path / 'bag', '--max-scans', '-1'],
+            '--max-scans -1',
+        ),
+    ]
+    for name, args, words in cases:
+        extra = ['--scans', '2', '--output', tmp_path / 'bag'] if name == 'pwan_sim' else []
+        if name == 'pwan_evaluate':
+            extra = ['--output', tmp_path / 'eval']
+        proc = tool(name, *args, *extra)
+        assert_one_line_failure(proc, 2, [words])
+        assert entries(tmp_path) == ['poses.tum', 'scans'], name
+
+
 def test_sim_on_a_full_disk_leaves_no_bag(tmp_path):
     proc = tool(
         'pwan_sim',

@@ -110,9 +110,7 @@ def _open_features(
     order = 'F' if fortran else 'C'
     nbytes = int(np.prod(shape)) * dtype.itemsize
     if nbytes <= max_memory_mb * 2**20:
-        with zf.open(info) as fh:
-            arr = np.lib.format.read_array(fh, allow_pickle=False)
-        return arr, None
+        return _read_member(zf, 'features', path, role), None
     if info.compress_type == zipfile.ZIP_STORED:
         with open(path, 'rb') as raw:
             raw.seek(info.header_offset)
@@ -158,14 +156,19 @@ def _check_finite(features: np.ndarray, path: str, role: str) -> None:
             )
 
 
+def _read_member(zf: zipfile.ZipFile, name: str, path: str, role: str) -> np.ndarray:
+    """Member ``name`` read whole, never unpickled: an object array is an AdaptInputError."""
+    with zf.open(name + '.npy') as fh:
+        try:
+            return np.lib.format.read_array(fh, allow_pickle=False)
+        except ValueError as exc:
+            raise AdaptInputError(f'{role} file {path}: {name} unreadable: {exc}') from exc
+
+
 def _labels(zf: zipfile.ZipFile, n: int, path: str, role: str) -> Optional[np.ndarray]:
     if 'labels.npy' not in zf.namelist():
         return None
-    with zf.open('labels.npy') as fh:
-        try:
-            lab = np.lib.format.read_array(fh, allow_pickle=False)
-        except ValueError as exc:
-            raise AdaptInputError(f'{role} file {path}: labels unreadable: {exc}') from exc
+    lab = _read_member(zf, 'labels', path, role)
     lab = np.squeeze(lab) if lab.ndim == 2 and 1 in lab.shape else lab
     if lab.ndim != 1 or lab.shape[0] != n:
         raise AdaptInputError(
@@ -209,8 +212,7 @@ def load_npz(
                 raise AdaptInputError(f"{role} file {path}: no 'labels' array (required)")
             names = None
             if 'class_names.npy' in zf.namelist():
-                with zf.open('class_names.npy') as fh:
-                    raw = np.lib.format.read_array(fh, allow_pickle=False)
+                raw = _read_member(zf, 'class_names', path, role)
                 names = [str(x) for x in np.atleast_1d(raw).tolist()]
         except BaseException:
             if tmp:

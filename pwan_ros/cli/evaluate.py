@@ -22,7 +22,7 @@ from pwan_ros.evaluation.run_record import RunRecord
 from pwan_ros.io import bags as bag_io
 from pwan_ros.io.atomic import check_output
 from pwan_ros.io.trajectory import Trajectory, TrajectoryError, read_pose_file
-from pwan_ros.params import POINTS_TOPIC
+from pwan_ros.params import POINTS_TOPIC, invalid
 
 
 def _evaluate_one(
@@ -75,7 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
         '--estimator', default='icp', help="offline estimator: 'icp' or module:factory"
     )
     parser.add_argument(
-        '--max-scans', type=int, default=0, help='offline: stop after this many scans (0 = all)'
+        '--max-scans',
+        type=int,
+        default=0,
+        help='offline: stop after this many scans (0 = all, else >= 2)',
     )
     parser.add_argument('--output', default='evaluation', help='output directory')
     parser.add_argument(
@@ -96,6 +99,10 @@ def main(argv=None) -> int:
 
 def _main(args) -> int:
     cfg = config_from_args(EvalConfig, args)
+    if args.max_scans < 0 or args.max_scans == 1:  # an evaluation needs 2 poses
+        raise EvaluationError(
+            invalid('max_scans', args.max_scans, 'expected 0 (all scans) or >= 2', flags=True)
+        )
     check_output(args.output, directory=True)  # before any work
     bags = args.bag or [None]
     output = pathlib.Path(args.output)

@@ -96,8 +96,12 @@ class SimConfig:
     )
     frame_id: str = param('base_link', 'frame of the clouds (the sensor, REP-105 base_link)')
     world_frame: str = param('world', 'parent frame of the ground truth poses')
-    points_topic: str = param(POINTS_TOPIC, 'topic of the clouds (sensor_msgs/PointCloud2)')
-    gt_topic: str = param('/ground_truth', 'topic of the ground truth (nav_msgs/Odometry)')
+    points_topic: str = param(
+        POINTS_TOPIC, 'topic of the clouds (sensor_msgs/PointCloud2)', fmt='topic'
+    )
+    gt_topic: str = param(
+        '/ground_truth', 'topic of the ground truth (nav_msgs/Odometry)', fmt='topic'
+    )
     sweep: bool = param(
         False,
         'the sensor moves during each revolution (in SWEEP_SECTORS steps) and every '
@@ -116,6 +120,7 @@ class SimConfig:
     def _rules(self):
         """The cross-field rules (:func:`pwan_ros.params.check`): ``(ok, field, allowed)``."""
         yield self.fov_down_deg < self.fov_up_deg, 'fov_down_deg', 'a number below --fov-up-deg'
+        yield from bag_io.topic_rules(self.points_topic, 'points_topic', self.gt_topic)
         yield (
             not self.stress or self.scans / self.rate_hz >= 4.0,
             'scans',

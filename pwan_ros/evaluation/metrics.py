@@ -12,7 +12,8 @@ Metrics (estimate and ground truth associated by stamp within ``max_dt`` seconds
   distance is one of ``rpe_lengths`` (+-10 %), the relative translation error divided by
   that distance, mean in percent (``rpe_trans_pct``) and the relative rotation error per
   metre (``rpe_rot_deg_per_m``). Default lengths: 100..800 m on paths >= 1 km (KITTI), else
-  10, 20, 30, 40, 50 % of the path length.
+  10, 20, 30, 40, 50 % of the path length (none, and both metrics null, on a path without
+  length such as a ground truth that never moves).
 
 CLI (writes ``summary.json``, ``trajectory_est.tum``, ``trajectory.png`` into ``--output``)::
 
@@ -172,7 +173,8 @@ def _relative_errors(gt: np.ndarray, est: np.ndarray, pairs) -> tuple[np.ndarray
 def _auto_lengths(path_length: float) -> tuple:
     if path_length >= 1000.0:
         return tuple(float(v) for v in range(100, 801, 100))
-    return tuple(round(path_length * f, 3) for f in (0.1, 0.2, 0.3, 0.4, 0.5))
+    # none on a path (almost) without length: RPE per metre is undefined there
+    return tuple(v for v in (round(path_length * f, 3) for f in (0.1, 0.2, 0.3, 0.4, 0.5)) if v)
 
 
 def align_poses(est: np.ndarray, gt: np.ndarray, mode: str) -> np.ndarray:
@@ -238,6 +240,10 @@ def evaluate(est: Trajectory, gt: Trajectory, cfg: EvalConfig = EvalConfig()) ->
         if not pairs:
             continue
         seg = np.array([dist[j] - dist[i] for i, j in pairs])
+        pairs = [p for p, s in zip(pairs, seg) if s > 0]  # per metre of no distance: undefined
+        if not pairs:
+            continue
+        seg = seg[seg > 0]
         te, re = _relative_errors(gt_poses, est_poses, pairs)
         pct.extend(100.0 * te / seg)
         deg_per_m.extend(re / seg)

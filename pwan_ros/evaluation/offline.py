@@ -14,6 +14,7 @@ it without arguments to obtain the estimator.
 from __future__ import annotations
 
 import importlib
+import inspect
 import time
 from typing import Callable
 
@@ -126,7 +127,29 @@ def load_estimator(spec: str) -> Estimator:
         factory = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as exc:
         raise ValueError(f'cannot load estimator {spec!r}: {exc}') from exc
-    return factory()
+    if not _callable_with(factory, 0):
+        raise ValueError(f'--estimator {spec}: {attr} is not a factory callable without arguments')
+    estimate = factory()
+    if not _callable_with(estimate, 2):
+        raise ValueError(
+            f'--estimator {spec}: {attr}() returned {type(estimate).__name__}, not an estimator '
+            'callable as estimate(points_xyz, stamp)'
+        )
+    return estimate
+
+
+def _callable_with(obj, n_args: int) -> bool:
+    """Whether ``obj`` can be called with ``n_args`` positional arguments (as far as its
+    signature tells; one without a readable signature is given the benefit of the doubt)."""
+    if not callable(obj):
+        return False
+    try:
+        inspect.signature(obj).bind(*[None] * n_args)
+    except TypeError:
+        return False
+    except ValueError:  # no signature (some builtins)
+        pass
+    return True
 
 
 def run_offline(

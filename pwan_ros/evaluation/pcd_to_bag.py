@@ -22,10 +22,18 @@ import numpy as np
 
 from pwan_ros.io import bags as bag_io
 from pwan_ros.io.pcd import read_pcd
-from pwan_ros.io.trajectory import Trajectory, detect_pose_format, read_kitti, read_pose_file
+from pwan_ros.io.trajectory import (
+    Trajectory,
+    detect_pose_format,
+    read_kitti,
+    read_pose_file,
+    read_tum,
+)
 from pwan_ros.params import POINTS_TOPIC, REQUIRED, check, param
 
 __all__ = ['ConvertConfig', 'ConvertResult', 'convert']
+
+MAX_STAMP_S = 2**31  # builtin_interfaces/Time: int32 seconds, no negative times
 
 
 @dataclass(frozen=True)
@@ -57,15 +65,17 @@ class ConvertConfig:
     start_time: float = param(0.0, 'first stamp when rate_hz is used (s)', 0.0)
     frame_id: str = param('base_link', 'frame of the clouds (the sensor)')
     world_frame: str = param('world', 'parent frame of the ground truth poses')
-    topic: str = param(POINTS_TOPIC, 'topic of the clouds (sensor_msgs/PointCloud2)')
-    gt_topic: str = param('/ground_truth', 'topic of the ground truth (nav_msgs/Odometry)')
+    topic: str = param(POINTS_TOPIC, 'topic of the clouds (sensor_msgs/PointCloud2)', fmt='topic')
+    gt_topic: str = param(
+        '/ground_truth', 'topic of the ground truth (nav_msgs/Odometry)', fmt='topic'
+    )
     clock_hz: float = param(
         100.0, '/clock messages per second of bag time', 0.0, 100_000.0, low_open=True
     )
     storage: str = param('mcap', 'rosbag2 storage plugin', choices=('mcap', 'sqlite3'))
 
     def __post_init__(self):
-        check(self)
+        check(self, rules=lambda c: bag_io.topic_rules(c.topic, 'topic', c.gt_topic))
 
 
 @dataclass(frozen=True)
@@ -81,6 +91,8 @@ def _poses(cfg: ConvertConfig) -> Trajectory:
     if fmt == 'kitti':  # no stamps in the file
         traj = read_kitti(cfg.poses)
         return Trajectory(cfg.start_time + traj.stamps / cfg.rate_hz, traj.poses)
+    if fmt == 'tum':  # a repeated stamp would silently drop a pose and shift the indices
+        return read_tum(cfg.poses, unique=True)
     return read_pose_file(cfg.poses, fmt)
 
 
@@ -109,6 +121,18 @@ def convert(cfg: ConvertConfig, log=print) -> ConvertResult:
         bad = [f.name for f, k in pairs if k >= len(traj)]
         if bad:
             raise ValueError(f'{bad[0]}: pose index beyond the {len(traj)} poses in {cfg.poses}')
+        for (a, i), (b, j) in zip(pairs, pairs[1:]):
+            if i == j:
+                raise ValueError(
+                    f'{a.name} and {b.name} both map to pose {i} of {cfg.poses} (--match '
+                    'name-index): one scan per pose'
+                )
+    for path, k in pairs:
+        if not 0.0 <= traj.stamps[k] < MAX_STAMP_S:
+            raise ValueError(
+                f'{cfg.poses}: stamp {traj.stamps[k]:g} s of pose {k} ({path.name}) is outside '
+                f'0 .. {MAX_STAMP_S} s (ROS time)'
+            )
     store = bag_io.typestore()
     cloud_cls, field_cls = (
         store.types['sensor_msgs/msg/PointCloud2'],

@@ -39,6 +39,7 @@ __all__ = [
     'header',
     'odometry',
     'clock',
+    'topic_rules',
     'pose_from_msg',
     'TRAJECTORY_TYPES',
     'CLOUD_TYPE',
@@ -119,6 +120,19 @@ def odometry(
 def clock(stamp_ns: int):
     """rosbags rosgraph_msgs/Clock."""
     return typestore().types['rosgraph_msgs/msg/Clock'](clock=ns_to_stamp(stamp_ns))
+
+
+def topic_rules(points_topic: str, points_name: str, gt_topic: str):
+    """Cross-field rules (:func:`pwan_ros.params.check`) of a bag writer's cloud and ground-truth
+    topics: one message type per topic, so they differ and neither is ``/clock``."""
+    flag = '--' + points_name.replace('_', '-')
+    yield points_topic != '/clock', points_name, 'a topic other than /clock (the bag clock)'
+    yield gt_topic != '/clock', 'gt_topic', 'a topic other than /clock (the bag clock)'
+    yield (
+        gt_topic != points_topic,
+        'gt_topic',
+        f'a topic other than {flag} {points_topic} (one message type per topic)',
+    )
 
 
 class BagWriter:
@@ -216,8 +230,8 @@ def _open(path):
         raise BagError(f'bag {path} does not exist')
     if path.is_dir() and not (path / 'metadata.yaml').exists():
         raise BagError(f'{path} is not a rosbag2 directory (no metadata.yaml)')
-    reader = AnyReader([path], default_typestore=typestore())
-    try:
+    try:  # AnyReader() itself refuses a file of no known storage format
+        reader = AnyReader([path], default_typestore=typestore())
         reader.open()
     except Exception as exc:  # rosbags raises several types for unreadable/corrupt bags
         raise BagError(f'cannot open bag {path}: {type(exc).__name__}: {exc}') from exc

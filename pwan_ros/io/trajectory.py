@@ -116,6 +116,11 @@ _SPLIT = re.compile(r'[,\s]+')
 
 
 def _numeric_rows(path: pathlib.Path) -> list[list[float]]:
+    return [row for _, row in _numbered_rows(path)]
+
+
+def _numbered_rows(path: pathlib.Path) -> list[tuple[int, list[float]]]:
+    """(line number, numbers) of each data line of a pose file."""
     try:
         text = pathlib.Path(path).read_text()
     except OSError as exc:
@@ -129,7 +134,7 @@ def _numeric_rows(path: pathlib.Path) -> list[list[float]]:
         if not line or line.startswith('#'):
             continue
         try:
-            rows.append([float(v) for v in _SPLIT.split(line) if v])
+            rows.append((lineno, [float(v) for v in _SPLIT.split(line) if v]))
         except ValueError as exc:
             raise TrajectoryError(f'{path}:{lineno}: not a row of numbers: {line[:60]!r}') from exc
     if not rows:
@@ -137,15 +142,26 @@ def _numeric_rows(path: pathlib.Path) -> list[list[float]]:
     return rows
 
 
-def read_tum(path) -> Trajectory:
-    """Read a TUM file (``stamp tx ty tz qx qy qz qw`` per line)."""
-    rows = _numeric_rows(path)
+def read_tum(path, unique: bool = False) -> Trajectory:
+    """Read a TUM file (``stamp tx ty tz qx qy qz qw`` per line). Lines are sorted by stamp; a
+    repeated stamp keeps its first line, or with ``unique`` is a :class:`TrajectoryError`."""
+    numbered = _numbered_rows(path)
+    rows = [r for _, r in numbered]
     bad = [i for i, r in enumerate(rows) if len(r) != 8]
     if bad:
         raise TrajectoryError(
             f'{path}: TUM lines need 8 numbers, row {bad[0] + 1} has {len(rows[bad[0]])}'
         )
     arr = np.array(rows)
+    if unique:
+        values, counts = np.unique(arr[:, 0], return_counts=True)
+        if (counts > 1).any():
+            stamp = values[counts > 1][0]
+            lines = [str(n) for (n, _), s in zip(numbered, arr[:, 0]) if s == stamp]
+            raise TrajectoryError(
+                f'{path}: stamp {stamp:g} repeats on lines {", ".join(lines)}; '
+                'each pose needs its own stamp'
+            )
     return Trajectory.from_unsorted(arr[:, 0], pose_from_tq(arr[:, 1:4], arr[:, 4:8]))
 
 
@@ -165,9 +181,32 @@ def write_tum(path, traj: Trajectory) -> pathlib.Path:
     return path
 
 
+ROTATION_TOL = 1e-3  # max |R^T R - I| of a rotation block read from a file
+
+
+def _check_rotations(path, mats: np.ndarray, lines: list[int]) -> None:
+    """A :class:`TrajectoryError` naming the first line whose 3x3 block is not a rotation."""
+    rot = mats[:, :3, :3]
+    finite = np.isfinite(mats).all(axis=(1, 2))
+    safe = np.where(finite[:, None, None], rot, np.eye(3))
+    err = np.abs(np.einsum('nji,njk->nik', safe, safe) - np.eye(3)).max(axis=(1, 2))
+    det = np.linalg.det(safe)
+    bad = np.flatnonzero(~finite | (err >= ROTATION_TOL) | (det <= 0))
+    if bad.size:
+        i = int(bad[0])
+        why = (
+            'non-finite numbers'
+            if not finite[i]
+            else f'rotation block is not a rotation (|R^T R - I| = {err[i]:.3g}, '
+            f'det = {det[i]:.3g})'
+        )
+        raise TrajectoryError(f'{path}:{lines[i]}: {why}')
+
+
 def read_kitti(path, stamps=None) -> Trajectory:
     """Read a KITTI pose file; ``stamps`` (N,) seconds, default 0, 1, 2, ..."""
-    rows = _numeric_rows(path)
+    numbered = _numbered_rows(path)
+    rows = [r for _, r in numbered]
     bad = [i for i, r in enumerate(rows) if len(r) != 12]
     if bad:
         raise TrajectoryError(
@@ -175,6 +214,7 @@ def read_kitti(path, stamps=None) -> Trajectory:
         )
     poses = np.tile(np.eye(4), (len(rows), 1, 1))
     poses[:, :3, :] = np.array(rows).reshape(-1, 3, 4)
+    _check_rotations(path, poses, [n for n, _ in numbered])
     stamps = (
         np.arange(len(rows), dtype=np.float64)
         if stamps is None
@@ -195,10 +235,12 @@ def write_kitti(path, traj: Trajectory) -> pathlib.Path:
 def read_blocks(path, stamp_in_corner: bool = True) -> Trajectory:
     """Read 4x4 pose blocks (4 lines each). With ``stamp_in_corner`` element [3, 3] is the stamp
     (seconds), otherwise stamps are 0, 1, 2, ..."""
-    rows = _numeric_rows(path)
+    numbered = _numbered_rows(path)
+    rows = [r for _, r in numbered]
     if len(rows) % 4 or any(len(r) != 4 for r in rows):
         raise TrajectoryError(f'{path}: expected blocks of 4 lines with 4 numbers each')
     mats = np.array(rows).reshape(-1, 4, 4)
+    _check_rotations(path, mats, [n for n, _ in numbered[::4]])
     if stamp_in_corner:
         stamps = mats[:, 3, 3].copy()
         mats[:, 3, 3] = 1.0

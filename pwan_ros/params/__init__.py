@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, Optional, Tuple
@@ -39,11 +40,20 @@ def _is_device(value: str) -> bool:
     return value in ('auto', 'cpu', 'cuda') or (value[:5] == 'cuda:' and value[5:].isdigit())
 
 
+#: a ROS 2 topic name as rcl validates it, without substitutions (``~``, ``{node}``), which no
+#: node expands in a bag: tokens of letters, digits and _ (not starting with a digit) joined by /
+_TOPIC = re.compile(r'/?[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z_][A-Za-z0-9_]*)*')
+
+
 #: string formats a field may require (``ParamSpec.fmt``): name -> (test, the allowed values in
 #: words)
 FORMATS: Dict[str, Tuple[Callable[[str], bool], str]] = {
     'device': (_is_device, 'auto | cpu | cuda | cuda:N'),
     'frame_id': (lambda v: not v.startswith('/'), 'a frame id without a leading slash'),
+    'topic': (
+        lambda v: _TOPIC.fullmatch(v) is not None,
+        'a ROS topic name such as /points (letters, digits, _ and /)',
+    ),
 }
 
 
