@@ -262,3 +262,24 @@ def test_upper_case_gz_extension_is_decompressed(tmp_path):
     gz.write_bytes(gzip.compress((tmp_path / 'p.pcd').read_bytes()))
     np.testing.assert_allclose(read_points(str(gz)), pts, atol=1e-6)
 
+
+def test_output_equal_to_an_input_is_refused(pair, tmp_path, capsys):
+    """-o naming the source or the reference (directly, through a link or a ``..`` path): exit 2,
+    one line, the input untouched."""
+    _, sp, rp = pair
+    src = tmp_path / 'in.txt'
+    np.savetxt(src, blob(400, 1))
+    before = src.read_bytes()
+    (tmp_path / 'link.txt').symlink_to(src)
+    for out, role in [
+        (src, 'source'),
+        (tmp_path / 'link.txt', 'source'),
+        (tmp_path / 'missing' / '..' / 'in.txt', 'source'),
+    ]:
+        rc = main([str(src), str(rp), '-q', '--output', str(out)])
+        err = capsys.readouterr().err
+        want = f'pwan_register: error: {out}: output is the {role} file; choose another path\n'
+        assert rc == 2 and err == want, err
+    rc = main([str(sp), str(src), '-q', '--output', str(src)])
+    assert rc == 2 and 'output is the reference file' in capsys.readouterr().err
+    assert src.read_bytes() == before
