@@ -3,6 +3,7 @@
 import gzip
 import json
 import pathlib
+import re
 import struct
 
 import numpy as np
@@ -58,6 +59,35 @@ def test_read_pcd_binary_ascii_gz_with_padding(tmp_path):
     (tmp_path / 'short.pcd').write_bytes(HEADER.format(n=9, kind='binary').encode() + b'\0' * 10)
     with pytest.raises(PcdError, match='header promises 9 points'):
         read_pcd(tmp_path / 'short.pcd')
+
+
+@pytest.mark.parametrize(
+    'count,n,body,msg',
+    [
+        ('1 1 1', 2, b'1 2 3\n4 abc 6\n', 'cannot parse ascii data'),
+        ('1 1 1', -5, b'1 2 3\n', 'POINTS -5'),
+        ('2 1 1', 2, b'1 2 3 7\n4 5 6 8\n', "field 'x' has COUNT 2, expected 1"),
+    ],
+)
+def test_malformed_pcd_is_one_line_naming_the_file(tmp_path, capsys, count, n, body, msg):
+    """A non-numeric ascii value, a negative POINTS, a multi-valued x: PcdError naming the file
+    (not a bare ValueError); pwan_pcd2bag prints it as one line, exit 2, no bag."""
+    scans = tmp_path / 'scans'
+    scans.mkdir()
+    head = (
+        '# .PCD v0.7\nVERSION 0.7\nFIELDS x y z\nSIZE 4 4 4\nTYPE F F F\n'
+        f'COUNT {count}\nWIDTH 2\nHEIGHT 1\nPOINTS {n}\nDATA ascii\n'
+    )
+    bad = scans / 'scan0.pcd'
+    bad.write_bytes(head.encode() + body)
+    with pytest.raises(PcdError, match=f'^{re.escape(str(bad))}: .*{re.escape(msg)}'):
+        read_pcd(bad)
+    (tmp_path / 'poses.tum').write_text('0 0 0 0 0 0 0 1\n1 0 0 0 0 0 0 1\n')
+    argv = ['--scans', str(scans), '--poses', str(tmp_path / 'poses.tum')]
+    assert pcd2bag_cli.main(argv + ['--output', str(tmp_path / 'bag')]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f'pwan_pcd2bag: error: {bad}: ') and msg in err[0]
+    assert not (tmp_path / 'bag').exists()
 
 
 def test_convert_folder_with_tum_and_kitti_poses(tmp_path, capsys):

@@ -337,6 +337,44 @@ def test_cli_bad_input_one_line_exit_2(tmp_path):
     ]
 
 
+def _file_size_limit(nbytes):
+    """preexec_fn: writes past ``nbytes`` fail with EFBIG (RLIMIT_FSIZE, SIGXFSZ ignored), as a
+    full disk makes them fail with ENOSPC; unprivileged, unlike mounting a small tmpfs."""
+
+    def limit():
+        import resource
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
+
+    return limit
+
+
+@pytest.mark.heavy
+def test_cli_full_disk_exit_2_and_no_partial_output(tmp_path):
+    """An output that does not fit (20 KB left): every format exits 2 with one line, stdout empty
+    under --json, and no file (Open3D's PLY/PCD writer reported success and left it truncated)."""
+    from _core_shapes import blob
+
+    np.savetxt(tmp_path / 'a.txt', blob(2000, 1))
+    np.savetxt(tmp_path / 'b.txt', blob(2000, 0) + [0.1, 0.0, 0.0])
+    for ext in ('.ply', '.pcd', '.npy', '.txt'):
+        p = subprocess.run(
+            [str(BIN / 'pwan_register'), 'a.txt', 'b.txt', '-q', '--json', '-o', 'out' + ext]
+            + ['--steps', '30'],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=120,
+            preexec_fn=_file_size_limit(20_000),
+        )
+        assert p.returncode == 2 and p.stdout == '', (ext, p.returncode, p.stdout, p.stderr)
+        ours = [ln for ln in p.stderr.splitlines() if ln.startswith('pwan_register:')]
+        assert ours == [p.stderr.splitlines()[-1]] and 'Traceback' not in p.stderr, p.stderr
+        assert ours[0].startswith(f'pwan_register: error: out{ext}: cannot write'), p.stderr
+        assert sorted(f.name for f in tmp_path.iterdir()) == ['a.txt', 'b.txt'], ext
+
+
 def _interrupt(tmp_path, src, ref, out, wait_for):
     """Start pwan_register, send SIGINT once ``wait_for`` appears on stderr; (returncode,
     stderr)."""

@@ -164,3 +164,122 @@ def test_section_flag_in_a_real_run_and_a_bad_value(pair, capsys):
     rc = main([str(sp), str(rp), '--potential.lr', '-1'])
     captured = capsys.readouterr()
     assert rc == 2 and 'potential.lr' in captured.err and 'Traceback' not in captured.err
+
+
+PCD_ASCII = (
+    '# .PCD v0.7\nVERSION 0.7\nFIELDS x y z\nSIZE 4 4 4\nTYPE F F F\nCOUNT {count}\nWIDTH 2\n'
+    'HEIGHT 1\nPOINTS {points}\nDATA ascii\n{body}'
+)
+PLY_ASCII = (
+    b'ply\nformat ascii 1.0\nelement vertex 4\nproperty float x\nproperty float y\n'
+    b'property float z\nend_header\n'
+)
+
+
+def _bad_point_files(tmp_path):
+    """{name: (file contents, expected message)}: malformed point files that Open3D or numpy
+    would read as valid (zero padding), or fail on with a traceback or a wrong message."""
+    good = tmp_path / 'good.ply'
+    write_points(str(good), blob(2000, 3))
+    return {
+        'trunc.ply': (good.read_bytes()[:1000], 'truncated PLY file'),
+        'trunc_gz.ply.gz': (gzip.compress(good.read_bytes()[:1000]), 'truncated PLY file'),
+        'trunc_ascii.ply': (PLY_ASCII + b'1 2 3\n4 5 6\n', 'truncated PLY file (2 of 4'),
+        'token.ply': (PLY_ASCII + b'1 2 3\n4 abc 6\n7 8 9\n1 1 1\n', 'cannot parse PLY'),
+        'text.ply': (b'hello world\n', 'not a PLY file'),
+        'token.pcd': (
+            PCD_ASCII.format(count='1 1 1', points=2, body='1 2 3\n4 abc 6\n').encode(),
+            'cannot parse ascii data',
+        ),
+        'negative.pcd': (
+            PCD_ASCII.format(count='1 1 1', points=-5, body='').replace('ascii', 'binary').encode()
+            + bytes(24),
+            'POINTS -5',
+        ),
+        'count.pcd': (
+            PCD_ASCII.format(count='2 1 1', points=2, body='1 2 3 7\n4 5 6 8\n').encode(),
+            "field 'x' has COUNT 2, expected 1",
+        ),
+        'text.npy': (b'1 2 3\n', 'not a valid .npy file'),
+    }
+
+
+@pytest.mark.parametrize(
+    'name',
+    [
+        'trunc.ply',
+        'trunc_gz.ply.gz',
+        'trunc_ascii.ply',
+        'token.ply',
+        'text.ply',
+        'token.pcd',
+        'negative.pcd',
+        'count.pcd',
+        'text.npy',
+    ],
+)
+def test_bad_point_file_is_one_line_naming_it_and_stdout_stays_json(pair, tmp_path, capfd, name):
+    """A truncated or malformed input: exit 2, one stderr line naming the file, nothing on stdout
+    (captured at the file descriptor: Open3D's own warnings went there, breaking --json)."""
+    _, sp, _ = pair
+    data, msg = _bad_point_files(tmp_path)[name]
+    bad = tmp_path / name
+    bad.write_bytes(data)
+    capfd.readouterr()
+    rc = main([str(bad), str(sp), '-q', '--json', '--steps', '30'])
+    out, err = capfd.readouterr()
+    lines = err.splitlines()
+    assert rc == 2 and out == '', (rc, out)
+    assert len(lines) == 1 and lines[0].startswith(f'pwan_register: error: {bad}: '), err
+    assert msg in lines[0], err
+
+
+def test_ply_reader_matches_open3d(tmp_path):
+    """The PLY reader (header checked against the payload) reads what Open3D writes, binary and
+    ASCII, and hands layouts with a list before the vertices to Open3D (silenced)."""
+    import open3d as o3d
+
+    pts = blob(300, 2)
+    cloud = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(pts))
+    for ascii_ in (False, True):
+        path = str(tmp_path / f'o3d_{ascii_}.ply')
+        assert o3d.io.write_point_cloud(path, cloud, write_ascii=ascii_)
+        np.testing.assert_allclose(read_points(path), pts, atol=1e-5 if ascii_ else 0)
+    listed = tmp_path / 'listed.ply'
+    listed.write_bytes(
+        b'ply\nformat binary_little_endian 1.0\nelement tag 1\nproperty list uchar int ids\n'
+        b'element vertex 300\nproperty double x\nproperty double y\nproperty double z\n'
+        b'end_header\n' + bytes([2]) + np.array([7, 9], '<i4').tobytes() + pts.tobytes()
+    )
+    np.testing.assert_array_equal(read_points(str(listed)), pts)
+
+
+def test_upper_case_gz_extension_is_decompressed(tmp_path):
+    """``.PCD.GZ`` passes the extension check and is read as gzip (the check is case-blind)."""
+    pts = blob(50, 4)
+    write_points(str(tmp_path / 'p.pcd'), pts)
+    gz = tmp_path / 'OK.PCD.GZ'
+    gz.write_bytes(gzip.compress((tmp_path / 'p.pcd').read_bytes()))
+    np.testing.assert_allclose(read_points(str(gz)), pts, atol=1e-6)
+
+
+def test_output_equal_to_an_input_is_refused(pair, tmp_path, capsys):
+    """-o naming the source or the reference (directly, through a link or a ``..`` path): exit 2,
+    one line, the input untouched."""
+    _, sp, rp = pair
+    src = tmp_path / 'in.txt'
+    np.savetxt(src, blob(400, 1))
+    before = src.read_bytes()
+    (tmp_path / 'link.txt').symlink_to(src)
+    for out, role in [
+        (src, 'source'),
+        (tmp_path / 'link.txt', 'source'),
+        (tmp_path / 'missing' / '..' / 'in.txt', 'source'),
+    ]:
+        rc = main([str(src), str(rp), '-q', '--output', str(out)])
+        err = capsys.readouterr().err
+        want = f'pwan_register: error: {out}: output is the {role} file; choose another path\n'
+        assert rc == 2 and err == want, err
+    rc = main([str(sp), str(src), '-q', '--output', str(src)])
+    assert rc == 2 and 'output is the reference file' in capsys.readouterr().err
+    assert src.read_bytes() == before

@@ -151,6 +151,14 @@ def _hard_exit(prog: str, code: int) -> None:
     os._exit(code)
 
 
+def _same_file(a: str, b: str) -> bool:
+    """Whether paths ``a`` and ``b`` name one file (links followed; either may not exist)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = _parser().parse_args(argv)
     prog = 'pwan_register'
@@ -161,6 +169,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                 config = _config(args)
                 if args.output:
                     check_output_path(args.output)  # before any work
+                    for role, given in (('source', args.source), ('reference', args.reference)):
+                        if _same_file(args.output, given):
+                            raise PwanInputError(
+                                f'{args.output}: output is the {role} file; choose another path'
+                            )
                 src = read_points(args.source)
                 ref = read_points(args.reference)
                 from pwan_ros.core import register

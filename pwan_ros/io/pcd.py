@@ -82,6 +82,17 @@ def _parse_header(raw: bytes, path) -> tuple[PcdHeader, int]:
         raise PcdError(f'{path}: malformed PCD header ({exc})') from exc
     if not (len(sizes) == len(types) == len(counts) == n):
         raise PcdError(f'{path}: FIELDS/SIZE/TYPE/COUNT lengths differ')
+    if min(width, height, points) < 0 or min(counts, default=1) < 1:
+        raise PcdError(
+            f'{path}: malformed PCD header (WIDTH {width}, HEIGHT {height}, POINTS {points}, '
+            f'COUNT {" ".join(map(str, counts))})'
+        )
+    named = [f for f in fields if f != '_']
+    if len(set(named)) != len(named):
+        raise PcdError(f'{path}: FIELDS names a field twice ({" ".join(fields)})')
+    for name, count in zip(fields, counts):
+        if name in ('x', 'y', 'z') and count != 1:
+            raise PcdError(f"{path}: field '{name}' has COUNT {count}, expected 1")
     return PcdHeader(fields, sizes, types, counts, width, height, points, data), pos
 
 
@@ -113,7 +124,7 @@ def read_pcd(path) -> EncodedCloud:
     path = pathlib.Path(path)
     try:
         raw = path.read_bytes()
-        if path.suffix == '.gz':
+        if path.suffix.lower() == '.gz':
             raw = gzip.decompress(raw)
     except (OSError, EOFError, gzip.BadGzipFile) as exc:
         raise PcdError(f'cannot read {path}: {exc}') from exc
@@ -131,7 +142,10 @@ def read_pcd(path) -> EncodedCloud:
         data = body[: n * step].copy()
     elif header.data == 'ascii':
         cols = sum(header.counts)
-        values = np.array(raw[start:].split(), dtype=np.float64)
+        try:
+            values = np.array(raw[start:].split(), dtype=np.float64)
+        except ValueError as exc:
+            raise PcdError(f'{path}: cannot parse ascii data ({exc})') from None
         if values.size != n * cols:
             raise PcdError(f'{path}: {values.size} ascii values, expected {n} points x {cols}')
         values = values.reshape(n, cols)
@@ -178,7 +192,9 @@ def _read_with_open3d(raw: bytes, path) -> EncodedCloud:
     with tempfile.TemporaryDirectory() as tmp:
         plain = pathlib.Path(tmp) / 'cloud.pcd'
         plain.write_bytes(raw)
-        pc = o3d.t.io.read_point_cloud(str(plain))
+        # Open3D's console messages go to stdout: keep it for the caller (--json)
+        with o3d.utility.VerbosityContextManager(o3d.utility.VerbosityLevel.Error):
+            pc = o3d.t.io.read_point_cloud(str(plain))
     if 'positions' not in pc.point:
         raise PcdError(f'{path}: Open3D found no points in this binary_compressed PCD')
     xyz = pc.point.positions.numpy()
