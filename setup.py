@@ -44,6 +44,7 @@ setup(
         'pyyaml>=6',
         'evo>=1.20',
         'small-gicp>=1.0',
+        'plyfile>=1.0',
     ],
     extras_require={
         # colcon builds the package in tests; osrf-pycommon, lark and psutil are what the ROS 2

@@ -37,6 +37,7 @@ done
 "$PIP" download -q --only-binary=:all: --no-deps --python-version "$PYV" "${plat[@]}" \
     -d "$OUT/whl" small_gicp
 "$PIP" download -q --only-binary=:all: --no-deps -d "$OUT/whl" pycpd  # pure Python, needs numpy
+"$PIP" download -q --only-binary=:all: --no-deps -d "$OUT/whl" plyfile  # pure Python (PLY reads)
 "$PIP" download -q --only-binary=:all: --no-deps --python-version "$PYV" "${plat[@]}" \
     -d "$tmp" open3d-cpu
 (cd "$tmp" && unzip -q open3d_cpu-*.whl 'open3d/*')

@@ -178,15 +178,15 @@ PLY_ASCII = (
 
 def _bad_point_files(tmp_path):
     """{name: (file contents, expected message)}: malformed point files that Open3D or numpy
-    would read as valid (zero padding), or fail on with a traceback or a wrong message."""
+    read as valid (zero padding), or failed on with a traceback or a wrong message."""
     good = tmp_path / 'good.ply'
     write_points(str(good), blob(2000, 3))
     return {
-        'trunc.ply': (good.read_bytes()[:1000], 'truncated PLY file'),
-        'trunc_gz.ply.gz': (gzip.compress(good.read_bytes()[:1000]), 'truncated PLY file'),
-        'trunc_ascii.ply': (PLY_ASCII + b'1 2 3\n4 5 6\n', 'truncated PLY file (2 of 4'),
-        'token.ply': (PLY_ASCII + b'1 2 3\n4 abc 6\n7 8 9\n1 1 1\n', 'cannot parse PLY'),
-        'text.ply': (b'hello world\n', 'not a PLY file'),
+        'trunc.ply': (good.read_bytes()[:1000], 'early end-of-file'),
+        'trunc_gz.ply.gz': (gzip.compress(good.read_bytes()[:1000]), 'early end-of-file'),
+        'trunc_ascii.ply': (PLY_ASCII + b'1 2 3\n4 5 6\n', 'row 2: early end-of-file'),
+        'token.ply': (PLY_ASCII + b'1 2 3\n4 abc 6\n7 8 9\n1 1 1\n', 'malformed input'),
+        'text.ply': (b'hello world\n', "expected 'ply'"),
         'token.pcd': (
             PCD_ASCII.format(count='1 1 1', points=2, body='1 2 3\n4 abc 6\n').encode(),
             'cannot parse ascii data',
@@ -235,8 +235,8 @@ def test_bad_point_file_is_one_line_naming_it_and_stdout_stays_json(pair, tmp_pa
 
 
 def test_ply_reader_matches_open3d(tmp_path):
-    """The PLY reader (header checked against the payload) reads what Open3D writes, binary and
-    ASCII, and hands layouts with a list before the vertices to Open3D (silenced)."""
+    """The PLY reader (plyfile) reads what Open3D writes, binary and ASCII, layouts with a list
+    before the vertices, and what :func:`write_points` writes."""
     import open3d as o3d
 
     pts = blob(300, 2)
@@ -252,6 +252,10 @@ def test_ply_reader_matches_open3d(tmp_path):
         b'end_header\n' + bytes([2]) + np.array([7, 9], '<i4').tobytes() + pts.tobytes()
     )
     np.testing.assert_array_equal(read_points(str(listed)), pts)
+    ours = str(tmp_path / 'ours.ply')
+    write_points(ours, pts)
+    np.testing.assert_array_equal(np.asarray(o3d.io.read_point_cloud(ours).points), pts)
+    np.testing.assert_array_equal(read_points(ours), pts)
 
 
 def test_upper_case_gz_extension_is_decompressed(tmp_path):
