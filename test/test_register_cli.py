@@ -258,6 +258,16 @@ def test_ply_reader_matches_open3d(tmp_path):
     np.testing.assert_array_equal(read_points(ours), pts)
 
 
+@pytest.mark.parametrize('ext', ['.npy', '.ply', '.pcd', '.txt', '.csv', '.xyz'])
+def test_written_points_come_back_exactly_in_map_coordinates(tmp_path, ext):
+    """A cloud in UTM-like metres (4.5e6 m north) with millimetre detail: every output format
+    returns the doubles it was given (float32 PCD rounded them to 0.25 m, 9-digit text to 1 cm)."""
+    pts = blob(200, 5) + np.array([512345.678, 4498765.4321, 123.456])
+    path = str(tmp_path / f'map{ext}')
+    write_points(path, pts)
+    np.testing.assert_array_equal(read_points(path), pts)
+
+
 def test_upper_case_gz_extension_is_decompressed(tmp_path):
     """``.PCD.GZ`` passes the extension check and is read as gzip (the check is case-blind)."""
     pts = blob(50, 4)

@@ -159,9 +159,10 @@ def check_output_path(path: str) -> str:
 
 
 def _pcd_header(n: int) -> bytes:
-    """The header Open3D writes for n points: binary little-endian x y z float32."""
+    """A binary PCD header for n points of little-endian double x y z (float32 would round map
+    coordinates: 0.25 m at 4.5e6 m, a UTM northing)."""
     return (
-        '# .PCD v0.7 - Point Cloud Data file format\nVERSION 0.7\nFIELDS x y z\nSIZE 4 4 4\n'
+        '# .PCD v0.7 - Point Cloud Data file format\nVERSION 0.7\nFIELDS x y z\nSIZE 8 8 8\n'
         f'TYPE F F F\nCOUNT 1 1 1\nWIDTH {n}\nHEIGHT 1\nVIEWPOINT 0 0 0 1 0 0 0\nPOINTS {n}\n'
         'DATA binary\n'
     ).encode()
@@ -196,9 +197,10 @@ def write_points(path: str, points: np.ndarray, interrupted=None) -> None:
                         _write_ply(fh, p3)
                     else:
                         fh.write(_pcd_header(len(p3)))
-                        fh.write(p3.astype('<f4').tobytes())
+                        fh.write(p3.astype('<f8').tobytes())
             else:
-                np.savetxt(tmp, pts, delimiter=',' if ext == '.csv' else ' ', fmt='%.9g')
+                # 17 digits: every double back exactly (9 left 1 cm at a UTM northing)
+                np.savetxt(tmp, pts, delimiter=',' if ext == '.csv' else ' ', fmt='%.17g')
             if interrupted is not None and interrupted():
                 raise KeyboardInterrupt
     except OSError as exc:
