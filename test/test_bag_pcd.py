@@ -204,6 +204,23 @@ def test_convert_refuses_unusable_poses_and_pairings(tmp_path, capsys):
         assert not out.exists() and not list(tmp_path.glob('bag*')), poses
 
 
+def test_convert_takes_upper_case_extensions(tmp_path):
+    """Scans named FULL0.PCD / full1.Pcd.GZ are found (extensions in any case) and keep their
+    pose order."""
+    scans = tmp_path / 'scans'
+    scans.mkdir()
+    write_pcd(scans / 'FULL0.PCD', points(0), 'binary')
+    write_pcd(scans / 'full1.pcd', points(1), 'binary')
+    (scans / 'full1.Pcd.GZ').write_bytes(gzip.compress((scans / 'full1.pcd').read_bytes()))
+    (scans / 'full1.pcd').unlink()
+    write_tum(tmp_path / 'p.tum', Trajectory(np.array([1.0, 2.0]), np.tile(np.eye(4), (2, 1, 1))))
+    res = convert(
+        ConvertConfig(scans=str(scans), poses=str(tmp_path / 'p.tum'), output=str(tmp_path / 'b')),
+        log=lambda *a: None,
+    )
+    assert res.scans == 2
+
+
 @pytest.mark.slow
 def test_balm_sequence_to_bag_and_offline_evaluation(tmp_path, capsys):
     """The real BALM scans (../shared/data) through the converter and the offline ICP baseline."""

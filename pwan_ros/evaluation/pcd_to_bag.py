@@ -14,6 +14,7 @@ file name as the 0-based pose index (``full26.pcd.gz`` -> pose 26, the BALM conv
 
 from __future__ import annotations
 
+import fnmatch
 import pathlib
 import re
 from dataclasses import dataclass
@@ -54,7 +55,7 @@ class ConvertConfig:
         'or sorted order',
         choices=('name-index', 'order'),
     )
-    pattern: str = param('*.pcd*', 'glob of scan files inside the scans folder')
+    pattern: str = param('*.pcd*', 'glob of scan files inside the scans folder (any case)')
     rate_hz: float = param(
         10.0,
         'scan rate for stamps when the pose file has none (KITTI; Hz)',
@@ -108,7 +109,13 @@ def convert(cfg: ConvertConfig, log=print) -> ConvertResult:
     folder = pathlib.Path(cfg.scans)
     if not folder.is_dir():
         raise ValueError(f'scan folder {folder} does not exist')
-    files = sorted(p for p in folder.glob(cfg.pattern) if p.name.endswith(('.pcd', '.pcd.gz')))
+    files = sorted(  # extensions in any case: a camera card's FULL26.PCD too
+        p
+        for p in folder.iterdir()
+        if fnmatch.fnmatch(p.name.lower(), cfg.pattern.lower())
+        and p.name.lower().endswith(('.pcd', '.pcd.gz'))
+        and p.is_file()
+    )
     if not files:
         raise ValueError(f'no .pcd/.pcd.gz files matching {cfg.pattern!r} in {folder}')
     traj = _poses(cfg)
