@@ -172,6 +172,18 @@ def test_cli_pose_files_writes_summary_plot_and_table(tmp_path, capsys):
 
 
 @pytest.mark.filterwarnings('error::RuntimeWarning')
+def test_pose_files_keep_map_coordinates_exactly(tmp_path):
+    """A trajectory in UTM-like metres (4.5e6 m north, millimetre steps): TUM and KITTI files give
+    back the translations bit for bit (9 significant digits rounded them to 1 cm)."""
+    poses = np.tile(np.eye(4), (4, 1, 1))
+    poses[:, :3, 3] = np.array([512345.678, 4498765.4321, 123.456]) + 0.001 * np.arange(4)[:, None]
+    traj = Trajectory(np.arange(4.0), poses)
+    back = read_tum(write_tum(tmp_path / 'utm.tum', traj))
+    np.testing.assert_array_equal(back.poses[:, :3, 3], poses[:, :3, 3])
+    kitti = read_kitti(write_kitti(tmp_path / 'utm.kitti', traj))
+    np.testing.assert_array_equal(kitti.poses, poses)
+
+
 def test_static_ground_truth_reports_null_drift_and_strict_json(tmp_path, capsys):
     """A ground truth that never moves has no path: RPE per metre is undefined (null), with no
     numpy warnings, and the --json output and summary.json are strict JSON."""

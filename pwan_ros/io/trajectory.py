@@ -165,18 +165,21 @@ def read_tum(path, unique: bool = False) -> Trajectory:
     return Trajectory.from_unsorted(arr[:, 0], pose_from_tq(arr[:, 1:4], arr[:, 4:8]))
 
 
+def _exact(values) -> str:
+    """Numbers as the shortest text that reads back the same double (map coordinates such as a
+    UTM northing keep every digit)."""
+    return ' '.join(repr(float(v)) for v in values)
+
+
 def write_tum(path, traj: Trajectory) -> pathlib.Path:
-    """Write a TUM file (stamps with 9 decimals, i.e. nanoseconds)."""
+    """Write a TUM file atomically (stamps with 9 decimals, i.e. nanoseconds; poses exact)."""
     from pwan_ros.io.atomic import write_text
 
     path = pathlib.Path(path)
     t, q = tq_from_pose(traj.poses)
     write_text(
         path,
-        ''.join(
-            f'{s:.9f} ' + ' '.join(f'{v:.9g}' for v in (*ti, *qi)) + '\n'
-            for s, ti, qi in zip(traj.stamps, t, q)
-        ),
+        ''.join(f'{s:.9f} ' + _exact((*ti, *qi)) + '\n' for s, ti, qi in zip(traj.stamps, t, q)),
     )
     return path
 
@@ -226,9 +229,12 @@ def read_kitti(path, stamps=None) -> Trajectory:
 
 
 def write_kitti(path, traj: Trajectory) -> pathlib.Path:
+    """Write a KITTI pose file atomically (the 3x4 blocks, exact; no stamps)."""
+    from pwan_ros.io.atomic import write_text
+
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    np.savetxt(path, traj.poses[:, :3, :].reshape(-1, 12), fmt='%.9g')
+    write_text(path, ''.join(_exact(row) + '\n' for row in traj.poses[:, :3, :].reshape(-1, 12)))
     return path
 
 
