@@ -395,7 +395,7 @@ class RegistrationConfig:
     )
     start_keep: int = param(4, 'multi-start tournament: starts that continue after start_steps', 1)
     prealign_keep: int = param(
-        2, 'nonrigid with starts > 1: best rigid finalists deformed and compared', 1
+        3, 'nonrigid with starts > 1: best rigid finalists deformed and compared', 1
     )
     start_finetune_points: int = param(
         2000, 'source points of the fine-tune that scores each start (0 = all)', 0
