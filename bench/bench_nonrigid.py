@@ -9,7 +9,8 @@ Protocols of the paper (Sec. 5.2.2):
 Methods: 'pwan' (m-PWAN, mass = the corresponding points: n in (a), the true overlap count in
 (b)), 'd-pwan' (distance type, h = 0.05 as in the paper's protocol (b)). Anchors: pycpd / probreg
 CPD (beta=2, lambda=2, w=0.1 as in the paper's settings) and the best-similarity oracle (Procrustes
-with the known correspondences, a floor for any method that is not truly non-rigid).
+with the known correspondences, a floor for any method that is not truly non-rigid). Column
+``refused``: draws whose result PWAN's self-check refused (its MSE still counts in the median).
 
     python bench/bench_nonrigid.py --data ../shared/data --results results/nonrigid --protocol a
     python bench/bench_nonrigid.py --data ../shared/data --results results/nonrigid --protocol b
@@ -91,27 +92,30 @@ def mse(a, b):
 
 
 def run_method(method, src, ref, pwan_cfg, baseline=None, baseline_cfg=None, also_cfg=None):
+    """(moved source (n, d) or None, status): PWAN's 'ok' | 'refused', '' for the anchors."""
     if method == 'pwan':
         res = register(src, ref, pwan_cfg)
-        return res.transformed_source
+        return res.transformed_source, res.status
     if method.startswith('pwan['):
-        return register(src, ref, also_cfg).transformed_source
+        res = register(src, ref, also_cfg)
+        return res.transformed_source, res.status
     if method == 'pwan-baseline':
         if baseline is None:
             raise SystemExit('pwan-baseline needs --baseline DIR')
-        return baseline.register(src, ref, baseline_cfg).transformed_source
+        res = baseline.register(src, ref, baseline_cfg)
+        return res.transformed_source, getattr(res, 'status', '')
     if method == 'd-pwan':
         # the paper's d-PWAN setting for partial overlap: h = 0.05 in the standardised units
         res = register(
             src, ref, pwan_cfg.replace(divergence='distance', mass=None, distance_threshold=0.05)
         )
-        return res.transformed_source
+        return res.transformed_source, res.status
     if method == 'pycpd':
-        return anchors.pycpd_deformable(src, ref)
+        return anchors.pycpd_deformable(src, ref), ''
     if method == 'probreg-cpd':
-        return anchors.probreg_cpd_deformable(src, ref)
+        return anchors.probreg_cpd_deformable(src, ref), ''
     if method == 'oracle-similarity':
-        return None
+        return None, ''
     raise SystemExit(f'unknown method {method}')
 
 
@@ -208,6 +212,7 @@ def main(argv=None):
             errs = {m: [] for m in args.methods}
             times = {m: [] for m in args.methods}
             cpus = {m: [] for m in args.methods}
+            refused = {m: 0 for m in args.methods}  # draws PWAN's self-check refused
             for run in range(args.runs):
                 rng = np.random.default_rng(1000 * run + 7)
                 if args.protocol == 'a':
@@ -262,6 +267,7 @@ def main(argv=None):
                         f'{shape} ratio {ratio} {m} first registration: {tw.s:.1f} s', flush=True
                     )
                 for m in args.methods:
+                    status = ''
                     with Timer() as tm:
                         if m == 'oracle-similarity':
                             if args.protocol == 'a':
@@ -271,7 +277,7 @@ def main(argv=None):
                                 moved_b = similarity_oracle(src0[both_idx], ref0[both_idx])
                                 moved = None
                         else:
-                            moved = run_method(m, src, ref_all, pcfg, baseline, bcfg, acfg)
+                            moved, status = run_method(m, src, ref_all, pcfg, baseline, bcfg, acfg)
                     if args.protocol == 'a':
                         err = mse(moved, ref)
                     else:
@@ -282,6 +288,7 @@ def main(argv=None):
                             pos = {j: i for i, j in enumerate(keep_s)}
                             err = mse(moved[[pos[j] for j in both_idx]], ref0[both_idx])
                     errs[m].append(err)
+                    refused[m] += status == 'refused'
                     times[m].append(tm.s)
                     cpus[m].append(tm.cpu)
                     rows.append(
@@ -294,11 +301,12 @@ def main(argv=None):
                             'mse': err,
                             'time_s': tm.s,
                             'cpu_s': tm.cpu,
+                            'status': status,
                         }
                     )
                     print(
                         f'{shape} ratio {ratio} run {run} {m}: MSE {err:.4f} '
-                        f'({tm.s:.1f} s, CPU {tm.cpu:.1f} s)',
+                        f'({tm.s:.1f} s, CPU {tm.cpu:.1f} s)' + (f' {status}' if status else ''),
                         flush=True,
                     )
             for m in args.methods:
@@ -313,11 +321,12 @@ def main(argv=None):
                         'n': int(e.size),
                         'time_s': float(np.mean(times[m])),
                         'cpu_s': float(np.mean(cpus[m])),
+                        'refused': refused[m] if m.startswith(('pwan', 'd-pwan')) else '-',
                     }
                 )
     print_table(
         summary,
-        ['shape', 'ratio', 'method', 'median', 'std', 'time_s', 'cpu_s', 'n'],
+        ['shape', 'ratio', 'method', 'median', 'std', 'time_s', 'cpu_s', 'n', 'refused'],
         f'bcpd non-rigid pairs, protocol ({args.protocol})'
         + (', rotation removed' if args.unrotate else '')
         + ': MSE (normalised units)',
