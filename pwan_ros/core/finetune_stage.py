@@ -15,7 +15,7 @@ from scipy.spatial import cKDTree
 
 from .coherence import Coherence
 from .config import RegistrationConfig
-from .finetune import run_finetune
+from .finetune import query_workers, run_finetune
 from .nearest import make_search
 from .problem import Problem, finetune_set
 from .reference import PreparedReference
@@ -203,7 +203,8 @@ def _soft(prob: Problem, config: RegistrationConfig, ys, xr, out, h_n: float, co
         w = outlier_fraction(prob.mass, prob.ref_fit.shape[0])
     else:  # the share of the reference within h of the moved source is what is matched
         z = ys @ out.a + out.t + out.v
-        near = np.isfinite(cKDTree(z).query(xr, k=1, distance_upper_bound=h_n, workers=-1)[0])
+        bound = dict(distance_upper_bound=h_n, workers=query_workers(xr.shape[0]))
+        near = np.isfinite(cKDTree(z).query(xr, k=1, **bound)[0])
         w = outlier_fraction(float(near.sum()), xr.shape[0])
     soft = soft_stage(
         ys,

@@ -45,7 +45,7 @@ from scipy.spatial import cKDTree
 
 from .coherence import Coherence
 from .config import CoherenceConfig, FineTuneConfig
-from .finetune import partial_objective, select_pairs, weighted_affine
+from .finetune import partial_objective, query_workers, select_pairs, weighted_affine
 from .preprocess import random_subset
 from .problem import finetune_set
 
@@ -154,7 +154,8 @@ def soft_polish(
     a, t, v = (np.array(x, dtype=np.float64) for x in (a, t, v))
     z = src @ a + t + v
     if s2 is None:
-        s2 = float((cKDTree(ref).query(z, k=1, workers=workers)[0] ** 2).mean()) / d
+        near = cKDTree(ref).query(z, k=1, workers=query_workers(n, workers))[0]
+        s2 = float((near**2).mean()) / d
     k = min(neighbours, n)
     converged, it = False, 0
     for it in range(1, iterations + 1):
@@ -162,7 +163,10 @@ def soft_polish(
             converged = True
             break
         dist, idx = cKDTree(z).query(
-            ref, k=k, distance_upper_bound=CUTOFF * np.sqrt(s2), workers=workers
+            ref,
+            k=k,
+            distance_upper_bound=CUTOFF * np.sqrt(s2),
+            workers=query_workers(m * k, workers),
         )
         dist, idx = dist.reshape(m, k), idx.reshape(m, k)
         found = np.isfinite(dist)
@@ -302,7 +306,7 @@ def soft_stage(
     tree = cKDTree(ref)
     objectives = {}
     for name, (o, _) in runs.items():
-        dist = tree.query(src @ o.a + o.t + o.v, k=1, workers=workers)[0]
+        dist = tree.query(src @ o.a + o.t + o.v, k=1, workers=query_workers(len(src), workers))[0]
         sel = select_pairs(dist, divergence, count, h)
         objectives[name] = partial_objective(dist, sel, divergence, h)
     origin = min(objectives, key=objectives.get)  # the polish on a tie (listed first)
