@@ -257,11 +257,11 @@ def main(argv=None):
                 pcfg = RegistrationConfig.from_dict(cfg)
                 bcfg = baseline.RegistrationConfig.from_dict(cfg) if baseline else None
                 acfg = RegistrationConfig.from_dict({**cfg, **also}) if also else None
-                for m in ('pwan', also_name):
+                for m in ('pwan', 'pwan-baseline', also_name):
                     if run or pcfg.device == 'cpu' or m not in args.methods:
                         continue
                     with Timer() as tw:  # graph build of this setting's shapes, apart
-                        run_method(m, src, ref_all, pcfg, also_cfg=acfg)
+                        run_method(m, src, ref_all, pcfg, baseline, bcfg, acfg)
                     warmup.append({'shape': shape, 'ratio': ratio, 'method': m, 'warmup_s': tw.s})
                     print(
                         f'{shape} ratio {ratio} {m} first registration: {tw.s:.1f} s', flush=True

@@ -284,6 +284,34 @@ def test_per_transform_defaults():
     assert RegistrationConfig().steps is None  # unresolved until register() runs
 
 
+def test_nonrigid_schedule_is_shorter_when_the_mass_covers_the_whole_source():
+    """Non-rigid m-PWAN with ``steps`` left None: 300 transform steps when the mass matches every
+    source point (outliers in the reference only), 1000 when part of the source is unmatched;
+    given ``steps`` are kept. A tolerance of 1e-12 runs every step (blob in metres, 40 m away, 50 %
+    outliers)."""
+    rng = np.random.default_rng(3)
+    src = blob(80, 0) * 2.0 + np.array([40.0, -12.0, 3.0])
+    ref = src + 0.05 * np.sin(src[:, [1, 2, 0]])
+    ref = np.vstack((ref, rng.uniform(ref.min(0), ref.max(0), size=(40, 3))))
+    quick = dict(
+        transform='nonrigid',
+        prealign=False,
+        tolerance=1e-12,
+        potential_updates=1,
+        warmup_updates=0,
+        self_check=False,
+        finetune=FineTuneConfig(enabled=False),
+    )
+    steps = {}
+    for name, extra in (
+        ('whole', {'mass': 80.0}),
+        ('part', {'mass': 60.0}),
+        ('given', {'mass': 80.0, 'steps': 450}),
+    ):
+        steps[name] = register(src, ref, RegistrationConfig(**quick, **extra)).iterations
+    assert steps == {'whole': 300, 'part': 1000, 'given': 450}
+
+
 def test_affine_recovers_scaling():
     src = blob(400, 0)
     a_true = np.diag([1.2, 0.9, 1.1]) @ rot3(10, 0, 5)

@@ -21,7 +21,7 @@ from scipy.spatial import cKDTree
 
 from .alg1 import run_alg1
 from .coherence import Coherence
-from .config import RegistrationConfig
+from .config import NONRIGID_MATCHED_STEPS, RegistrationConfig
 from .device import resolve_device, thread_scope
 from .errors import PwanInputError
 from .finetune import partial_objective, query_workers, select_pairs
@@ -642,6 +642,7 @@ def _register_candidates(
     final fine-tune stopped by its iteration cap warns (off for a non-rigid registration's rigid
     pre-alignment, which the deformation continues from)."""
     t0 = time.perf_counter()
+    default_steps = config.steps is None
     config = config.resolved()
     prob = prepare(source, reference, config, init)
     device = resolve_device(config.device)
@@ -666,6 +667,8 @@ def _register_candidates(
     timings = {'preprocess': time.perf_counter() - t0, 'adversarial': 0.0, 'finetune': 0.0}
     masses = sample_masses(prob.ratio_min, n_src, n_ref, r, xs_np.shape[0], kind)
     mass_n = masses.matched
+    if default_steps and kind == 'nonrigid' and mass_n is not None and mass_n >= r * (1 - 1e-9):
+        config = dataclasses.replace(config, steps=NONRIGID_MATCHED_STEPS)  # whole source matched
     h_n = h_caller / norm.scale if h_caller is not None else None
     # resolution floor of the learned h (normalised): below the reference sampling the potential is
     # flat
