@@ -286,9 +286,9 @@ def test_per_transform_defaults():
 
 def test_nonrigid_schedule_is_shorter_when_the_mass_covers_the_whole_source():
     """Non-rigid m-PWAN with ``steps`` left None: 300 transform steps when the mass matches every
-    source point (outliers in the reference only), 1000 when part of the source is unmatched;
-    given ``steps`` are kept. A tolerance of 1e-12 runs every step (blob in metres, 40 m away, 50 %
-    outliers)."""
+    source point (outliers in the reference only) and the soft stage also runs CPD from the
+    start, else 1000; given ``steps`` are kept. A tolerance of 1e-12 runs every step (blob in
+    metres, 40 m away, 50 % outliers)."""
     rng = np.random.default_rng(3)
     src = blob(80, 0) * 2.0 + np.array([40.0, -12.0, 3.0])
     ref = src + 0.05 * np.sin(src[:, [1, 2, 0]])
@@ -300,16 +300,19 @@ def test_nonrigid_schedule_is_shorter_when_the_mass_covers_the_whole_source():
         potential_updates=1,
         warmup_updates=0,
         self_check=False,
-        finetune=FineTuneConfig(enabled=False),
     )
+    soft = FineTuneConfig(max_iterations=5, soft_iterations=5)
+    alone = FineTuneConfig(max_iterations=5, soft_iterations=5, soft_from_start=False)
     steps = {}
     for name, extra in (
-        ('whole', {'mass': 80.0}),
-        ('part', {'mass': 60.0}),
-        ('given', {'mass': 80.0, 'steps': 450}),
+        ('whole', {'mass': 80.0, 'finetune': soft}),
+        ('part', {'mass': 60.0, 'finetune': soft}),
+        ('given', {'mass': 80.0, 'finetune': soft, 'steps': 450}),
+        ('no cpd from the start', {'mass': 80.0, 'finetune': alone}),
     ):
-        steps[name] = register(src, ref, RegistrationConfig(**quick, **extra)).iterations
-    assert steps == {'whole': 300, 'part': 1000, 'given': 450}
+        res = register(src, ref, RegistrationConfig(**quick, **extra))
+        steps[name] = res.iterations
+    assert steps == {'whole': 300, 'part': 1000, 'given': 450, 'no cpd from the start': 1000}
 
 
 def test_affine_recovers_scaling():

@@ -627,6 +627,21 @@ def sample_masses(
     return SampleMasses(matched, n_ref * unit)
 
 
+def _short_nonrigid_schedule(config: RegistrationConfig, mass_n: Optional[float], r: int) -> bool:
+    """Whether a non-rigid run takes :data:`NONRIGID_MATCHED_STEPS`: the mass covers all r sampled
+    source points, and the fine-tune's soft stage also runs CPD from the start (a second route
+    to the deformation; the adversarial field alone keeps the full schedule)."""
+    ft = config.finetune
+    return (
+        config.transform == 'nonrigid'
+        and mass_n is not None
+        and mass_n >= r * (1 - 1e-9)
+        and ft.enabled
+        and ft.soft_iterations > 0
+        and ft.soft_from_start
+    )
+
+
 def _register_candidates(
     source,
     reference,
@@ -667,8 +682,8 @@ def _register_candidates(
     timings = {'preprocess': time.perf_counter() - t0, 'adversarial': 0.0, 'finetune': 0.0}
     masses = sample_masses(prob.ratio_min, n_src, n_ref, r, xs_np.shape[0], kind)
     mass_n = masses.matched
-    if default_steps and kind == 'nonrigid' and mass_n is not None and mass_n >= r * (1 - 1e-9):
-        config = dataclasses.replace(config, steps=NONRIGID_MATCHED_STEPS)  # whole source matched
+    if default_steps and _short_nonrigid_schedule(config, mass_n, r):
+        config = dataclasses.replace(config, steps=NONRIGID_MATCHED_STEPS)
     h_n = h_caller / norm.scale if h_caller is not None else None
     # resolution floor of the learned h (normalised): below the reference sampling the potential is
     # flat
