@@ -131,6 +131,35 @@ def test_torch_nearest_equals_the_kd_tree(chunk, bound):
     assert (np.diff(d1, axis=1) >= 0).all()
 
 
+@pytest.mark.parametrize('bound', [np.inf, 2.0, 0.05])
+def test_host_nearest_equals_the_kd_tree(bound):
+    """The fine-tune's host search (small_gicp's k-d tree for 3-D nearest neighbours) gives
+    scipy's distances, its indices up to ties, and inf / index n beyond the bound (sets in metres,
+    1 km from the origin, duplicates, midpoints and far points); k > 1 and 2-D go to scipy."""
+    from pwan_ros.core.nearest import HostNearest, make_search
+
+    ref, q = _metric_sets()
+    tree = cKDTree(ref)
+    hn = make_search(ref)
+    assert isinstance(hn, HostNearest) and hn.n == tree.n
+    d0, i0 = tree.query(q, distance_upper_bound=bound)
+    d1, i1 = hn.query(q, distance_upper_bound=bound, workers=-1)
+    assert d1.shape == (q.shape[0],) and d1.dtype == np.float64
+    found = np.isfinite(d0)
+    np.testing.assert_array_equal(np.isfinite(d1), found)
+    np.testing.assert_array_equal(i1[~found], tree.n)
+    np.testing.assert_allclose(d1[found], d0[found], rtol=1e-12)
+    np.testing.assert_allclose(
+        np.linalg.norm(q[found] - ref[i1[found]], axis=1), d1[found], rtol=1e-12
+    )
+    assert (i0 != i1).sum() <= 70  # duplicates + midpoints only
+    d0, i0 = tree.query(q[:500], k=4)
+    d1, i1 = hn.query(q[:500], k=4)
+    np.testing.assert_array_equal(d1, d0)
+    flat = HostNearest(ref[:, :2])
+    np.testing.assert_array_equal(flat.query(q[:, :2])[0], cKDTree(ref[:, :2]).query(q[:, :2])[0])
+
+
 def test_torch_nearest_fewer_points_than_k_pads_as_the_tree():
     from pwan_ros.core.nearest import TorchNearest
 

@@ -1,6 +1,6 @@
 """Nearest-neighbour search on a torch device (brute force, chunked): the fine-tune's search with
-``finetune.nn='torch'`` (the default, ``auto``, is scipy's k-d tree on the host: see
-:func:`search_device`).
+``finetune.nn='torch'``; the default, ``auto``, is the k-d tree on the host (:class:`HostNearest`:
+small_gicp's for 3-D nearest neighbours, scipy's for the rest; see :func:`search_device`).
 
 :class:`TorchNearest` answers the part of scipy's ``cKDTree.query`` interface the fine-tune uses
 (``k``, ``distance_upper_bound``, ``workers``, ``n``): distances (n,) / (n, k) float64 and indices,
@@ -13,11 +13,13 @@ it is exact for the index returned (and the bound is applied to it).
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 from scipy.spatial import cKDTree
 
-__all__ = ['CHUNK_ELEMENTS', 'TorchNearest', 'make_search', 'search_device']
+__all__ = ['CHUNK_ELEMENTS', 'HostNearest', 'TorchNearest', 'make_search', 'search_device']
 
 #: elements (query rows x reference points) of one distance block: 64 MiB in float32
 CHUNK_ELEMENTS = 1 << 24
@@ -108,10 +110,48 @@ class TorchNearest:
         return dist, idx
 
 
+class HostNearest:
+    """scipy's k-d tree over reference points (n, d) (``tree``), whose 3-D nearest-neighbour
+    queries (k = 1) small_gicp's k-d tree answers: exact as well, and about 2x faster for the
+    fine-tune's queries of 2000 rows (0.30 against 0.66 ms on one thread), which were most of a
+    24-start tournament's fine-tunes. Other queries go to ``tree``. Same interface as
+    :class:`TorchNearest` (``n``, :meth:`query`)."""
+
+    def __init__(self, points: np.ndarray):
+        points = np.ascontiguousarray(points, dtype=np.float64)
+        self.tree = cKDTree(points)
+        self.n = self.tree.n
+        self.data = self.tree.data  # the points (n, d), as cKDTree.data
+        self._fast = None
+        if points.ndim == 2 and points.shape[1] == 3 and points.shape[0] > 0:
+            import small_gicp
+
+            self._fast = small_gicp.KdTree(points, num_threads=1)
+
+    def query(self, x, k: int = 1, distance_upper_bound: float = np.inf, workers: int = 1):
+        """As ``cKDTree.query``: distances and indices, beyond the bound (d >= bound) inf and
+        index ``n``."""
+        x = np.ascontiguousarray(x, dtype=np.float64)
+        if k != 1 or self._fast is None or x.ndim != 2 or x.shape[1] != 3:
+            return self.tree.query(
+                x, k=k, distance_upper_bound=distance_upper_bound, workers=workers
+            )
+        threads = (os.cpu_count() or 1) if workers == -1 else max(int(workers), 1)
+        idx, sq = self._fast.batch_nearest_neighbor_search(x, num_threads=threads)
+        idx = np.asarray(idx, dtype=np.intp).reshape(-1)
+        dist = np.sqrt(np.asarray(sq, dtype=np.float64).reshape(-1))
+        far = ~(dist < distance_upper_bound)
+        if far.any():
+            dist[far] = np.inf
+            idx[far] = self.n
+        return dist, idx
+
+
 def make_search(points: np.ndarray, device=None):
-    """A k-d tree over ``points`` (device None), else a :class:`TorchNearest` on ``device``."""
+    """A :class:`HostNearest` over ``points`` (device None), else a :class:`TorchNearest` on
+    ``device``."""
     if device is None:
-        return cKDTree(points)
+        return HostNearest(points)
     return TorchNearest(points, device)
 
 

@@ -21,7 +21,7 @@ import torch
 from scipy.spatial import cKDTree
 
 from .finetune import estimate_normals
-from .nearest import make_search
+from .nearest import HostNearest, make_search
 from .preprocess import Normaliser
 
 __all__ = ['FINETUNE_SUBSET_SEED', 'PreparedReference', 'ReferenceCache', 'ScaledSearch']
@@ -92,7 +92,7 @@ class PreparedReference:
             else:
                 idx = np.arange(n)
             centred = self.fit[idx] - self.center
-            self._subsets[key] = (key, idx, centred, cKDTree(centred))
+            self._subsets[key] = (key, idx, centred, HostNearest(centred))
         return self._subsets[key]
 
     def finetune_reference(
