@@ -219,9 +219,8 @@ class FineTuneConfig:
     nn: str = param(
         'auto',
         'nearest-neighbour search of the fine-tune: kdtree (host CPU: small_gicp in 3-D, scipy), '
-        'torch (chunked '
-        'brute force on the registration\'s device) or auto (kdtree: the fine-tune\'s steps run '
-        'on the host, measured faster on CPU and CUDA)',
+        'torch (chunked brute force on the registration\'s device) or auto (kdtree: the '
+        'fine-tune\'s steps run on the host, measured faster on CPU and CUDA)',
         choices=NN_MODES,
     )
 
