@@ -203,8 +203,10 @@ def _soft(prob: Problem, config: RegistrationConfig, ys, xr, out, h_n: float, co
         w = outlier_fraction(prob.mass, prob.ref_fit.shape[0])
     else:  # the share of the reference within h of the moved source is what is matched
         z = ys @ out.a + out.t + out.v
-        bound = dict(distance_upper_bound=h_n, workers=query_workers(xr.shape[0]))
-        near = np.isfinite(cKDTree(z).query(xr, k=1, **bound)[0])
+        dist = cKDTree(z).query(
+            xr, k=1, distance_upper_bound=h_n, workers=query_workers(xr.shape[0])
+        )[0]
+        near = np.isfinite(dist)
         w = outlier_fraction(float(near.sum()), xr.shape[0])
     soft = soft_stage(
         ys,
