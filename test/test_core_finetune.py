@@ -160,6 +160,45 @@ def test_host_nearest_equals_the_kd_tree(bound):
     np.testing.assert_array_equal(flat.query(q[:, :2])[0], cKDTree(ref[:, :2]).query(q[:, :2])[0])
 
 
+def test_fine_tune_searches_use_the_registration_threads(monkeypatch):
+    """The fine-tune's host searches get the registration's thread budget (``threads``; 0: the
+    automatic count), small_gicp's threaded answers equal its single-thread ones, and both
+    registrations find the pose (a pair in metres, 500 m from the origin, 40 % outliers, a 30 deg
+    turn)."""
+    from _core_shapes import blob, rot3, rot_err_deg
+    from pwan_ros.core import RegistrationConfig, register
+    from pwan_ros.core.device import default_threads
+    from pwan_ros.core.nearest import HostNearest
+
+    ref, q = _metric_sets()
+    hn = HostNearest(ref)
+    d1, i1 = hn.query(q, workers=1)
+    d3, i3 = hn.query(q, workers=3)
+    np.testing.assert_array_equal(d3, d1)
+    np.testing.assert_array_equal(i3, i1)
+
+    seen = []
+    real = HostNearest.query
+
+    def spy(self, x, k=1, distance_upper_bound=np.inf, workers=1):
+        if k == 1:
+            seen.append(workers)
+        return real(self, x, k=k, distance_upper_bound=distance_upper_bound, workers=workers)
+
+    monkeypatch.setattr(HostNearest, 'query', spy)
+    rng = np.random.default_rng(4)
+    pts = blob(1500, seed=4) * 8.0 + 500.0
+    src = pts @ rot3(0.0, 0.0, 30.0).T + np.array([3.0, -2.0, 1.0])
+    src = np.vstack((src, rng.uniform(-40, 40, size=(600, 3)) + 500.0))
+    results = {}
+    for threads in (3, 0):
+        seen.clear()
+        res = register(src, pts, RegistrationConfig(seed=1, threads=threads))
+        assert seen and set(seen) == {threads or default_threads()}, (threads, set(seen))
+        results[threads] = rot_err_deg(res.transform[:3, :3], rot3(0.0, 0.0, 30.0).T)
+    assert max(results.values()) < 0.5, results
+
+
 def test_torch_nearest_fewer_points_than_k_pads_as_the_tree():
     from pwan_ros.core.nearest import TorchNearest
 

@@ -24,7 +24,7 @@ from .coherence import Coherence
 from .config import NONRIGID_MATCHED_STEPS, RegistrationConfig
 from .device import resolve_device, thread_scope
 from .errors import PwanInputError
-from .finetune import partial_objective, query_workers, select_pairs
+from .finetune import partial_objective, select_pairs
 from .finetune_stage import finetune_data, finetune_stage
 from .global_search import register_global
 from .mass import measured_mass_ratio, refit_mass
@@ -36,7 +36,7 @@ from .multistart import (
     run_multistart,
     start_rotations,
 )
-from .nearest import search_device
+from .nearest import query_workers, search_device
 from .polish import gicp_polish
 from .preprocess import (
     far_outliers,

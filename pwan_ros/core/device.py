@@ -48,11 +48,18 @@ def default_threads() -> int:
     return 1 if n <= 2 else max(1, min(4, n // 2))
 
 
+def resolve_threads(threads: int) -> int:
+    """The threads a registration uses on the host (torch's intra-op threads and the fine-tune's
+    nearest-neighbour searches) for the ``threads`` setting: itself, or :func:`default_threads`
+    for 0."""
+    return int(threads) if threads and threads > 0 else default_threads()
+
+
 class thread_scope:
     """Context manager setting ``torch.set_num_threads`` for a call and restoring it after."""
 
     def __init__(self, threads: int):
-        self.threads = int(threads) if threads and threads > 0 else default_threads()
+        self.threads = resolve_threads(threads)
         self._old = None
 
     def __enter__(self):

@@ -19,6 +19,7 @@ import torch
 from scipy.spatial import cKDTree
 
 from .coherence import Coherence
+from .nearest import query_workers
 
 
 @dataclass
@@ -115,29 +116,24 @@ def point_to_plane_step(z: np.ndarray, target: np.ndarray, normals: np.ndarray, 
     return np.array([[c, -s_], [s_, c]]), x[1:]
 
 
-#: k-d tree queries of fewer rows run on one thread: scipy starts its worker threads anew on every
-#: call, which costs more than the search (measured 2.6x slower for 2000 rows, none faster up to
-#: 80k rows on 2 cores)
-PARALLEL_QUERY_ROWS = 50_000
-
-
-def query_workers(rows: int, workers: int = -1) -> int:
-    """The ``workers`` argument for a cKDTree query of ``rows`` points."""
-    return 1 if rows < PARALLEL_QUERY_ROWS else workers
-
-
-def _nearest(tree: cKDTree, z: np.ndarray, bound: float, need: int, workers: int):
+def _nearest(tree, z: np.ndarray, bound: float, need: int, workers: int):
     """Distance and index of the nearest tree point of each row of z (n, d), searched within
     ``bound`` (beyond: inf and index tree.n); rows left at inf are searched again without the bound
     when fewer than ``need`` rows were found (so the ``need`` smallest distances are always
-    exact)."""
+    exact). workers: the thread budget (a cKDTree's small queries stay on one,
+    :func:`nearest.query_workers`; the other searches decide themselves)."""
+    raw = isinstance(tree, cKDTree)
     dist, nn = tree.query(
-        z, k=1, workers=query_workers(z.shape[0], workers), distance_upper_bound=bound
+        z,
+        k=1,
+        workers=query_workers(z.shape[0], workers) if raw else workers,
+        distance_upper_bound=bound,
     )
     if need and np.isfinite(bound) and int(np.isfinite(dist).sum()) < need:
         far = ~np.isfinite(dist)
+        rows = int(far.sum())
         dist[far], nn[far] = tree.query(
-            z[far], k=1, workers=query_workers(int(far.sum()), workers)
+            z[far], k=1, workers=query_workers(rows, workers) if raw else workers
         )
     return dist, nn
 

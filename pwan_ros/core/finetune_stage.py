@@ -15,8 +15,9 @@ from scipy.spatial import cKDTree
 
 from .coherence import Coherence
 from .config import RegistrationConfig
-from .finetune import query_workers, run_finetune
-from .nearest import make_search
+from .device import resolve_threads
+from .finetune import run_finetune
+from .nearest import make_search, query_workers
 from .problem import Problem, finetune_set
 from .reference import PreparedReference
 from .soft_finetune import outlier_fraction, soft_stage
@@ -135,7 +136,7 @@ def finetune_stage(
         config.finetune.tolerance,
         v=v0,
         coherence=coh,
-        workers=-1,
+        workers=resolve_threads(config.threads),
         ref_normals=normals,
     )
     capped = not out.converged and out.iterations >= cap
@@ -165,7 +166,7 @@ def finetune_stage(
                 h_ov,
                 cap,
                 config.finetune.tolerance,
-                workers=-1,
+                workers=resolve_threads(config.threads),
                 ref_normals=normals,
             )
             capped = capped or (not out.converged and out.iterations >= cap)
@@ -221,7 +222,7 @@ def _soft(prob: Problem, config: RegistrationConfig, ys, xr, out, h_n: float, co
         count,
         h_n,
         config.seed,
-        workers=-1,
+        workers=resolve_threads(config.threads),
     )
     o = soft.outcome
     out = dataclasses.replace(

@@ -19,13 +19,30 @@ import numpy as np
 import torch
 from scipy.spatial import cKDTree
 
-__all__ = ['CHUNK_ELEMENTS', 'HostNearest', 'TorchNearest', 'make_search', 'search_device']
+__all__ = [
+    'CHUNK_ELEMENTS',
+    'PARALLEL_QUERY_ROWS',
+    'HostNearest',
+    'TorchNearest',
+    'make_search',
+    'query_workers',
+    'search_device',
+]
 
 #: elements (query rows x reference points) of one distance block: 64 MiB in float32
 CHUNK_ELEMENTS = 1 << 24
+#: scipy k-d tree queries of fewer rows run on one thread: scipy starts its worker threads anew on
+#: every call, which costs more than the search (measured 2.6x slower for 2000 rows, none faster up
+#: to 80k rows on 2 cores)
+PARALLEL_QUERY_ROWS = 50_000
 #: query rows of a block at least (a larger reference is searched in slices of CHUNK_ELEMENTS /
 #: this)
 MIN_BLOCK_ROWS = 256
+
+
+def query_workers(rows: int, workers: int = -1) -> int:
+    """The ``workers`` argument for a scipy cKDTree query of ``rows`` points."""
+    return 1 if rows < PARALLEL_QUERY_ROWS else workers
 
 
 class TorchNearest:
@@ -115,7 +132,12 @@ class HostNearest:
     queries (k = 1) small_gicp's k-d tree answers: exact as well, and about 2x faster for the
     fine-tune's queries of 2000 rows (0.30 against 0.66 ms on one thread), which were most of a
     24-start tournament's fine-tunes. Other queries go to ``tree``. Same interface as
-    :class:`TorchNearest` (``n``, :meth:`query`)."""
+    :class:`TorchNearest` (``n``, :meth:`query`).
+
+    ``workers`` of a query is the caller's thread budget (-1: every core): small_gicp's OpenMP
+    threads are kept between calls, so it uses them at any size (2000 rows: 0.54 -> 0.35 ms on
+    two threads); scipy starts its threads on every call, so its queries under
+    :data:`PARALLEL_QUERY_ROWS` rows stay on one."""
 
     def __init__(self, points: np.ndarray):
         points = np.ascontiguousarray(points, dtype=np.float64)
@@ -133,8 +155,12 @@ class HostNearest:
         index ``n``."""
         x = np.ascontiguousarray(x, dtype=np.float64)
         if k != 1 or self._fast is None or x.ndim != 2 or x.shape[1] != 3:
+            rows = (x.shape[0] if x.ndim == 2 else 1) * k
             return self.tree.query(
-                x, k=k, distance_upper_bound=distance_upper_bound, workers=workers
+                x,
+                k=k,
+                distance_upper_bound=distance_upper_bound,
+                workers=query_workers(rows, workers),
             )
         threads = (os.cpu_count() or 1) if workers == -1 else max(int(workers), 1)
         idx, sq = self._fast.batch_nearest_neighbor_search(x, num_threads=threads)

@@ -45,7 +45,8 @@ from scipy.spatial import cKDTree
 
 from .coherence import Coherence
 from .config import CoherenceConfig, FineTuneConfig
-from .finetune import partial_objective, query_workers, select_pairs, weighted_affine
+from .finetune import partial_objective, select_pairs, weighted_affine
+from .nearest import query_workers
 from .preprocess import random_subset
 from .problem import finetune_set
 
