@@ -160,7 +160,7 @@ def engine_rows():
     for s in out['summary']:
         if 'warmup_s' in s:
             rows.append((f"engine first registration ({s['case']})", status('engine'),
-                         round(s['warmup_s'], 1), f"{s['core']}: first window's capture + compile if on"))
+                         round(s['warmup_s'], 1), f"{s['core']}: first step's capture + compile if on"))
     rows.append(('engine bmm floor', status('engine'), '', f'{floor:.1f} GFLOP/s on {device}'))
     return rows
 

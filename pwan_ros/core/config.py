@@ -438,7 +438,7 @@ class RegistrationConfig:
     )
     cuda_graphs: bool = param(
         True,
-        'CUDA: each window of Alg. 1 steps after the first runs as one captured CUDA graph '
+        'CUDA: the Alg. 1 steps after the first replay one captured CUDA graph of a step '
         '(no per-kernel launch from Python); false = launch kernel by kernel (compiled '
         "functions then use torch.compile's own graphs); no effect on the CPU",
     )
