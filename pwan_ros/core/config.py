@@ -426,8 +426,8 @@ class RegistrationConfig:
     )
     device: str = param(
         'auto',
-        'compute device; auto = the CPU (at these sizes an H200 gained 1.8x on one start and '
-        '2.1x on the 24-start tournament over one CPU thread, after 2-6 s of graph capture)',
+        'compute device; auto = the CPU (at these sizes an H200 gained 1.6x on one start and '
+        '2x on the 24-start tournament over one CPU thread, after 1-5 s of graph capture)',
         fmt='device',
     )
     compile: str = param(

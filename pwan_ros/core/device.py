@@ -15,9 +15,9 @@ def resolve_device(name: str) -> torch.device:
     """Map ``'auto'`` / ``'cpu'`` / ``'cuda'`` / ``'cuda:N'`` to a :class:`torch.device`.
 
     ``'auto'`` is the CPU: on an H200 the CUDA path of these small networks (a few thousand
-    points, hidden widths of tens) is host-bound, 1.1-1.4x faster than one CPU thread on a
-    registration and slower in ``pwan`` mode odometry, and builds its graphs for 20-26 s on the
-    first registration of each shape set (docs/benchmarks.md, device check). ``'cuda'`` /
+    points, hidden widths of tens) is host-bound, 1.6-2.6x faster than one CPU thread on a
+    registration and 1.5x in ``pwan`` mode odometry, after 1-3 s of graph capture on the first
+    registration of each shape set (docs/benchmarks.md, device check). ``'cuda'`` /
     ``'cuda:N'`` run there on request; asking for CUDA without one is an error. The configs
     validate the name with the same rule (``pwan_ros.params.FORMATS['device']``).
     """
