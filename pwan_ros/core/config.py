@@ -443,7 +443,12 @@ class RegistrationConfig:
         "functions then use torch.compile's own graphs); no effect on the CPU",
     )
     seed: int = param(0, 'random seed (sampling, network initialisation)', 0)
-    threads: int = param(0, 'CPU threads for torch (0 = automatic)', 0)
+    threads: int = param(
+        0,
+        "CPU threads for torch and the fine-tune's nearest-neighbour searches (0 = automatic: "
+        '1 on up to 2 cores, else half the cores, at most 4)',
+        0,
+    )
     verbose: bool = param(False, 'progress lines on stderr')
     self_check: bool = param(
         True,
