@@ -162,13 +162,15 @@ def test_host_nearest_equals_the_kd_tree(bound):
 
 def test_fine_tune_searches_use_the_registration_threads(monkeypatch):
     """The fine-tune's host searches get the registration's thread budget (``threads``; 0: the
-    automatic count), small_gicp's threaded answers equal its single-thread ones, and both
-    registrations find the pose (a pair in metres, 500 m from the origin, 40 % outliers, a 30 deg
-    turn)."""
+    automatic count), small_gicp's threaded answers equal its single-thread ones, scipy's small
+    queries start no thread, and both registrations find the pose (a pair in metres, 500 m from
+    the origin, 40 % outliers, a 30 deg turn)."""
     from _core_shapes import blob, rot3, rot_err_deg
     from pwan_ros.core import RegistrationConfig, register
     from pwan_ros.core.device import default_threads
     from pwan_ros.core.nearest import HostNearest
+
+    import threading
 
     ref, q = _metric_sets()
     hn = HostNearest(ref)
@@ -176,6 +178,20 @@ def test_fine_tune_searches_use_the_registration_threads(monkeypatch):
     d3, i3 = hn.query(q, workers=3)
     np.testing.assert_array_equal(d3, d1)
     np.testing.assert_array_equal(i3, i1)
+    # the queries scipy answers (k > 1) stay on the calling thread below PARALLEL_QUERY_ROWS rows:
+    # scipy starts its worker threads anew on every call
+    started = []
+    start = threading.Thread.start
+
+    def counting_start(self):
+        started.append(self.name)
+        return start(self)
+
+    monkeypatch.setattr(threading.Thread, 'start', counting_start)
+    d4, _ = hn.query(q[:500], k=4, workers=-1)
+    np.testing.assert_array_equal(d4, cKDTree(ref).query(q[:500], k=4)[0])
+    assert started == []
+    monkeypatch.undo()
 
     seen = []
     real = HostNearest.query
