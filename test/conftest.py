@@ -92,6 +92,23 @@ def ros_env(tmp_path):
 
 
 @pytest.fixture
+def thread_starts(monkeypatch):
+    """Names of the Python threads started while the test runs (scipy's k-d tree starts its
+    query workers as such threads, anew on every call); undo with ``monkeypatch.undo()``."""
+    import threading
+
+    started = []
+    start = threading.Thread.start
+
+    def counting_start(self):
+        started.append(self.name)
+        return start(self)
+
+    monkeypatch.setattr(threading.Thread, 'start', counting_start)
+    return started
+
+
+@pytest.fixture
 def unwritable_dir(tmp_path):
     """A directory the test process cannot create files in: a 0555 directory, or for root (who
     writes through permissions) /proc/sys, which no process can write into."""

@@ -160,7 +160,7 @@ def test_host_nearest_equals_the_kd_tree(bound):
     np.testing.assert_array_equal(flat.query(q[:, :2])[0], cKDTree(ref[:, :2]).query(q[:, :2])[0])
 
 
-def test_fine_tune_searches_use_the_registration_threads(monkeypatch):
+def test_fine_tune_searches_use_the_registration_threads(monkeypatch, thread_starts):
     """The fine-tune's host searches get the registration's thread budget (``threads``; 0: the
     automatic count), small_gicp's threaded answers equal its single-thread ones, scipy's small
     queries start no thread, and both registrations find the pose (a pair in metres, 500 m from
@@ -170,8 +170,6 @@ def test_fine_tune_searches_use_the_registration_threads(monkeypatch):
     from pwan_ros.core.device import default_threads
     from pwan_ros.core.nearest import HostNearest
 
-    import threading
-
     ref, q = _metric_sets()
     hn = HostNearest(ref)
     d1, i1 = hn.query(q, workers=1)
@@ -180,18 +178,9 @@ def test_fine_tune_searches_use_the_registration_threads(monkeypatch):
     np.testing.assert_array_equal(i3, i1)
     # the queries scipy answers (k > 1) stay on the calling thread below PARALLEL_QUERY_ROWS rows:
     # scipy starts its worker threads anew on every call
-    started = []
-    start = threading.Thread.start
-
-    def counting_start(self):
-        started.append(self.name)
-        return start(self)
-
-    monkeypatch.setattr(threading.Thread, 'start', counting_start)
     d4, _ = hn.query(q[:500], k=4, workers=-1)
     np.testing.assert_array_equal(d4, cKDTree(ref).query(q[:500], k=4)[0])
-    assert started == []
-    monkeypatch.undo()
+    assert thread_starts == []
 
     seen = []
     real = HostNearest.query

@@ -224,21 +224,11 @@ def test_cpd_from_start_on_a_sample_of_a_large_set(monkeypatch):
     assert np.allclose(again, o.v, atol=1e-9)
 
 
-def test_soft_stage_on_small_sets_starts_no_threads(monkeypatch):
+def test_soft_stage_on_small_sets_starts_no_threads(thread_starts):
     """Asked for every core (``workers=-1``, what the fine-tune passes), the stage's k-d tree
     queries of a few hundred rows stay on the calling thread: scipy starts its worker threads
     anew on every query, which on a 16-core machine cost more than the search (9488 threads for
     one non-rigid registration before)."""
-    import threading
-
-    started = []
-    start = threading.Thread.start
-
-    def counting_start(self):
-        started.append(self.name)
-        return start(self)
-
-    monkeypatch.setattr(threading.Thread, 'start', counting_start)
     y, x = _deformed(300)
     ref = _with_outliers(x, 0.5)
     out = soft_stage(
@@ -257,4 +247,4 @@ def test_soft_stage_on_small_sets_starts_no_threads(monkeypatch):
         workers=-1,
     )
     assert out.iterations > 2
-    assert started == []
+    assert thread_starts == []
