@@ -8,6 +8,8 @@ on the same inputs in the same process, interleaved repeat by repeat, with 1 tor
   single       one start, the default registration
   tournament   starts=24, start_steps=60 (the multi-start for an unknown orientation)
 
+Registrations on the CPU run on one thread (``threads=1``), on a GPU with the default threads
+(``threads=0``: the host's threads run the fine-tune's nearest-neighbour searches there).
 Prints per case the median CPU seconds of each core (wall seconds on a GPU), the speed-up over the
 first core listed (the baseline; with ``--cpu-side`` on a GPU, this core on the CPU), the rotation
 error, and the GFLOP/s the current adversarial stage reaches next to plain batched matrix products
@@ -61,7 +63,10 @@ def load_core(checkout: str, name: str = 'pwan_core_baseline'):
 
 def config_of(core, seed: int, device: str, case: str, extra: dict):
     """The registration config of one run: ``case``'s settings, then ``extra`` (dotted keys)."""
-    values = {'seed': seed, 'threads': 1, 'device': device, **CASES[case], **extra}
+    # the CPU on one thread (comparable across machines and with the baseline); on a GPU the
+    # registration's own default (0: automatic), whose host threads run the fine-tune's searches
+    threads = 1 if device == 'cpu' else 0
+    values = {'seed': seed, 'threads': threads, 'device': device, **CASES[case], **extra}
     return core.RegistrationConfig.from_dict(values)
 
 
@@ -225,7 +230,8 @@ def main(argv=None):
             'finetune_s',
             'gflops',
         ],
-        f'PWAN engine, bunny 045->000, {args.points} + {args.points} points, 1 thread, '
+        f'PWAN engine, bunny 045->000, {args.points} + {args.points} points, '
+        f"{'1 thread' if args.device == 'cpu' else 'default threads'}, "
         f'{args.device} (median of {args.repeats}; speedup = {ref_name} {clock} / this); '
         'plain bmm of the network shapes: '
         f'{ref_rate:.1f} GFLOP/s',
