@@ -91,7 +91,7 @@ def test_sample_masses_keep_each_sets_fraction():
     """Non-rigid: the random cap draws each set at its own rate, and the matched mass stays the
     same fraction of each set, in units of one sampled source point. Rigid / affine, or no cap:
     the samples weigh as sets of equal points."""
-    from pwan_ros.core.api import sample_masses
+    from pwan_ros.core.candidates import sample_masses
 
     for kind in ('rigid', 'affine', 'nonrigid'):  # not capped: the same for every transform
         m = sample_masses(0.8, 500, 700, 500, 700, kind)
@@ -222,7 +222,7 @@ def test_clearly_worse_rigid_finalist_is_not_deformed():
     reference (> PREALIGN_GAP) than the best is not deformed; one within the gap is."""
     from types import SimpleNamespace
 
-    from pwan_ros.core.api import PREALIGN_GAP, deformable_finalists
+    from pwan_ros.core.judging import PREALIGN_GAP, deformable_finalists
 
     rng = np.random.default_rng(0)
     ref = rng.uniform(-5.0, 5.0, size=(2000, 3))  # metres

@@ -548,7 +548,7 @@ def run_alg1(
 
     ys_np (r, d) source, xs_np (q, d) reference, normalised frame. mass_n: matched mass (mass type,
     in source points: each of the r weighs 1); ref_mass: the reference's total mass in that unit
-    (default q; sets sampled at different rates: :func:`api.sample_masses`); h_n: threshold
+    (default q; sets sampled at different rates: :func:`candidates.sample_masses`); h_n: threshold
     (distance type, normalised units). rotations: initial rotations (d, d), column convention,
     about the origin; translations: initial t (d,) (default 0); states: per-start
     ``PotentialNet`` state dicts to begin from (None entries: fresh init). The learning-rate

@@ -182,7 +182,7 @@ def run_multistart(
     runs the full Alg. 1. Finalists end with the fine-tune on ``start_finetune_points`` source
     points (if enabled; the caller gives the winner the dense one); in the tournament each finalist
     contributes the better (by ``score_of``) of its continued and its short-stage pose. Returns the
-    finalists as [:class:`Candidate`]. mass_n / ref_mass: :class:`api.SampleMasses`."""
+    finalists as [:class:`Candidate`]. mass_n / ref_mass: :class:`candidates.SampleMasses`."""
     r, q = ys_np.shape[0], xs_np.shape[0]
     group = max(1, ENSEMBLE_POINTS // max(config.batch_size or max(q, r), 1))
 
