@@ -8,11 +8,14 @@
 #   3. bench/bench_lidar.py --pwan-only: the odometry pipeline in pwan mode, PWAN on the device,
 #   4. bench/bench_nonrigid.py protocol (a), outlier ratio 0.6, one draw of fish, bunny, monkey:
 #      non-rigid PWAN on the device next to pycpd on the host CPU (seconds per pair, MSE).
+#   cpd (not in the default set, --steps cpd, about 2 minutes on an H200): the comparison with CPD
+#      where CPD works: bench_nonrigid.py protocols (a) (ratios 0.2 0.6 1.2) and (b) (s = 0.7 0.85
+#      1.0) with the pairs' rotation removed, one rigid start, one draw, next to pycpd on the host.
 # On a GPU, steps 2-3 also run with compile=on side by side (torch.compile; default off); step 4
 # does not (its 13-40 s graph build per shape ran it past its limit on an H200).
 #
 #   bench/device_check.sh [--device cuda|cuda:N|cpu] [--quick] [--data DIR] [--results DIR]
-#                         [--baseline CHECKOUT] [--setup DIR] [--steps tests,engine,odometry,nonrigid]
+#                         [--baseline CHECKOUT] [--setup DIR] [--steps tests,engine,odometry,nonrigid,cpd]
 #
 # On a GPU the engine also runs on the CPU (1 thread) in the same process, and with --baseline the
 # core of another checkout on the device: the speed-up column is wall seconds of the first over this.
@@ -54,8 +57,8 @@ if [ -n "$SETUP" ]; then
 fi
 for s in ${STEPS//,/ }; do
     case "$s" in
-        tests | engine | odometry | nonrigid) ;;
-        *) echo "device_check: --steps takes tests, engine, odometry, nonrigid; got $s" >&2; exit 2 ;;
+        tests | engine | odometry | nonrigid | cpd) ;;
+        *) echo "device_check: --steps takes tests, engine, odometry, nonrigid, cpd; got $s" >&2; exit 2 ;;
     esac
 done
 case "$DEVICE" in
@@ -98,7 +101,7 @@ fi
 step() {
     local name=$1 limit=$2
     shift 2
-    case ",$STEPS," in *",$name,"*) ;; *) return 0 ;; esac
+    case ",$STEPS," in *",$name,"* | *",${name%-*},"*) ;; *) return 0 ;; esac
     local t0=$SECONDS
     echo "[device_check] $name ..." >&2
     timeout "$((limit * SCALE))" "$@" >"$RESULTS/$name.log" 2>&1
@@ -113,6 +116,13 @@ step odometry 200 "$PY" bench/bench_lidar.py --pwan-only --device "$DEVICE" --da
     --results "$RESULTS" "${LIDAR[@]}"
 step nonrigid 150 "$PY" bench/bench_nonrigid.py --protocol a --ratios 0.6 --runs 1 \
     --methods pwan pycpd --device "$DEVICE" --data "$DATA" --results "$RESULTS" "${NONRIGID[@]}"
+# cpd: where CPD from identity works (rotation removed, one rigid start), both protocols
+step cpd-a 150 "$PY" bench/bench_nonrigid.py --protocol a --ratios 0.2 0.6 1.2 --unrotate \
+    --starts 1 --runs 1 --methods pwan pycpd --device "$DEVICE" --data "$DATA" \
+    --results "$RESULTS" "${NONRIGID[@]}"
+step cpd-b 150 "$PY" bench/bench_nonrigid.py --protocol b --ratios 0.7 0.85 1.0 --unrotate \
+    --starts 1 --runs 1 --methods pwan pycpd --device "$DEVICE" --data "$DATA" \
+    --results "$RESULTS" "${NONRIGID[@]}"
 
 "$PY" - "$RESULTS" "$DEVICE" <<'EOF'
 import json, os, sys
@@ -206,9 +216,33 @@ def nonrigid_rows():
     return rows
 
 
+def cpd_rows(protocol):
+    def make():
+        rows = []
+        name = f'cpd-{protocol}'
+        summ = json.load(open(os.path.join(res, f'bench_nonrigid_{protocol}_unrotated.json')))
+        by = {(s['shape'], s['ratio'], s['method']): s for s in summ['summary'] if 'median' in s}
+        for (shape, ratio, method), s in by.items():
+            cpd = by.get((shape, ratio, 'pycpd'))
+            if method != 'pwan' or cpd is None:
+                continue
+            cell = f'ratio {ratio:g}' if protocol == 'a' else f's = {ratio:g}'
+            refused = ', refused' if s['refused'] else ''
+            detail = (
+                f"PWAN on {device}: MSE {s['median']:.2g}{refused}; pycpd (CPU) "
+                f"{cpd['time_s']:.2f} s, MSE {cpd['median']:.2g}; "
+                f"time ratio {s['time_s'] / max(cpd['time_s'], 1e-9):.1f}x"
+            )
+            rows.append((f'CPD\'s setting ({protocol}) {shape}, {cell}', status(name),
+                         round(s['time_s'], 2), detail))
+        return rows
+    return make
+
+
 rows = []
 for name, make in (('tests', tests_rows), ('engine', engine_rows),
-                   ('odometry', odometry_rows), ('nonrigid', nonrigid_rows)):
+                   ('odometry', odometry_rows), ('nonrigid', nonrigid_rows),
+                   ('cpd-a', cpd_rows('a')), ('cpd-b', cpd_rows('b'))):
     if name not in steps:  # not in --steps
         continue
     try:

@@ -59,3 +59,47 @@ def test_unrotate_leaves_scale_translation_and_deformation():
     yc, xc = y0 - y0.mean(0), x - x.mean(0)
     assert np.abs(2.0 * yc - xc).max() < 0.2 < np.abs(2.0 * (y - y.mean(0)) - xc).max()
     assert np.allclose(similarity_oracle(y0, x), similarity_oracle(y, x))
+
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_device_check_refuses_an_unknown_step_in_one_line(tmp_path):
+    import subprocess
+
+    out = subprocess.run(
+        ['bash', str(ROOT / 'bench/device_check.sh'), '--device', 'cpu', '--steps', 'cpd,gpu'],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        'device_check: --steps takes tests, engine, odometry, nonrigid, cpd; got gpu'
+    ]
+
+
+@pytest.mark.slow
+def test_device_check_cpd_step_prints_the_comparison_table(tmp_path):
+    """The dry run (--device cpu: fish only) of the cpd step: both protocols with the rotation
+    removed, one row per cell with PWAN's and pycpd's MSE and the time ratio."""
+    import subprocess
+
+    data = ROOT.parent / 'shared' / 'data'
+    out = subprocess.run(
+        ['bash', str(ROOT / 'bench/device_check.sh'), '--device', 'cpu', '--steps', 'cpd']
+        + ['--data', str(data), '--results', str(tmp_path / 'dc')],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [r for r in out.stdout.splitlines() if r.startswith("| CPD's setting")]
+    cells = ['(a) fish, ratio 0.2', '(a) fish, ratio 0.6', '(a) fish, ratio 1.2']
+    cells += ['(b) fish, s = 0.7', '(b) fish, s = 0.85', '(b) fish, s = 1']
+    assert [r.split(' | ')[0] for r in rows] == [f"| CPD's setting {c}" for c in cells]
+    for r in rows:
+        cols = r.strip('| ').split(' | ')
+        assert cols[1] == 'ok' and float(cols[2]) > 0
+        assert 'PWAN on cpu: MSE' in cols[3] and 'pycpd (CPU)' in cols[3]
+        assert 'time ratio' in cols[3]

@@ -426,8 +426,9 @@ class RegistrationConfig:
     )
     device: str = param(
         'auto',
-        'compute device; auto = the CPU (at these sizes an H200 gained 1.6x on one start and '
-        '2x on the 24-start tournament over one CPU thread, after 1-5 s of graph capture)',
+        'compute device; auto = the CPU (an H200 gained 2.1x on one start, 3.6x on the '
+        '24-start tournament and 2.6x on a non-rigid pair over one thread of its host, but the '
+        'first registration of each shape set takes 1.7-5.7 s there: use cuda for many)',
         fmt='device',
     )
     compile: str = param(
