@@ -10,7 +10,9 @@ import torch
 
 from _core_shapes import blob, rot3
 from pwan_ros.core import RegistrationConfig
-from pwan_ros.core.alg1 import Alg1, FusedAdam, potential_grads, run_alg1, transform_input_grad
+from pwan_ros.core.acceleration import FusedAdam
+from pwan_ros.core.alg1 import Alg1, run_alg1
+from pwan_ros.core.objective import potential_grads, transform_input_grad
 from pwan_ros.core.coherence import Coherence
 from pwan_ros.core.config import PotentialConfig
 from pwan_ros.core.potential import (
@@ -229,7 +231,7 @@ def test_window_replays_run_the_same_steps(monkeypatch, steps):
     each window's end, convergence read between windows), with a 'graph' that replays its step
     eagerly on the CPU: the same steps in the same order, so bit-identical to the plain loop, for
     runs shorter than a window, ending on a window and ending mid-window."""
-    from pwan_ros.core import alg1
+    from pwan_ros.core import acceleration, alg1
 
     class EagerWindow:
         built = 0
@@ -246,8 +248,8 @@ def test_window_replays_run_the_same_steps(monkeypatch, steps):
     cfg = RegistrationConfig(warmup_updates=10, min_steps=0, window=10).resolved()
     args = (cfg, torch.device('cpu'), ys, xs, 0.8 * len(ys), None, [np.eye(3), rot3(40, 0, 0)])
     plain = run_alg1(*args, steps, seed=2)
-    monkeypatch.setattr(alg1, '_graphs_wanted', lambda config, device: True)
-    monkeypatch.setattr(alg1, 'WindowGraph', EagerWindow)
+    monkeypatch.setattr(alg1, 'graphs_wanted', lambda config, device: True)
+    monkeypatch.setattr(acceleration, 'WindowGraph', EagerWindow)
     windows = run_alg1(*args, steps, seed=2)
     assert EagerWindow.built == 1
     assert windows.steps == plain.steps and windows.updates == plain.updates
@@ -329,33 +331,32 @@ def test_compiled_step_past_the_recompile_limit_runs_eager(monkeypatch):
     """More input shape sets in one process than torch.compile may build graphs for (dynamo's
     limit fails a fullgraph call, seen on a GPU): the registration still runs, eager, with one
     warning, and solves the pose."""
-    import pwan_ros.core.alg1 as alg1
+    import pwan_ros.core.acceleration as acceleration
 
     torch._dynamo.reset()
-    monkeypatch.setattr(alg1, 'MAX_GRAPHS', 1)
+    monkeypatch.setattr(acceleration, 'MAX_GRAPHS', 1)
     # not monkeypatch: its undo of a torch config entry deletes it (the next Compiled then fails
     # with AttributeError), so the limit is set and restored by hand
     limit = torch._dynamo.config.recompile_limit
     torch._dynamo.config.recompile_limit = 1
     try:
-        _run_past_the_limit(alg1, monkeypatch)
+        _run_past_the_limit(monkeypatch)
     finally:
         torch._dynamo.config.recompile_limit = limit
         torch._dynamo.reset()
 
 
-def _run_past_the_limit(alg1, monkeypatch):
-    from pwan_ros.core import register
+def _run_past_the_limit(monkeypatch):
+    from pwan_ros.core import acceleration, alg1, register
 
     made = {}
-    fns = {
-        'potential_grads': alg1.potential_grads,
-        'transform_input_grad': alg1.transform_input_grad,
-    }
+    fns = {'potential_grads': potential_grads, 'transform_input_grad': transform_input_grad}
     monkeypatch.setattr(
         alg1,
         'compiled',
-        lambda name, mode: made.setdefault(name, alg1.Compiled(fns[name], mode, backend='eager')),
+        lambda name, mode: made.setdefault(
+            name, acceleration.Compiled(fns[name], mode, backend='eager')
+        ),
     )
     rot = rot3(25, -10, 15)
     t = np.array([3.0, -2.0, 1.0])  # metres
@@ -399,9 +400,9 @@ def test_register_with_the_compiled_step_on_cpu():
 def test_compile_auto_is_off_on_every_device():
     """``compile='auto'`` builds no torch.compile graphs on CUDA either (on an H200 the CUDA graphs
     of eager steps ran as fast, and the compile cost 17-42 s per shape set); 'on' still does."""
-    from pwan_ros.core.alg1 import _compile_wanted
+    from pwan_ros.core.acceleration import compile_wanted
 
     for dev in ('cpu', 'cuda'):
-        assert not _compile_wanted(RegistrationConfig(device=dev))
-        assert not _compile_wanted(RegistrationConfig(compile='off', device=dev))
-        assert _compile_wanted(RegistrationConfig(compile='on', device=dev))
+        assert not compile_wanted(RegistrationConfig(device=dev))
+        assert not compile_wanted(RegistrationConfig(compile='off', device=dev))
+        assert compile_wanted(RegistrationConfig(compile='on', device=dev))

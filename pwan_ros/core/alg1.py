@@ -9,14 +9,13 @@ belongs to one start and Adam is element-wise, so each start takes the steps it 
 One step (:meth:`Alg1.step`): the transform's linear part is computed once (closed form), the
 source mini-batch is moved, u potential updates ascend the KR objective, one Adam step descends
 it in the transform. The potential's gradients (incl. the gradient penalty) are written out
-(:func:`potential.forward` / :func:`potential.backward`: the network is piecewise linear, so its
-input gradient is a masked product of its weights, and no double backward is needed).
-Everything inside a step stays
+(:mod:`objective`: the network is piecewise linear, so its input gradient is a masked product of
+its weights, and no double backward is needed). Everything inside a step stays
 on the device: random indices come from a device generator, learning rates are read from a
 device table, Adam is fused, and the host reads the state only every ``window`` steps (the
 convergence test). The two gradient functions are pure functions of tensors that
 ``torch.compile(fullgraph=True)`` captures whole (``compile`` setting). On CUDA one step is
-captured once as a CUDA graph and replayed (:class:`WindowGraph`, ``cuda_graphs``).
+captured once as a CUDA graph and replayed (``cuda_graphs``). Both: :mod:`acceleration`.
 
 Shapes: points (S, n, d) in the normalised frame; row-vector convention T(y) = y A_s + t_s (+ V).
 """
@@ -24,196 +23,22 @@ Shapes: points (S, n, d) in the normalised frame; row-vector convention T(y) = y
 from __future__ import annotations
 
 import functools
-import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
 
+from .acceleration import FusedAdam, compile_wanted, compiled, graphs_wanted, window_graph
 from .coherence import Coherence
 from .config import RegistrationConfig
 from .errors import PwanInputError
-from .potential import BatchedPotential, Workspace, backward, buffer, forward, tangent_rows
+from .objective import potential_grads, transform_input_grad
+from .potential import BatchedPotential, Workspace, tangent_rows
 from .preprocess import median_spacing
 from .transforms import BatchedTransform
 
-__all__ = [
-    'FusedAdam',
-    'StartResult',
-    'Alg1Result',
-    'Alg1',
-    'run_alg1',
-    'potential_grads',
-    'transform_input_grad',
-    'Compiled',
-    'compiled',
-]
-
-
-def potential_grads(
-    ws: Sequence[torch.Tensor],
-    bs: Sequence[torch.Tensor],
-    h: torch.Tensor,
-    length: torch.Tensor,
-    xb: torch.Tensor,
-    zb: torch.Tensor,
-    coef: torch.Tensor,
-    tangents: Optional[torch.Tensor],
-    gp_index: Optional[torch.Tensor],
-    slope: float,
-    gp_weight: float,
-    closed_form: bool,
-    learn_h: bool,
-    work: Optional[Workspace] = None,
-) -> torch.Tensor:
-    """Gradient of one potential update's loss -(L / m_beta) + gp_weight GP, summed over starts,
-    with L / m_beta = c_a mean f(x) - mean f(y) + c_h h (eq. loss_m_app / loss_d_app).
-
-    xb (S, bx, d) reference batch, zb (S, bz, d) moved source batch; h (S,) clip levels; coef (2,)
-    = (c_a, c_h) = (m_alpha / m_beta, (m - m_beta) / m_beta) for the mass type, (., -1) for the
-    distance type. f = -|g|, the source side clipped at -h (the reference side is not clipped in
-    training, docs/core.md). gp_index (k,): points of cat(xb, zb) where the one-sided penalty
-    mean relu(|grad g|^2 - 1) is taken (None: no penalty); tangents: :func:`tangent_rows` (k).
-    closed_form: h = max |g| over the batch (eq. app_final_m_eq2). learn_h: h is a parameter
-    (else its gradient is 0). work: buffers kept across calls (:class:`potential.Workspace`; None:
-    allocate, the form ``torch.compile`` captures). Returns the gradient in
-    :class:`BatchedPotential`'s flat layout (W1, b1, ..., W5, b5, h)."""
-    bx, bz = xb.shape[1], zb.shape[1]
-    pts = torch.cat((xb, zb), 1, out=buffer(work, 'pts', (zb.shape[0], bx + bz, zb.shape[2]), zb))
-    g, grad, tape = forward(ws, bs, length, slope, pts, tangents, gp_index, work, 'p')
-    sign = torch.sign(g)
-    if closed_form:
-        h = g.abs().amax(1)
-    inside = (g[:, bx:].abs() <= h[:, None]).to(g.dtype)
-    dg = torch.cat((sign[:, :bx] * (coef[0] / bx), sign[:, bx:] * inside * (-1.0 / bz)), 1)
-    dgrad = None
-    if grad is not None:
-        sq = grad.pow(2).sum(2, keepdim=True)
-        dgrad = grad * ((sq > 1.0).to(g.dtype) * (2.0 * gp_weight / grad.shape[1]))
-    size = sum(w.numel() + b.numel() for w, b in zip(ws, bs)) + h.shape[0]
-    flat = (
-        torch.empty(size, dtype=g.dtype, device=g.device)
-        if work is None
-        else work.get('flat', (size,), g)
-    )
-    backward(ws, length, tape, dg, slope, dgrad, out=flat, work=work, tag='p')
-    dh = flat[-h.shape[0] :]
-    if learn_h:
-        torch.sub((inside.sum(1) - bz) / bz, coef[1], out=dh)
-    else:
-        dh.zero_()
-    return flat
-
-
-def transform_input_grad(
-    ws: Sequence[torch.Tensor],
-    bs: Sequence[torch.Tensor],
-    h: torch.Tensor,
-    length: torch.Tensor,
-    z: torch.Tensor,
-    slope: float,
-    work: Optional[Workspace] = None,
-) -> torch.Tensor:
-    """d/dz of sum_s mean_j min(|g_s(z_sj)|, h_s) (= -(1/r) sum_j f_s(T_s y_j)); z (S, n, d);
-    work: as in :func:`potential_grads`."""
-    g, _, tape = forward(ws, bs, length, slope, z, work=work, tag='t')
-    dg = torch.sign(g) * (g.abs() < h[:, None]).to(g.dtype) * (1.0 / g.shape[1])
-    return backward(ws, length, tape, dg, slope, work=work, tag='t')
-
-
-#: graphs ``torch.compile`` may build per gradient function in one process (one per input shape
-#: set: tournament / finalists / single start, 2-D / 3-D, with and without the penalty rows). Past
-#: it, new shape sets run eager; dynamo's own limit (8) would otherwise fail a fullgraph call.
-MAX_GRAPHS = 64
-
-
-def _compile_errors() -> tuple:
-    import torch._dynamo.exc as exc
-
-    names = ('TorchDynamoException', 'FailOnRecompileLimitHit')
-    return tuple(getattr(exc, n) for n in names if hasattr(exc, n))
-
-
-_COMPILE_ERRORS = _compile_errors()
-
-
-class Compiled:
-    """``torch.compile(fn, fullgraph=True, mode=mode, dynamic=False)`` of :func:`potential_grads`
-    or :func:`transform_input_grad`, made once per process (:func:`compiled`), so later
-    registrations of the same shapes reuse its graphs. A call that dynamo cannot compile (past
-    :data:`MAX_GRAPHS` shape sets, or an unsupported construct in a future torch) runs the eager
-    function instead, with one warning per process: a registration never fails for the compile."""
-
-    def __init__(self, fn: Callable, mode: Optional[str], backend: str = 'inductor'):
-        import torch._dynamo
-
-        cfg = torch._dynamo.config
-        cfg.recompile_limit = max(cfg.recompile_limit, MAX_GRAPHS)
-        cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 4 * MAX_GRAPHS)
-        self.fn, self.eager_work = fn, Workspace()
-        self.graph = torch.compile(fn, fullgraph=True, mode=mode, dynamic=False, backend=backend)
-        self.failed = False
-
-    def __call__(self, *args, **kwargs):
-        if not self.failed:
-            try:
-                return self.graph(*args, **kwargs)
-            except _COMPILE_ERRORS as e:  # not compilable: run eager
-                self.failed = True
-                warnings.warn(
-                    f'torch.compile of {self.fn.__name__} failed ({type(e).__name__}); '
-                    'Alg. 1 runs eager in this process',
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-        return self.fn(*args, work=self.eager_work, **kwargs)
-
-
-@functools.lru_cache(maxsize=None)
-def compiled(fn_name: str, mode: Optional[str]) -> Compiled:
-    """The process's :class:`Compiled` :func:`potential_grads` or :func:`transform_input_grad`."""
-    fn = {'potential_grads': potential_grads, 'transform_input_grad': transform_input_grad}[
-        fn_name
-    ]
-    return Compiled(fn, mode)
-
-
-class FusedAdam:
-    """Adam (no weight decay) over a few tensors with one call of the fused kernel per step: the
-    kernel ``torch.optim.Adam(fused=True)`` runs (``torch._fused_adam_``), without that class's
-    per-step Python bookkeeping, which costs 30x the kernel on these small tensors. The learning
-    rate is a tensor (``lr``, change it in place): nothing in a step reads the host."""
-
-    def __init__(
-        self, params: Sequence[torch.Tensor], lr: float, betas=(0.9, 0.999), eps: float = 1e-8
-    ):
-        self.params = list(params)
-        dev = self.params[0].device
-        self.lr = torch.tensor(float(lr), dtype=torch.float32, device=dev)
-        self.betas, self.eps = (float(betas[0]), float(betas[1])), float(eps)
-        self.exp_avg = [torch.zeros_like(p) for p in self.params]
-        self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
-        self.steps = [torch.zeros((), dtype=torch.float32, device=dev) for _ in self.params]
-
-    def step(self, grads: Sequence[torch.Tensor]) -> None:
-        """One descent step with ``grads`` (one per parameter, same shapes)."""
-        torch._foreach_add_(self.steps, 1.0)
-        torch._fused_adam_(
-            self.params,
-            list(grads),
-            self.exp_avg,
-            self.exp_avg_sq,
-            [],
-            self.steps,
-            lr=self.lr,
-            beta1=self.betas[0],
-            beta2=self.betas[1],
-            weight_decay=0.0,
-            eps=self.eps,
-            amsgrad=False,
-            maximize=False,
-        )
+__all__ = ['StartResult', 'Alg1Result', 'Alg1', 'run_alg1']
 
 
 # --------------------------------------------------------------------------- the algorithm
@@ -314,11 +139,11 @@ class Alg1:
         self.tangents = (
             tangent_rows(self.n_gp, ys_np.shape[1], dtype, device) if self.gp_weight > 0 else None
         )
-        # CUDA: the steps are replayed from a captured CUDA graph (:class:`WindowGraph`),
+        # CUDA: the steps are replayed from a captured CUDA graph (acceleration.WindowGraph),
         # which the compiled functions' own graphs (mode 'reduce-overhead') cannot nest in
-        self.graphs = _graphs_wanted(config, device)
+        self.graphs = graphs_wanted(config, device)
         mode = 'reduce-overhead' if device.type == 'cuda' and not self.graphs else None
-        use = _compile_wanted(config)
+        use = compile_wanted(config)
         if use:
             self._potential_grads = compiled('potential_grads', mode)
             self._transform_grad = compiled('transform_input_grad', mode)
@@ -458,71 +283,6 @@ class Alg1:
             )
 
 
-class WindowGraph:
-    """``steps`` consecutive :meth:`Alg1.step` calls captured as one CUDA graph: a replay runs
-    them with no host work between kernels (a step is tens of small kernels per potential update;
-    launched one by one from Python, their launch cost was most of a single start's step on an
-    H200). Everything a step reads or writes lives in tensors that outlive the graph (network,
-    transform, optimiser states, learning-rate table and index), its random draws come from the
-    run's device generator (registered with the graph, so every replay draws new indices), and it
-    reads nothing on the host. Built after the run's first step ran eagerly (cuBLAS handles,
-    compiled kernels and buffers exist by then); capture does not execute the steps,
-    :meth:`replay` does. One step is captured and replayed as often as a window needs: a graph's
-    capture and first upload grow with its kernels, and a whole window's (10 steps) cost about
-    0.4 s per registration on an H200 host, paid again by every registration."""
-
-    def __init__(self, run: 'Alg1', steps: int = 1):
-        self.graph = torch.cuda.CUDAGraph()
-        self.graph.register_generator_state(run.gen)
-        torch.cuda.synchronize(run.device)
-        # thread_local: CUDA work of the caller's other threads (another model, say) during the
-        # capture neither breaks it nor is captured
-        with torch.cuda.graph(self.graph, capture_error_mode='thread_local'):
-            for _ in range(steps):
-                run.step()
-        self.steps = steps
-
-    def replay(self, times: int = 1) -> None:
-        """Run the captured steps ``times`` times (``times`` x ``steps`` steps), no host read."""
-        for _ in range(times):
-            self.graph.replay()
-
-
-def _graphs_wanted(config: RegistrationConfig, device: torch.device) -> bool:
-    """``config.cuda_graphs`` on a CUDA device."""
-    return device.type == 'cuda' and config.cuda_graphs
-
-
-def _window_graph(run: 'Alg1') -> Optional[WindowGraph]:
-    """A :class:`WindowGraph` of ``run``, or None (with one warning per process) when this torch
-    or driver cannot capture it: the run goes on launching each step."""
-    global _GRAPH_FAILED
-    if _GRAPH_FAILED:
-        return None
-    try:
-        return WindowGraph(run)
-    except (RuntimeError, AttributeError) as e:  # capture unsupported here: steps run eagerly
-        _GRAPH_FAILED = True
-        warnings.warn(
-            f'CUDA graph capture of Alg. 1 failed ({type(e).__name__}: {e}); steps are launched '
-            'one by one in this process',
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return None
-
-
-_GRAPH_FAILED = False
-
-
-def _compile_wanted(config: RegistrationConfig) -> bool:
-    """``config.compile``: 'on'; 'off' or 'auto' = off on every device: on the CPU the compile
-    pays back only after ~40 registrations of one shape set, and on CUDA the windows of eager
-    steps replayed as CUDA graphs ran as fast as compiled ones (H200, docs/benchmarks.md) without
-    a 17-42 s graph build per shape set."""
-    return config.compile == 'on'
-
-
 def run_alg1(
     config: RegistrationConfig,
     device: torch.device,
@@ -597,7 +357,7 @@ def run_alg1(
             break
         if graph is None and run.graphs and done >= 1:
             # the first step ran eagerly (warm-up of every kernel): capture one
-            graph = _window_graph(run)
+            graph = window_graph(run)
             run.graphs = graph is not None
         if graph is not None:
             # to the end of the window (should_stop is polled once per window here)
