@@ -193,6 +193,38 @@ def test_nonrigid_is_refused_when_the_pose_it_deforms_is_wrong(turn, prealign, r
         assert res.status == 'refused' and 'the pose it deforms' in res.reason
 
 
+@pytest.mark.heavy
+@pytest.mark.parametrize(
+    'turn,prealign,right',
+    [(20, True, True), (150, True, False), (-120, True, False), (90, False, False)],
+)
+def test_two_d_nonrigid_is_refused_when_the_pose_it_deforms_is_wrong(turn, prealign, right):
+    """The same in 2-D (the check's rival search runs in the plane): a bent outline in metres
+    (x5, 40 m away), one start: 20 deg is within the pre-alignment's reach (ok, RMS 0.09); from
+    150 or -120 deg, or 90 deg without the pre-alignment, the deformed outline sits wrong (RMS
+    about its size) and is refused for the pose it deforms (it was returned ok without a rival
+    search in 2-D)."""
+    x = curve2d(300, 0)
+
+    def bend(p):
+        return p + 0.1 * np.stack((np.sin(2 * p[:, 1]), np.cos(2 * p[:, 0])), 1)
+
+    c, s = np.cos(np.radians(turn)), np.sin(np.radians(turn))
+    r = np.array([[c, -s], [s, c]])
+    scale, off = 5.0, np.array([40.0, -12.0])
+    cfg = RegistrationConfig(
+        transform='nonrigid', mass_ratio=1.0, seed=0, steps=300, prealign=prealign
+    )
+    res = register(x * scale + off, bend(curve2d(300, 1)) @ r.T * scale + off, cfg)
+    moved = (res.transformed_source - off) / scale
+    rms = np.sqrt(np.mean(np.sum((moved - bend(x) @ r.T) ** 2, 1)))
+    if right:
+        assert res.status == 'ok' and rms < 0.3, (res.reason, rms)
+    else:
+        assert rms > 0.8
+        assert res.status == 'refused' and 'the pose it deforms' in res.reason
+
+
 def test_nonrigid_warns_for_its_own_finetune_cap_only():
     """The fine-tune's iteration-cap warning names a result the caller gets: a non-rigid
     registration's rigid pre-alignment (only its starting point) does not warn, the non-rigid

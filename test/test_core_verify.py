@@ -97,10 +97,31 @@ def test_corridor_is_not_pinned_down():
     assert pinned.status == 'ok', pinned.reason
 
 
-def test_two_d_sets_get_the_overlap_test():
-    x = curve2d(400) * 5.0
-    assert check_pose(x, x).status == 'ok'
-    assert check_pose(x + [50.0, 0.0], x).status == 'refused'
+def test_two_d_sets_get_the_rival_search():
+    """2-D sets (a floor plan's outline in metres, 500 m from the origin) get the rival search
+    in their plane: the right pose is vouched for; one turned 3 deg is refused for the better
+    pose next to it, whose rival_transform (3 x 3) moves it back; a corridor's two walls leave
+    the pose free along them (refused though right); a far shift puts nothing on the
+    reference."""
+    off = np.array([500.0, -300.0])
+    ref = curve2d(800, 0) * 5.0 + off
+    src = curve2d(800, 1) * 5.0 + off  # another sampling of the same outline
+    right = check_pose(src, ref)
+    assert right.status == 'ok', right.reason
+    c, s = np.cos(np.radians(3.0)), np.sin(np.radians(3.0))
+    turned = (src - off) @ np.array([[c, -s], [s, c]]).T + off
+    off_pose = check_pose(turned, ref)
+    assert off_pose.status == 'refused' and 'fits better' in off_pose.reason
+    t = off_pose.rival_transform
+    assert t.shape == (3, 3)
+    back = turned @ t[:2, :2].T + t[:2, 2]
+    assert np.sqrt(np.mean(np.sum((back - src) ** 2, 1))) < 0.05
+    rng = np.random.default_rng(5)
+    walls = [np.c_[rng.uniform(0, 40, 800), np.full(800, y)] for y in (0.0, 3.0)]
+    walls_s = [np.c_[rng.uniform(0, 40, 400), np.full(400, y)] for y in (0.0, 3.0)]
+    hall = check_pose(np.vstack(walls_s) + off, np.vstack(walls) + off)
+    assert hall.status == 'refused' and 'about as well' in hall.reason
+    assert check_pose(src + [50.0, 0.0], ref).status == 'refused'
 
 
 @pytest.mark.parametrize('voxel', [None, 0.25])

@@ -104,8 +104,9 @@ def finish(
         if (polish or take_rival) and verdict.rival_better and kind == 'rigid':
             # a clearly better pose next to the result (GICP from a start around it): take it, and
             # judge it in turn
-            total = verdict.rival_transform @ total
-            z = z @ verdict.rival_transform[:3, :3].T + verdict.rival_transform[:3, 3]
+            rt, d = verdict.rival_transform, prob.dim
+            total = rt @ total
+            z = z @ rt[:d, :d].T + rt[:d, d]
             weights = match_weights(z)
             verdict = check_pose(z, prob.ref_fit, verdict.voxel, seed=config.seed)
         timings['check'] = time.perf_counter() - tc

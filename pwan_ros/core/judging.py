@@ -44,22 +44,20 @@ def judged_with_pose(
 ) -> RegistrationResult:
     """A non-rigid result judged by the pose it deforms as well: a deformation can lay a
     wrongly posed shape onto the reference (its own overlap then looks right), so the result is
-    refused when the self-check refuses that pose. posed (n, 3): the source at that pose (the
+    refused when the self-check refuses that pose. posed (n, d): the source at that pose (the
     rigid pre-alignment's result, or the source under the result's affine part without
-    ``prealign``); reference (m, 3): caller units, far outliers left out. The check's rival
+    ``prealign``); reference (m, d): caller units, far outliers left out. The check's rival
     search finds a distinct pose of the undeformed shape that fits better or as well; a better
-    fit within ``RIVAL_DISTINCT`` gates is the same pose, judged there. 3-D only: in 2-D the check
-    has no rival search, and the overlap of a rigid fit to a deformed shape tells nothing the
-    deformed result's own check does not. A refused result carries that pose's check."""
-    if posed.shape[1] != 3:
-        return res
+    fit within ``RIVAL_DISTINCT`` gates is the same pose, judged there. A refused result carries
+    that pose's check."""
+    d = posed.shape[1]
     tc = time.perf_counter()
     verdict = check_pose(posed, reference, seed=config.seed)
     if verdict.rival_better and verdict.rival_shift <= RIVAL_DISTINCT * verdict.gate:
         # a better rigid fit next to the pose (the fit stopped short of it): the same pose for
         # the deformation, judged there as the rigid path judges the pose it takes
         t = verdict.rival_transform
-        moved = posed @ t[:3, :3].T + t[:3, 3]
+        moved = posed @ t[:d, :d].T + t[:d, d]
         verdict = check_pose(moved, reference, verdict.voxel, seed=config.seed)
     timings = {**res.timings, 'check': res.timings.get('check', 0.0) + time.perf_counter() - tc}
     if verdict.status == 'ok':

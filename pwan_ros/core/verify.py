@@ -12,9 +12,10 @@ then weighs no more than any other surface. The gate is g = 1.5 judging voxels.
   chance; ``chance`` is that rate, measured at random places in the box the moved source
   occupies. ``excess = (overlap - chance) / (1 - chance)`` is the overlap the pose explains,
   which outliers cannot inflate. Below ``MIN_EXCESS_OVERLAP``: refused.
-* **No rival pose** (3-D). GICP (plane-aware, small_gicp), coarse to fine down to g, from starts
+* **No rival pose**. GICP (plane-aware, small_gicp), coarse to fine down to g, from starts
   around the result: moved 8 and 32 gates (``RIVAL_REACH``) along each axis and turned
-  ``RIVAL_TURN_DEG`` about each axis. A pose the data pins down is where those starts return
+  ``RIVAL_TURN_DEG`` about each axis (2-D: point-to-point ICP in the plane, turned about its
+  normal). A pose the data pins down is where those starts return
   to. Refused, with the rival's shift and overlap, when a start ends where more than
   ``RIVAL_MARGIN`` more of the source lies on the reference (the result is not the fit its data
   shows: a slide, "no motion" kept by a sampling pattern, an early stop), or at a *distinct* pose
@@ -75,7 +76,7 @@ class PoseCheck:
     (outliers, clutter); excess: (overlap - chance) / (1 - chance). rival_overlap / rival_shift:
     overlap of the best distinct pose GICP reaches from starts around the result, and how far
     (RMS) it moves the source points (nan: every start returned to the result). rival_transform:
-    (4, 4) that moves the result's source points onto the rival pose (None without one).
+    (d+1, d+1) that moves the result's source points onto the rival pose (None without one).
     voxel: the judging voxel; gate: 1.5 voxels."""
 
     status: str
@@ -165,12 +166,11 @@ def check_pose(
 ) -> PoseCheck:
     """Check a registration result: ``moved`` (n, d) the source points mapped into the reference
     frame, ``reference`` (m, d), caller units. voxel: the judging voxel (None:
-    :func:`judging_voxel` of the reference). rivals: run the rival search (3-D only).
-    admissible: optional test of a rival, given the (4, 4) transform that moves ``moved`` onto
+    :func:`judging_voxel` of the reference). rivals: run the rival search.
+    admissible: optional test of a rival, given the (d+1, d+1) transform that moves ``moved`` onto
     it (e.g. the sensors' free space); rivals it rejects do not count. See the module docstring."""
     moved = np.asarray(moved, dtype=np.float64)
     reference = np.asarray(reference, dtype=np.float64)
-    dim = moved.shape[1]
     rng = np.random.default_rng(seed)
     voxel = judging_voxel(reference) if voxel is None else float(voxel)
     # source points beyond the reference's box by more than its size (far glitches) cannot overlap
@@ -241,7 +241,7 @@ def check_pose(
             f'{len(moved)} source points at the judging voxel {voxel:.3g}: too few to vouch '
             f'for a pose (need {MIN_JUDGED})'
         )
-    if dim != 3 or not rivals:
+    if not rivals:
         return verdict()
     better, rival = (
         None if r is None else (r[0], r[1] * kept, r[2], r[3])
@@ -274,30 +274,39 @@ def _rivals(
 ):
     """GICP from starts around the result (module docstring). Returns (better, rival): the pose
     of highest overlap any start reaches, and the best *distinct* one (points moved by more than
-    ``RIVAL_DISTINCT`` gates RMS), each (start in words, overlap, RMS shift of the points, (4, 4)
-    transform from the result) or None. Single-threaded: bit-reproducible."""
+    ``RIVAL_DISTINCT`` gates RMS), each (start in words, overlap, RMS shift of the points, (d+1,
+    d+1) transform from the result) or None. 2-D sets run in the plane z = 0 with point-to-point
+    ICP (a curve's covariances leave a plane undefined), shifted along x and y and turned about z.
+    Single-threaded: bit-reproducible."""
     import small_gicp
 
-    target = small_gicp.PointCloud(np.ascontiguousarray(reference_tree.data, dtype=np.float64))
+    dim = moved.shape[1]
+    kind = 'GICP' if dim == 3 else 'ICP'
+    target = small_gicp.PointCloud(_in_space(reference_tree.data))
     target_tree = small_gicp.KdTree(target, num_threads=1)
-    small_gicp.estimate_covariances(target, target_tree, num_neighbors=10, num_threads=1)
-    source = small_gicp.PointCloud(np.ascontiguousarray(moved))
-    small_gicp.estimate_covariances(
-        source, small_gicp.KdTree(source, num_threads=1), num_neighbors=10, num_threads=1
-    )
+    source = small_gicp.PointCloud(_in_space(moved))
+    if kind == 'GICP':
+        small_gicp.estimate_covariances(target, target_tree, num_neighbors=10, num_threads=1)
+        small_gicp.estimate_covariances(
+            source, small_gicp.KdTree(source, num_threads=1), num_neighbors=10, num_threads=1
+        )
+    center3 = _in_space(center[None])[0]
     starts = []
     for k in range(3):
         for sign in (1.0, -1.0):
             axis = 'xyz'[k] + ('+' if sign > 0 else '-')
-            for reach in RIVAL_REACH:
-                shifted = np.eye(4)
-                shifted[k, 3] = sign * reach * g
-                starts.append((f'from {reach * g:.3g} along {axis}', shifted, reach * g))
+            if k < dim:
+                for reach in RIVAL_REACH:
+                    shifted = np.eye(4)
+                    shifted[k, 3] = sign * reach * g
+                    starts.append((f'from {reach * g:.3g} along {axis}', shifted, reach * g))
+            if dim == 2 and k < 2:  # in the plane: turns about z only
+                continue
             turned = np.eye(4)
             turned[:3, :3] = Rotation.from_rotvec(
                 np.eye(3)[k] * sign * np.radians(RIVAL_TURN_DEG)
             ).as_matrix()
-            turned[:3, 3] = center - turned[:3, :3] @ center
+            turned[:3, 3] = center3 - turned[:3, :3] @ center3
             starts.append(
                 (f'from a {RIVAL_TURN_DEG:g} deg turn about {axis}', turned, RIVAL_REACH[0] * g)
             )
@@ -312,15 +321,16 @@ def _rivals(
                 source,
                 target_tree,
                 init_T_target_source=t,
-                registration_type='GICP',
+                registration_type=kind,
                 max_correspondence_distance=gate,
                 num_threads=1,
                 max_iterations=30,
             )
             t = np.asarray(res.T_target_source, dtype=np.float64)
+        t = _in_plane(t) if dim == 2 else t
         if not np.isfinite(t).all() or (admissible is not None and not admissible(t)):
             continue
-        alt = moved @ t[:3, :3].T + t[:3, 3]
+        alt = moved @ t[:dim, :dim].T + t[:dim, dim]
         shift = float(np.sqrt(((alt - moved) ** 2).sum(axis=1).mean()))
         d, _ = reference_tree.query(alt, k=1, distance_upper_bound=g)
         found = (label, float(np.isfinite(d).mean()), shift, t)
@@ -329,3 +339,19 @@ def _rivals(
         if shift > RIVAL_DISTINCT * g and (rival is None or found[1] > rival[1]):
             rival = found
     return better, rival
+
+
+def _in_space(points: np.ndarray) -> np.ndarray:
+    """(n, 3) float64 contiguous points for small_gicp: 2-D points in the plane z = 0."""
+    points = np.asarray(points, dtype=np.float64)
+    if points.shape[1] == 2:
+        points = np.hstack((points, np.zeros((len(points), 1))))
+    return np.ascontiguousarray(points)
+
+
+def _in_plane(t: np.ndarray) -> np.ndarray:
+    """The (3, 3) plane transform of a (4, 4) one that keeps z = 0 (ICP on points in that plane:
+    its out-of-plane parts are rounding): the rotation about z re-orthonormalised, x-y shift."""
+    angle = np.arctan2(t[1, 0] - t[0, 1], t[0, 0] + t[1, 1])
+    c, s = np.cos(angle), np.sin(angle)
+    return np.array([[c, -s, t[0, 3]], [s, c, t[1, 3]], [0.0, 0.0, 1.0]])
