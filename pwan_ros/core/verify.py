@@ -250,14 +250,14 @@ def check_pose(
     if better is not None and better[1] > overlap + RIVAL_MARGIN:
         label, rival_overlap, shift, _ = better
         return verdict(
-            f'a pose {shift:.3g} away (GICP {label}) fits better: {rival_overlap:.0%} of the '
+            f'a pose {shift:.3g} away ({label}) fits better: {rival_overlap:.0%} of the '
             f'source within {g:.3g} of the reference against {overlap:.0%}',
             better,
         )
     if rival is not None and rival[1] >= overlap - RIVAL_MARGIN:
         label, rival_overlap, shift, _ = rival
         return verdict(
-            f'a pose {shift:.3g} away (GICP {label}) fits about as well (the data does not pin '
+            f'a pose {shift:.3g} away ({label}) fits about as well (the data does not pin '
             f'the pose down): {rival_overlap:.0%} of the source within {g:.3g} of the reference '
             f'against {overlap:.0%}',
             rival,
@@ -299,7 +299,8 @@ def _rivals(
                 for reach in RIVAL_REACH:
                     shifted = np.eye(4)
                     shifted[k, 3] = sign * reach * g
-                    starts.append((f'from {reach * g:.3g} along {axis}', shifted, reach * g))
+                    label = f'{kind} from {reach * g:.3g} along {axis}'
+                    starts.append((label, shifted, reach * g))
             if dim == 2 and k < 2:  # in the plane: turns about z only
                 continue
             turned = np.eye(4)
@@ -307,9 +308,8 @@ def _rivals(
                 np.eye(3)[k] * sign * np.radians(RIVAL_TURN_DEG)
             ).as_matrix()
             turned[:3, 3] = center3 - turned[:3, :3] @ center3
-            starts.append(
-                (f'from a {RIVAL_TURN_DEG:g} deg turn about {axis}', turned, RIVAL_REACH[0] * g)
-            )
+            label = f'{kind} from a {RIVAL_TURN_DEG:g} deg turn about {axis}'
+            starts.append((label, turned, RIVAL_REACH[0] * g))
     better = rival = None
     for label, t, reach in starts:
         gates = [g]
