@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
 from .config import RegistrationConfig
 from .objective import potential_grads, transform_input_grad
 from .potential import Workspace
-
-if TYPE_CHECKING:
-    from .alg1 import Alg1
 
 __all__ = [
     'MAX_GRAPHS',
@@ -126,7 +123,8 @@ class FusedAdam:
 
 
 class WindowGraph:
-    """``steps`` consecutive :meth:`Alg1.step` calls captured as one CUDA graph: a replay runs
+    """``steps`` consecutive :meth:`alg1.Alg1.step` calls of ``run`` (an :class:`alg1.Alg1`; not
+    imported here: alg1 imports this module) captured as one CUDA graph: a replay runs
     them with no host work between kernels (a step is tens of small kernels per potential update;
     launched one by one from Python, their launch cost was most of a single start's step on an
     H200). Everything a step reads or writes lives in tensors that outlive the graph (network,
@@ -135,10 +133,10 @@ class WindowGraph:
     reads nothing on the host. Built after the run's first step ran eagerly (cuBLAS handles,
     compiled kernels and buffers exist by then); capture does not execute the steps,
     :meth:`replay` does. One step is captured and replayed as often as a window needs: a graph's
-    capture and first upload grow with its kernels, and a whole window's (10 steps) cost about
-    0.4 s per registration on an H200 host, paid again by every registration."""
+    capture and first upload grow with its kernels and are paid by every registration (one
+    non-rigid step: 20-30 ms on an H200)."""
 
-    def __init__(self, run: 'Alg1', steps: int = 1):
+    def __init__(self, run: Any, steps: int = 1):
         self.graph = torch.cuda.CUDAGraph()
         self.graph.register_generator_state(run.gen)
         torch.cuda.synchronize(run.device)
@@ -160,7 +158,7 @@ def graphs_wanted(config: RegistrationConfig, device: torch.device) -> bool:
     return device.type == 'cuda' and config.cuda_graphs
 
 
-def window_graph(run: 'Alg1') -> Optional[WindowGraph]:
+def window_graph(run: Any) -> Optional[WindowGraph]:
     """A :class:`WindowGraph` of ``run``, or None (with one warning per process) when this torch
     or driver cannot capture it: the run goes on launching each step."""
     global _GRAPH_FAILED
