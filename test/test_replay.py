@@ -28,8 +28,14 @@ def start_echo(env, *args):
 
 
 def stop(proc):
+    """SIGTERM; the stand-in spins with the product's loop, so it must end within 20 s."""
     proc.terminate()
-    proc.wait(timeout=20)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise AssertionError('the stand-in node ignored SIGTERM for 20 s')
 
 
 @pytest.mark.ros

@@ -15,10 +15,9 @@ import sys
 import time
 
 import numpy as np
-import rclpy
+import rclpy.utilities
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from nav_msgs.msg import Odometry
-from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import PointCloud2
@@ -26,6 +25,7 @@ from sensor_msgs.msg import PointCloud2
 from pwan_ros.io.bags import pose_from_msg, stamp_to_ns
 from pwan_ros.io.pointcloud2 import read_xyz
 from pwan_ros.io.trajectory import tq_from_pose
+from pwan_ros.ros.spin import spin_node
 
 QOS = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
 
@@ -99,15 +99,9 @@ def main():
     parser.add_argument('--drop-every', type=int, default=0)
     parser.add_argument('--drift', type=float, default=0.0)
     args = parser.parse_args(argv[1:])
-    rclpy.init()
-    node = Echo(args.drop_every, args.drift)
-    try:
-        rclpy.spin(node)
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        node.destroy_node()
-        rclpy.try_shutdown()
+    # the product's spin loop: its own signal flag, no KeyboardInterrupt inside the executor
+    # (with rclpy.spin and rclpy's handlers it once ignored SIGTERM for 20 s in CI)
+    sys.exit(spin_node('echo_odom', lambda: Echo(args.drop_every, args.drift), ()))
 
 
 if __name__ == '__main__':
