@@ -29,7 +29,12 @@ def test_pointcloud_and_tf_cross_process(tmp_path, ros_env):
         rc = receiver.wait(timeout=60)
     finally:
         publisher.terminate()
-        publisher.wait(timeout=20)
+        try:
+            publisher.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            publisher.kill()
+            publisher.wait()
+            raise AssertionError('the publishing peer ignored SIGTERM for 20 s') from None
     got = json.loads(out.read_text())
     assert rc == 0, f'receiver got only {sorted(got)}'
 

@@ -8,7 +8,9 @@ PointCloud2 and a TFMessage over real DDS.
 import argparse
 import hashlib
 import json
+import signal
 import sys
+import threading
 import time
 
 import numpy as np
@@ -16,6 +18,7 @@ import rclpy
 from geometry_msgs.msg import TransformStamped
 from rclpy.node import Node
 from rclpy.qos import QoSProfile, ReliabilityPolicy, HistoryPolicy, DurabilityPolicy
+from rclpy.signals import SignalHandlerOptions
 from sensor_msgs.msg import PointCloud2, PointField
 from tf2_msgs.msg import TFMessage
 
@@ -63,13 +66,17 @@ def make_tf(stamp):
     return TFMessage(transforms=[t])
 
 
+#: set by SIGINT / SIGTERM
+STOP = threading.Event()
+
+
 def publish(args):
     node = Node('dds_peer_publisher')
     cloud_pub = node.create_publisher(PointCloud2, 'cloud', QOS)
     tf_pub = node.create_publisher(TFMessage, '/tf', TF_QOS)
     points = make_points(args.points)
     end = time.monotonic() + args.duration
-    while time.monotonic() < end:
+    while time.monotonic() < end and not STOP.is_set():
         stamp = node.get_clock().now().to_msg()
         cloud_pub.publish(make_cloud(points, stamp))
         tf_pub.publish(make_tf(stamp))
@@ -137,7 +144,11 @@ def main():
     r.add_argument('--out', required=True)
     r.add_argument('--timeout', type=float, default=30.0)
     args = parser.parse_args()
-    rclpy.init()
+    # SIGTERM / SIGINT end the loops at their next turn (as the product's nodes do): rclpy's own
+    # handlers can leave the process waiting in its shutdown
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: STOP.set())
+    rclpy.init(signal_handler_options=SignalHandlerOptions.NO)
     try:
         rc = publish(args) if args.cmd == 'publish' else receive(args)
     finally:
