@@ -84,9 +84,9 @@ setup(
     entry_points={
         'console_scripts': [
             # one style: pwan_<job>; ROS nodes end in _node (valid `ros2 run pwan_ros NAME` names)
-            'pwan_odometry_node = pwan_ros.ros.odometry_node:main',
+            'pwan_odometry_node = pwan_ros.ros.entry:odometry_node',
             'pwan_adapt_node = pwan_ros.ros.adapt_node:main',
-            'pwan_classifier_node = pwan_ros.ros.classifier_node:main',
+            'pwan_classifier_node = pwan_ros.ros.entry:classifier_node',
             'pwan_register = pwan_ros.cli.register:main',
             'pwan_adapt = pwan_ros.cli.adapt:main',
             'pwan_adapt_import = pwan_ros.cli.adapt:import_main',

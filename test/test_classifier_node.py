@@ -136,7 +136,7 @@ def test_node_config_follows_the_spec_rules():
     with pytest.raises(AdaptConfigError, match="parameter 'device'"):
         ClassifierConfig(device='gpu')
     src = (ROOT / 'setup.py').read_text()
-    assert "'pwan_classifier_node = pwan_ros.ros.classifier_node:main'" in src
+    assert "'pwan_classifier_node = pwan_ros.ros.entry:classifier_node'" in src
 
 
 # ---------------------------------------------------------------------------- the node over DDS

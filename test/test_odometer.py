@@ -10,7 +10,7 @@ from pwan_ros.geometry.frame_graph import FrameGraph
 from pwan_ros.geometry.se3 import invert, make_transform
 from pwan_ros.odometry.config import OdometryConfig
 from pwan_ros.odometry.odometer import Odometer, pose_covariance
-from pwan_ros.odometry.pipeline import OdometryPipeline, ScanEstimate
+from pwan_ros.odometry.pipeline import OdometryPipeline, ScanError, ScanEstimate
 
 #: base_link -> lidar mount: 0.3 m forward, 1.2 m up, turned 90 degrees about z
 T_BASE_LIDAR = make_transform(
@@ -73,9 +73,26 @@ def test_frame_change_restarts_from_the_last_pose_and_time_reset_returns_to_iden
     # the new run starts at the last pose: odom stays continuous (no jump back to the origin)
     assert np.linalg.norm(up.T_odom_base[:3, 3] - last.T_odom_base[:3, 3]) < 0.3
     assert up.twist is None  # a restart forgets the velocity
-    up = odo.update(scans[0].xyz, scans[0].stamp_ns * 1e-9, 'lidar_renamed', np.eye(4))
+    # its pose is carried over, not measured: the covariance of a held pose
+    assert up.pose_covariance[0] > 10 * last.pose_covariance[0]
+    # time restarted (a bag looped: more than OUT_OF_ORDER_S back)
+    up = odo.update(scans[0].xyz, scans[0].stamp_ns * 1e-9 - 5.0, 'lidar_renamed', np.eye(4))
     assert [k for k, _ in up.notices] == ['time'] and odo.resets == 2
     np.testing.assert_allclose(up.T_odom_base, np.eye(4))
+
+
+def test_a_late_scan_is_skipped_without_a_reset(scans):
+    """A scan stamped 1 ms before the last (stamp jitter, out-of-order delivery) is skipped
+    (ScanError), odom continues; before, it reset odom to the origin mid-run."""
+    odo = Odometer(OdometryPipeline(OdometryConfig()))
+    for s in scans[:3]:
+        odo.update(s.xyz, s.stamp_ns * 1e-9, 'lidar', np.eye(4))
+    with pytest.raises(ScanError, match='late'):
+        odo.update(scans[2].xyz, scans[2].stamp_ns * 1e-9 - 0.001, 'lidar', np.eye(4))
+    up = odo.update(scans[3].xyz, scans[3].stamp_ns * 1e-9, 'lidar', np.eye(4))
+    assert odo.resets == 0 and not up.notices and up.estimate.path == 'track'
+    truth = invert(scans[0].pose) @ scans[3].pose
+    assert np.linalg.norm(up.T_odom_sensor[:3, 3] - truth[:3, 3]) < 0.1
 
 
 def _estimate(**kw):

@@ -140,10 +140,16 @@ def test_node_survives_bad_input(tmp_path, ros_env):
     assert rc == 0, log[-3000:]
     answers = res['answers']
     by_label = {s['label']: answers.get(str(s['stamp'])) for s in res['sent']}
-    for label in ('empty', 'no_z', 'all_nan', 'bad_datatype', 'truncated'):
+    for label in ('blank', 'empty', 'no_z', 'all_nan', 'bad_datatype', 'truncated', 'late'):
         ans = by_label[label]
         assert ans is not None and 'odom' not in ans, label
         assert ans['diag']['level'] == 1, (label, ans)
+    # the blank start-up frame (all points at the sensor) fixed nothing: the voxel size is the
+    # street's (a blank frame used to set it to 0.02 m, and every scan after was rejected)
+    assert 'range gate' in by_label['blank']['diag']['message']
+    assert float(by_label['scan']['diag']['values']['voxel_size_m']) > 0.1
+    # a scan stamped 1 ms before the last is late: skipped, no reset
+    assert 'late' in by_label['late']['diag']['message']
     assert (
         'x/y/z' in by_label['no_z']['diag']['message']
         or 'z' in by_label['no_z']['diag']['message']
@@ -163,6 +169,13 @@ def test_node_survives_bad_input(tmp_path, ros_env):
     before = odom_pose(by_label['scan_after_reset'])
     after = odom_pose(by_label['frame_change'])
     assert np.linalg.norm(before[:3, 3] - after[:3, 3]) < 1e-6
+    # ... and says so: a WARN naming the change, the carried-over pose with a held covariance
+    diag = by_label['frame_change']['diag']
+    assert diag['level'] == 1 and 'frame changed' in diag['message'], diag
+    assert (
+        by_label['frame_change']['odom']['covariance_xx']
+        > 10 * by_label['scan_after_reset']['odom']['covariance_xx']
+    )
     values = answers[str(res['sent'][-1]['stamp'])]['diag']['values']
     assert int(values['scans_invalid']) >= 6
     assert int(values['resets']) == 2
@@ -490,7 +503,7 @@ def test_launch_file_names_real_executable_and_config(fake_share):
         'pwan_odometry',
     )
     setup = (ROOT / 'setup.py').read_text()
-    assert re.search(r"'pwan_odometry_node = pwan_ros\.ros\.odometry_node:main'", setup)
+    assert re.search(r"'pwan_odometry_node = pwan_ros\.ros\.entry:odometry_node'", setup)
     assert 'register_node' not in setup  # a name of no release
     # installed like setup.py's data_files; large clouds: Fast DDS large-data transports
     assert (
@@ -811,3 +824,66 @@ def test_node_ends_promptly_on_each_signal_even_if_started_with_sigint_ignored(t
                 node.kill()
         assert node.returncode == 0 and 'Traceback' not in out, (sig, ignored, out[-2000:])
         assert time.monotonic() - t0 < 10.0, (sig, ignored)
+
+
+@pytest.mark.ros
+def test_node_refuses_what_it_cannot_use_before_spinning(tmp_path, ros_env):
+    """Arguments outside --ros-args (before: ignored, the node ran on its defaults) and a
+    reference cloud without usable points (all NaN: before, a segfault on the first scan) are
+    refused with one line and exit 2."""
+    nan = tmp_path / 'nan.xyz'
+    nan.write_text('nan nan nan\n' * 40)
+    params = tmp_path / 'p.yaml'
+    params.write_text('pwan_odometry:\n  ros__parameters:\n    mode: pwan\n')
+    for argv, words in (
+        (['--params-file', str(params)], ["unknown argument '--params-file'", '--ros-args']),
+        (['mode:=pwan'], ["unknown argument 'mode:=pwan'"]),
+        (['--ros-args', '-p', f'reference_cloud:={nan}'], ['reference_cloud', 'usable points']),
+    ):
+        proc = subprocess.run(
+            [str(NODE), *argv], env=ros_env, capture_output=True, text=True, timeout=60
+        )
+        text = proc.stdout + proc.stderr
+        assert proc.returncode == 2 and 'Traceback' not in text, (argv, text)
+        for w in words:
+            assert w in text, (argv, text)
+
+
+@pytest.mark.ros
+def test_node_ends_quietly_on_a_signal_during_start_up(ros_env):
+    """Ctrl-C or SIGTERM while the node is still loading (imports take seconds) ends it with exit
+    0 and no traceback, as once it runs (before: a KeyboardInterrupt traceback and 130, or 143)."""
+    import signal
+    import time
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        node = subprocess.Popen(
+            [str(NODE), '--ros-args'],
+            env=ros_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            time.sleep(0.3)
+            node.send_signal(sig)
+            out, _ = node.communicate(timeout=30)
+        finally:
+            if node.poll() is None:
+                node.kill()
+        assert node.returncode == 0 and 'Traceback' not in out, (sig, out[-2000:])
+        assert 'ready' not in out, 'the signal came after the start-up: the test proves nothing'
+
+
+@pytest.mark.ros
+def test_node_says_when_no_scan_arrives(ros_env):
+    """Nothing on its topic for 5 s: a warning (and a /diagnostics WARN) naming the topic and
+    whether anything publishes there, instead of silence."""
+    import time
+
+    node = start_node(ros_env, 'reliability:=reliable')
+    time.sleep(8.0)
+    rc, log = stop_node(node)
+    assert rc == 0, log[-2000:]
+    assert 'ready: points=/points' in log, log[-2000:]
+    assert 'no scan on /points for 5 s: nothing publishes there' in log, log[-2000:]

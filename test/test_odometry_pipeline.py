@@ -212,13 +212,70 @@ def test_pipeline_tracks_simulated_drive(sim_scans):
 def test_pipeline_rejects_bad_scans(sim_scans):
     pipe = OdometryPipeline(OdometryConfig())
     s = sim_scans[0]
-    with pytest.raises(ScanError, match='valid points'):
+    with pytest.raises(ScanError, match='finite points within the range gate'):
         pipe.process(np.full((100, 3), np.nan), 1.0)
     pipe.process(s.xyz, 2.0)
     with pytest.raises(ScanError, match='time went backwards'):
         pipe.process(s.xyz, 1.0)
     with pytest.raises(ScanError, match=r'\(N, 3\)'):
         pipe.process(np.zeros((10, 2)), 3.0)
+
+
+@pytest.mark.parametrize('marker', ['zeros', 'ring'])
+def test_no_return_points_at_the_sensor_change_nothing(sim_scans, marker):
+    """Drivers put a beam without a return at the sensor: at (0, 0, 0) (Ouster), or on a ring
+    at the beam origin, 1.5 cm out. A blank first frame (every point so) is skipped without
+    fixing the voxel size, and scans with 45 % such points track as the clean ones do, at the
+    same voxel size. (Before: the blank frame fixed a 0.02 m voxel and every scan after it was
+    rejected; 45 % zeros made the real returns look like far glitches.)"""
+    rng = np.random.default_rng(3)
+
+    def at_sensor(n):
+        if marker == 'zeros':
+            return np.zeros((n, 3))
+        a = rng.uniform(0.0, 2.0 * np.pi, n)
+        return np.stack([0.015 * np.cos(a), 0.015 * np.sin(a), np.zeros(n)], axis=1)
+
+    rows = [rng.random(len(s.xyz)) < 0.45 for s in sim_scans[:6]]
+
+    def marked(k):
+        out = sim_scans[k].xyz.astype(np.float64)
+        out[rows[k]] = at_sensor(int(rows[k].sum()))
+        return out
+
+    # the same returns without the marked rows
+    clean = OdometryPipeline(OdometryConfig())
+    clean.process(sim_scans[0].xyz[~rows[0]], sim_scans[0].stamp_ns * 1e-9)
+    pipe = OdometryPipeline(OdometryConfig())
+    with pytest.raises(ScanError, match='range gate'):
+        pipe.process(at_sensor(2000), sim_scans[0].stamp_ns * 1e-9 - 0.1)
+    assert pipe.voxel_size == 0.0
+    gt0 = sim_scans[0].pose
+    for k, s in enumerate(sim_scans[:6]):
+        est = pipe.process(marked(k), s.stamp_ns * 1e-9)
+        assert est.accepted and est.path in ('init', 'track'), est.reason
+        rot, trans = pose_error(est.pose, invert(gt0) @ s.pose)
+        assert rot < 0.3 and trans < 0.05, (s.stamp_ns, rot, trans)
+    assert pipe.voxel_size == clean.voxel_size
+    assert pipe.voxel_size > 0.1  # a street's, not the 0.02 m floor
+
+
+@pytest.mark.parametrize(
+    'ref',
+    [
+        np.full((40, 3), np.nan),
+        np.zeros((40, 3)),
+        np.array([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]]),
+        np.vstack([np.random.default_rng(0).uniform(-20, 20, (10, 3)), np.full((30, 3), np.nan)]),
+    ],
+    ids=['all_nan', 'all_zero', 'two_points', 'ten_finite'],
+)
+def test_an_unusable_reference_cloud_is_refused_at_start(ref):
+    """A reference cloud with fewer than 30 usable points (at the largest automatic voxel, 1 m)
+    is a ValueError when the pipeline is built (the node: one line, exit 2), never a crash on
+    the first scan (all NaN: a segfault in the GICP; ten finite points: a C++ error per scan)."""
+    with pytest.raises(ValueError, match='usable points'):
+        OdometryPipeline(OdometryConfig(reference_cloud='map.ply'), reference_points=ref)
 
 
 @pytest.mark.heavy

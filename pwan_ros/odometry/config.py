@@ -84,8 +84,8 @@ class OdometryConfig:
     scan_voxel_size: float = param(
         0.0,
         'voxel-grid downsampling of each scan (m); 0 = automatic: 3.5 % of the '
-        "first scan's median range (isolated returns ignored), clamped to "
-        '[0.02, 1.0] m',
+        "median range of the first registered scan's returns within the range gate (isolated "
+        'returns ignored), clamped to [0.02, 1.0] m',
         0.0,
         100.0,
     )
@@ -126,7 +126,12 @@ class OdometryConfig:
     seed: int = param(0, 'random seed of PWAN and of the point subsets', 0, 2**31 - 1)
     compile: str = param('auto', _CORE_COMPILE.description, choices=_CORE_COMPILE.choices)
     min_range: float = param(
-        0.0, 'drop points closer than this to the sensor (m); 0 = off', 0.0, 1e4
+        0.1,
+        'drop points closer than this to the sensor (m; 0 = off). No lidar or depth camera '
+        "measures there: such points are drivers' no-return encodings (zeros, a ring at the "
+        'beam origin) or the robot itself',
+        0.0,
+        1e4,
     )
     max_range: float = param(
         0.0, 'drop points farther than this from the sensor (m); 0 = off', 0.0, 1e4

@@ -2,10 +2,11 @@
 
 :class:`Odometer` wraps :class:`~pwan_ros.odometry.pipeline.OdometryPipeline` with the policy a
 robot sees: ``odom`` is the base pose at the start; a change of the cloud's frame restarts the
-pipeline from the last pose (odom stays continuous), time going backwards (a bag restarted)
-resets odom to the current pose; the base pose is the sensor pose composed with the static
-``T_base_sensor``; the twist is the base-frame velocity between accepted scans; the pose
-covariance comes from the match quality.
+pipeline from the last pose (odom stays continuous), time going backwards by more than
+:data:`OUT_OF_ORDER_S` (a bag or driver restarted) resets odom to the current pose, a scan
+stamped less than that before the last one is late and skipped; the base pose is the sensor
+pose composed with the static ``T_base_sensor``; the twist is the base-frame velocity between
+accepted scans; the pose covariance comes from the match quality.
 """
 
 from __future__ import annotations
@@ -18,7 +19,12 @@ import numpy as np
 from scipy.spatial.transform import Rotation
 
 from pwan_ros.geometry.se3 import invert, project_rigid
-from pwan_ros.odometry.pipeline import OdometryPipeline, ScanEstimate
+from pwan_ros.odometry.pipeline import OdometryPipeline, ScanError, ScanEstimate
+
+#: a scan stamped up to this long (s) before the last one is late (delivered out of order, stamp
+#: jitter) and skipped; further back, time was restarted (a bag looped, a driver restarted) and
+#: odometry resets. Twice the longest sweep period in use (2 Hz).
+OUT_OF_ORDER_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -28,9 +34,10 @@ class OdometryUpdate:
     T_odom_base / T_odom_sensor: (4, 4) poses in odom_frame (for a rejected scan: the held pose).
     twist: (linear (3,) m/s, angular (3,) rad/s) in the base frame, or None (unknown: first scan
     after a start or reset, or a rejected scan). pose_covariance: 36 floats, row-major 6x6 over
-    (x, y, z, roll, pitch, yaw). deformed_points: affine / non-rigid modes, (M, 3) deformed scan in
-    odom_frame (else None). estimate: the pipeline's result. notices: [(key, text)] of restarts
-    and resets this scan caused, for the log.
+    (x, y, z, roll, pitch, yaw), inflated as for a held pose when the scan restarted the
+    registration (its pose is carried over, not measured). deformed_points: affine / non-rigid
+    modes, (M, 3) deformed scan in odom_frame (else None). estimate: the pipeline's result.
+    notices: [(key, text)] of restarts and resets this scan caused, for the log.
     """
 
     T_odom_base: np.ndarray
@@ -67,6 +74,11 @@ class Odometer:
         Raises :class:`~pwan_ros.odometry.pipeline.ScanError` for a scan that cannot be registered
         (state unchanged except for a restart it triggered)."""
         notices = []
+        if self._last_stamp is not None and 0.0 < self._last_stamp - stamp <= OUT_OF_ORDER_S:
+            raise ScanError(
+                f'scan stamped {(self._last_stamp - stamp) * 1e3:.1f} ms before the last one '
+                '(late, out of order): skipped'
+            )
         if self._frame is not None and frame != self._frame:
             notices.append(
                 (
@@ -106,7 +118,7 @@ class Odometer:
             t_odom_base,
             t_odom_base @ t_base_sensor,
             twist,
-            pose_covariance(est, self.pipeline.distance_threshold),
+            pose_covariance(est, self.pipeline.distance_threshold, held=bool(notices)),
             deformed,
             est,
             notices,
@@ -124,15 +136,16 @@ class Odometer:
             self._last_pose = np.eye(4)
 
 
-def pose_covariance(est: ScanEstimate, h: float) -> List[float]:
+def pose_covariance(est: ScanEstimate, h: float, held: bool = False) -> List[float]:
     """Row-major 6x6 pose covariance from the match quality (a heuristic, see docs/odometry.md):
     position sigma = 10 x median residual / sqrt(matched points) (m), rotation sigma a fifth of it
-    (rad); both sigmas x 1e3 (the covariance x 1e6) for a held pose (rejected scan)."""
+    (rad); both sigmas x 1e3 (the covariance x 1e6) for a held pose (a rejected scan, or
+    ``held``: one that restarted the registration)."""
     matched = max(est.matched_ratio * est.num_points, 1.0)
     res = est.median_residual if math.isfinite(est.median_residual) else h
     sigma_t = max(res, 1e-3) / math.sqrt(matched) * 10.0
     sigma_r = sigma_t / 5.0
-    if not est.accepted:
+    if held or not est.accepted:
         sigma_t, sigma_r = sigma_t * 1e3, sigma_r * 1e3
     cov = [0.0] * 36
     for i in range(3):

@@ -144,10 +144,7 @@ class OdometryPipeline:
         if config.reference_cloud or reference_points is not None:
             if reference_points is None:
                 raise ValueError('reference_cloud is set but no reference points were given')
-            ref = np.asarray(reference_points, dtype=np.float64)
-            if ref.ndim != 2 or ref.shape[1] != 3 or len(ref) < MIN_POINTS:
-                raise ValueError(f'reference cloud must be (N>={MIN_POINTS}, 3), got {ref.shape}')
-            self._reference_points = ref
+            self._reference_points = usable_reference(reference_points, config.scan_voxel_size)
         self.reset()
 
     # ------------------------------------------------------------------ state
@@ -463,6 +460,25 @@ class OdometryPipeline:
             self._reference_points, self.voxel_size, self.config.scan_max_points * 4, rng=self._rng
         ).points
         return self.keyframes.set_reference(PreparedCloud.build(ref, self.num_threads))
+
+
+def usable_reference(points: np.ndarray, voxel_size: float = 0.0) -> np.ndarray:
+    """The finite rows of a reference cloud (N, 3) (map frame, metres), checked to keep at least
+    ``MIN_POINTS`` points through the scan filter at ``voxel_size`` (0 = automatic: at the
+    largest automatic size, 1 m), so that it registers at any voxel size the scans choose.
+    Raises ValueError (one line) otherwise."""
+    ref = np.asarray(points, dtype=np.float64)
+    if ref.ndim != 2 or ref.shape[1] != 3:
+        raise ValueError(f'the reference cloud must hold 3-D points, got shape {ref.shape}')
+    ref = ref[np.isfinite(ref).all(axis=1)]
+    voxel = voxel_size if voxel_size > 0.0 else 1.0
+    usable = len(filter_scan(ref, voxel, len(ref) + 1).points) if len(ref) else 0
+    if usable < MIN_POINTS:
+        raise ValueError(
+            f'the reference cloud has {usable} usable points at a {voxel:g} m voxel '
+            f'({len(ref)} finite of {len(points)}), need {MIN_POINTS}'
+        )
+    return ref
 
 
 def _deviation(predicted: np.ndarray, registered: np.ndarray) -> tuple:

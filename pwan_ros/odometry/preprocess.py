@@ -8,7 +8,12 @@ import numpy as np
 
 from pwan_ros.odometry.config import OdometryConfig
 from pwan_ros.odometry.keyframe_tracker import PreparedCloud
-from pwan_ros.odometry.scan_filter import FilteredScan, automatic_voxel_size, filter_scan
+from pwan_ros.odometry.scan_filter import (
+    FilteredScan,
+    automatic_voxel_size,
+    filter_scan,
+    in_range_gate,
+)
 
 #: scans with fewer usable points than this cannot be registered
 MIN_POINTS = 30
@@ -37,8 +42,9 @@ class PreparedScan:
 
 
 class ScanPreparer:
-    """Range gate, voxel grid (size fixed by the first scan when automatic), isolated-return and
-    far-glitch removal, point caps. ``voxel_size`` is 0 until known."""
+    """Range gate, far-glitch removal, voxel grid (size fixed by the first scan that yields
+    enough points, when automatic), isolated-return removal, point caps. ``voxel_size`` is 0
+    until known; a skipped scan (ScanError) leaves it unchanged."""
 
     def __init__(self, config: OdometryConfig, rng: np.random.Generator, num_threads: int = 2):
         self.config = config
@@ -52,27 +58,31 @@ class ScanPreparer:
         pts = np.asarray(points)
         if pts.ndim != 2 or pts.shape[1] != 3:
             raise ScanError(f'expected (N, 3) points, got shape {pts.shape}')
-        if self.voxel_size <= 0.0:
-            finite = pts[np.isfinite(pts).all(axis=1)]
-            if len(finite) < MIN_POINTS:
-                raise ScanError(f'scan has {len(finite)} valid points, need {MIN_POINTS}')
-            self.voxel_size = automatic_voxel_size(finite)
+        voxel = self.voxel_size
+        if voxel <= 0.0:  # from the returns the filter keeps (no-return points at the sensor out)
+            gated = pts.astype(np.float64, copy=False)
+            gated = in_range_gate(
+                gated[np.isfinite(gated).all(axis=1)], cfg.min_range, cfg.max_range
+            )
+            if len(gated) < MIN_POINTS:
+                raise ScanError(
+                    f'scan has {len(gated)} finite points within the range gate '
+                    f'[{cfg.min_range:g}, {cfg.max_range or float("inf"):g}] m, need {MIN_POINTS}'
+                )
+            voxel = automatic_voxel_size(gated)
         try:
             filt = filter_scan(
-                pts,
-                self.voxel_size,
-                cfg.scan_max_points,
-                cfg.min_range,
-                cfg.max_range,
-                rng=self.rng,
+                pts, voxel, cfg.scan_max_points, cfg.min_range, cfg.max_range, rng=self.rng
             )
         except ValueError as exc:
             raise ScanError(str(exc)) from None
         if len(filt.points) < MIN_POINTS:
             raise ScanError(
                 f'scan has {len(filt.points)} usable points after filtering '
-                f'({filt.num_input} received, {filt.num_finite} finite), need {MIN_POINTS}'
+                f'({filt.num_input} received, {filt.num_finite} finite, {filt.num_in_range} '
+                f'within the range gate, {filt.num_far} far glitches), need {MIN_POINTS}'
             )
+        self.voxel_size = voxel  # fixed by the first scan that is registered
         dense = filt.points
         tracked = dense
         if len(dense) > cfg.source_points:

@@ -40,8 +40,8 @@ _OFFSET_ORDER = np.lexsort((np.abs(_NEIGHBOURS).sum(axis=1), np.abs(_NEIGHBOURS[
 class FilteredScan:
     """points: (M, 3) float64, sensor frame. num_input: points received; num_finite: of those
     with finite x/y/z; num_in_range: of those inside the range gate; voxel_size: metres used;
-    num_isolated_removed: isolated voxels dropped (see the module docstring); num_far: finite
-    returns dropped as far glitches (:func:`~pwan_ros.geometry.outliers.far_outliers`)."""
+    num_isolated_removed: isolated voxels dropped (see the module docstring); num_far: returns in
+    the range gate dropped as far glitches (:func:`~pwan_ros.geometry.outliers.far_outliers`)."""
 
     points: np.ndarray
     num_input: int
@@ -107,6 +107,19 @@ def _finite_rows(points: np.ndarray) -> np.ndarray:
     return fin[:, 0] & fin[:, 1] & fin[:, 2]
 
 
+def in_range_gate(
+    points: np.ndarray, min_range: float = 0.0, max_range: float = 0.0
+) -> np.ndarray:
+    """The rows of finite (N, 3) float64 points inside the range gate (0 = that side off)."""
+    if min_range <= 0.0 and max_range <= 0.0:
+        return points
+    r = _ranges(points)
+    keep = r >= min_range
+    if max_range > 0.0:
+        keep &= r <= max_range
+    return points[keep]
+
+
 def automatic_voxel_size(points: np.ndarray) -> float:
     """Voxel size (m) from a scan's extent: 3.5 % of the median range from the sensor, clamped
     to [0.02, 1.0] m (about 0.2 m for a lidar in a street or a building, a few cm for a depth
@@ -136,9 +149,11 @@ def filter_scan(
     max_range: float = 0.0,
     rng: np.random.Generator | None = None,
 ) -> FilteredScan:
-    """Finite-point filter, far-glitch gate (:func:`~pwan_ros.geometry.outliers.far_outliers`),
-    range gate (0 = off), voxel grid (voxel_size > 0) with isolated-return removal, and random
-    cap at ``max_points``.
+    """Finite-point filter, range gate (0 = off), far-glitch gate
+    (:func:`~pwan_ros.geometry.outliers.far_outliers`), voxel grid (voxel_size > 0) with
+    isolated-return removal, and random cap at ``max_points``. The range gate comes first: a
+    driver's no-return points piled at the sensor (zeros, a ring at the beam origin) would
+    otherwise be the bulk that the real returns look far from.
 
     points: (N, 3) array-like in the sensor frame. Raises ValueError for a wrong shape.
     """
@@ -150,17 +165,12 @@ def filter_scan(
     if not finite.all():
         pts = pts[finite]
     num_finite = len(pts)
+    pts = in_range_gate(pts, min_range, max_range)
+    num_in_range = len(pts)
     far = far_outliers(pts)
     num_far = int(far.sum())
     if num_far:
         pts = pts[~far]
-    if min_range > 0.0 or max_range > 0.0:
-        r = _ranges(pts)
-        keep = r >= min_range
-        if max_range > 0.0:
-            keep &= r <= max_range
-        pts = pts[keep]
-    num_in_range = len(pts)
     removed = 0
     if voxel_size > 0.0 and len(pts):
         grid = voxel_grid(pts, voxel_size)

@@ -28,7 +28,7 @@ from rclpy.node import Node
 from pwan_ros.adaptation.config import AdaptConfig, AdaptIO
 from pwan_ros.adaptation.errors import AdaptError
 from pwan_ros.params import specs
-from pwan_ros.ros.args import params_file_problem
+from pwan_ros.ros.args import argument_problem
 from pwan_ros.ros.params import descriptor, undeclared
 
 STATUS_NAME = 'adapt_node: training'
@@ -215,7 +215,7 @@ def _init(args) -> None:
 
 def main(args: Optional[List[str]] = None) -> int:
     argv = args if args is not None else sys.argv
-    problem = params_file_problem(argv)
+    problem = argument_problem(argv)
     if problem:
         print(f'adapt_node: {problem}', file=sys.stderr)
         return 2

@@ -1,7 +1,9 @@
-"""Checks of a node's ``--ros-args`` before rclpy sees them (no rclpy import).
+"""Checks of a node's command line before rclpy sees it (no rclpy import).
 
 rcl rejects a missing or malformed ``--params-file`` with a multi-line C error that rclpy turns
-into a traceback; :func:`params_file_problem` finds those cases first and names the file.
+into a traceback, and ignores arguments outside ``--ros-args`` (a node started with
+``--params-file f.yaml`` or ``name:=value`` without it would run on its defaults);
+:func:`argument_problem` finds those cases first and names them.
 """
 
 from __future__ import annotations
@@ -10,6 +12,24 @@ import os
 from typing import Optional, Sequence
 
 import yaml
+
+
+def argument_problem(argv: Sequence[str]) -> Optional[str]:
+    """One line describing the first unusable argument of a node's ``argv`` (argv[0] is the
+    program): one outside ``--ros-args`` (the node takes no arguments of its own), or an unusable
+    ``--params-file`` (:func:`params_file_problem`); None if all are fine."""
+    in_ros = False
+    for arg in list(argv)[1:]:
+        if arg == '--ros-args':
+            in_ros = True
+        elif arg == '--' and in_ros:
+            in_ros = False
+        elif not in_ros:
+            return (
+                f"unknown argument '{arg}': ROS arguments go after --ros-args "
+                '(e.g. --ros-args -p name:=value --params-file file.yaml)'
+            )
+    return params_file_problem(argv)
 
 
 def params_file_problem(argv: Sequence[str]) -> Optional[str]:

@@ -28,6 +28,7 @@ from typing import Dict
 
 import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rclpy.clock import Clock, ClockType
 from rclpy.node import Node
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from std_msgs.msg import Float32, Float32MultiArray, Int32, String
@@ -79,7 +80,10 @@ class ClassifierNode(Node):
         self._last_seq = None
         self._reported = dict(self.counts)
         self._warned: Dict[str, float] = {}
-        self.timer = self.create_timer(cfg.status_period, self.publish_status)
+        # on the steady clock: the status keeps coming under use_sim_time, /clock or not
+        self.timer = self.create_timer(
+            cfg.status_period, self.publish_status, clock=Clock(clock_type=ClockType.STEADY_TIME)
+        )
         c = self.classifier
         self.get_logger().info(
             f"{NAME} ready: model='{c.path}' dim={c.dim} classes={c.num_classes} "

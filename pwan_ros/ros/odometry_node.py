@@ -43,6 +43,9 @@ from pwan_ros.ros.params import declare_config, undeclared
 
 #: diagnostics level of each ScanEstimate.status
 _LEVELS = {'ok': DiagnosticStatus.OK, 'warn': DiagnosticStatus.WARN}
+#: seconds without a scan after which the node says so (log and /diagnostics WARN, naming the
+#: topic and its publishers), again every that long while the silence lasts
+SILENCE_S = 5.0
 
 
 def _stamp_seconds(stamp) -> float:
@@ -89,12 +92,10 @@ class OdometryNode(Node):
                 reference = read_points(cfg.reference_cloud)
             except Exception as exc:  # unreadable / corrupt file: a configuration error
                 raise ConfigError(f"cannot read reference_cloud '{cfg.reference_cloud}': {exc}")
-            if reference.ndim != 2 or reference.shape[1] != 3:
-                raise ConfigError(
-                    f"reference_cloud '{cfg.reference_cloud}' must hold 3-D points, "
-                    f'got shape {reference.shape}'
-                )
-        self.pipeline = OdometryPipeline(cfg, reference)
+        try:
+            self.pipeline = OdometryPipeline(cfg, reference)
+        except ValueError as exc:  # an unusable reference cloud (pipeline.usable_reference)
+            raise ConfigError(f"reference_cloud '{cfg.reference_cloud}': {exc}") from None
         self.odometer = Odometer(self.pipeline)
         self.static_frames = FrameGraph()
         self.sweep_clock = SweepClock(cfg.deskew)  # which per-point times to deskew with
@@ -137,7 +138,8 @@ class OdometryNode(Node):
         self._worker = threading.Thread(target=self._run, name='pwan_odometry_worker', daemon=True)
         self._worker.start()
         self.get_logger().info(
-            f'pwan_odometry ready: mode={cfg.mode} transform={cfg.transform} '
+            f'pwan_odometry ready: points={self.points.topic_name} mode={cfg.mode} '
+            f'transform={cfg.transform} '
             f'divergence={cfg.divergence} device={cfg.device} reliability={cfg.reliability}'
             + (f" reference_cloud='{cfg.reference_cloud}'" if cfg.reference_cloud else '')
         )
@@ -159,14 +161,25 @@ class OdometryNode(Node):
 
     # ------------------------------------------------------------------ worker
     def _run(self) -> None:
+        quiet_since = time.monotonic()  # the start, then the last scan
+        report_at = quiet_since + SILENCE_S
         while True:
             with self._lock:
                 while self._pending is None and not self._stop:
                     self._wake.wait(0.5)
+                    if self._pending is None and time.monotonic() >= report_at:
+                        break
                 if self._stop:
                     return
-                msg, t_received = self._pending
-                self._pending = None
+                pending, self._pending = self._pending, None
+            if pending is None:  # silence: say so, and again every SILENCE_S
+                now = time.monotonic()
+                report_at = now + SILENCE_S
+                self._report_silence(now - quiet_since)
+                continue
+            msg, t_received = pending
+            quiet_since = time.monotonic()
+            report_at = quiet_since + SILENCE_S
             try:
                 self._handle(msg, t_received)
             except Exception as exc:  # never let one scan kill the node
@@ -180,6 +193,25 @@ class OdometryNode(Node):
                     )
                 except Exception:
                     pass
+
+    def _report_silence(self, seconds: float) -> None:
+        """No scan for ``seconds``: one log line and a WARN status naming the topic and how many
+        publishers it has (some: their type or QoS does not match; none: nothing publishes)."""
+        try:
+            topic = self.points.topic_name
+            publishers = self.count_publishers(topic)
+            text = f'no scan on {topic} for {seconds:.0f} s: ' + (
+                f'{publishers} publisher(s) but no sensor_msgs/PointCloud2 received (check the '
+                'message type, the QoS and the transport)'
+                if publishers
+                else 'nothing publishes there (check the topic name or remapping)'
+            )
+            self._warn('silence', text, 0.0)
+            self._publish_diagnostics(
+                self.get_clock().now().to_msg(), DiagnosticStatus.WARN, text, {}
+            )
+        except Exception:  # shutting down
+            pass
 
     def _handle(self, msg: PointCloud2, t_received: float) -> None:
         cfg = self.config
@@ -242,10 +274,11 @@ class OdometryNode(Node):
         self._publish_pose(msg.header.stamp, base, update)
         self._publish_aligned(msg, cloud, update)
         latency = (time.perf_counter() - t_received) * 1e3
+        # a scan that restarted the registration (frame change, time reset) carries its pose over
         self._publish_diagnostics(
             msg.header.stamp,
-            _LEVELS[est.status],
-            est.message,
+            DiagnosticStatus.WARN if update.notices else _LEVELS[est.status],
+            '; '.join([text for _, text in update.notices] + [est.message]),
             {
                 'latency_ms': f'{latency:.2f}',
                 'processing_ms': f'{est.latency_ms:.2f}',

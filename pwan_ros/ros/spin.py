@@ -22,7 +22,7 @@ import rclpy
 from rclpy.exceptions import InvalidParameterTypeException, InvalidParameterValueException
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 
-from pwan_ros.ros.args import params_file_problem
+from pwan_ros.ros.args import argument_problem
 
 
 def spin_node(
@@ -35,7 +35,7 @@ def spin_node(
     """Init rclpy with ``args``, build the node with ``make_node()`` and spin it; returns the exit
     code. ``errors``: the node's configuration errors, printed as ``prog: error_prefix
     message``."""
-    problem = params_file_problem(sys.argv if args is None else args)
+    problem = argument_problem(sys.argv if args is None else args)
     if problem:
         print(f'{prog}: {problem}', file=sys.stderr)
         return 2

@@ -101,7 +101,9 @@ def main():
     args = parser.parse_args(argv[1:])
     # the product's spin loop: its own signal flag, no KeyboardInterrupt inside the executor
     # (with rclpy.spin and rclpy's handlers it once ignored SIGTERM for 20 s in CI)
-    sys.exit(spin_node('echo_odom', lambda: Echo(args.drop_every, args.drift), ()))
+    ros = sys.argv[sys.argv.index('--ros-args') :] if '--ros-args' in sys.argv else []
+    node = lambda: Echo(args.drop_every, args.drift)  # noqa: E731
+    sys.exit(spin_node('echo_odom', node, (), [sys.argv[0], *ros]))
 
 
 if __name__ == '__main__':

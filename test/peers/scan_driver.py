@@ -84,6 +84,11 @@ def bad_messages():
             header(s.stamp_ns if stamp is None else stamp, frame), s.xyz, s.extras
         )
 
+    # a driver spinning up: every return at the sensor (no-return points), before the first scan
+    blank = pc2.create_cloud(
+        header(scans[0].stamp_ns - 100_000_000), np.zeros((2000, 3), np.float32)
+    )
+    yield 'blank', blank, None
     yield 'scan', cloud(0), scans[0].pose
     empty = pc2.create_cloud(header(scans[0].stamp_ns + 10_000_000), np.zeros((0, 3), np.float32))
     yield 'empty', empty, None
@@ -143,6 +148,7 @@ def bad_messages():
     )
     yield 'huge', pc2.create_cloud(header(scans[2].stamp_ns), big), scans[2].pose
     yield 'scan', cloud(3), scans[3].pose
+    yield 'late', cloud(2, stamp=scans[3].stamp_ns - 1_000_000), None  # 1 ms before the last
     yield 'time_backwards', cloud(1, stamp=scans[1].stamp_ns - 5_000_000_000), None
     yield 'scan_after_reset', cloud(4), scans[4].pose
     yield 'frame_change', cloud(5, frame='other_lidar'), scans[5].pose
@@ -157,7 +163,8 @@ class Driver(Node):
         self.pub = self.create_publisher(
             PointCloud2, 'points', qos_profile_sensor_data if sensor_qos else qos
         )
-        self.answers = {}  # stamp_ns -> {'odom': ..., 'diag': ...}
+        self.answers = {}  # stamp_ns -> {'odom': ..., 'diag': ...}, of the scans published
+        self.published = set()  # their stamps (the node's own statuses, e.g. silence, are not)
         self.tf = []
         self.aligned = []
         self.create_subscription(Odometry, 'odometry', self.on_odom, 50)
@@ -170,6 +177,8 @@ class Driver(Node):
         return stamp.sec * 1_000_000_000 + stamp.nanosec
 
     def on_odom(self, msg):
+        if self.key(msg.header.stamp) not in self.published:
+            return
         p, q = msg.pose.pose.position, msg.pose.pose.orientation
         self.answers.setdefault(self.key(msg.header.stamp), {})['odom'] = {
             'frame': msg.header.frame_id,
@@ -180,6 +189,8 @@ class Driver(Node):
         }
 
     def on_diag(self, msg):
+        if self.key(msg.header.stamp) not in self.published:
+            return
         st = msg.status[0]
         self.answers.setdefault(self.key(msg.header.stamp), {})['diag'] = {
             'level': int.from_bytes(st.level, 'little')
@@ -262,6 +273,7 @@ def main():
         }[args.scenario]()
         for label, msg, pose in msgs:
             key = Driver.key(msg.header.stamp)
+            node.published.add(key)
             node.pub.publish(msg)
             end = time.monotonic() + args.timeout
             while key not in node.answers and time.monotonic() < end:
