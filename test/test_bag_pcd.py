@@ -61,6 +61,29 @@ def test_read_pcd_binary_ascii_gz_with_padding(tmp_path):
         read_pcd(tmp_path / 'short.pcd')
 
 
+def test_read_pcd_with_fields_of_mixed_widths(tmp_path):
+    """x stored as float64 and y, z as float32 (SIZE 8 4 4), and the other way round with a NaN
+    (SIZE 4 8 8): each field read with its own type (before: a numpy traceback, and a wrong
+    is_dense)."""
+    pts = np.array([[4.0e6 + 0.125, 2.5, -1.0], [4.0e6 + 1.5, 3.0, np.nan], [4.0e6, 0.0, 7.25]])
+    for sizes, types in (((8, 4, 4), '<f8 <f4 <f4'), ((4, 8, 8), '<f4 <f8 <f8')):
+        dtype = np.dtype([(c, t) for c, t in zip('xyz', types.split())])
+        rec = np.zeros(3, dtype)
+        for i, c in enumerate('xyz'):
+            rec[c] = pts[:, i]
+        path = tmp_path / f'mixed{sizes[0]}.pcd'
+        head = (
+            f'VERSION 0.7\nFIELDS x y z\nSIZE {" ".join(map(str, sizes))}\nTYPE F F F\n'
+            'COUNT 1 1 1\nWIDTH 3\nHEIGHT 1\nPOINTS 3\nDATA binary\n'
+        )
+        path.write_bytes(head.encode() + rec.tobytes())
+        enc = read_pcd(path)
+        assert not enc.is_dense
+        xyz = read_cloud(enc).xyz.astype(np.float64)
+        expected = np.stack([rec[c].astype(np.float64) for c in 'xyz'], axis=1)
+        np.testing.assert_array_equal(xyz, expected)
+
+
 @pytest.mark.parametrize(
     'count,n,body,msg',
     [

@@ -22,6 +22,18 @@ def test_clean_points_drops_nonfinite_rows_with_warning():
     assert not c.valid[2] and not c.valid[7] and c.valid.sum() == 8
 
 
+def test_far_points_warning_says_how_far_they_are():
+    """Placeholder (0, 0, 0) rows in a cloud at map coordinates (4e6 m out) are left out, and the
+    warning says how far from the cloud they lie (before: 'up to 0 in the input units', the
+    largest coordinate of those rows)."""
+    rng = np.random.default_rng(0)
+    pts = rng.normal(size=(500, 3)) + [4.0e6, 5.3e5, 120.0]
+    pts[:5] = 0.0
+    with pytest.warns(RuntimeWarning, match=r'5 of 500 points .* \(up to 4\.03e\+06 from it'):
+        c = clean_points(pts, 'source')
+    assert not c.core[:5].any() and c.core[5:].all()
+
+
 @pytest.mark.parametrize(
     'bad,msg',
     [

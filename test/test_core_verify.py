@@ -8,6 +8,7 @@ import warnings
 
 import numpy as np
 import pytest
+from scipy.spatial.transform import Rotation
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -122,6 +123,31 @@ def test_two_d_sets_get_the_rival_search():
     hall = check_pose(np.vstack(walls_s) + off, np.vstack(walls) + off)
     assert hall.status == 'refused' and 'about as well' in hall.reason
     assert check_pose(src + [50.0, 0.0], ref).status == 'refused'
+
+
+def test_the_verdict_does_not_depend_on_where_the_data_lie(street):
+    """The same result checked at the origin and 4e6 m out (map coordinates, as georeferenced
+    scans are), on a 1:100 model of the street (centimetre gates, as a scanned object's): the
+    same verdict and rival (the rival search runs about the result's center; before, its GICP
+    turned about the origin, 4e6 m away, and found no rival there). A 2-D scan stored with
+    z = 0 and moved by a transform with rounding in z is vouched for (before: 'no source point
+    lies near the reference', the reference's box having no thickness)."""
+    src, ref, gt = street
+    src, ref, gt = src * 0.01, ref * 0.01, gt.copy()
+    gt[:3, 3] *= 0.01
+    far = np.array([4.0e6, 5.3e5, 120.0])
+    turn = np.eye(4)
+    turn[:3, :3] = Rotation.from_euler('z', 3.0, degrees=True).as_matrix()
+    for t, status in ((gt, 'ok'), (gt @ turn, 'refused')):  # turned 3 deg: a better pose
+        near, away = check_pose(moved(src, t), ref), check_pose(moved(src, t) + far, ref + far)
+        assert near.status == away.status == status, (near.reason, away.reason)
+        assert near.overlap == pytest.approx(away.overlap, abs=0.005)
+        assert near.rival_overlap == pytest.approx(away.rival_overlap, abs=0.01)
+    ref2 = np.c_[curve2d(800, 0) * 5.0, np.zeros(800)]
+    src2 = np.c_[curve2d(800, 1) * 5.0, np.zeros(800)]
+    tilt = Rotation.from_euler('x', 1e-9).as_matrix()  # z of the moved points: ~1e-9
+    flat = check_pose(src2 @ tilt.T, ref2)
+    assert flat.status == 'ok', flat.reason
 
 
 @pytest.mark.parametrize('voxel', [None, 0.25])

@@ -297,3 +297,6 @@ def test_output_equal_to_an_input_is_refused(pair, tmp_path, capsys):
     rc = main([str(sp), str(src), '-q', '--output', str(src)])
     assert rc == 2 and 'output is the reference file' in capsys.readouterr().err
     assert src.read_bytes() == before
+    # an empty path (a script's unset $OUT) is refused, not ignored with exit 0
+    rc = main([str(sp), str(rp), '-q', '--output', ''])
+    assert rc == 2 and capsys.readouterr().err == 'pwan_register: error: empty output path\n'

@@ -167,7 +167,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter('always')
                 config = _config(args)
-                if args.output:
+                if args.output is not None:  # '' too: an unset variable in a script
                     check_output_path(args.output)  # before any work
                     for role, given in (('source', args.source), ('reference', args.reference)):
                         if _same_file(args.output, given):

@@ -332,7 +332,11 @@ def _kiss_matcher(source: np.ndarray, reference: np.ndarray, voxel: float) -> Op
     """KISS-Matcher's pose (None when not installed, invalid, or when it rejects the input, e.g.
     a voxel below its fixed floor on a small object). Its console output goes to stderr, less
     its note that it clamps the noise bounds (:data:`KISS_MATCHER_CLAMP_NOTE`): stdout stays the
-    caller's (``pwan_register --json``)."""
+    caller's (``pwan_register --json``). It takes float32 points: each set goes in about its own
+    mean (at map coordinates, 4e6 m out, float32 steps are 0.25-0.5 m, and it printed a warning
+    per point), and the pose is composed back."""
+    src_mean = np.asarray(source, np.float64).mean(axis=0)
+    ref_mean = np.asarray(reference, np.float64).mean(axis=0)
     with _one_cpu():  # its first import and call size its thread pools (see _one_cpu)
         try:
             import kiss_matcher
@@ -342,14 +346,16 @@ def _kiss_matcher(source: np.ndarray, reference: np.ndarray, voxel: float) -> Op
             with _native_output_to_stderr(KISS_MATCHER_CLAMP_NOTE):
                 matcher = kiss_matcher.KISSMatcher(kiss_matcher.KISSMatcherConfig(voxel))
                 sol = matcher.estimate(
-                    np.asarray(source, np.float32), np.asarray(reference, np.float32)
+                    (np.asarray(source, np.float64) - src_mean).astype(np.float32),
+                    (np.asarray(reference, np.float64) - ref_mean).astype(np.float32),
                 )
         except (RuntimeError, ValueError):
             return None
     if not sol.valid:
         return None
     out = np.eye(4)
-    out[:3, :3], out[:3, 3] = np.asarray(sol.rotation), np.asarray(sol.translation).ravel()
+    out[:3, :3] = np.asarray(sol.rotation)
+    out[:3, 3] = np.asarray(sol.translation).ravel() + ref_mean - out[:3, :3] @ src_mean
     return out if np.isfinite(out).all() else None
 
 

@@ -73,11 +73,12 @@ def clean_points(points, name: str) -> CleanPoints:
             f'finite ones (need at least 3)'
         )
     if far.any():
-        r_max = float(np.abs(pts[far]).max())
+        median = np.median(pts, axis=0)
+        r_max = float(np.linalg.norm(pts[far] - median, axis=1).max())
         warnings.warn(
             f'{name}: {int(far.sum())} of {pts.shape[0]} points lie more than '
-            f'{FAR_OUTLIER_FACTOR:g}x the median spread from the median (up to {r_max:.3g} in the '
-            'input units) and are left out of the estimation',
+            f'{FAR_OUTLIER_FACTOR:g}x the median spread from the median (up to {r_max:.3g} from '
+            'it, in the input units) and are left out of the estimation',
             RuntimeWarning,
             stacklevel=3,
         )

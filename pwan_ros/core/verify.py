@@ -173,9 +173,11 @@ def check_pose(
     reference = np.asarray(reference, dtype=np.float64)
     rng = np.random.default_rng(seed)
     voxel = judging_voxel(reference) if voxel is None else float(voxel)
-    # source points beyond the reference's box by more than its size (far glitches) cannot overlap
+    # source points beyond the reference's box by more than its size (far glitches) cannot overlap;
+    # its largest side on every axis (a flat reference, e.g. a 2-D scan stored with z = 0, has a
+    # side of 0 that rounding of the moved points' z would leave)
     lo, hi = reference.min(axis=0), reference.max(axis=0)
-    reach = hi - lo
+    reach = float((hi - lo).max())
     near = (
         np.isfinite(moved).all(axis=1)
         & (moved >= lo - reach).all(axis=1)
@@ -277,20 +279,22 @@ def _rivals(
     ``RIVAL_DISTINCT`` gates RMS), each (start in words, overlap, RMS shift of the points, (d+1,
     d+1) transform from the result) or None. 2-D sets run in the plane z = 0 with point-to-point
     ICP (a curve's covariances leave a plane undefined), shifted along x and y and turned about z.
-    Single-threaded: bit-reproducible."""
+    The searches run with ``center`` at the origin (a pose's increments turn about the origin: at
+    map coordinates, e.g. 4e6 m out, turns and shifts would be one ill-conditioned solve), so the
+    verdict does not depend on where the data lie. Single-threaded: bit-reproducible."""
     import small_gicp
 
     dim = moved.shape[1]
     kind = 'GICP' if dim == 3 else 'ICP'
-    target = small_gicp.PointCloud(_in_space(reference_tree.data))
+    center3 = _in_space(center[None])[0]
+    target = small_gicp.PointCloud(_in_space(reference_tree.data) - center3)
     target_tree = small_gicp.KdTree(target, num_threads=1)
-    source = small_gicp.PointCloud(_in_space(moved))
+    source = small_gicp.PointCloud(_in_space(moved) - center3)
     if kind == 'GICP':
         small_gicp.estimate_covariances(target, target_tree, num_neighbors=10, num_threads=1)
         small_gicp.estimate_covariances(
             source, small_gicp.KdTree(source, num_threads=1), num_neighbors=10, num_threads=1
         )
-    center3 = _in_space(center[None])[0]
     starts = []
     for k in range(3):
         for sign in (1.0, -1.0):
@@ -306,8 +310,7 @@ def _rivals(
             turned = np.eye(4)
             turned[:3, :3] = Rotation.from_rotvec(
                 np.eye(3)[k] * sign * np.radians(RIVAL_TURN_DEG)
-            ).as_matrix()
-            turned[:3, 3] = center3 - turned[:3, :3] @ center3
+            ).as_matrix()  # about the center
             label = f'{kind} from a {RIVAL_TURN_DEG:g} deg turn about {axis}'
             starts.append((label, turned, RIVAL_REACH[0] * g))
     better = rival = None
@@ -327,6 +330,8 @@ def _rivals(
                 max_iterations=30,
             )
             t = np.asarray(res.T_target_source, dtype=np.float64)
+        t = t.copy()
+        t[:3, 3] += center3 - t[:3, :3] @ center3  # back to the caller's frame
         t = _in_plane(t) if dim == 2 else t
         if not np.isfinite(t).all() or (admissible is not None and not admissible(t)):
             continue

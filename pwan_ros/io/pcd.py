@@ -164,9 +164,9 @@ def read_pcd(path) -> EncodedCloud:
     xyz = (
         np.stack(
             [
-                np.ndarray(
-                    n, dtype=dtype['x'], buffer=data, offset=dtype.fields[c][1], strides=(step,)
-                )
+                np.ndarray(  # each with its own type (SIZE 8 4 4 exists)
+                    n, dtype=dtype[c], buffer=data, offset=dtype.fields[c][1], strides=(step,)
+                ).astype(np.float64)
                 for c in 'xyz'
             ],
             axis=1,

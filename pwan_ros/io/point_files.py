@@ -147,6 +147,8 @@ def check_output_path(path: str) -> str:
     """Validate an output point file path before any work: a supported extension and a
     writable location. Raises :class:`PwanInputError` with one line."""
     path = os.fspath(path)
+    if not path:
+        raise PwanInputError('empty output path')
     ext, gz = _split_ext(path)
     if gz or ext not in WRITE_EXTENSIONS:
         raise PwanInputError(
