@@ -382,3 +382,41 @@ def test_messages_lost_in_a_burst_are_counted_and_reported(run_dir, ros_env, mon
     assert all(g['class_id'] == expected[g['seq'] - first].class_id for g in got)
     if dropped:
         assert 'lost before classification' in log and 'raise queue_depth' in log
+
+
+@pytest.mark.ros
+def test_status_keeps_coming_under_sim_time_without_a_clock(run_dir, ros_env, monkeypatch):
+    """use_sim_time:=true and nothing on /clock (a bag not playing yet): the status still comes
+    every status_period (it runs on the steady clock; before, on the frozen sim clock: none)."""
+    from diagnostic_msgs.msg import DiagnosticArray
+    import rclpy
+
+    out, _ = run_dir
+    proc, lines, seen = _start_node(
+        out, ros_env, monkeypatch, ['-p', 'use_sim_time:=true', '-p', 'status_period:=0.5']
+    )
+    rclpy.init()
+    statuses = []
+    try:
+        assert _wait_for(lines, 'pwan_classifier ready', 30, seen), ''.join(seen)[-3000:]
+        node = rclpy.create_node('status_probe')
+        node.create_subscription(
+            DiagnosticArray,
+            '/diagnostics',
+            lambda m: statuses.extend(s for s in m.status if s.name.startswith('pwan_classifier')),
+            10,
+        )
+        end = time.monotonic() + 4.0
+        while time.monotonic() < end:
+            rclpy.spin_once(node, timeout_sec=0.1)
+        node.destroy_node()
+    finally:
+        rclpy.try_shutdown()
+        proc.send_signal(2)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0
+    assert len(statuses) >= 4, f'{len(statuses)} status messages in 4 s'
