@@ -190,6 +190,16 @@ def _start_node(out, ros_env, monkeypatch, args):
     return proc, _lines(proc), []
 
 
+def _stop(proc):
+    """SIGINT, as Ctrl-C; killed if it has not ended in 20 s."""
+    proc.send_signal(2)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.mark.ros
 def test_node_publishes_the_predictions_of_deploy(run_dir, ros_env, monkeypatch):
     """Feature vectors from an rclpy publisher in this process reach the node (remapped topic);
@@ -237,12 +247,7 @@ def test_node_publishes_the_predictions_of_deploy(run_dir, ros_env, monkeypatch)
         node.destroy_node()
     finally:
         rclpy.try_shutdown()
-        proc.send_signal(2)  # SIGINT, as Ctrl-C
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _stop(proc)
     _wait_for(lines, '\0', 5, seen)  # the rest of the output
     log = ''.join(seen)
     expected = load_classifier(out / 'model.ts').classify(rows)
@@ -333,12 +338,7 @@ def _burst(run_dir, ros_env, monkeypatch, extra_params, n=1000, pub_depth=10):
         node.destroy_node()
     finally:
         rclpy.try_shutdown()
-        proc.send_signal(2)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _stop(proc)
     _wait_for(lines, '\0', 5, seen)
     return rows, got, ''.join(seen)
 
@@ -412,11 +412,6 @@ def test_status_keeps_coming_under_sim_time_without_a_clock(run_dir, ros_env, mo
         node.destroy_node()
     finally:
         rclpy.try_shutdown()
-        proc.send_signal(2)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _stop(proc)
     assert proc.returncode == 0
     assert len(statuses) >= 4, f'{len(statuses)} status messages in 4 s'

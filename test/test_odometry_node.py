@@ -15,14 +15,19 @@ PEERS = pathlib.Path(__file__).parent / 'peers'
 NODE = pathlib.Path(sys.executable).with_name('pwan_odometry_node')
 
 
-def start_node(env, *params, params_file=None):
+def start_node(env, *params, params_file=None, preexec_fn=None):
     cmd = [str(NODE), '--ros-args']
     if params_file:
         cmd += ['--params-file', str(params_file)]
     for p in params:
         cmd += ['-p', p]
     return subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=preexec_fn,
     )
 
 
@@ -801,14 +806,7 @@ def test_node_ends_promptly_on_each_signal_even_if_started_with_sigint_ignored(t
 
     for sig, ignored in ((signal.SIGINT, False), (signal.SIGTERM, False), (signal.SIGINT, True)):
         preexec = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignored else None
-        node = subprocess.Popen(
-            [str(NODE), '--ros-args'],
-            env=ros_env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            preexec_fn=preexec,
-        )
+        node = start_node(ros_env, preexec_fn=preexec)
         try:
             if sig == signal.SIGINT and not ignored:
                 res = drive(ros_env, tmp_path, 'sim', '--scans', '3')
@@ -857,13 +855,7 @@ def test_node_ends_quietly_on_a_signal_during_start_up(ros_env):
     import time
 
     for sig in (signal.SIGINT, signal.SIGTERM):
-        node = subprocess.Popen(
-            [str(NODE), '--ros-args'],
-            env=ros_env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+        node = start_node(ros_env)
         try:
             time.sleep(0.3)
             node.send_signal(sig)
