@@ -145,7 +145,8 @@ def test_node_survives_bad_input(tmp_path, ros_env):
     assert rc == 0, log[-3000:]
     answers = res['answers']
     by_label = {s['label']: answers.get(str(s['stamp'])) for s in res['sent']}
-    for label in ('blank', 'empty', 'no_z', 'all_nan', 'bad_datatype', 'truncated', 'late'):
+    labels = ('blank', 'empty', 'no_z', 'all_nan', 'bad_datatype', 'truncated', 'late')
+    for label in labels + ('no_frame', 'odom_frame'):
         ans = by_label[label]
         assert ans is not None and 'odom' not in ans, label
         assert ans['diag']['level'] == 1, (label, ans)
@@ -153,6 +154,7 @@ def test_node_survives_bad_input(tmp_path, ros_env):
     # street's (a blank frame used to set it to 0.02 m, and every scan after was rejected)
     assert 'range gate' in by_label['blank']['diag']['message']
     assert float(by_label['scan']['diag']['values']['voxel_size_m']) > 0.1
+    assert 'is odom_frame' in by_label['odom_frame']['diag']['message']
     # a scan stamped 1 ms before the last is late: skipped, no reset
     assert 'late' in by_label['late']['diag']['message']
     assert (
@@ -822,6 +824,36 @@ def test_node_ends_promptly_on_each_signal_even_if_started_with_sigint_ignored(t
                 node.kill()
         assert node.returncode == 0 and 'Traceback' not in out, (sig, ignored, out[-2000:])
         assert time.monotonic() - t0 < 10.0, (sig, ignored)
+
+
+def test_invalid_static_transforms_are_named_not_used():
+    """A /tf_static transform with a zero quaternion or a NaN translation is not used (before:
+    the NaN one reached the registration, 'SVD did not converge'), and the scans that need it
+    are told why (before: 'missing static transform', though it was published); a valid one
+    published later replaces it."""
+    from geometry_msgs.msg import TransformStamped
+    from tf2_msgs.msg import TFMessage
+
+    from pwan_ros.geometry.frame_graph import FrameGraph
+    from pwan_ros.ros.odometry_node import _add_static
+
+    def tf(q, t):
+        m = TransformStamped()
+        m.header.frame_id, m.child_frame_id = 'base_link', '/lidar'
+        r, tr = m.transform.rotation, m.transform.translation
+        r.x, r.y, r.z, r.w = q
+        tr.x, tr.y, tr.z = t
+        return TFMessage(transforms=[m])
+
+    graph, invalid = FrameGraph(), {}
+    _add_static(graph, invalid, tf((0.0, 0.0, 0.0, 0.0), (0.0, 0.0, 1.0)))
+    assert graph.lookup('base_link', 'lidar') is None
+    assert 'invalid quaternion' in invalid[('base_link', 'lidar')]
+    _add_static(graph, invalid, tf((0.0, 0.0, 0.0, 1.0), (float('nan'), 0.0, 1.0)))
+    assert graph.lookup('base_link', 'lidar') is None
+    assert 'non-finite translation' in invalid[('base_link', 'lidar')]
+    _add_static(graph, invalid, tf((0.0, 0.0, 0.0, 1.0), (0.0, 0.0, 1.0)))
+    assert graph.lookup('base_link', 'lidar')[2, 3] == 1.0 and not invalid
 
 
 @pytest.mark.ros

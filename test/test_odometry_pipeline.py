@@ -195,6 +195,9 @@ def test_config_validation_names_parameter():
         OdometryConfig.from_dict({'voxelsize': 0.2})
     with pytest.raises(ConfigError, match="'max_range'"):
         OdometryConfig(min_range=5.0, max_range=2.0)
+    # the pose is odom_frame -> base_frame: one frame cannot be both
+    with pytest.raises(ConfigError, match="'base_frame'"):
+        OdometryConfig(base_frame='/odom')
 
 
 def test_pipeline_tracks_simulated_drive(sim_scans):

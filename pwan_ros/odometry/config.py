@@ -241,6 +241,11 @@ class OdometryConfig:
         )
         yield bool(self.odom_frame), 'odom_frame', 'a non-empty frame id'
         yield (
+            self.base_frame.lstrip('/') != self.odom_frame.lstrip('/'),
+            'base_frame',
+            'a frame other than odom_frame (the pose is odom_frame -> base_frame)',
+        )
+        yield (
             self.transform == 'rigid' or bool(self.reference_cloud),
             'transform',
             "'rigid' unless reference_cloud is set (scan-to-scan motion is rigid)",

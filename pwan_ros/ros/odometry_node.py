@@ -52,14 +52,21 @@ def _stamp_seconds(stamp) -> float:
     return stamp.sec + stamp.nanosec * 1e-9
 
 
-def _add_static(graph: FrameGraph, msg: TFMessage) -> None:
-    """Record the transforms of a /tf_static message (invalid quaternions are skipped)."""
+def _add_static(graph: FrameGraph, invalid: Dict[Tuple[str, str], str], msg: TFMessage) -> None:
+    """Record the transforms of a /tf_static message; an invalid one (zero or non-finite
+    quaternion, non-finite translation) is skipped and its reason kept in ``invalid`` under
+    (parent, child), for the warning of the scans that need it."""
     for t in msg.transforms:
         r, tr = t.transform.rotation, t.transform.translation
+        key = (t.header.frame_id.lstrip('/'), t.child_frame_id.lstrip('/'))
         try:
+            if not np.isfinite([tr.x, tr.y, tr.z]).all():
+                raise ValueError(f'non-finite translation {[tr.x, tr.y, tr.z]}')
             m = from_quaternion((r.x, r.y, r.z, r.w), (tr.x, tr.y, tr.z))
-        except ValueError:
+        except ValueError as exc:
+            invalid[key] = str(exc)
             continue
+        invalid.pop(key, None)
         graph.add(t.header.frame_id, t.child_frame_id, m)
 
 
@@ -98,6 +105,7 @@ class OdometryNode(Node):
             raise ConfigError(f"reference_cloud '{cfg.reference_cloud}': {exc}") from None
         self.odometer = Odometer(self.pipeline)
         self.static_frames = FrameGraph()
+        self.invalid_static: Dict[Tuple[str, str], str] = {}  # (parent, child) -> why
         self.sweep_clock = SweepClock(cfg.deskew)  # which per-point times to deskew with
 
         # 'auto': one reliable and one best-effort reader, so that bag players and drivers are both
@@ -111,7 +119,10 @@ class OdometryNode(Node):
             reliability=ReliabilityPolicy.RELIABLE,
         )
         self.create_subscription(
-            TFMessage, '/tf_static', lambda m: _add_static(self.static_frames, m), static_qos
+            TFMessage,
+            '/tf_static',
+            lambda m: _add_static(self.static_frames, self.invalid_static, m),
+            static_qos,
         )
         self.odom_pub = self.create_publisher(Odometry, 'odometry', 10)
         self.cloud_pub = self.create_publisher(PointCloud2, 'aligned_points', 5)
@@ -194,6 +205,13 @@ class OdometryNode(Node):
                 except Exception:
                     pass
 
+    def _skip(self, msg: PointCloud2, key: str, text: str, status: str) -> None:
+        """A scan that cannot be used: counted (``scans_invalid``), a warning (at most every 5 s
+        per ``key``) and a WARN status ``status``."""
+        self._count(invalid=1)
+        self._warn(key, text)
+        self._publish_diagnostics(msg.header.stamp, DiagnosticStatus.WARN, status, {})
+
     def _report_silence(self, seconds: float) -> None:
         """No scan for ``seconds``: one log line and a WARN status naming the topic and how many
         publishers it has (some: their type or QoS does not match; none: nothing publishes)."""
@@ -220,32 +238,52 @@ class OdometryNode(Node):
         try:
             cloud = pc2.read_cloud(msg)
         except pc2.PointCloud2Error as exc:
-            self._count(invalid=1)
-            self._warn('decode', f'invalid PointCloud2 skipped: {exc}')
-            self._publish_diagnostics(
-                msg.header.stamp, DiagnosticStatus.WARN, f'invalid cloud: {exc}', {}
+            self._skip(
+                msg, 'decode', f'invalid PointCloud2 skipped: {exc}', f'invalid cloud: {exc}'
             )
             return
         if not frame:
-            self._count(invalid=1)
-            self._warn('frame', 'PointCloud2 without header.frame_id skipped')
-            self._publish_diagnostics(
-                msg.header.stamp, DiagnosticStatus.WARN, 'cloud without frame_id', {}
+            self._skip(
+                msg,
+                'frame',
+                'PointCloud2 without header.frame_id skipped',
+                'cloud without frame_id',
             )
             return
         base = cfg.base_frame or frame
+        if base == cfg.odom_frame.lstrip('/'):
+            self._skip(
+                msg,
+                'frame',
+                f"the cloud's frame '{frame}' is odom_frame: set base_frame, or odom_frame to "
+                'another name (the pose is odom_frame -> base frame); scan skipped',
+                f"cloud frame '{frame}' is odom_frame",
+            )
+            return
         t_base_sensor = self.static_frames.lookup(base, frame)
         if t_base_sensor is None:
-            self._count(invalid=1)
-            self._warn(
-                'tf', f"no static transform {base} -> {frame} on /tf_static yet; scan skipped"
+            why = next(
+                (
+                    f'{a} -> {b}: {r}'
+                    for (a, b), r in self.invalid_static.items()
+                    if {a, b} & {base, frame}
+                ),
+                None,
             )
-            self._publish_diagnostics(
-                msg.header.stamp,
-                DiagnosticStatus.WARN,
-                f'missing static transform {base} -> {frame}',
-                {},
-            )
+            if why:
+                self._skip(
+                    msg,
+                    'tf',
+                    f'invalid static transform on /tf_static ({why}), ignored; scan skipped',
+                    f'invalid static transform {why}',
+                )
+            else:
+                self._skip(
+                    msg,
+                    'tf',
+                    f'no static transform {base} -> {frame} on /tf_static yet; scan skipped',
+                    f'missing static transform {base} -> {frame}',
+                )
             return
         self._frame = frame
         times = self.sweep_clock.read(cloud.extras, stamp)
@@ -254,9 +292,7 @@ class OdometryNode(Node):
         try:
             update = self.odometer.update(cloud.xyz, stamp, frame, t_base_sensor, times.offsets)
         except ScanError as exc:
-            self._count(invalid=1)
-            self._warn('scan', f'scan skipped: {exc}')
-            self._publish_diagnostics(msg.header.stamp, DiagnosticStatus.WARN, str(exc), {})
+            self._skip(msg, 'scan', f'scan skipped: {exc}', str(exc))
             return
         finally:
             with self._lock:

@@ -131,6 +131,9 @@ def bad_messages():
     no_frame = cloud(1, frame='')
     no_frame.header.stamp.nanosec += 1000
     yield 'no_frame', no_frame, None
+    in_odom = cloud(1, frame='odom')  # a cloud already in the odom frame: no pose to estimate
+    in_odom.header.stamp.nanosec += 2000
+    yield 'odom_frame', in_odom, None
     with_nans = scans[1].xyz.copy()
     with_nans[::3] = np.nan
     yield (
