@@ -297,6 +297,16 @@ def test_output_equal_to_an_input_is_refused(pair, tmp_path, capsys):
     rc = main([str(sp), str(src), '-q', '--output', str(src)])
     assert rc == 2 and 'output is the reference file' in capsys.readouterr().err
     assert src.read_bytes() == before
-    # an empty path (a script's unset $OUT) is refused, not ignored with exit 0
+
+
+def test_unusable_option_values_are_one_line(pair, capsys):
+    """An empty --output (a script's unset $OUT: before, ignored with exit 0) and --global with
+    an affine / non-rigid transform (before: 'pass its transform as init', an option this CLI
+    does not have; now how to do it here) are refused with one line, exit 2."""
+    _, sp, rp = pair
     rc = main([str(sp), str(rp), '-q', '--output', ''])
     assert rc == 2 and capsys.readouterr().err == 'pwan_register: error: empty output path\n'
+    rc = main([str(sp), str(rp), '-q', '--global', '--transform', 'affine'])
+    err = capsys.readouterr().err
+    assert rc == 2 and '--output moved.ply, then --transform affine on moved.ply' in err, err
+    assert err.count('\n') == 1

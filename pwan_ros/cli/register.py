@@ -186,6 +186,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                     )
                 if args.viewpoints and not args.global_init:
                     raise PwanInputError('--viewpoints needs --global')
+                if args.global_init and config.transform != 'rigid':
+                    raise PwanInputError(
+                        '--global finds a rigid pose: run it rigidly with --output moved.ply, '
+                        f'then --transform {config.transform} on moved.ply'
+                    )
                 res = register(
                     src,
                     ref,
