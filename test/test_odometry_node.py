@@ -736,7 +736,7 @@ def test_launch_rviz_config_shows_what_the_node_publishes(fake_share):
 
 @pytest.mark.ros
 def test_node_stops_promptly_during_pwan(tmp_path, ros_env):
-    """Ctrl-C while full PWAN is running: the registration is cancelled at its next step and
+    """Ctrl-C while full PWAN is running: the registration is abandoned at its next step and
     the node exits cleanly (no abort from a thread still inside torch)."""
     import time
 
@@ -753,7 +753,10 @@ def test_node_stops_promptly_during_pwan(tmp_path, ros_env):
         if node.poll() is None:
             node.kill()
     assert rc == 0, log[-3000:]
-    assert elapsed < 20.0, elapsed
+    # within ros2 launch's 5 s before it escalates to SIGTERM: the scan is abandoned, not
+    # finished through the fine-tunes and self-checks of the starts still to come (before: 3.7-4.5
+    # s in pwan mode)
+    assert elapsed < 5.0, elapsed
     assert 'terminate called' not in log and 'Traceback' not in log, log[-3000:]
 
 

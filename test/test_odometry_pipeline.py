@@ -572,6 +572,23 @@ def test_estimate_carries_the_diagnostics_status_and_time_budget(sim_scans):
     assert est.path == 'init' and not est.over_budget
 
 
+def test_a_cancelled_registration_is_abandoned(sim_scans):
+    """After cancel() (the node shutting down) a running registration stops at its next step by
+    raising, and later ones do not start: no fine-tune or self-check is run for a scan nobody
+    will see (pwan mode took 3.7-4.5 s to exit, close to ros2 launch's 5 s)."""
+    import threading
+
+    from pwan_ros.odometry.pwan_recovery import PwanAligner, RegistrationCancelled
+
+    pts = filter_scan(sim_scans[0].xyz.astype(float), 0.5, 4000).points
+    aligner = PwanAligner(OdometryConfig(mode='pwan', pwan_steps=100000))
+    threading.Timer(1.0, aligner.cancel).start()  # while its adversarial stage runs
+    with pytest.raises(RegistrationCancelled):
+        aligner.align(pts, pts, yaw(5.0))
+    with pytest.raises(RegistrationCancelled):
+        aligner.align_global(pts, pts)
+
+
 def test_recovery_moves_to_the_self_checks_better_pose(sim_scans, monkeypatch):
     """A recovery whose polish stopped 3 m along the street (as a flooded scan's did in the
     demo, one run in four) is not refused when the self-check finds the clearly better pose next
@@ -585,7 +602,10 @@ def test_recovery_moves_to_the_self_checks_better_pose(sim_scans, monkeypatch):
     scan = PreparedCloud.build(filter_scan(s1.xyz.astype(float), 0.5, 10000).points)
     truth = invert(s0.pose) @ s1.pose
     slid = truth @ make_transform(np.eye(3), np.array([3.0, 0.0, 0.0]))
-    aligner = SimpleNamespace(align=lambda *a: SimpleNamespace(transform=slid, iterations=0))
+    aligner = SimpleNamespace(
+        align=lambda *a: SimpleNamespace(transform=slid, iterations=0),
+        raise_if_cancelled=lambda: None,
+    )
     real_track, calls = pwan_recovery.track, []
 
     def track_stuck_once(*args, **kwargs):  # the first polish ends where it started

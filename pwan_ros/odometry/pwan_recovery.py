@@ -67,11 +67,11 @@ class PwanAligner:
         stage early, as does :meth:`cancel`. Returns the core result (``transform`` maps
         source -> reference)."""
         warm = self._state if self.config.mode == 'pwan' else None
+        self.raise_if_cancelled()
 
         def should_stop() -> bool:
-            return self._cancel.is_set() or (
-                deadline is not None and time.perf_counter() > deadline
-            )
+            self.raise_if_cancelled()  # shutdown: abandon the scan at the next step
+            return deadline is not None and time.perf_counter() > deadline
 
         # the cache compares the keyframe's points by value: a new keyframe replaces the entry
         cache = self.reference_cache
@@ -97,6 +97,7 @@ class PwanAligner:
         frames (the scan; the keyframe's local map in the newest keyframe's), so the free space the
         sensors saw rejects poses that geometry alone cannot tell apart
         (``viewpoints='origin'``)."""
+        self.raise_if_cancelled()
         cache = self.reference_cache
         kwargs = {} if cache is None else {'reference_cache': cache}
         return register(
@@ -114,8 +115,18 @@ class PwanAligner:
             self.reference_cache.clear()
 
     def cancel(self) -> None:
-        """Make the running and all later registrations stop at their next step (shutdown)."""
+        """Abandon the running registration at its next step and refuse all later ones
+        (shutdown): they raise :class:`RegistrationCancelled`."""
         self._cancel.set()
+
+    def raise_if_cancelled(self) -> None:
+        if self._cancel.is_set():
+            raise RegistrationCancelled('the PWAN registration was cancelled (shutdown)')
+
+
+class RegistrationCancelled(RuntimeError):
+    """:meth:`PwanAligner.cancel` was called (the node is shutting down): the scan is abandoned,
+    without the fine-tune, polish and self-check of the starts still to come."""
 
 
 @dataclass(frozen=True)
@@ -193,6 +204,7 @@ def recover(
             iterations += tr.iterations
             if tr.quality.matched_ratio > best.quality.matched_ratio:
                 best, origin = tr, 'global'
+    aligner.raise_if_cancelled()
     t1 = time.perf_counter()
 
     def judged(t: np.ndarray) -> PoseCheck:  # the self-check of the scan at T_keyframe_scan t
