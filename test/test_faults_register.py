@@ -296,6 +296,21 @@ def test_cli_voxel_and_output_in_metres(tmp_path, pair):
     assert [f.name for f in tmp_path.iterdir() if f.name.startswith('.')] == []
 
 
+def test_an_output_place_that_takes_no_files_is_refused_before_any_work(tmp_path):
+    """/proc passes a permission test for root but takes no new file: refused by the check
+    before the work (before: the registration ran, then the write failed); the probe file that
+    proves a place writable is removed."""
+    from pwan_ros.io.atomic import OutputError, check_output
+
+    for path, directory in (('/proc/out.ply', False), ('/proc/run', True)):
+        with pytest.raises(OutputError, match='/proc'):
+            check_output(path, directory=directory)
+    (tmp_path / 'run').mkdir()
+    assert check_output(tmp_path / 'run', directory=True) == str(tmp_path / 'run')
+    assert check_output(tmp_path / 'new' / 'out.ply') == str(tmp_path / 'new' / 'out.ply')
+    assert sorted(p.name for p in tmp_path.rglob('*')) == ['run']
+
+
 @pytest.mark.heavy
 def test_cli_bad_input_one_line_exit_2(tmp_path):
     good = np.random.default_rng(0).normal(size=(200, 3))
@@ -311,6 +326,7 @@ def test_cli_bad_input_one_line_exit_2(tmp_path):
         (['good.npy', 'good.npy', '--output', 'a_file/out.npy'], 'not a directory'),
         (['good.npy', 'good.npy', '--output', 'a_dir'], 'unsupported output extension'),
         (['good.npy', 'good.npy', '--output', 'a_dir.npy/'], 'unsupported output extension'),
+        (['good.npy', 'good.npy', '--output', '/proc/out.npy'], '/proc'),
     ]
     for args, msg in cases:
         p = subprocess.run(

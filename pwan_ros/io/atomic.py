@@ -51,7 +51,8 @@ def check_output(path, directory: bool = False, must_not_exist: bool = False) ->
 
     directory: the output is a directory (else a file). must_not_exist: refuse an existing path
     (rosbag2 writers need a new directory). Missing parent directories are fine (created on
-    write) as long as the nearest existing ancestor is a writable directory."""
+    write) as long as the nearest existing ancestor is a writable directory; a file is made and
+    removed there (or in the existing output directory) to prove it."""
     path = os.fspath(path)
     if not path:
         raise OutputError('empty output path')
@@ -62,13 +63,23 @@ def check_output(path, directory: bool = False, must_not_exist: bool = False) ->
             raise OutputError(f'{path}: exists and is not a directory')
         if not directory and os.path.isdir(path):
             raise OutputError(f'{path}: is a directory')
-    parent = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(parent):
+    # where the first file will be made: inside an existing output directory, else in the
+    # nearest existing ancestor
+    parent = os.path.abspath(path)
+    if not (directory and os.path.isdir(parent)):
         parent = os.path.dirname(parent)
+        while not os.path.exists(parent):
+            parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
         raise OutputError(f'{path}: {parent} is not a directory')
     if not os.access(parent, os.W_OK | os.X_OK):
         raise OutputError(f'{path}: {parent} is not writable')
+    try:  # a file system that refuses new files (/proc, /sys, full quotas) for root as well
+        fd, probe = tempfile.mkstemp(prefix='.pwan-probe.', dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise OutputError(f'{path}: cannot create files in {parent} ({exc.strerror})') from None
     return path
 
 
