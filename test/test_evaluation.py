@@ -171,6 +171,81 @@ def test_cli_pose_files_writes_summary_plot_and_table(tmp_path, capsys):
     assert rc == 2 and 'cannot read pose file' in capsys.readouterr().err
 
 
+def test_poses_without_stamps_are_matched_only_line_by_line(tmp_path, capsys):
+    """KITTI (or plain 4x4) poses carry no stamps: against a stamped estimate they are refused
+    (before: their line numbers were taken as seconds and a 2 Hz estimate was paired with the
+    wrong poses, exit 0); against each other they are matched line by line, with no duration."""
+    gt = line()
+    est = Trajectory(gt.stamps, gt.poses.copy())
+    est.poses[:, 1, 3] += 0.1
+    write_tum(tmp_path / 'est.tum', est)
+    write_kitti(tmp_path / 'gt.txt', gt)
+    write_kitti(tmp_path / 'est.txt', est)
+    write_kitti(tmp_path / 'short.txt', Trajectory(gt.stamps[:-1], gt.poses[:-1]))
+    kitti = read_pose_file(tmp_path / 'gt.txt')
+    assert not kitti.stamped and read_pose_file(tmp_path / 'est.tum').stamped
+    for est_file, gt_file, words in (
+        ('est.tum', 'gt.txt', 'the estimate has stamps but the ground truth has none'),
+        ('est.txt', 'est.tum', 'the ground truth has stamps but the estimate has none'),
+        ('short.txt', 'gt.txt', 'the estimate has 20 and the ground truth 21'),
+    ):
+        rc = evaluate_cli.main(
+            [
+                '--est',
+                str(tmp_path / est_file),
+                '--gt-file',
+                str(tmp_path / gt_file),
+                '--output',
+                str(tmp_path / 'x'),
+            ]
+        )
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and words in err[0], (est_file, gt_file, err)
+    assert not (tmp_path / 'x').exists()
+    res = evaluate(read_pose_file(tmp_path / 'est.txt'), kitti, EvalConfig(align='none'))
+    assert res.matched == N and res.duration_s is None
+    assert res.ate_rmse_m == pytest.approx(0.1)
+    rc = evaluate_cli.main(
+        [
+            '--est',
+            str(tmp_path / 'est.txt'),
+            '--gt-file',
+            str(tmp_path / 'gt.txt'),
+            '--output',
+            str(tmp_path / 'k'),
+        ]
+    )
+    assert rc == 0 and f'over {N} poses (no stamps)' in capsys.readouterr().out
+    # plain homogeneous 4x4 matrices (every corner 1) have no stamps either
+    blocks = tmp_path / 'plain.csv'
+    blocks.write_text(
+        ''.join(' '.join(f'{v:g}' for v in row) + '\n' for p in gt.poses for row in p)
+    )
+    plain = read_pose_file(blocks)
+    assert not plain.stamped and list(plain.stamps) == list(range(N))
+    np.testing.assert_allclose(plain.poses, gt.poses)
+
+
+def test_bad_tum_lines_are_named(tmp_path):
+    """A repeated stamp (one of the two poses would be dropped unseen: before, the first was
+    kept, an outlier gave a 16 m ATE with exit 0), a non-finite number or a zero quaternion:
+    refused naming the file and line."""
+    good = '0.0 0 0 0 0 0 0 1\n1.0 1 0 0 0 0 0 1\n2.0 2 0 0 0 0 0 1\n'
+    cases = {
+        'repeat': (good + '1.0 100 0 0 0 0 0 1\n', 'stamp 1 repeats on lines 2, 4'),
+        'nan': (good + '3.0 nan 0 0 0 0 0 1\n', 'repeat.tum'),
+        'zeroq': (good + '3.0 3 0 0 0 0 0 0\n', ':4: zero quaternion'),
+        'short': (good + '3.0 3 0 0 0 0 1\n', ':4: 7 numbers; TUM lines need 8'),
+    }
+    cases['nan'] = (cases['nan'][0], ':4: non-finite numbers')
+    for name, (text, words) in cases.items():
+        path = tmp_path / f'{name}.tum'
+        path.write_text(text)
+        with pytest.raises(TrajectoryError) as err:
+            read_pose_file(path)
+        assert str(path) in str(err.value) and words in str(err.value), (name, err.value)
+
+
 @pytest.mark.filterwarnings('error::RuntimeWarning')
 def test_pose_files_keep_map_coordinates_exactly(tmp_path):
     """A trajectory in UTM-like metres (4.5e6 m north, millimetre steps): TUM and KITTI files give

@@ -8,8 +8,9 @@ Metrics (estimate and ground truth associated by stamp within ``max_dt`` seconds
   ``origin`` = first poses coincide, ``none``); ``ate_rmse_m`` (also mean/median/max), metres.
 - RPE per frame: error of the relative motion between consecutive matched poses;
   ``rpe_trans_m`` (RMSE, metres) and ``rpe_rot_deg`` (RMSE, degrees).
-- RPE per distance (KITTI-style drift): for every pair of poses whose ground-truth path
-  distance is one of ``rpe_lengths`` (+-10 %), the relative translation error divided by
+- RPE per distance (KITTI-style drift): per length of ``rpe_lengths`` and from each pose, the
+  later pose whose ground-truth path distance from it is nearest the length, when within +-10 %
+  (evo's ``filter_pairs_by_path``, ``all_pairs``): the relative translation error divided by
   that distance, mean in percent (``rpe_trans_pct``) and the relative rotation error per
   metre (``rpe_rot_deg_per_m``). Default lengths: 100..800 m on paths >= 1 km (KITTI), else
   10, 20, 30, 40, 50 % of the path length (none, and both metrics null, on a path without
@@ -106,7 +107,7 @@ class EvalResult:
 
     matched: int
     path_length_m: float
-    duration_s: float
+    duration_s: float | None  # None: poses without stamps, matched line by line
     ate_rmse_m: float
     ate_mean_m: float
     ate_median_m: float
@@ -209,6 +210,20 @@ def evaluate(est: Trajectory, gt: Trajectory, cfg: EvalConfig = EvalConfig()) ->
             f'need at least 2 poses in each trajectory (estimate {len(est)}, ground truth '
             f'{len(gt)})'
         )
+    if est.stamped != gt.stamped:
+        stamped, plain = (
+            ('estimate', 'ground truth') if est.stamped else ('ground truth', 'estimate')
+        )
+        raise EvaluationError(
+            f'the {stamped} has stamps but the {plain} has none (KITTI or plain 4x4 poses, one '
+            'per line): they cannot be matched; give both with stamps (TUM, a bag) or both '
+            'without (matched line by line)'
+        )
+    if not est.stamped and len(est) != len(gt):
+        raise EvaluationError(
+            f'poses without stamps are matched line by line, but the estimate has {len(est)} '
+            f'and the ground truth {len(gt)}'
+        )
     try:
         ref_s, est_s = sync.associate_trajectories(_evo(gt), _evo(est), max_diff=cfg.max_dt)
     except sync.SyncException as exc:
@@ -228,7 +243,7 @@ def evaluate(est: Trajectory, gt: Trajectory, cfg: EvalConfig = EvalConfig()) ->
 
     consecutive = [(k, k + 1) for k in range(gt_poses.shape[0] - 1)]
     t_err, r_err = _relative_errors(gt_poses, est_poses, consecutive)
-    gt_traj = Trajectory(ref_s.timestamps, gt_poses)
+    gt_traj = Trajectory(ref_s.timestamps, gt_poses, gt.stamped)
     path = gt_traj.path_length()
     lengths = cfg.rpe_lengths or _auto_lengths(path)
     dist = np.concatenate(
@@ -250,7 +265,7 @@ def evaluate(est: Trajectory, gt: Trajectory, cfg: EvalConfig = EvalConfig()) ->
     return EvalResult(
         matched=int(ref_s.num_poses),
         path_length_m=path,
-        duration_s=float(gt_traj.stamps[-1] - gt_traj.stamps[0]),
+        duration_s=float(gt_traj.stamps[-1] - gt_traj.stamps[0]) if gt.stamped else None,
         ate_rmse_m=float(np.sqrt(np.mean(ate**2))),
         ate_mean_m=float(np.mean(ate)),
         ate_median_m=float(np.median(ate)),
@@ -263,7 +278,7 @@ def evaluate(est: Trajectory, gt: Trajectory, cfg: EvalConfig = EvalConfig()) ->
         rpe_pairs=len(pct),
         align=cfg.align,
         gt=gt_traj,
-        est_aligned=Trajectory(ref_s.timestamps, aligned_poses),
+        est_aligned=Trajectory(ref_s.timestamps, aligned_poses, gt.stamped),
         ate_errors=ate,
     )
 
@@ -337,7 +352,7 @@ def plot(result: EvalResult, path, title: str = '') -> pathlib.Path:
     est_step = np.linalg.inv(result.est_aligned.poses[:-1]) @ result.est_aligned.poses[1:]
     rpe = np.linalg.norm((np.linalg.inv(step) @ est_step)[:, :3, 3], axis=1)
     ax1.plot(t[1:], rpe, 'g-', label='RPE per frame [m]')
-    ax1.set_xlabel('time [s]')
+    ax1.set_xlabel('time [s]' if result.gt.stamped else 'pose (no stamps)')
     ax1.set_ylabel('error [m]')
     ax1.set_title('error over time')
     ax1.grid(alpha=0.3)
@@ -409,7 +424,15 @@ def format_table(summary: dict) -> str:
             f"{fmt(summary['rpe_rot_deg_per_m'], '.4f')} deg/m (lengths "
             f"{', '.join(f'{v:g}' for v in summary['rpe_lengths_m'])} m)",
         ),
-        ('path', f"{summary['path_length_m']:.1f} m in {summary['duration_s']:.1f} s"),
+        (
+            'path',
+            f"{summary['path_length_m']:.1f} m "
+            + (
+                f"in {summary['duration_s']:.1f} s"
+                if summary['duration_s'] is not None
+                else f"over {summary['matched']} poses (no stamps)"
+            ),
+        ),
     ]
     width = max(len(k) for k, _ in rows)
     return '\n'.join(f'{k:<{width}}  {v}' for k, v in rows)

@@ -23,13 +23,7 @@ import numpy as np
 
 from pwan_ros.io import bags as bag_io
 from pwan_ros.io.pcd import read_pcd
-from pwan_ros.io.trajectory import (
-    Trajectory,
-    detect_pose_format,
-    read_kitti,
-    read_pose_file,
-    read_tum,
-)
+from pwan_ros.io.trajectory import Trajectory, detect_pose_format, read_pose_file
 from pwan_ros.params import POINTS_TOPIC, REQUIRED, check, param
 
 __all__ = ['ConvertConfig', 'ConvertResult', 'convert']
@@ -58,14 +52,14 @@ class ConvertConfig:
     pattern: str = param('*.pcd*', 'glob of scan files inside the scans folder (any case)')
     rate_hz: float = param(
         10.0,
-        'scan rate for stamps when the pose file has none (KITTI; Hz)',
+        'scan rate for stamps when the pose file has none (KITTI, plain 4x4 blocks; Hz)',
         0.0,
         1000.0,
         low_open=True,
     )
     start_time: float = param(0.0, 'first stamp when rate_hz is used (s)', 0.0)
-    frame_id: str = param('base_link', 'frame of the clouds (the sensor)')
-    world_frame: str = param('world', 'parent frame of the ground truth poses')
+    frame_id: str = param('base_link', 'frame of the clouds (the sensor)', fmt='frame_name')
+    world_frame: str = param('world', 'parent frame of the ground truth poses', fmt='frame_name')
     topic: str = param(POINTS_TOPIC, 'topic of the clouds (sensor_msgs/PointCloud2)', fmt='topic')
     gt_topic: str = param(
         '/ground_truth', 'topic of the ground truth (nav_msgs/Odometry)', fmt='topic'
@@ -89,12 +83,11 @@ class ConvertResult:
 
 def _poses(cfg: ConvertConfig) -> Trajectory:
     fmt = detect_pose_format(cfg.poses) if cfg.pose_format == 'auto' else cfg.pose_format
-    if fmt == 'kitti':  # no stamps in the file
-        traj = read_kitti(cfg.poses)
+    # a repeated TUM stamp is refused: it would silently drop a pose and shift the indices
+    traj = read_pose_file(cfg.poses, fmt)
+    if not traj.stamped:  # KITTI, plain 4x4 blocks: the scans' rate gives the stamps
         return Trajectory(cfg.start_time + traj.stamps / cfg.rate_hz, traj.poses)
-    if fmt == 'tum':  # a repeated stamp would silently drop a pose and shift the indices
-        return read_tum(cfg.poses, unique=True)
-    return read_pose_file(cfg.poses, fmt)
+    return traj
 
 
 def _index(name: str) -> int:

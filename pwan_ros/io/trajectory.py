@@ -9,7 +9,10 @@ File formats:
   (``read_kitti`` takes them separately, default 0, 1, 2, ...).
 - blocks: 4 lines per pose forming a 4x4 matrix, comma or space separated; with
   ``stamp_in_corner`` element [3, 3] holds the stamp (it is replaced by 1), as in the BALM
-  ``alidarPose.csv`` files.
+  ``alidarPose.csv`` files; plain homogeneous matrices (every corner 1) have no stamps.
+
+A trajectory read without stamps (KITTI, plain blocks) has ``stamped`` False and the stamps 0,
+1, 2, ... (its poses can only be matched line by line, never by time).
 """
 
 from __future__ import annotations
@@ -67,10 +70,12 @@ def tq_from_pose(poses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass(frozen=True)
 class Trajectory:
-    """Poses ``T_parent_child`` (N, 4, 4) at strictly increasing ``stamps`` (N,) in seconds."""
+    """Poses ``T_parent_child`` (N, 4, 4) at strictly increasing ``stamps`` (N,) in seconds;
+    ``stamped`` False: the file had no stamps and ``stamps`` are the pose indices 0, 1, 2, ..."""
 
     stamps: np.ndarray
     poses: np.ndarray
+    stamped: bool = True
 
     def __post_init__(self):
         stamps = np.asarray(self.stamps, dtype=np.float64).reshape(-1)
@@ -150,9 +155,10 @@ def read_tum(path, unique: bool = False) -> Trajectory:
     bad = [i for i, r in enumerate(rows) if len(r) != 8]
     if bad:
         raise TrajectoryError(
-            f'{path}: TUM lines need 8 numbers, row {bad[0] + 1} has {len(rows[bad[0]])}'
+            f'{path}:{numbered[bad[0]][0]}: {len(rows[bad[0]])} numbers; TUM lines need 8'
         )
     arr = np.array(rows)
+    _check_tum_rows(path, arr, [n for n, _ in numbered])
     if unique:
         values, counts = np.unique(arr[:, 0], return_counts=True)
         if (counts > 1).any():
@@ -163,6 +169,18 @@ def read_tum(path, unique: bool = False) -> Trajectory:
                 'each pose needs its own stamp'
             )
     return Trajectory.from_unsorted(arr[:, 0], pose_from_tq(arr[:, 1:4], arr[:, 4:8]))
+
+
+def _check_tum_rows(path, arr: np.ndarray, lines: list[int]) -> None:
+    """A :class:`TrajectoryError` naming the first TUM line with a non-finite number or a zero
+    quaternion."""
+    finite = np.isfinite(arr).all(axis=1)
+    zero_q = np.linalg.norm(np.where(finite[:, None], arr[:, 4:8], 1.0), axis=1) < 1e-12
+    bad = np.flatnonzero(~finite | zero_q)
+    if bad.size:
+        i = int(bad[0])
+        why = 'non-finite numbers' if not finite[i] else 'zero quaternion (qx qy qz qw all 0)'
+        raise TrajectoryError(f'{path}:{lines[i]}: {why}')
 
 
 def _exact(values) -> str:
@@ -207,25 +225,23 @@ def _check_rotations(path, mats: np.ndarray, lines: list[int]) -> None:
 
 
 def read_kitti(path, stamps=None) -> Trajectory:
-    """Read a KITTI pose file; ``stamps`` (N,) seconds, default 0, 1, 2, ..."""
+    """Read a KITTI pose file; ``stamps`` (N,) seconds, default none (``stamped`` False: 0, 1,
+    2, ...)."""
     numbered = _numbered_rows(path)
     rows = [r for _, r in numbered]
     bad = [i for i, r in enumerate(rows) if len(r) != 12]
     if bad:
         raise TrajectoryError(
-            f'{path}: KITTI lines need 12 numbers, row {bad[0] + 1} has {len(rows[bad[0]])}'
+            f'{path}:{numbered[bad[0]][0]}: {len(rows[bad[0]])} numbers; KITTI lines need 12'
         )
     poses = np.tile(np.eye(4), (len(rows), 1, 1))
     poses[:, :3, :] = np.array(rows).reshape(-1, 3, 4)
     _check_rotations(path, poses, [n for n, _ in numbered])
-    stamps = (
-        np.arange(len(rows), dtype=np.float64)
-        if stamps is None
-        else np.asarray(stamps, np.float64)
-    )
+    stamped = stamps is not None
+    stamps = np.asarray(stamps, np.float64) if stamped else np.arange(len(rows), dtype=np.float64)
     if stamps.shape[0] != len(rows):
         raise TrajectoryError(f'{path}: {len(rows)} KITTI poses but {stamps.shape[0]} stamps')
-    return Trajectory(stamps, poses)
+    return _trajectory(path, stamps, poses, stamped)
 
 
 def write_kitti(path, traj: Trajectory) -> pathlib.Path:
@@ -240,19 +256,30 @@ def write_kitti(path, traj: Trajectory) -> pathlib.Path:
 
 def read_blocks(path, stamp_in_corner: bool = True) -> Trajectory:
     """Read 4x4 pose blocks (4 lines each). With ``stamp_in_corner`` element [3, 3] is the stamp
-    (seconds), otherwise stamps are 0, 1, 2, ..."""
+    (seconds) unless it is 1 in every block (plain matrices); otherwise none (``stamped``
+    False: 0, 1, 2, ...)."""
     numbered = _numbered_rows(path)
     rows = [r for _, r in numbered]
     if len(rows) % 4 or any(len(r) != 4 for r in rows):
         raise TrajectoryError(f'{path}: expected blocks of 4 lines with 4 numbers each')
     mats = np.array(rows).reshape(-1, 4, 4)
     _check_rotations(path, mats, [n for n, _ in numbered[::4]])
-    if stamp_in_corner:
+    stamped = stamp_in_corner and not (mats.shape[0] > 1 and np.all(mats[:, 3, 3] == 1.0))
+    if stamped:
         stamps = mats[:, 3, 3].copy()
         mats[:, 3, 3] = 1.0
-    else:
+    else:  # plain homogeneous matrices: no stamps
         stamps = np.arange(mats.shape[0], dtype=np.float64)
-    return Trajectory(stamps, mats)
+    return _trajectory(path, stamps, mats, stamped)
+
+
+def _trajectory(path, stamps, poses, stamped: bool) -> Trajectory:
+    """A :class:`Trajectory` whose errors name the file ``path``."""
+    try:
+        return Trajectory(stamps, poses, stamped)
+    except TrajectoryError as exc:
+        what = 'stamps (element [3, 3] of each block)' if stamped else 'poses'
+        raise TrajectoryError(f'{path}: {exc} (read as {what})') from None
 
 
 def detect_pose_format(path) -> str:
@@ -268,11 +295,12 @@ def detect_pose_format(path) -> str:
 
 
 def read_pose_file(path, fmt: str = 'auto') -> Trajectory:
-    """Read TUM, KITTI or 4x4-block pose files; ``fmt='auto'`` decides from the column count."""
+    """Read TUM, KITTI or 4x4-block pose files; ``fmt='auto'`` decides from the column count. A
+    repeated TUM stamp is an error (one of the two poses would be dropped unseen)."""
     if fmt == 'auto':
         fmt = detect_pose_format(path)
     if fmt == 'tum':
-        return read_tum(path)
+        return read_tum(path, unique=True)
     if fmt == 'kitti':
         return read_kitti(path)
     if fmt == 'blocks':
