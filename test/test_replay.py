@@ -82,6 +82,57 @@ def test_replay_into_node_and_evaluate(tmp_path, ros_env, small_bag):
 
 
 @pytest.mark.ros
+def test_replay_ends_quietly_on_a_signal(tmp_path, ros_env, small_bag):
+    """Ctrl-C while waiting for the node, SIGTERM while playing: 'pwan_replay: interrupted',
+    exit 130, no traceback and no output (before: thread tracebacks, exit 1: rclpy's own signal
+    handler shut the context down under the spinner thread and the publishers)."""
+    import signal
+
+    env = dict(ros_env, PYTHONUNBUFFERED='1')
+    for sig, phase, node in ((signal.SIGINT, 'waiting', False), (signal.SIGTERM, 'playing', True)):
+        echo = start_echo(ros_env) if node else None
+        log, out = tmp_path / f'{phase}.log', tmp_path / f'run_{phase}'
+        with log.open('w') as sink:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    '-m',
+                    'pwan_ros.cli.replay',
+                    '--bag',
+                    str(small_bag),
+                    '--output',
+                    str(out),
+                    '--startup-timeout',
+                    '120',
+                    '--rate',
+                    '0.05',
+                ],
+                env=env,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        try:
+            deadline = time.monotonic() + 120
+            while f'replay: {phase}' not in log.read_text() and time.monotonic() < deadline:
+                assert proc.poll() is None, log.read_text()
+                time.sleep(0.2)
+            assert f'replay: {phase}' in log.read_text(), log.read_text()
+            time.sleep(0.5)
+            proc.send_signal(sig)
+            rc = proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            if echo is not None:
+                stop(echo)
+        text = log.read_text()
+        assert rc == 130 and 'pwan_replay: interrupted' in text, (phase, rc, text[-3000:])
+        assert 'Traceback' not in text and 'Exception' not in text, (phase, text[-3000:])
+        assert not out.exists()
+
+
+@pytest.mark.ros
 def test_replay_without_subscriber_fails_clearly(tmp_path, ros_env, small_bag):
     proc = subprocess.run(
         [

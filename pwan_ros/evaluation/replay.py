@@ -147,6 +147,8 @@ def replay(cfg: ReplayConfig, log=print) -> RunRecord:
     from rclpy.executors import SingleThreadedExecutor
     from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 
+    from pwan_ros.ros.spin import init_rclpy
+
     topics = bag_io.bag_topics(cfg.bag)
     bag_io.require_topic(cfg.bag, cfg.points_topic, [bag_io.CLOUD_TYPE])
     played = list(cfg.topics) if cfg.topics else sorted(topics)
@@ -180,9 +182,11 @@ def replay(cfg: ReplayConfig, log=print) -> RunRecord:
     )
     rec_qos = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
 
-    rclpy.init(
-        args=[]
-    )  # our argv is not ROS arguments (--remap A:=B would read as a deprecated rcl remap)
+    # our argv is not ROS arguments (--remap A:=B would read as a deprecated rcl remap); no rclpy
+    # signal handlers: Ctrl-C / SIGTERM raise KeyboardInterrupt in this thread (run_cli), which
+    # unwinds through the finally blocks below, instead of rclpy shutting the context down under
+    # the spinner thread and the publishers (thread tracebacks, "publisher's context is invalid")
+    init_rclpy([])
     try:
         node = rclpy.create_node('pwan_replay')
         from rosgraph_msgs.msg import Clock
@@ -240,6 +244,11 @@ def replay(cfg: ReplayConfig, log=print) -> RunRecord:
         try:
             scan_pub = pubs[cfg.points_topic]
             deadline = time.monotonic() + cfg.startup_timeout
+            log(
+                f'replay: waiting up to {cfg.startup_timeout:g} s for a subscriber on '
+                f"'{renames.get(cfg.points_topic, cfg.points_topic)}'"
+                + (f" and a publisher on '{cfg.odom_topic}'" if odom_sub is not None else '')
+            )
             while scan_pub.get_subscription_count() < 1 or (
                 odom_sub is not None and odom_sub.get_publisher_count() < 1
             ):

@@ -30,6 +30,7 @@ from pwan_ros.adaptation.errors import AdaptError
 from pwan_ros.params import specs
 from pwan_ros.ros.args import argument_problem
 from pwan_ros.ros.params import descriptor, undeclared
+from pwan_ros.ros.spin import init_rclpy
 
 STATUS_NAME = 'adapt_node: training'
 
@@ -203,16 +204,6 @@ class AdaptNode(Node):
                 next_pub += seconds / repeats
 
 
-def _init(args) -> None:
-    """rclpy.init without rclpy's own SIGINT handling where the distro allows it."""
-    try:
-        from rclpy.signals import SignalHandlerOptions
-
-        rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
-    except (ImportError, TypeError):
-        rclpy.init(args=args)
-
-
 def main(args: Optional[List[str]] = None) -> int:
     argv = args if args is not None else sys.argv
     problem = argument_problem(argv)
@@ -220,7 +211,7 @@ def main(args: Optional[List[str]] = None) -> int:
         print(f'adapt_node: {problem}', file=sys.stderr)
         return 2
     try:
-        _init(argv)
+        init_rclpy(argv)
     except Exception as exc:  # rclpy raises its own error types for malformed --ros-args
         first = str(exc).splitlines()[0] if str(exc) else repr(exc)
         print(f'adapt_node: invalid ROS arguments: {first}', file=sys.stderr)

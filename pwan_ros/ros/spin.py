@@ -40,7 +40,7 @@ def spin_node(
         print(f'{prog}: {problem}', file=sys.stderr)
         return 2
     try:
-        _init(args)
+        init_rclpy(args)
     except Exception as exc:  # rcl's argument errors (RCLError) are multi-line C messages
         print(
             f"{prog}: invalid ROS arguments: {str(exc).splitlines()[0] if str(exc) else exc!r}",
@@ -77,8 +77,10 @@ def spin_node(
 POLL_S = 0.2
 
 
-def _init(args) -> None:
-    """rclpy.init without rclpy's own signal handlers (the loop above handles signals)."""
+def init_rclpy(args) -> None:
+    """rclpy.init without rclpy's own signal handlers: the caller handles SIGINT / SIGTERM (the
+    loop above polls a flag; a CLI lets KeyboardInterrupt unwind its main thread). rclpy's
+    handlers would shut the context down under running threads and publishers."""
     try:
         from rclpy.signals import SignalHandlerOptions
     except ImportError:  # older rclpy: its handlers stay, the loop still polls
