@@ -45,6 +45,7 @@ setup(
         'evo>=1.20',
         'small-gicp>=1.0',
         'plyfile>=1.0',
+        'python-neo-lzf>=0.3.5',  # PCL's binary_compressed PCD files
     ],
     extras_require={
         # colcon builds the package in tests; osrf-pycommon, lark and psutil are what the ROS 2

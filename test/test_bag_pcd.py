@@ -84,6 +84,57 @@ def test_read_pcd_with_fields_of_mixed_widths(tmp_path):
         np.testing.assert_array_equal(xyz, expected)
 
 
+def test_read_pcd_binary_compressed(tmp_path):
+    """PCL's binary_compressed layout (LZF, one field after the other, padding included), an
+    organised 4 x 5 cloud: the same payload as the file written as DATA binary, every field under
+    its own name, the grid kept (before, through Open3D: normal_x/y/z became 'normals', rgb
+    'colors', the grid was lost). Also a file Open3D writes; cut or corrupt data: one line."""
+    import lzf
+    import open3d as o3d
+
+    pts = points(2, n=20)
+    rows = np.frombuffer(b''.join(struct.pack('<ffff2xHfff', *p) for p in pts), np.uint8)
+    rows = rows.reshape(20, -1)
+    head = HEADER.format(n=20, kind='{kind}').replace('WIDTH 20\nHEIGHT 1', 'WIDTH 5\nHEIGHT 4')
+    (tmp_path / 'plain.pcd').write_bytes(head.format(kind='binary').encode() + rows.tobytes())
+    columns, off = [], 0
+    for width in (4, 4, 4, 4, 2, 2, 12):  # SIZE x COUNT of each field, in header order
+        columns.append(rows[:, off : off + width].tobytes())
+        off += width
+    plain = b''.join(columns)
+    packed = lzf.compress(plain)
+    body = struct.pack('<II', len(packed), len(plain)) + packed
+    (tmp_path / 'c.pcd').write_bytes(head.format(kind='binary_compressed').encode() + body)
+    ref, got = read_pcd(tmp_path / 'plain.pcd'), read_pcd(tmp_path / 'c.pcd')
+    assert (got.height, got.width) == (ref.height, ref.width) == (4, 5)
+    assert got.fields == ref.fields and got.point_step == ref.point_step
+    np.testing.assert_array_equal(got.data, ref.data)
+    cloud = read_cloud(got)
+    assert cloud.extras.dtype.names == ('intensity', 'ring', 'normal')
+    assert list(cloud.extras['ring'][:3]) == [7, 8, 9]
+
+    pc = o3d.t.geometry.PointCloud()
+    xyz = np.random.default_rng(0).normal(size=(50, 3)).astype(np.float32) * 20
+    pc.point.positions = o3d.core.Tensor(xyz)
+    pc.point.intensity = o3d.core.Tensor(np.arange(50, dtype=np.float32)[:, None])
+    o3d.t.io.write_point_cloud(str(tmp_path / 'o3d.pcd'), pc, compressed=True)
+    assert b'DATA binary_compressed' in (tmp_path / 'o3d.pcd').read_bytes()[:400]
+    cloud = read_cloud(read_pcd(tmp_path / 'o3d.pcd'))
+    np.testing.assert_array_equal(cloud.xyz, xyz)
+    np.testing.assert_array_equal(cloud.extras['intensity'], np.arange(50))
+
+    cases = (
+        (body[:-5], 'cut short'),
+        (body[:8] + bytes(len(packed)), 'corrupt'),
+        (struct.pack('<II', len(packed), len(plain) + 4) + packed, 'header promises 20 points'),
+    )
+    for i, (bad, words) in enumerate(cases):
+        path = tmp_path / f'bad{i}.pcd'
+        path.write_bytes(head.format(kind='binary_compressed').encode() + bad)
+        with pytest.raises(PcdError, match=f'^{re.escape(str(path))}: .*{words}'):
+            read_pcd(path)
+
+
 @pytest.mark.parametrize(
     'count,n,body,msg',
     [
