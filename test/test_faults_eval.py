@@ -138,8 +138,9 @@ def test_evaluate_unusable_estimator_factory_is_one_line(tmp_path, small_bag):
 
 
 def test_bad_topics_and_scan_counts_are_refused_before_writing(tmp_path):
-    """Two message types on one topic, an invalid ROS topic name, a negative --max-scans: one
-    line naming the flag, exit 2, nothing written."""
+    """Two message types on one topic, an invalid ROS topic name, an empty or absolute frame id
+    (TF cannot use either), an empty output path, a negative --max-scans: one line naming the
+    flag, exit 2, nothing written."""
     scans = tmp_path / 'scans'
     scans.mkdir()
     write_pcd(scans / 'scan0.pcd', points(0), 'binary')
@@ -151,6 +152,9 @@ def test_bad_topics_and_scan_counts_are_refused_before_writing(tmp_path):
         ('pwan_sim', ['--gt-topic', '/clock'], "--gt-topic '/clock'"),
         ('pwan_pcd2bag', [*pcd2bag, '--topic', '/points/'], "--topic '/points/'"),
         ('pwan_pcd2bag', [*pcd2bag, '--gt-topic', '/points'], "--gt-topic '/points'"),
+        ('pwan_sim', ['--frame-id', ''], "--frame-id '': expected a frame id (not empty"),
+        ('pwan_pcd2bag', [*pcd2bag, '--world-frame', '/map'], "--world-frame '/map'"),
+        ('pwan_pcd2bag', [*pcd2bag[:-1], ''], 'empty output path'),
         (
             'pwan_evaluate',
             ['--offline', '--bag', tmp_path / 'bag', '--max-scans', '-1'],

@@ -158,7 +158,7 @@ def test_adapt_yaml_holds_exactly_the_node_parameters_at_their_defaults():
         (PotentialConfig, PwanInputError, 'hidden', (0, 4), '2 integers >= 1'),
         (PotentialConfig, PwanInputError, 'betas', (0.5, 1.0), '2 numbers in [0, 1)'),
         (OdometryConfig, ConfigError, 'device', 'gpu', 'auto | cpu | cuda | cuda:N'),
-        (OdometryConfig, ConfigError, 'odom_frame', '/odom', 'without a leading slash'),
+        (OdometryConfig, ConfigError, 'odom_frame', '/odom', 'no leading slash'),
         (AdaptConfig, AdaptConfigError, 'steps', 0, 'an integer in [1, 10000000]'),
         (AdaptConfig, AdaptConfigError, 'device', 'gpu7', 'auto | cpu | cuda | cuda:N'),
         (AdaptConfig, AdaptConfigError, 'm0', 0.5, '0 (estimate) or a number >= 1'),

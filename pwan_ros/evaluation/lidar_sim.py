@@ -94,8 +94,10 @@ class SimConfig:
     clock_hz: float = param(
         100.0, '/clock messages per second of bag time', 0.0, 100_000.0, low_open=True
     )
-    frame_id: str = param('base_link', 'frame of the clouds (the sensor, REP-105 base_link)')
-    world_frame: str = param('world', 'parent frame of the ground truth poses')
+    frame_id: str = param(
+        'base_link', 'frame of the clouds (the sensor, REP-105 base_link)', fmt='frame_name'
+    )
+    world_frame: str = param('world', 'parent frame of the ground truth poses', fmt='frame_name')
     points_topic: str = param(
         POINTS_TOPIC, 'topic of the clouds (sensor_msgs/PointCloud2)', fmt='topic'
     )

@@ -149,16 +149,15 @@ class BagWriter:
         from rosbags.rosbag2 import StoragePlugin
         from pwan_ros.io.atomic import OutputError, check_output
 
-        self.path = pathlib.Path(path)
-        if self.path.exists():
-            raise BagError(f'{self.path} already exists; rosbag2 writers need a new directory')
         plugins = {'mcap': StoragePlugin.MCAP, 'sqlite3': StoragePlugin.SQLITE3}
         if storage not in plugins:
             raise BagError(f'unknown storage {storage!r}; use one of {sorted(plugins)}')
-        try:
-            check_output(self.path, directory=True, must_not_exist=True)
+        try:  # the path as given ('' is no path, not '.')
+            check_output(path, directory=True, must_not_exist=True)
         except OutputError as exc:
-            raise BagError(str(exc)) from None
+            why = '; rosbag2 writers need a new directory' if 'already exists' in str(exc) else ''
+            raise BagError(f'{exc}{why}') from None
+        self.path = pathlib.Path(path)
         self._plugin = plugins[storage]
         self._writer = None
         self._atomic = None

@@ -185,7 +185,9 @@ class OdometryConfig:
         1,
         50,
     )
-    odom_frame: str = param('odom', 'fixed frame of the published pose (REP-105)', fmt='frame_id')
+    odom_frame: str = param(
+        'odom', 'fixed frame of the published pose (REP-105)', fmt='frame_name'
+    )
     base_frame: str = param(
         '',
         "moving frame of the published pose; '' = the cloud's frame_id, otherwise a "
@@ -239,7 +241,6 @@ class OdometryConfig:
             'max_range',
             '0 (off) or a number > min_range',
         )
-        yield bool(self.odom_frame), 'odom_frame', 'a non-empty frame id'
         yield (
             self.base_frame.lstrip('/') != self.odom_frame.lstrip('/'),
             'base_frame',

@@ -50,6 +50,10 @@ _TOPIC = re.compile(r'/?[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z_][A-Za-z0-9_]*)*')
 FORMATS: Dict[str, Tuple[Callable[[str], bool], str]] = {
     'device': (_is_device, 'auto | cpu | cuda | cuda:N'),
     'frame_id': (lambda v: not v.startswith('/'), 'a frame id without a leading slash'),
+    'frame_name': (
+        lambda v: bool(v) and not v.startswith('/'),
+        'a frame id (not empty, no leading slash)',
+    ),
     'topic': (
         lambda v: _TOPIC.fullmatch(v) is not None,
         'a ROS topic name such as /points (letters, digits, _ and /)',
