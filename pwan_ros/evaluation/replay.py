@@ -146,8 +146,7 @@ def replay(cfg: ReplayConfig, log=print) -> RunRecord:
     import rclpy
     from rclpy.executors import SingleThreadedExecutor
     from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
-
-    from pwan_ros.ros.spin import init_rclpy
+    from rclpy.signals import SignalHandlerOptions
 
     topics = bag_io.bag_topics(cfg.bag)
     bag_io.require_topic(cfg.bag, cfg.points_topic, [bag_io.CLOUD_TYPE])
@@ -186,7 +185,7 @@ def replay(cfg: ReplayConfig, log=print) -> RunRecord:
     # signal handlers: Ctrl-C / SIGTERM raise KeyboardInterrupt in this thread (run_cli), which
     # unwinds through the finally blocks below, instead of rclpy shutting the context down under
     # the spinner thread and the publishers (thread tracebacks, "publisher's context is invalid")
-    init_rclpy([])
+    rclpy.init(args=[], signal_handler_options=SignalHandlerOptions.NO)
     try:
         node = rclpy.create_node('pwan_replay')
         from rosgraph_msgs.msg import Clock
