@@ -4,7 +4,8 @@
       output:=/data/adapt_out [params_file:=my.yaml]
 
 The node trains, publishes progress on /diagnostics, writes its outputs and exits; Ctrl-C stops it
-with a checkpoint (relaunch with resume:=true to continue).
+with a checkpoint (relaunch with resume:=true to continue). Inputs or parameters the node refuses
+(one line) end the launch with exit code 1.
 """
 
 import os
@@ -17,6 +18,7 @@ from launch_ros.actions import Node
 
 from pwan_ros.adaptation.config import AdaptIO
 from pwan_ros.params import specs
+from pwan_ros.ros.launching import required
 
 #: the run's inputs and outputs, passed to the node over the params file's values
 IO_ARGUMENTS = ('labelled', 'unlabelled', 'output', 'resume')
@@ -47,4 +49,4 @@ def generate_launch_description():
             {name: LaunchConfiguration(name) for name in IO_ARGUMENTS},
         ],
     )
-    return LaunchDescription(args + [node])
+    return LaunchDescription(args + [node, required(node, 'pwan_adapt_node')])

@@ -7,13 +7,16 @@ Subscribes the ``features`` argument's topic (std_msgs/Float32MultiArray, one fe
 message) and publishes ``class_id`` (std_msgs/Int32), ``confidence`` (std_msgs/Float32) and, when
 the run recorded class names, ``class_name`` (std_msgs/String) for every valid message, plus
 ``prediction`` (std_msgs/String, JSON naming the input it answers); counts of received, classified,
-skipped and dropped inputs go to /diagnostics.
+skipped and dropped inputs go to /diagnostics. A model or parameter the node refuses (one line)
+ends the launch with exit code 1.
 """
 
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
+
+from pwan_ros.ros.launching import required
 
 
 def generate_launch_description():
@@ -41,4 +44,4 @@ def generate_launch_description():
         ],
         remappings=[('features', LaunchConfiguration('features'))],
     )
-    return LaunchDescription(args + [node])
+    return LaunchDescription(args + [node, required(node, 'pwan_classifier_node')])

@@ -6,7 +6,13 @@ point. ``odometry.launch.py`` is the same launch under the node's name.
 
 Arguments (``ros2 launch pwan_ros register.launch.py --show-args``):
 
-  params_file   ROS parameter file of the node (default: the installed config/odometry.yaml)
+  params_file   ROS parameter file of the node (default: the installed config/odometry.yaml);
+                its section for the node is keyed ``pwan_odometry`` (also in a namespace),
+                ``/NS/pwan_odometry`` or ``/**``
+  namespace     ROS namespace of the node ('' default: none); its relative topics (odometry,
+                aligned_points and a relative ``points``) move into it; /tf, /tf_static and
+                /diagnostics stay global: give each robot its own ``odom_frame`` and
+                ``base_frame``
   points        input sensor_msgs/PointCloud2 topic, remapped onto the node's ``points``
                 (default /points)
   base_frame    node parameter override; '' (default) = the params file's value
@@ -15,8 +21,8 @@ Arguments (``ros2 launch pwan_ros register.launch.py --show-args``):
   publish_tf    node parameter override, true | false; '' (default) = the params file's value
   device        node parameter override, auto | cpu | cuda | cuda:N; '' (default) = the
                 params file's value
-  use_sim_time  true | false; '' (default) = true when ``bagfile`` is given, false otherwise
-                (applies to the node and rviz2)
+  use_sim_time  true | false; '' (default) = true when ``bagfile`` is given, else the params
+                file's value (applies to the node and rviz2)
   bagfile       rosbag2 to replay: also runs ``ros2 bag play BAGFILE``, with ``--clock`` unless
                 the bag records /clock itself (the bags of pwan_sim and pwan_pcd2bag do);
                 '' (default) = play nothing
@@ -24,9 +30,13 @@ Arguments (``ros2 launch pwan_ros register.launch.py --show-args``):
                 rviz/pwan_odometry.rviz (fixed frame odom; input cloud, aligned cloud,
                 odometry, TF)
 
-Nothing is started when a requested part cannot run: a ``bagfile`` that does not exist,
-``bagfile`` without ros2bag installed, or ``rviz:=true`` without rviz2 stop the launch with one
-error line and exit code 1 before any process starts.
+Nothing is started when a requested part cannot run: a ``params_file`` that is no file, not
+YAML or has no section for the node, a ``bagfile`` that does not exist, ``bagfile`` without
+ros2bag installed, or ``rviz:=true`` without rviz2 stop the launch with one error line and exit
+code 1 before any process starts. A node that refuses its parameters (one line naming the
+problem) ends the launch with exit code 1 (``ros2 launch`` itself would return 0). An argument
+name close to one of the above (``base_fram:=...``) is warned about: ``ros2 launch`` ignores
+arguments it does not know.
 
 The node's parameters are the params file plus ``use_sim_time``; an override argument is
 passed only when given, so the file's values hold under launch. KISS-ICP users: ``topic`` is
@@ -48,8 +58,23 @@ from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
 from pwan_ros.params import POINTS_TOPIC
+from pwan_ros.ros.launching import required, warn_misspelled
 
 PACKAGE = 'pwan_ros'
+NODE = 'pwan_odometry'
+#: the launch arguments (generate_launch_description declares them in this order)
+ARGUMENTS = (
+    'params_file',
+    'namespace',
+    'points',
+    'base_frame',
+    'odom_frame',
+    'publish_tf',
+    'device',
+    'use_sim_time',
+    'bagfile',
+    'rviz',
+)
 _TRUE = ('true', '1')
 _FALSE = ('false', '0')
 
@@ -93,6 +118,38 @@ def _bag_records_clock(bagfile):
     )
 
 
+def _node_parameters(params_file, namespace):
+    """What of ``params_file`` the node gets: ``[params_file]``, and in a namespace also the
+    parameters of its section keyed by the plain node name (rcl matches keys against the full
+    name ``/NS/pwan_odometry``, so the installed file's ``pwan_odometry:`` section would not
+    apply there). RuntimeError, one line, when the file cannot be used: no file, not YAML, or
+    no section for the node (its name, its full name, or a pattern with ``*``)."""
+    import yaml
+
+    if not os.path.isfile(params_file):
+        why = 'is a directory' if os.path.isdir(params_file) else 'no such file'
+        raise RuntimeError(f'params_file:={params_file}: {why}')
+    try:
+        with open(params_file, encoding='utf-8') as f:
+            data = yaml.safe_load(f)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise RuntimeError(f'params_file:={params_file}: not a YAML file ({exc})') from None
+    if not isinstance(data, dict):
+        raise RuntimeError(f'params_file:={params_file}: not a ROS parameter file (no mapping)')
+    full = '/' + '/'.join(p for p in (namespace.strip('/'), NODE) if p)
+    plain = [k for k in data if '/' + str(k).strip('/') == '/' + NODE]
+    if not any('*' in str(k) or '/' + str(k).strip('/') == full for k in data) and not plain:
+        raise RuntimeError(
+            f'params_file:={params_file} has no section for node {full} (its keys: '
+            f"{', '.join(map(str, data)) or 'none'}): key it '{NODE}:' or '/**:'"
+        )
+    if full == '/' + NODE or not plain:
+        return [params_file]
+    section = data[plain[0]]
+    values = section.get('ros__parameters', {}) if isinstance(section, dict) else {}
+    return [params_file, dict(values)]
+
+
 def _check(context, bagfile):
     """Refuse, before anything starts, what cannot run (one line: ros2 launch prints it)."""
     if bagfile and not os.path.exists(bagfile):
@@ -110,12 +167,16 @@ def _check(context, bagfile):
 
 def _actions(context):
     share = get_package_share_directory(PACKAGE)
+    warn_misspelled(context, ARGUMENTS, 'register.launch.py')
     bagfile = _arg(context, 'bagfile')
     _check(context, bagfile)
-    use_sim_time = _flag(context, 'use_sim_time', unset=bool(bagfile))
+    parameters = _node_parameters(_arg(context, 'params_file'), _arg(context, 'namespace'))
+    # '' = true with a bag, else the params file's value (None: not passed)
+    given = _arg(context, 'use_sim_time') != ''
+    use_sim_time = _flag(context, 'use_sim_time') if given else (True if bagfile else None)
 
     # only the arguments the user gave override the params file
-    overrides = {'use_sim_time': use_sim_time}
+    overrides = {} if use_sim_time is None else {'use_sim_time': use_sim_time}
     for name in ('base_frame', 'odom_frame', 'device'):
         value = _arg(context, name)
         if value:
@@ -123,16 +184,16 @@ def _actions(context):
     if _arg(context, 'publish_tf'):
         overrides['publish_tf'] = _flag(context, 'publish_tf')
 
-    actions = [
-        Node(
-            package=PACKAGE,
-            executable='pwan_odometry_node',
-            name='pwan_odometry',
-            output='screen',
-            parameters=[_arg(context, 'params_file'), overrides],
-            remappings=[('points', _arg(context, 'points'))],
-        )
-    ]
+    node = Node(
+        package=PACKAGE,
+        executable='pwan_odometry_node',
+        name=NODE,
+        namespace=_arg(context, 'namespace'),
+        output='screen',
+        parameters=[*parameters, overrides],
+        remappings=[('points', _arg(context, 'points'))],
+    )
+    actions = [node, required(node, 'pwan_odometry_node')]
     if bagfile:
         play = ['ros2', 'bag', 'play', bagfile]
         if not _bag_records_clock(bagfile):  # one /clock: the bag's own, else the player's
@@ -149,7 +210,7 @@ def _actions(context):
                 name='rviz2',
                 output='screen',
                 arguments=rviz_args,
-                parameters=[{'use_sim_time': use_sim_time}],
+                parameters=[{'use_sim_time': bool(use_sim_time)}],
             )
         )
     return actions
@@ -164,6 +225,11 @@ def generate_launch_description():
                 'params_file',
                 default_value=default_config,
                 description='ROS parameter file of the pwan_odometry node',
+            ),
+            DeclareLaunchArgument(
+                'namespace',
+                default_value='',
+                description="ROS namespace of the node; '' (default) = none",
             ),
             DeclareLaunchArgument(
                 'points',
@@ -191,7 +257,8 @@ def generate_launch_description():
             DeclareLaunchArgument(
                 'use_sim_time',
                 default_value='',
-                description="use /clock: true | false; '' (default) = true when bagfile is given",
+                description="use /clock: true | false; '' (default) = true when bagfile is "
+                "given, else the params file's value",
             ),
             DeclareLaunchArgument(
                 'bagfile',

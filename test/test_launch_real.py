@@ -125,16 +125,16 @@ def start_launch(env_setup, log, *args):
     )
 
 
-def param_dump(env_setup, timeout=90.0):
-    """``ros2 param dump /pwan_odometry`` once the node answers: its parameters, name -> value (one
-    CLI call for all of them; each call starts a ROS process and discovers the graph anew)."""
-    cmd, env = sourced(env_setup, 'ros2', 'param', 'dump', '--no-daemon', '/pwan_odometry')
+def param_dump(env_setup, timeout=90.0, node='/pwan_odometry'):
+    """``ros2 param dump NODE`` once the node answers: its parameters, name -> value (one CLI
+    call for all of them; each call starts a ROS process and discovers the graph anew)."""
+    cmd, env = sourced(env_setup, 'ros2', 'param', 'dump', '--no-daemon', node)
     end = time.monotonic() + timeout
     while True:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
         if proc.returncode == 0 or time.monotonic() > end:
             assert proc.returncode == 0, proc.stdout + proc.stderr
-            return yaml.safe_load(proc.stdout)['/pwan_odometry']['ros__parameters']
+            return yaml.safe_load(proc.stdout)[node]['ros__parameters']
         time.sleep(1.0)
 
 
@@ -211,6 +211,8 @@ def test_register_launch_answers_a_replayed_bag(tmp_path, launch_env):
 @pytest.mark.ros
 @pytest.mark.build
 def test_odometry_launch_with_params_file_and_remap(tmp_path, launch_env):
+    """A params file keyed by the node's plain name applies in a namespace too (rcl alone would
+    match only /robot1/pwan_odometry); the absolute points topic stays where it is."""
     params = tmp_path / 'robot.yaml'
     params.write_text(
         'pwan_odometry:\n  ros__parameters:\n    scan_voxel_size: 0.35\n    mode: tracking\n'
@@ -223,9 +225,10 @@ def test_odometry_launch_with_params_file_and_remap(tmp_path, launch_env):
         f'params_file:={params}',
         'points:=/ouster/points',
         'base_frame:=base_link',
+        'namespace:=robot1',
     )
     try:
-        params = param_dump(launch_env)
+        params = param_dump(launch_env, node='/robot1/pwan_odometry')
         assert params['scan_voxel_size'] == 0.35
         assert params['mode'] == 'tracking'
         assert params['base_frame'] == 'base_link'
@@ -255,11 +258,13 @@ def test_odometry_launch_with_params_file_and_remap(tmp_path, launch_env):
         (('bagfile:=/nonexistent/bag',), 'no such bag'),
         (('bagfile:=/',), 'ros2bag'),
         (('rviz:=true',), 'rviz2'),
+        (('params_file:=/nonexistent/robot.yaml',), 'no such file'),
     ],
 )
 def test_launch_refuses_before_starting_anything(tmp_path, launch_env, args, says):
     """rviz2 and ros2bag are not installed here: the launch stops with one error line, exit 1,
-    and no node was started (before, rviz:=true left the node running as an orphan)."""
+    and no node was started (before, rviz:=true left the node running as an orphan; a missing
+    params file was dropped by launch_ros with a warning and the node ran on its defaults)."""
     cmd, env = sourced(launch_env, 'ros2', 'launch', 'pwan_ros', 'register.launch.py', *args)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     out = proc.stdout + proc.stderr
@@ -267,3 +272,20 @@ def test_launch_refuses_before_starting_anything(tmp_path, launch_env, args, say
     errors = [ln for ln in out.splitlines() if '[ERROR]' in ln]
     assert len(errors) == 1 and says in errors[0], out
     assert 'process started' not in out and 'Traceback' not in out, out
+
+
+@pytest.mark.ros
+@pytest.mark.build
+def test_launch_exits_1_when_the_node_refuses_its_parameters(tmp_path, launch_env):
+    """The node refuses device:=gpu with one line and exit code 2: the launch stops and returns
+    1 (ros2 launch alone logs the death and returns 0, so a script saw success)."""
+    cmd, env = sourced(
+        launch_env, 'ros2', 'launch', 'pwan_ros', 'register.launch.py', 'device:=gpu'
+    )
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "invalid value 'gpu' for parameter 'device'" in out, out
+    errors = [ln for ln in out.splitlines() if 'exited with code 2' in ln]
+    assert len(errors) == 1 and 'pwan_odometry_node' in errors[0], out
+    assert 'Traceback' not in out, out

@@ -3,6 +3,7 @@
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -354,6 +355,16 @@ def _lc_perform(self, context):
     return context.launch_configurations[name]
 
 
+def _launch_logger(name):
+    """launch.logging.get_logger: a logger whose warnings the tests read (``WARNINGS``)."""
+    import types
+
+    return types.SimpleNamespace(warning=lambda text: WARNINGS.append(text))
+
+
+#: what the launch files warned about through launch.logging (the fake)
+WARNINGS = []
+
 #: ROS packages the fake ament index knows besides pwan_ros (run_launch(missing=...) removes some)
 FAKE_INSTALLED = ('ros2bag', 'rviz2')
 
@@ -391,7 +402,13 @@ def _fake_modules(share_root, missing=()):
             SetEnvironmentVariable=_fake('SetEnvironmentVariable'),
             ExecuteProcess=_fake('ExecuteProcess', _PROCESS_KW),
             IncludeLaunchDescription=_fake('IncludeLaunchDescription', {'launch_arguments'}),
+            RegisterEventHandler=_fake('RegisterEventHandler'),
         ),
+        'launch.event_handlers': module(
+            'launch.event_handlers',
+            OnProcessExit=_fake('OnProcessExit', {'target_action', 'on_exit'}),
+        ),
+        'launch.logging': module('launch.logging', get_logger=_launch_logger),
         'launch.conditions': module(
             'launch.conditions',
             IfCondition=_fake('IfCondition', evaluate=cond(False)),
@@ -418,7 +435,7 @@ def _fake_modules(share_root, missing=()):
 def fake_share(tmp_path, monkeypatch):
     """An install share of pwan_ros laid out like setup.py's data_files (links into the repo);
     the working directory holds the bag directories the tests name (b, x, my_bag, 'run 1', and
-    with_clock, whose metadata lists /clock)."""
+    with_clock, whose metadata lists /clock) and a params file robot.yaml."""
     monkeypatch.chdir(tmp_path)
     for bag in ('b', 'x', 'my_bag', 'run 1', 'with_clock'):
         (tmp_path / bag).mkdir()
@@ -427,6 +444,9 @@ def fake_share(tmp_path, monkeypatch):
         '    - topic_metadata: {name: /points, type: sensor_msgs/msg/PointCloud2}\n'
         '    - topic_metadata: {name: /clock, type: rosgraph_msgs/msg/Clock}\n'
     )
+    (tmp_path / 'robot.yaml').write_text(
+        'pwan_odometry:\n  ros__parameters:\n    mode: tracking\n'
+    )
     share = tmp_path / 'share' / 'pwan_ros'
     share.mkdir(parents=True)
     for folder in ('launch', 'config', 'rviz'):
@@ -434,16 +454,20 @@ def fake_share(tmp_path, monkeypatch):
     return share
 
 
-def run_launch(share, file='odometry.launch.py', missing=(), **given):
+def run_launch(share, file='odometry.launch.py', missing=(), undeclared=None, **given):
     """Executes ``generate_launch_description`` of an installed launch file and its actions like
     ``ros2 launch pwan_ros FILE NAME:=VALUE ...``: returns (declared {name: default}, launched
-    [(kind, kwargs with substitutions performed)], environment set)."""
+    [(kind, kwargs with substitutions performed)], environment set). Event handlers are not
+    launched entities: they go to ``HANDLERS`` ((target node kwargs, on_exit)). ``undeclared``:
+    more NAME:=VALUE pairs, which need not be arguments of the file."""
     import importlib.util
     import types
     from unittest import mock
 
-    context = types.SimpleNamespace(launch_configurations=dict(given))
+    context = types.SimpleNamespace(launch_configurations={**(undeclared or {}), **given})
     declared, launched, env = {}, [], {}
+    WARNINGS.clear()
+    HANDLERS.clear()
 
     def load(path):
         spec = importlib.util.spec_from_file_location(
@@ -473,6 +497,9 @@ def run_launch(share, file='odometry.launch.py', missing=(), **given):
                 env[_perform(e.args[0], context)] = _perform(e.args[1], context)
             elif e.kind == 'IncludeLaunchDescription':
                 visit(load(_perform(e.args[0].args[0], context)).entities)
+            elif e.kind == 'RegisterEventHandler':
+                handler = e.args[0]
+                HANDLERS.append((_perform(handler.kw['target_action'].kw, context), handler))
             else:
                 launched.append((e.kind, _perform(e.kw, context)))
 
@@ -480,6 +507,10 @@ def run_launch(share, file='odometry.launch.py', missing=(), **given):
         visit(load(share / 'launch' / file).entities)
     assert set(given) <= set(declared), f'undeclared arguments: {set(given) - set(declared)}'
     return declared, launched, env
+
+
+#: the event handlers of the last run_launch: (the target node's kwargs, the handler)
+HANDLERS = []
 
 
 def _odometry_node(launched):
@@ -491,10 +522,9 @@ def _odometry_node(launched):
 
 
 def _overrides(node):
-    assert len(node['parameters']) == 2 and isinstance(node['parameters'][1], dict), node[
-        'parameters'
-    ]
-    return node['parameters'][1]
+    assert len(node['parameters']) in (2, 3), node['parameters']
+    assert isinstance(node['parameters'][-1], dict), node['parameters']
+    return node['parameters'][-1]
 
 
 def _extras(launched):
@@ -558,14 +588,13 @@ def test_adapt_launch_passes_the_run_paths_described_by_their_specs(fake_share):
 
 
 def test_launch_defaults_keep_the_params_file_values(fake_share):
-    """No arguments: the node gets the installed config/odometry.yaml and use_sim_time, nothing
-    else, so no launch default overrides a value of the file; only the node is started."""
+    """No arguments: the node gets the installed config/odometry.yaml and nothing else (not even
+    use_sim_time), so no launch default overrides a value of the file; only the node is
+    started, in no namespace."""
     declared, launched, _ = run_launch(fake_share)
     node = _odometry_node(launched)
-    assert node['parameters'] == [
-        str(fake_share / 'config' / 'odometry.yaml'),
-        {'use_sim_time': False},
-    ]
+    assert node['parameters'] == [str(fake_share / 'config' / 'odometry.yaml'), {}]
+    assert node['namespace'] == ''
     assert (fake_share / 'config' / 'odometry.yaml').is_file()
     assert node['remappings'] == [('points', '/points')]
     assert _extras(launched) == {}
@@ -577,24 +606,13 @@ def test_launch_defaults_keep_the_params_file_values(fake_share):
 
 #: a given, non-default value of every launch argument and where it must land
 LAUNCH_CASES = {
-    'params_file': (
-        '/robot/odometry.yaml',
-        lambda n, x: n['parameters'][0] == '/robot/odometry.yaml',
-    ),
+    'params_file': ('robot.yaml', lambda n, x: n['parameters'][0] == 'robot.yaml'),
+    'namespace': ('robot1', lambda n, x: n['namespace'] == 'robot1'),
     'points': ('/ouster/points', lambda n, x: n['remappings'] == [('points', '/ouster/points')]),
-    'base_frame': (
-        'base_link',
-        lambda n, x: _overrides(n) == {'use_sim_time': False, 'base_frame': 'base_link'},
-    ),
-    'odom_frame': (
-        'odom_lidar',
-        lambda n, x: _overrides(n) == {'use_sim_time': False, 'odom_frame': 'odom_lidar'},
-    ),
-    'publish_tf': (
-        'false',
-        lambda n, x: _overrides(n) == {'use_sim_time': False, 'publish_tf': False},
-    ),
-    'device': ('cpu', lambda n, x: _overrides(n) == {'use_sim_time': False, 'device': 'cpu'}),
+    'base_frame': ('base_link', lambda n, x: _overrides(n) == {'base_frame': 'base_link'}),
+    'odom_frame': ('odom_lidar', lambda n, x: _overrides(n) == {'odom_frame': 'odom_lidar'}),
+    'publish_tf': ('false', lambda n, x: _overrides(n) == {'publish_tf': False}),
+    'device': ('cpu', lambda n, x: _overrides(n) == {'device': 'cpu'}),
     'use_sim_time': ('true', lambda n, x: _overrides(n) == {'use_sim_time': True}),
     'bagfile': (
         'my_bag',
@@ -630,11 +648,7 @@ def test_launch_every_argument_reaches_the_node_or_a_process(fake_share):
     )
     node = _odometry_node(launched)
     assert node['remappings'] == [('points', '/ouster/points')]
-    assert _overrides(node) == {
-        'use_sim_time': False,
-        'base_frame': 'base_link',
-        'publish_tf': True,
-    }
+    assert _overrides(node) == {'base_frame': 'base_link', 'publish_tf': True}
     with pytest.raises(ValueError, match='publish_tf'):
         run_launch(fake_share, publish_tf='yes please')
 
@@ -669,6 +683,64 @@ def test_launch_bag_and_rviz(fake_share):
     assert rviz['arguments'] == ['-d', str(rviz_file), '-f', 'odom_lidar']
     with pytest.raises(ValueError, match='rviz'):
         run_launch(fake_share, rviz='maybe')
+
+
+def test_launch_refuses_a_params_file_it_cannot_use(fake_share):
+    """A params file that is missing, a directory, not YAML, or has no section for the node (keyed
+    by another node's name): an error before any process (before: launch_ros dropped a missing
+    file with a warning and the node ran on its defaults; another node's section was ignored
+    without a word). The node's name, its namespaced name and rcl's wildcards are sections."""
+    import yaml
+
+    (fake_share.parent.parent / 'other.yaml').write_text(
+        'pwan_register:\n  ros__parameters:\n    mode: tracking\n'
+    )
+    (fake_share.parent.parent / 'list.yaml').write_text('- 1\n- 2\n')
+    (fake_share.parent.parent / 'bad.yaml').write_text('a: [1,\n')
+    for path, words in (
+        ('/nonexistent/robot.yaml', 'no such file'),
+        ('b', 'is a directory'),
+        ('list.yaml', 'not a ROS parameter file'),
+        ('bad.yaml', 'not a YAML file'),
+        ('other.yaml', 'has no section for node /pwan_odometry (its keys: pwan_register)'),
+    ):
+        with pytest.raises(RuntimeError, match=re.escape(words)):
+            run_launch(fake_share, params_file=path)
+    for i, (key, ns) in enumerate(
+        (('pwan_odometry', ''), ('/**', 'robot1'), ('/robot1/pwan_odometry', 'robot1'))
+    ):
+        path = fake_share.parent.parent / f'ok{i}.yaml'
+        path.write_text(f'{key}:\n  ros__parameters:\n    mode: tracking\n')
+        _, launched, _ = run_launch(fake_share, params_file=str(path), namespace=ns)
+        assert _odometry_node(launched)['parameters'] == [str(path), {}]
+    # in a namespace rcl matches keys against /robot1/pwan_odometry: the section keyed by the
+    # plain name (the installed file's) is passed as values too
+    _, launched, _ = run_launch(fake_share, namespace='robot1', device='cpu')
+    params = _odometry_node(launched)['parameters']
+    installed = fake_share / 'config' / 'odometry.yaml'
+    assert params[0] == str(installed) and params[2] == {'device': 'cpu'}
+    assert params[1] == yaml.safe_load(installed.read_text())['pwan_odometry']['ros__parameters']
+
+
+def test_launch_ends_with_an_error_when_the_node_refuses_its_parameters(fake_share):
+    """The node exits with code 2 on parameters it refuses (one line): the launch's handler for
+    that exit raises, so ros2 launch stops and returns 1 (upstream it logs the death and returns
+    0); an exit 0, or any exit after Ctrl-C (shutting down), is no error. A misspelled argument
+    is warned about (ros2 launch ignores unknown ones)."""
+    import types
+
+    _, launched, _ = run_launch(fake_share, undeclared={'base_fram': 'base_link'})
+    ((target, handler),) = HANDLERS
+    assert target == _odometry_node(launched)
+    assert WARNINGS and "'base_fram'" in WARNINGS[0] and "'base_frame'" in WARNINGS[0]
+    on_exit = handler.kw['on_exit']
+    running, stopping = (types.SimpleNamespace(is_shutdown=v) for v in (False, True))
+    with pytest.raises(RuntimeError, match='pwan_odometry_node exited with code 2'):
+        on_exit(types.SimpleNamespace(returncode=2), running)
+    assert on_exit(types.SimpleNamespace(returncode=0), running) is None
+    assert on_exit(types.SimpleNamespace(returncode=-15), stopping) is None
+    run_launch(fake_share, undeclared={'robot_name': 'r2'})  # a parent launch's: no warning
+    assert WARNINGS == []
 
 
 def test_launch_refuses_what_cannot_run(fake_share):

@@ -40,6 +40,7 @@ class AdaptNode(Node):
 
     def __init__(self):
         super().__init__('adapt_node')
+        self._born = time.monotonic()
         self.errors: List[str] = []
         self._last_status: Optional[tuple] = None
         values: Dict[str, Any] = {}
@@ -189,9 +190,13 @@ class AdaptNode(Node):
         """Give DDS time to deliver the last (final) status before the process exits, publishing it
         ``repeats`` times over ``seconds``: a single sample sent just before the writer goes away
         was occasionally lost on a loaded machine (seen once in CI). A node that fails at once
-        (unwritable output) may not have matched its subscribers yet: wait up to
-        ``discovery_s`` for a first one, then publish the status again."""
-        self._await_subscriber(discovery_s)
+        (unwritable output) may not have matched its subscribers yet: until ``discovery_s`` after
+        its start, wait for a first one, then publish the status again. After a signal, half a
+        second and no wait: ``ros2 launch`` escalates to SIGTERM 5 s after Ctrl-C (before: up to
+        6 s here when nothing subscribed to /diagnostics)."""
+        if self.stop_requested:
+            seconds, discovery_s = min(seconds, 0.5), 0.0
+        self._await_subscriber(discovery_s - (time.monotonic() - self._born))
         if self._last_status is not None:
             self.publish_status(*self._last_status)
         end = time.monotonic() + seconds

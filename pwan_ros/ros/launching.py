@@ -1,0 +1,42 @@
+"""What the package's launch files share (``launch/*.launch.py``).
+
+``ros2 launch`` logs the death of a node and still returns 0, so a script cannot tell a node
+that refused its parameters (one line, exit 2) from a run that went well. :func:`required`
+makes such an exit end the launch with exit code 1.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+from launch.actions import RegisterEventHandler
+from launch.event_handlers import OnProcessExit
+from launch.logging import get_logger
+
+
+def required(node, executable: str) -> RegisterEventHandler:
+    """An event handler for ``node``: when it exits with a non-zero code while the launch is not
+    shutting down (not after Ctrl-C), the launch stops everything it started, prints one
+    ``[ERROR]`` line naming ``executable`` and returns 1."""
+
+    def on_exit(event, context):
+        if event.returncode not in (0, None) and not context.is_shutdown:
+            raise RuntimeError(
+                f'{executable} exited with code {event.returncode} (its reason is above); '
+                'stopping the launch'
+            )
+
+    return RegisterEventHandler(OnProcessExit(target_action=node, on_exit=on_exit))
+
+
+def warn_misspelled(context, declared, launch_file: str) -> None:
+    """One warning per launch argument given that is not ``declared`` but close to one of them
+    (``base_fram:=...``): ``ros2 launch`` accepts any ``name:=value`` and ignores the unknown
+    ones. Others are left alone: a launch that includes this one may set its own."""
+    for name in sorted(set(context.launch_configurations) - set(declared)):
+        close = difflib.get_close_matches(name, declared, n=1, cutoff=0.75)
+        if close:
+            get_logger(launch_file).warning(
+                f'launch argument {name!r} is not one of {launch_file} (ignored): did you mean '
+                f'{close[0]!r}? (ros2 launch pwan_ros {launch_file} --show-args)'
+            )
