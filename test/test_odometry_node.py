@@ -281,11 +281,11 @@ def test_params_file_and_overrides_reach_the_node(tmp_path, ros_env):
 
 
 # --- launch files -------------------------------------------------------------------------
-# launch / launch_ros are not installable here, so the launch files run against small fakes of
-# the documented API they use (injected in sys.modules). A fake accepts only keyword arguments
-# that its upstream class takes, and a name the fakes do not define fails the import: the launch
-# files stay on that documented API. What the launch machinery itself does (argument parsing,
-# process start) is not exercised.
+# Fast checks of the launch files' own logic against small fakes of the documented launch API
+# (injected in sys.modules): a fake accepts only keyword arguments that its upstream class takes,
+# and a name the fakes do not define fails the import, so the launch files stay on that API. The
+# launch machinery itself (argument parsing, process start, exit codes) runs for real in
+# test/test_launch_real.py (upstream Jazzy launch tooling, a colcon-built workspace).
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: upstream keyword arguments (launch / launch_ros, Jazzy) the fakes accept
@@ -947,9 +947,9 @@ def test_invalid_static_transforms_are_named_not_used():
 
 @pytest.mark.ros
 def test_node_refuses_what_it_cannot_use_before_spinning(tmp_path, ros_env):
-    """Arguments outside --ros-args (before: ignored, the node ran on its defaults) and a
-    reference cloud without usable points (all NaN: before, a segfault on the first scan) are
-    refused with one line and exit 2."""
+    """Arguments outside --ros-args (before: ignored, the node ran on its defaults), a reference
+    cloud without usable points (all NaN: before, a segfault on the first scan) and a remap rule
+    rcl cannot parse (without rcl's C source location) are refused with one line and exit 2."""
     nan = tmp_path / 'nan.xyz'
     nan.write_text('nan nan nan\n' * 40)
     params = tmp_path / 'p.yaml'
@@ -958,12 +958,14 @@ def test_node_refuses_what_it_cannot_use_before_spinning(tmp_path, ros_env):
         (['--params-file', str(params)], ["unknown argument '--params-file'", '--ros-args']),
         (['mode:=pwan'], ["unknown argument 'mode:=pwan'"]),
         (['--ros-args', '-p', f'reference_cloud:={nan}'], ['reference_cloud', 'usable points']),
+        (['--ros-args', '-r', 'points:=9bad'], ["Couldn't parse remap rule: '-r points:=9bad'"]),
     ):
         proc = subprocess.run(
             [str(NODE), *argv], env=ros_env, capture_output=True, text=True, timeout=60
         )
         text = proc.stdout + proc.stderr
         assert proc.returncode == 2 and 'Traceback' not in text, (argv, text)
+        assert 'arguments.c' not in text and 'error not set' not in text, text  # rcl's C trailer
         for w in words:
             assert w in text, (argv, text)
 

@@ -30,7 +30,7 @@ from pwan_ros.adaptation.errors import AdaptError
 from pwan_ros.params import specs
 from pwan_ros.ros.args import argument_problem
 from pwan_ros.ros.params import descriptor, undeclared
-from pwan_ros.ros.spin import init_rclpy
+from pwan_ros.ros.spin import init_rclpy, rcl_message
 
 STATUS_NAME = 'adapt_node: training'
 
@@ -218,8 +218,7 @@ def main(args: Optional[List[str]] = None) -> int:
     try:
         init_rclpy(argv)
     except Exception as exc:  # rclpy raises its own error types for malformed --ros-args
-        first = str(exc).splitlines()[0] if str(exc) else repr(exc)
-        print(f'adapt_node: invalid ROS arguments: {first}', file=sys.stderr)
+        print(f'adapt_node: invalid ROS arguments: {rcl_message(exc)}', file=sys.stderr)
         return 2
     node = AdaptNode()
     handlers = {}

@@ -13,6 +13,7 @@ background job of a non-interactive shell).
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 import threading
@@ -42,10 +43,7 @@ def spin_node(
     try:
         init_rclpy(args)
     except Exception as exc:  # rcl's argument errors (RCLError) are multi-line C messages
-        print(
-            f"{prog}: invalid ROS arguments: {str(exc).splitlines()[0] if str(exc) else exc!r}",
-            file=sys.stderr,
-        )
+        print(f'{prog}: invalid ROS arguments: {rcl_message(exc)}', file=sys.stderr)
         return 2
     node = None
     stop = threading.Event()
@@ -75,6 +73,14 @@ def spin_node(
 
 #: longest time (s) between two looks at the stop flag
 POLL_S = 0.2
+
+
+def rcl_message(exc: BaseException) -> str:
+    """The first line of an rcl error without rcl's C trailer (``Error: error not set, at
+    /project/src/rcl/arguments.c:380``, quotes)."""
+    text = str(exc).splitlines()[0] if str(exc) else repr(exc)
+    text = re.sub(r'(\.? Error: [^,]*)?, at /\S+:\d+\W*$', '', text)
+    return text.strip().strip('"')
 
 
 def init_rclpy(args) -> None:
