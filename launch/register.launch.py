@@ -38,10 +38,11 @@ problem) ends the launch with exit code 1 (``ros2 launch`` itself would return 0
 name close to one of the above (``base_fram:=...``) is warned about: ``ros2 launch`` ignores
 arguments it does not know.
 
-The node's parameters are the params file plus ``use_sim_time``; an override argument is
-passed only when given, so the file's values hold under launch. KISS-ICP users: ``topic`` is
-``points`` here, ``visualize`` is ``rviz``, ``lidar_odom_frame`` is ``odom_frame``,
-``publish_odom_tf`` is ``publish_tf``, ``config_file`` is ``params_file``.
+The node's parameters are the params file (in a namespace also its ``pwan_odometry`` section,
+which rcl would apply only to ``/pwan_odometry``) and the override arguments, each passed only
+when given (``use_sim_time`` also with a bag), so the file's values hold under launch.
+KISS-ICP users: ``topic`` is ``points`` here, ``visualize`` is ``rviz``, ``lidar_odom_frame``
+is ``odom_frame``, ``publish_odom_tf`` is ``publish_tf``, ``config_file`` is ``params_file``.
 """
 
 import os

@@ -133,10 +133,9 @@ def test_node_trains_publishes_and_exits(tmp_path, ros_env):
     assert pred.shape == (180,) and (tmp_path / 'out' / 'model.ts').stat().st_size > 0
 
 
-@pytest.mark.ros
-def test_node_sigint_checkpoints_and_exits_cleanly(tmp_path, ros_env):
-    listener, status = _listen(tmp_path, ros_env, 90)
-    time.sleep(1.0)
+def _training(tmp_path, ros_env):
+    """The node on a long run, returned once training is under way (its first periodic
+    checkpoint exists)."""
     node = subprocess.Popen(
         [str(NODE)] + _params(tmp_path, steps=100000, checkpoint_interval=30),
         env=ros_env,
@@ -147,8 +146,16 @@ def test_node_sigint_checkpoints_and_exits_cleanly(tmp_path, ros_env):
     latest = tmp_path / 'out' / 'checkpoints' / 'latest.pt'
     deadline = time.monotonic() + 60
     while not latest.exists() and time.monotonic() < deadline and node.poll() is None:
-        time.sleep(0.1)  # training is under way once the first periodic checkpoint exists
+        time.sleep(0.1)
     assert latest.exists(), 'no periodic checkpoint within 60 s'
+    return node
+
+
+@pytest.mark.ros
+def test_node_sigint_checkpoints_and_exits_cleanly(tmp_path, ros_env):
+    listener, status = _listen(tmp_path, ros_env, 90)
+    time.sleep(1.0)
+    node = _training(tmp_path, ros_env)
     node.send_signal(signal.SIGINT)
     rest, _ = node.communicate(timeout=60)
     assert node.returncode == 0, rest
@@ -172,18 +179,7 @@ def test_node_ends_within_the_launch_window_after_sigint(tmp_path, ros_env):
     """Nothing subscribes to /diagnostics (a plain ros2 launch): after SIGINT the node
     checkpoints and exits well within the 5 s ros2 launch gives before SIGTERM (before: it waited
     5 s for a subscriber, then 1 s more, and launch escalated with an [ERROR])."""
-    node = subprocess.Popen(
-        [str(NODE)] + _params(tmp_path, steps=100000, checkpoint_interval=30),
-        env=ros_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    latest = tmp_path / 'out' / 'checkpoints' / 'latest.pt'
-    deadline = time.monotonic() + 60
-    while not latest.exists() and time.monotonic() < deadline and node.poll() is None:
-        time.sleep(0.1)
-    assert latest.exists(), 'no periodic checkpoint within 60 s'
+    node = _training(tmp_path, ros_env)
     t0 = time.monotonic()
     node.send_signal(signal.SIGINT)
     rest, _ = node.communicate(timeout=60)

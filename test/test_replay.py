@@ -18,6 +18,12 @@ from pwan_ros.evaluation.run_record import RunRecord
 ECHO = pathlib.Path(__file__).parent / 'peers' / 'echo_odom.py'
 
 
+def replay_cmd(bag, out, *extra):
+    """pwan_replay of ``bag`` into ``out`` (its module, in this interpreter) with ``extra``."""
+    cmd = [sys.executable, '-m', 'pwan_ros.cli.replay', '--bag', str(bag), '--output', str(out)]
+    return cmd + [str(e) for e in extra]
+
+
 def start_echo(env, *args):
     return subprocess.Popen(
         [sys.executable, str(ECHO), *args, '--ros-args', '-p', 'use_sim_time:=true'],
@@ -45,17 +51,7 @@ def test_replay_into_node_and_evaluate(tmp_path, ros_env, small_bag):
     try:
         out = tmp_path / 'run'
         proc = subprocess.run(
-            [
-                sys.executable,
-                '-m',
-                'pwan_ros.cli.replay',
-                '--bag',
-                str(small_bag),
-                '--output',
-                str(out),
-                '--drain-timeout',
-                '3',
-            ],
+            replay_cmd(small_bag, out, '--drain-timeout', '3'),
             env=ros_env,
             capture_output=True,
             text=True,
@@ -94,19 +90,7 @@ def test_replay_ends_quietly_on_a_signal(tmp_path, ros_env, small_bag):
         log, out = tmp_path / f'{phase}.log', tmp_path / f'run_{phase}'
         with log.open('w') as sink:
             proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    '-m',
-                    'pwan_ros.cli.replay',
-                    '--bag',
-                    str(small_bag),
-                    '--output',
-                    str(out),
-                    '--startup-timeout',
-                    '120',
-                    '--rate',
-                    '0.05',
-                ],
+                replay_cmd(small_bag, out, '--startup-timeout', '120', '--rate', '0.05'),
                 env=env,
                 stdout=sink,
                 stderr=subprocess.STDOUT,
@@ -135,17 +119,7 @@ def test_replay_ends_quietly_on_a_signal(tmp_path, ros_env, small_bag):
 @pytest.mark.ros
 def test_replay_without_subscriber_fails_clearly(tmp_path, ros_env, small_bag):
     proc = subprocess.run(
-        [
-            sys.executable,
-            '-m',
-            'pwan_ros.cli.replay',
-            '--bag',
-            str(small_bag),
-            '--output',
-            str(tmp_path / 'run'),
-            '--startup-timeout',
-            '2',
-        ],
+        replay_cmd(small_bag, tmp_path / 'run', '--startup-timeout', '2'),
         env=ros_env,
         capture_output=True,
         text=True,
@@ -154,17 +128,7 @@ def test_replay_without_subscriber_fails_clearly(tmp_path, ros_env, small_bag):
     assert proc.returncode == 2
     assert "no subscriber on '/points' after 2 s" in proc.stderr
     proc = subprocess.run(
-        [
-            sys.executable,
-            '-m',
-            'pwan_ros.cli.replay',
-            '--bag',
-            str(small_bag),
-            '--output',
-            str(tmp_path / 'run'),
-            '--points-topic',
-            '/velodyne_points',
-        ],
+        replay_cmd(small_bag, tmp_path / 'run', '--points-topic', '/velodyne_points'),
         env=ros_env,
         capture_output=True,
         text=True,
