@@ -270,16 +270,17 @@ def read_blocks(path, stamp_in_corner: bool = True) -> Trajectory:
         mats[:, 3, 3] = 1.0
     else:  # plain homogeneous matrices: no stamps
         stamps = np.arange(mats.shape[0], dtype=np.float64)
-    return _trajectory(path, stamps, mats, stamped)
+    return _trajectory(path, stamps, mats, stamped, 'element [3, 3] of each block' * stamped)
 
 
-def _trajectory(path, stamps, poses, stamped: bool) -> Trajectory:
-    """A :class:`Trajectory` whose errors name the file ``path``."""
+def _trajectory(path, stamps, poses, stamped: bool, stamps_from: str = '') -> Trajectory:
+    """A :class:`Trajectory` whose errors name the file ``path`` (and ``stamps_from``, where the
+    stamps were read)."""
     try:
         return Trajectory(stamps, poses, stamped)
     except TrajectoryError as exc:
-        what = 'stamps (element [3, 3] of each block)' if stamped else 'poses'
-        raise TrajectoryError(f'{path}: {exc} (read as {what})') from None
+        where = f' (stamps read from {stamps_from})' if stamps_from else ''
+        raise TrajectoryError(f'{path}: {exc}{where}') from None
 
 
 def detect_pose_format(path) -> str:
