@@ -98,6 +98,11 @@ def test_import_errors(tmp_path):
         import_bag(
             tmp_path / 'short', '/features', tmp_path / 'x.npz', label_field='layout.nothing'
         )
+    with pytest.raises(
+        AdaptInputError,
+        match=r"/label \(std_msgs/msg/Int32\): field 'data' holds one value, not a feature vector",
+    ):  # the label topic given as the features
+        import_bag(tmp_path / 'short', '/label', tmp_path / 'x.npz')
     bad = feats.copy()
     bad[2, 1] = np.nan
     write_bag(tmp_path / 'nan', bad)

@@ -244,6 +244,7 @@ def test_node_rejects_invalid_parameters(tmp_path, ros_env):
         [str(NODE)] + bad, env=ros_env, capture_output=True, text=True, timeout=60
     )
     assert node.returncode == 2 and 'does not exist' in node.stderr
+    assert 'training' not in node.stderr  # nothing announced before the inputs are read
     assert not (tmp_path / 'out').exists()
 
 

@@ -58,6 +58,11 @@ def _feature_row(msg: Any, field: str, topic: str, msgtype: str) -> np.ndarray:
     value = _get(msg, field, topic)
     expect = 'expected one feature vector per message, e.g. std_msgs/msg/Float32MultiArray'
     raw = np.asarray(value)
+    if raw.ndim == 0:
+        raise AdaptInputError(
+            f"topic {topic} ({msgtype}): field '{field}' holds one value, not a feature "
+            f'vector (a label topic?); {expect}'
+        )
     if raw.dtype == np.uint8 and not msgtype.endswith('MultiArray'):
         raise AdaptInputError(
             f"topic {topic} ({msgtype}): field '{field}' holds raw bytes, not a feature "

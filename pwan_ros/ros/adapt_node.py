@@ -112,8 +112,17 @@ class AdaptNode(Node):
 
         cfg = self.config
         last_eval: Dict[str, Any] = {}
+        started = []
 
         def on_step(trainer, m):
+            if not started:  # the inputs are read: announce it, then wait for a monitor
+                started.append(True)
+                self.get_logger().info(
+                    f"training {cfg.method} for {cfg.steps} steps -> {self.io['output']}"
+                )
+                # a monitor already listening (rqt, a test) gets the progress from the first
+                # step: a short training otherwise ended before DDS had matched it
+                self._await_subscriber(2.0)
             if (m.step + 1) % self.interval == 0 or m.step + 1 == cfg.steps:
                 vals = {
                     'state': 'training',
@@ -135,12 +144,6 @@ class AdaptNode(Node):
             if res.accuracy is not None:
                 last_eval['accuracy'] = f'{res.accuracy:.6g}'
 
-        self.get_logger().info(
-            f"training {cfg.method} for {cfg.steps} steps -> {self.io['output']}"
-        )
-        # a monitor already listening (rqt, a test) gets the progress from the first step: a short
-        # training otherwise ended before DDS had matched it and only the final status arrived
-        self._await_subscriber(2.0)
         try:
             result = run_adaptation(
                 cfg,
