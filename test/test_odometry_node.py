@@ -1005,3 +1005,37 @@ def test_node_says_when_no_scan_arrives(ros_env, tmp_path):
     assert rc == 0, text[-2000:]
     assert 'ready: points=/points' in text, text[-2000:]
     assert said, text[-2000:]
+
+
+@pytest.mark.ros
+def test_node_says_when_a_heard_publisher_falls_silent(ros_env, tmp_path):
+    """A driver that sent scans and then stopped (still on the topic): the warning says how many
+    scans came and that the source stopped, not that the QoS or type may not match."""
+    log = tmp_path / 'node.log'
+    node = start_node(ros_env, log=log)
+    pub = None
+    try:
+        pub = subprocess.Popen(
+            [
+                sys.executable,
+                str(PEERS / 'startup_publisher.py'),
+                '--reliability',
+                'reliable',
+                '--scans',
+                '2',
+                '--linger',
+                '60',
+                '--out',
+                str(tmp_path / 'sent.json'),
+            ],
+            env=ros_env,
+        )
+        said = wait_for_log(log, '2 scan(s) received so far (the driver or player paused', 120)
+    finally:
+        if pub is not None:
+            pub.kill()
+            pub.wait()
+        rc, _ = stop_node(node)
+    text = log.read_text()
+    assert rc == 0 and said, text[-2000:]
+    assert 'no sensor_msgs/PointCloud2 received yet' not in text, text[-2000:]

@@ -183,6 +183,30 @@ def test_all_datatypes_and_count_fields():
         assert [(f.name, f.offset, f.datatype, f.count) for f in enc.fields] == layout
 
 
+def test_normals_turn_with_the_cloud_and_other_fields_stay():
+    """A cloud moved into odom (the node's aligned cloud) turns PCL's normal_x/y/z with its points;
+    intensity is left alone and the input is not changed."""
+    extras = np.zeros(
+        2,
+        dtype=[
+            ('intensity', np.float32),
+            ('normal_x', np.float32),
+            ('normal_y', np.float32),
+            ('normal_z', np.float32),
+        ],
+    )
+    extras['intensity'] = [7.0, 9.0]
+    extras['normal_x'], extras['normal_y'] = [1.0, 0.0], [0.0, 1.0]
+    yaw90 = np.array([[0.0, -1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
+    out = pc2.rotate_directions(extras, yaw90)
+    normals = np.stack([out['normal_x'], out['normal_y'], out['normal_z']], axis=1)
+    np.testing.assert_allclose(normals, [[0.0, 1.0, 0.0], [-1.0, 0.0, 0.0]], atol=1e-7)
+    np.testing.assert_array_equal(out['intensity'], [7.0, 9.0])
+    assert out.dtype == extras.dtype and extras['normal_x'][0] == 1.0
+    plain = np.zeros(2, dtype=[('intensity', np.float32)])
+    assert pc2.rotate_directions(plain, yaw90) is plain
+
+
 def test_rclpy_and_rosbags_messages_interoperate():
     rng = np.random.default_rng(0)
     xyz = rng.normal(size=(1000, 3)).astype(np.float32)

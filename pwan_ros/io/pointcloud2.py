@@ -14,6 +14,7 @@ Reading::
     xyz = read_xyz(msg, skip_nans=True)              # (N, 3) float32 (float64 if x/y/z are)
     cloud = read_cloud(msg, skip_nans=True)          # xyz + other fields (intensity, ring, t...)
     pts = read_points(msg, ('x', 'y', 'intensity'))  # (N,) structured, like sensor_msgs_py
+    extras = rotate_directions(cloud.extras, R)      # normal_x/y/z turned with the points
 
 Writing (e.g. the aligned cloud, keeping intensity etc.)::
 
@@ -54,6 +55,8 @@ __all__ = [
     'read_points',
     'read_xyz',
     'read_cloud',
+    'DIRECTION_FIELDS',
+    'rotate_directions',
     'encode_cloud',
     'create_cloud',
 ]
@@ -345,6 +348,27 @@ def read_cloud(cloud: Any, skip_nans: bool = False, dtype: Any = None) -> Decode
     return DecodedCloud(
         xyz=xyz, extras=extras, index=index, height=view.shape[0], width=view.shape[1]
     )
+
+
+#: extra fields that are 3-D directions in the cloud's frame (PCL's point normals): a cloud
+#: moved into another frame turns them with its points (:func:`rotate_directions`)
+DIRECTION_FIELDS = (('normal_x', 'normal_y', 'normal_z'),)
+
+
+def rotate_directions(extras: np.ndarray, rotation: np.ndarray) -> np.ndarray:
+    """``extras`` (N,) structured with every :data:`DIRECTION_FIELDS` triple it holds turned
+    by ``rotation`` (3, 3) (as points are: v' = R v); a copy when there is one, else
+    ``extras``. Other fields (intensity, ring, time) are left as they are."""
+    names = extras.dtype.names or ()
+    triples = [t for t in DIRECTION_FIELDS if all(n in names for n in t)]
+    if not triples:
+        return extras
+    out = extras.copy()
+    for t in triples:
+        v = np.stack([extras[n].astype(np.float64) for n in t], axis=1) @ rotation.T
+        for i, n in enumerate(t):
+            out[n] = v[:, i]
+    return out
 
 
 # ----------------------------------------------------------------------------- writing

@@ -2,11 +2,11 @@
 
 :class:`Odometer` wraps :class:`~pwan_ros.odometry.pipeline.OdometryPipeline` with the policy a
 robot sees: ``odom`` is the base pose at the start; a change of the cloud's frame restarts the
-pipeline from the last pose (odom stays continuous), time going backwards by more than
+pipeline from the last base pose (odom stays continuous), time going backwards by more than
 :data:`OUT_OF_ORDER_S` (a bag or driver restarted) resets odom to the current pose, a scan
-stamped less than that before the last one is late and skipped; the base pose is the sensor
-pose composed with the static ``T_base_sensor``; the twist is the base-frame velocity between
-accepted scans; the pose covariance comes from the match quality.
+stamped less than that before the last one, or like the last one, is skipped; the base pose is
+the sensor pose composed with the static ``T_base_sensor``; the twist is the base-frame velocity
+between accepted scans; the pose covariance comes from the match quality.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from pwan_ros.odometry.pipeline import OdometryPipeline, ScanError, ScanEstimate
 
 #: a scan stamped up to this long (s) before the last one is late (delivered out of order, stamp
 #: jitter) and skipped; further back, time was restarted (a bag looped, a driver restarted) and
-#: odometry resets. Twice the longest sweep period in use (2 Hz).
+#: odometry resets. Twice the longest sweep period in use (2 Hz). A scan stamped like the last
+#: one is skipped as well: the search range and the motion model divide by the time between
+#: scans, so equal stamps let a moved scan pass as standing still (4.5 m off on nuScenes).
 OUT_OF_ORDER_S = 1.0
 
 
@@ -55,7 +57,8 @@ class Odometer:
     def __init__(self, pipeline: OdometryPipeline):
         self.pipeline = pipeline
         self.resets = 0  # restarts and resets so far
-        self._origin = np.eye(4)  # T_odom_sensor at the start of the current pipeline run
+        self._base0 = np.eye(4)  # T_odom_base at the start of the current pipeline run
+        self._t_base_sensor: Optional[np.ndarray] = None  # the mount of the last scan's frame
         self._last_pose = np.eye(4)  # last accepted T_odom_base
         self._frame: Optional[str] = None
         self._last_stamp: Optional[float] = None
@@ -74,6 +77,11 @@ class Odometer:
         Raises :class:`~pwan_ros.odometry.pipeline.ScanError` for a scan that cannot be registered
         (state unchanged except for a restart it triggered)."""
         notices = []
+        if self._last_stamp is not None and stamp == self._last_stamp:
+            raise ScanError(
+                f'scan stamped {stamp:.6f} s like the last one (a repeated message, or a driver '
+                'that does not stamp its scans): skipped'
+            )
         if self._last_stamp is not None and 0.0 < self._last_stamp - stamp <= OUT_OF_ORDER_S:
             raise ScanError(
                 f'scan stamped {(self._last_stamp - stamp) * 1e3:.1f} ms before the last one '
@@ -100,10 +108,10 @@ class Odometer:
         self._frame = frame
         est = self.pipeline.process(points, stamp, offsets)
         self._last_stamp = stamp
-
-        t_odom_base = (
-            t_base_sensor @ project_rigid(self._origin @ est.pose) @ invert(t_base_sensor)
-        )
+        self._t_base_sensor = t_base_sensor
+        # est.pose: the sensor's motion since the run began, when the base was at _base0
+        t_odom_run = self._base0 @ t_base_sensor  # T_odom_sensor at the start of the run
+        t_odom_base = project_rigid(t_odom_run @ est.pose @ invert(t_base_sensor))
         twist = None
         if est.accepted:
             if self._pose_stamp is not None and stamp > self._pose_stamp:
@@ -113,7 +121,7 @@ class Odometer:
             self._last_pose, self._pose_stamp = t_odom_base, stamp
         deformed = None
         if est.aligned_points is not None:
-            deformed = est.aligned_points @ self._origin[:3, :3].T + self._origin[:3, 3]
+            deformed = est.aligned_points @ t_odom_run[:3, :3].T + t_odom_run[:3, 3]
         return OdometryUpdate(
             t_odom_base,
             t_odom_base @ t_base_sensor,
@@ -125,11 +133,15 @@ class Odometer:
         )
 
     def _restart(self, keep_pose: bool) -> None:
-        """keep_pose: the new pipeline run starts at the last sensor pose (odom continuous);
-        otherwise odom restarts at the current pose."""
+        """keep_pose: the new pipeline run starts at the last base pose (odom continuous, also
+        when the new cloud frame has another mount); otherwise odom restarts at the current
+        pose."""
         self.resets += 1
-        last = self.pipeline.motion.pose
-        self._origin = self._origin @ last if keep_pose and last is not None else np.eye(4)
+        last, mount = self.pipeline.motion.pose, self._t_base_sensor
+        if not keep_pose:
+            self._base0 = np.eye(4)
+        elif last is not None and mount is not None:
+            self._base0 = project_rigid(self._base0 @ mount @ last @ invert(mount))
         self.pipeline.reset()
         self._last_stamp = self._pose_stamp = None
         if not keep_pose:

@@ -218,12 +218,21 @@ class OdometryNode(Node):
         try:
             topic = self.points.topic_name
             publishers = self.count_publishers(topic)
-            text = f'no scan on {topic} for {seconds:.0f} s: ' + (
-                f'{publishers} publisher(s) but no sensor_msgs/PointCloud2 received (check the '
-                'message type, the QoS and the transport)'
-                if publishers
-                else 'nothing publishes there (check the topic name or remapping)'
-            )
+            with self._lock:
+                received = self.counts['received']
+            if not publishers:
+                why = 'nothing publishes there (check the topic name or remapping)'
+            elif received:  # it was heard before: the source stopped or its data stopped coming
+                why = (
+                    f'{publishers} publisher(s), {received} scan(s) received so far (the driver '
+                    'or player paused, stopped sending or its data no longer arrives)'
+                )
+            else:
+                why = (
+                    f'{publishers} publisher(s) but no sensor_msgs/PointCloud2 received yet '
+                    '(check the message type, the QoS and the transport)'
+                )
+            text = f'no scan on {topic} for {seconds:.0f} s: {why}'
             self._warn('silence', text, 0.0)
             self._publish_diagnostics(
                 self.get_clock().now().to_msg(), DiagnosticStatus.WARN, text, {}
@@ -387,7 +396,8 @@ class OdometryNode(Node):
         else:
             keep = np.isfinite(cloud.xyz).all(axis=1)
             xyz = transform_points(update.T_odom_sensor, cloud.xyz[keep].astype(np.float64))
-            out = pc2.create_cloud(header, xyz.astype(np.float32), cloud.extras[keep])
+            extras = pc2.rotate_directions(cloud.extras[keep], update.T_odom_sensor[:3, :3])
+            out = pc2.create_cloud(header, xyz.astype(np.float32), extras)
         self.cloud_pub.publish(out)
 
     def _publish_diagnostics(self, stamp, level, message: str, values: Dict[str, str]) -> None:

@@ -5,7 +5,8 @@ eager drivers do, and counts which scans were answered (an Odometry carrying the
 
 Each scan is a stationary simulated scan with a new stamp. After each scan the publisher waits
 up to ``--answer-timeout`` seconds for its odometry, then sends the next one either way, so a
-lost scan costs a timeout but never stops the run.
+lost scan costs a timeout but never stops the run. ``--linger S``: the publisher then stays up
+for S seconds without sending (a driver that stopped).
 """
 
 import argparse
@@ -75,6 +76,9 @@ def main():
     ap.add_argument('--answer-timeout', type=float, default=8.0)
     ap.add_argument('--match-timeout', type=float, default=60.0)
     ap.add_argument('--out', required=True)
+    ap.add_argument(
+        '--linger', type=float, default=0.0, help='seconds to stay up, silent, after the scans'
+    )
     args = ap.parse_args()
     xyz = scan_points(args.points, args.source)
     rclpy.init()
@@ -97,6 +101,9 @@ def main():
             end = time.monotonic() + args.answer_timeout
             while stamp not in node.answered and time.monotonic() < end:
                 rclpy.spin_once(node, timeout_sec=0.01)
+        end = time.monotonic() + args.linger  # a driver that stopped sending, still there
+        while time.monotonic() < end:
+            rclpy.spin_once(node, timeout_sec=0.05)
     finally:
         with open(args.out, 'w') as f:
             json.dump({'sent': sent, 'answered': sorted(node.answered & set(sent))}, f)
