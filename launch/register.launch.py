@@ -23,7 +23,8 @@ Arguments (``ros2 launch pwan_ros register.launch.py --show-args``):
                 params file's value
   use_sim_time  true | false; '' (default) = true when ``bagfile`` is given, else the params
                 file's value (applies to the node and rviz2)
-  bagfile       rosbag2 to replay: also runs ``ros2 bag play BAGFILE``, with ``--clock`` unless
+  bagfile       rosbag2 to replay: also runs ``ros2 bag play BAGFILE`` once the node says it is
+                ready (a second later, for discovery), with ``--clock`` unless
                 the bag records /clock itself (the bags of pwan_sim and pwan_pcd2bag do);
                 '' (default) = play nothing
   rviz          true | false (default false): also start rviz2 with the installed
@@ -58,8 +59,8 @@ from launch.actions import (
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
-from pwan_ros.params import POINTS_TOPIC
-from pwan_ros.ros.launching import required, warn_misspelled
+from pwan_ros.params import ODOMETRY_READY, POINTS_TOPIC
+from pwan_ros.ros.launching import after_output, required, warn_misspelled
 
 PACKAGE = 'pwan_ros'
 NODE = 'pwan_odometry'
@@ -196,10 +197,13 @@ def _actions(context):
     )
     actions = [node, required(node, 'pwan_odometry_node')]
     if bagfile:
-        play = ['ros2', 'bag', 'play', bagfile]
+        # started once the node is ready (it loads for seconds: a bag played at once lost its
+        # first scans, all of a short one), after a second for DDS discovery
+        play = ['ros2', 'bag', 'play', bagfile, '--delay', '1']
         if not _bag_records_clock(bagfile):  # one /clock: the bag's own, else the player's
             play.append('--clock')
-        actions.append(ExecuteProcess(cmd=play, output='screen'))
+        player = ExecuteProcess(cmd=play, output='screen')
+        actions.append(after_output(node, ODOMETRY_READY, [player]))
     if _flag(context, 'rviz'):
         rviz_args = ['-d', os.path.join(share, 'rviz', 'pwan_odometry.rviz')]
         if 'odom_frame' in overrides:

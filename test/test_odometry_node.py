@@ -407,6 +407,7 @@ def _fake_modules(share_root, missing=()):
         'launch.event_handlers': module(
             'launch.event_handlers',
             OnProcessExit=_fake('OnProcessExit', {'target_action', 'on_exit'}),
+            OnProcessIO=_fake('OnProcessIO', {'target_action', 'on_stdout', 'on_stderr'}),
         ),
         'launch.logging': module('launch.logging', get_logger=_launch_logger),
         'launch.conditions': module(
@@ -500,6 +501,8 @@ def run_launch(share, file='odometry.launch.py', missing=(), undeclared=None, **
             elif e.kind == 'RegisterEventHandler':
                 handler = e.args[0]
                 HANDLERS.append((_perform(handler.kw['target_action'].kw, context), handler))
+                if handler.kind == 'OnProcessIO':  # the node's output: start-up, then ready
+                    visit(_node_prints(handler))
             else:
                 launched.append((e.kind, _perform(e.kw, context)))
 
@@ -511,6 +514,27 @@ def run_launch(share, file='odometry.launch.py', missing=(), undeclared=None, **
 
 #: the event handlers of the last run_launch: (the target node's kwargs, the handler)
 HANDLERS = []
+
+
+def _node_prints(handler):
+    """What an output handler of the odometry node starts when the node runs: nothing on its
+    first lines, then the entities it returns for the ready line, which arrives split across two
+    reads of stderr."""
+    import types
+
+    from pwan_ros.params import ODOMETRY_READY
+
+    def say(stream, text):
+        return handler.kw[stream](types.SimpleNamespace(text=text.encode()))
+
+    assert say('on_stdout', 'loading the reference cloud\n') is None
+    assert say('on_stderr', '[INFO] [1.5] [pwan_odometry]: params read\n') is None
+    line = f'[INFO] [2.0] [pwan_odometry]: {ODOMETRY_READY} points=/points mode=adaptive\n'
+    assert say('on_stderr', line[:40]) is None
+    started = say('on_stderr', line[40:])
+    assert started, 'nothing started on the ready line'
+    assert say('on_stderr', line) is None  # once
+    return started
 
 
 def _odometry_node(launched):
@@ -617,7 +641,7 @@ LAUNCH_CASES = {
     'bagfile': (
         'my_bag',
         lambda n, x: (
-            x == {'bag': ['ros2', 'bag', 'play', 'my_bag', '--clock']}
+            x == {'bag': ['ros2', 'bag', 'play', 'my_bag', *PLAY_DELAY, '--clock']}
             and _overrides(n) == {'use_sim_time': True}
         ),
     ),
@@ -653,14 +677,19 @@ def test_launch_every_argument_reaches_the_node_or_a_process(fake_share):
         run_launch(fake_share, publish_tf='yes please')
 
 
+#: ros2 bag play's wait before the first message: DDS discovery after the node's ready line
+PLAY_DELAY = ('--delay', '1')
+
+
 def test_launch_bag_and_rviz(fake_share):
-    """bagfile:= plays the bag with /clock and turns sim time on (an explicit use_sim_time wins);
+    """bagfile:= plays the bag with /clock, once the node is ready, and turns sim time on (an
+    explicit use_sim_time wins);
     rviz:=true starts rviz2 with the installed config, on the same clock as the node."""
     _, launched, _ = run_launch(fake_share, bagfile='run 1')  # a path with a space: one argument
-    assert _extras(launched)['bag'] == ['ros2', 'bag', 'play', 'run 1', '--clock']
+    assert _extras(launched)['bag'] == ['ros2', 'bag', 'play', 'run 1', *PLAY_DELAY, '--clock']
     assert _overrides(_odometry_node(launched))['use_sim_time'] is True
     _, launched, _ = run_launch(fake_share, bagfile='x', use_sim_time='false')
-    assert _extras(launched)['bag'] == ['ros2', 'bag', 'play', 'x', '--clock']
+    assert _extras(launched)['bag'] == ['ros2', 'bag', 'play', 'x', *PLAY_DELAY, '--clock']
     assert _overrides(_odometry_node(launched))['use_sim_time'] is False
     assert _extras(run_launch(fake_share, bagfile='')[1]) == {}
     # a bag that records /clock (pwan_sim's, pwan_pcd2bag's) is played without a second clock
@@ -669,7 +698,12 @@ def test_launch_bag_and_rviz(fake_share):
         'bag',
         'play',
         'with_clock',
+        *PLAY_DELAY,
     ]
+    # the player starts when the node says it is ready (_node_prints), not with the launch
+    _, launched, _ = run_launch(fake_share, bagfile='x')
+    assert [h.kind for _, h in HANDLERS] == ['OnProcessExit', 'OnProcessIO']
+    assert HANDLERS[1][0] == _odometry_node(launched)
 
     rviz_file = fake_share / 'rviz' / 'pwan_odometry.rviz'
     _, launched, _ = run_launch(fake_share, rviz='true', bagfile='x')

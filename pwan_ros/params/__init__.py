@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 __all__ = [
     'ParamSpec',
     'POINTS_TOPIC',
+    'ODOMETRY_READY',
     'REQUIRED',
     'FORMATS',
     'param',
@@ -31,6 +32,8 @@ __all__ = [
 
 #: the default scan topic (sensor_msgs/PointCloud2) of every tool and launch file
 POINTS_TOPIC = '/points'
+#: how the odometry node's log line saying it listens begins (launch starts a bag player on it)
+ODOMETRY_READY = 'pwan_odometry ready:'
 
 #: ``param(REQUIRED, ...)``: a field without a default (a positional input such as a path)
 REQUIRED = dataclasses.MISSING

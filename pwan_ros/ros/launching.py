@@ -2,7 +2,8 @@
 
 ``ros2 launch`` logs the death of a node and still returns 0, so a script cannot tell a node
 that refused its parameters (one line, exit 2) from a run that went well. :func:`required`
-makes such an exit end the launch with exit code 1.
+makes such an exit end the launch with exit code 1. :func:`after_output` starts actions once a
+process has said something (a bag player once the node is ready).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import difflib
 
 from launch.actions import RegisterEventHandler
-from launch.event_handlers import OnProcessExit
+from launch.event_handlers import OnProcessExit, OnProcessIO
 from launch.logging import get_logger
 
 
@@ -27,6 +28,27 @@ def required(node, executable: str) -> RegisterEventHandler:
             )
 
     return RegisterEventHandler(OnProcessExit(target_action=node, on_exit=on_exit))
+
+
+def after_output(process, text: str, actions) -> RegisterEventHandler:
+    """An event handler that starts ``actions`` once, when ``process`` first prints ``text`` (on
+    stdout or stderr, where ROS logs go): e.g. a bag player started only once the node it feeds
+    says it is ready, so the first scans are not played into a node still loading."""
+    seen = {'tail': '', 'fired': False}
+
+    def on_output(event):
+        if seen['fired']:
+            return None
+        chunk = seen['tail'] + event.text.decode(errors='replace')
+        if text not in chunk:
+            seen['tail'] = chunk[-len(text) :]  # a line split across two reads
+            return None
+        seen['fired'] = True
+        return list(actions)
+
+    return RegisterEventHandler(
+        OnProcessIO(target_action=process, on_stdout=on_output, on_stderr=on_output)
+    )
 
 
 def warn_misspelled(context, declared, launch_file: str) -> None:

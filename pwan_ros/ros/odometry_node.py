@@ -38,6 +38,7 @@ from pwan_ros.odometry.pipeline import OdometryPipeline, ScanError
 from pwan_ros.odometry.sweep_times import SweepClock
 from pwan_ros.ros.scan_subscription import ScanSubscription
 from pwan_ros.ros.spin import spin_node
+from pwan_ros.params import ODOMETRY_READY
 from pwan_ros.ros.params import declare_config, undeclared
 
 
@@ -149,7 +150,7 @@ class OdometryNode(Node):
         self._worker = threading.Thread(target=self._run, name='pwan_odometry_worker', daemon=True)
         self._worker.start()
         self.get_logger().info(
-            f'pwan_odometry ready: points={self.points.topic_name} mode={cfg.mode} '
+            f'{ODOMETRY_READY} points={self.points.topic_name} mode={cfg.mode} '
             f'transform={cfg.transform} '
             f'divergence={cfg.divergence} device={cfg.device} reliability={cfg.reliability}'
             + (f" reference_cloud='{cfg.reference_cloud}'" if cfg.reference_cloud else '')
