@@ -100,7 +100,8 @@ def finish(
     verdict = None
     if config.self_check:
         tc = time.perf_counter()
-        verdict = check_pose(z, prob.ref_fit, seed=config.seed)
+        exact = kind != 'nonrigid'  # a deformed shape's fit is rough (check_pose)
+        verdict = check_pose(z, prob.ref_fit, seed=config.seed, exact_fit=exact)
         if (polish or take_rival) and verdict.rival_better and kind == 'rigid':
             # a clearly better pose next to the result (GICP from a start around it): take it, and
             # judge it in turn
@@ -108,7 +109,7 @@ def finish(
             total = rt @ total
             z = z @ rt[:d, :d].T + rt[:d, d]
             weights = match_weights(z)
-            verdict = check_pose(z, prob.ref_fit, verdict.voxel, seed=config.seed)
+            verdict = check_pose(z, prob.ref_fit, verdict.voxel, seed=config.seed, exact_fit=exact)
         timings['check'] = time.perf_counter() - tc
     return RegistrationResult(
         transform=total,

@@ -52,13 +52,13 @@ def judged_with_pose(
     that pose's check."""
     d = posed.shape[1]
     tc = time.perf_counter()
-    verdict = check_pose(posed, reference, seed=config.seed)
+    verdict = check_pose(posed, reference, seed=config.seed, exact_fit=False)
     if verdict.rival_better and verdict.rival_shift <= RIVAL_DISTINCT * verdict.gate:
         # a better rigid fit next to the pose (the fit stopped short of it): the same pose for
         # the deformation, judged there as the rigid path judges the pose it takes
         t = verdict.rival_transform
         moved = posed @ t[:d, :d].T + t[:d, d]
-        verdict = check_pose(moved, reference, verdict.voxel, seed=config.seed)
+        verdict = check_pose(moved, reference, verdict.voxel, seed=config.seed, exact_fit=False)
     timings = {**res.timings, 'check': res.timings.get('check', 0.0) + time.perf_counter() - tc}
     if verdict.status == 'ok':
         return dataclasses.replace(res, timings=timings)

@@ -12,16 +12,24 @@ then weighs no more than any other surface. The gate is g = 1.5 judging voxels.
   chance; ``chance`` is that rate, measured at random places in the box the moved source
   occupies. ``excess = (overlap - chance) / (1 - chance)`` is the overlap the pose explains,
   which outliers cannot inflate. Below ``MIN_EXCESS_OVERLAP``: refused.
+* **Held in every direction** (3-D, a result's own pose): the reference surface's normals at
+  the matched source points must hold every direction of translation with ``MIN_HELD`` points'
+  worth (the smallest eigenvalue of the sum of their n n^T); a plane patch, a corridor or a pipe
+  lets the pose slide, and the rival search alone missed that when the patch's edges, sampled
+  sparsely, cost a shifted pose more than ``RIVAL_MARGIN`` (a 200-point plane came back ok, 17
+  deg off).
 * **No rival pose**. GICP (plane-aware, small_gicp), coarse to fine down to g, from starts
   around the result: moved 8 and 32 gates (``RIVAL_REACH``) along each axis and turned
-  ``RIVAL_TURN_DEG`` about each axis (2-D: point-to-point ICP in the plane, turned about its
-  normal). A pose the data pins down is where those starts return
-  to. Refused, with the rival's shift and overlap, when a start ends where more than
-  ``RIVAL_MARGIN`` more of the source lies on the reference (the result is not the fit its data
-  shows: a slide, "no motion" kept by a sampling pattern, an early stop), or at a *distinct* pose
-  (points moved by more than ``RIVAL_DISTINCT`` gates RMS) with at least the result's overlap
-  minus ``RIVAL_MARGIN`` (not the only fit: a plane, a corridor, a featureless road, a
-  symmetric object).
+  ``RIVAL_TURN_DEG`` about each axis, in 3-D further on a source only a few gates across (so
+  that the turned start is distinct; not for a deformed shape's rigid pose, whose rough fit
+  wide turns beat; 2-D: point-to-point ICP in the plane, turned about its normal). A pose the
+  data pins down is where those starts return to. Refused, with the rival's shift and overlap,
+  when a start ends where more than ``RIVAL_MARGIN`` more of the source lies on the reference
+  (the result is not the fit its data shows: a slide, "no motion" kept by a sampling pattern,
+  an early stop), or at a *distinct* pose (points moved by more than ``RIVAL_DISTINCT`` gates
+  RMS) with at least the result's overlap minus ``RIVAL_MARGIN``, or minus
+  ``RIVAL_MARGIN_POINTS`` source points when that is more (not the only fit: a plane, a
+  corridor, a featureless road, a symmetric object).
 
 ``status`` is 'refused' with the reason when a test fails. The thresholds are fractions of the
 source and multiples of the judging voxel, never lengths of any scene; ``bench/bench_verify.py``
@@ -49,8 +57,18 @@ MIN_EXCESS_OVERLAP = 0.05
 #: each
 RIVAL_REACH = (8.0, 32.0)
 RIVAL_TURN_DEG = 15.0
+#: ... and at least far enough to move the source points this many gates (RMS) about the turn's
+#: axis, up to RIVAL_TURN_MAX_DEG: on a source a few gates across (a round tank, a pillar, a
+#: ball), 15 deg moves its points by less than RIVAL_DISTINCT gates, so a turn about a symmetry
+#: axis that fits as well counted as the same pose (a cylinder came back ok turned 37 deg)
+RIVAL_TURN_GATES = 4.0
+RIVAL_TURN_MAX_DEG = 90.0
 #: refuse when a distinct rival pose puts at least the result's overlap minus this on the reference
 RIVAL_MARGIN = 0.05
+#: ... or minus this many judged source points, when that is more (a few dozen points: one point
+#: more or less on the reference is sampling, not fit; an 18-point plane was vouched for when its
+#: rival lay one point, 5.6 %, below the result)
+RIVAL_MARGIN_POINTS = 2
 #: a rival is distinct when it moves the source points by more than this many gates (RMS)
 RIVAL_DISTINCT = 2.0
 #: the judging voxel shrinks (by 1.5x, at most MAX_REFINE times, never below half the reference's
@@ -59,8 +77,17 @@ RIVAL_DISTINCT = 2.0
 #: its own box, so chance explains any overlap)
 MAX_CHANCE = 0.5
 MAX_REFINE = 8
-#: fewer judged source points than this cannot vouch for a pose
-MIN_JUDGED = 10
+#: refuse when the matched reference normals hold some direction of translation with fewer than
+#: this many points' worth (the smallest eigenvalue of the sum of their n n^T; one point facing
+#: that way adds 1): the pose can slide along it. As many as a pose needs judged points
+#: (MIN_JUDGED); the right poses of the real pairs hold 21 (bunny 180->315, 7 % overlap) and 70
+#: (nuScenes) to 900 (small_gicp's pair), a plane patch or a bare corridor under 1
+MIN_HELD = 11
+#: fewer judged source points (or reference surface voxels) than this cannot vouch for a pose:
+#: more than the 10 neighbours each point's covariance is estimated from in the rival search (at
+#: 10 points every neighbourhood is the whole cloud, small_gicp says the cloud is too small, and
+#: 10-point copies came back ok turned 2-7 deg)
+MIN_JUDGED = 11
 #: source points used by the check (a random subset of the voxelised moved source)
 CHECK_POINTS = 4000
 #: the judging voxel leaves at most this many voxels with two or more reference points
@@ -163,10 +190,15 @@ def check_pose(
     max_points: int = CHECK_POINTS,
     rivals: bool = True,
     admissible: Optional[Callable[[np.ndarray], bool]] = None,
+    exact_fit: bool = True,
 ) -> PoseCheck:
     """Check a registration result: ``moved`` (n, d) the source points mapped into the reference
     frame, ``reference`` (m, d), caller units. voxel: the judging voxel (None:
-    :func:`judging_voxel` of the reference). rivals: run the rival search.
+    :func:`judging_voxel` of the reference). rivals: run the rival search (and, in 3-D, the
+    constraint test). exact_fit: the pose is the fit itself (a rigid or affine result): 3-D
+    turned starts as wide as a small source needs and the constraint test (module docstring);
+    False for a deformed shape's rigid pose, whose fit is rough (wide turns found rigid rivals
+    that fit it better: right non-rigid results refused): ``RIVAL_TURN_DEG`` only.
     admissible: optional test of a rival, given the (d+1, d+1) transform that moves ``moved`` onto
     it (e.g. the sensors' free space); rivals it rejects do not count. See the module docstring."""
     moved = np.asarray(moved, dtype=np.float64)
@@ -238,16 +270,31 @@ def check_pose(
             f'only {overlap:.0%} of the source lies within {g:.3g} of the reference '
             f'({chance:.0%} would by chance)'
         )
-    if len(moved) < MIN_JUDGED:
+    if min(len(moved), reference_tree.n) < MIN_JUDGED:
         return verdict(
-            f'{len(moved)} source points at the judging voxel {voxel:.3g}: too few to vouch '
-            f'for a pose (need {MIN_JUDGED})'
+            f'{len(moved)} source points and {reference_tree.n} reference surface voxels at '
+            f'the judging voxel {voxel:.3g}: too few to vouch for a pose (need {MIN_JUDGED})'
         )
     if not rivals:
         return verdict()
+    if exact_fit and moved.shape[1] == 3:
+        held = _constraint(moved[np.isfinite(d0)], reference_tree)
+        if held < MIN_HELD:
+            return verdict(
+                f'the overlap leaves a direction free to slide: the matched reference normals '
+                f"hold it with {held:.1f} points' worth (need {MIN_HELD}: a plane, a corridor, "
+                'a pipe)'
+            )
     better, rival = (
         None if r is None else (r[0], r[1] * kept, r[2], r[3])
-        for r in _rivals(moved, reference_tree, g, moved[np.isfinite(d0)].mean(axis=0), admissible)
+        for r in _rivals(
+            moved,
+            reference_tree,
+            g,
+            moved[np.isfinite(d0)].mean(axis=0),
+            admissible,
+            exact_fit and moved.shape[1] == 3,
+        )
     )
     if better is not None and better[1] > overlap + RIVAL_MARGIN:
         label, rival_overlap, shift, _ = better
@@ -256,7 +303,9 @@ def check_pose(
             f'source within {g:.3g} of the reference against {overlap:.0%}',
             better,
         )
-    if rival is not None and rival[1] >= overlap - RIVAL_MARGIN:
+    if rival is not None and rival[1] >= overlap - max(
+        RIVAL_MARGIN, RIVAL_MARGIN_POINTS / len(moved)
+    ):
         label, rival_overlap, shift, _ = rival
         return verdict(
             f'a pose {shift:.3g} away ({label}) fits about as well (the data does not pin '
@@ -273,8 +322,10 @@ def _rivals(
     g: float,
     center: np.ndarray,
     admissible: Optional[Callable[[np.ndarray], bool]] = None,
+    wide: bool = False,
 ):
-    """GICP from starts around the result (module docstring). Returns (better, rival): the pose
+    """GICP from starts around the result (module docstring); ``wide``: turns as wide as a small
+    source needs (:func:`_turn_deg`). Returns (better, rival): the pose
     of highest overlap any start reaches, and the best *distinct* one (points moved by more than
     ``RIVAL_DISTINCT`` gates RMS), each (start in words, overlap, RMS shift of the points, (d+1,
     d+1) transform from the result) or None. 2-D sets run in the plane z = 0 with point-to-point
@@ -307,11 +358,12 @@ def _rivals(
                     starts.append((label, shifted, reach * g))
             if dim == 2 and k < 2:  # in the plane: turns about z only
                 continue
+            angle = _turn_deg(moved - center, k, g) if wide else RIVAL_TURN_DEG
             turned = np.eye(4)
             turned[:3, :3] = Rotation.from_rotvec(
-                np.eye(3)[k] * sign * np.radians(RIVAL_TURN_DEG)
+                np.eye(3)[k] * sign * np.radians(angle)
             ).as_matrix()  # about the center
-            label = f'{kind} from a {RIVAL_TURN_DEG:g} deg turn about {axis}'
+            label = f'{kind} from a {angle:.3g} deg turn about {axis}'
             starts.append((label, turned, RIVAL_REACH[0] * g))
     better = rival = None
     for label, t, reach in starts:
@@ -344,6 +396,34 @@ def _rivals(
         if shift > RIVAL_DISTINCT * g and (rival is None or found[1] > rival[1]):
             rival = found
     return better, rival
+
+
+def _constraint(matched: np.ndarray, reference_tree: cKDTree) -> float:
+    """How well the overlap holds the translation: the smallest eigenvalue of the sum of n n^T
+    of the reference surface's normals (PCA of 10 neighbours) at the nearest neighbours of the
+    ``matched`` source points (k, 3), in points' worth. 0: every matched normal is orthogonal to
+    one direction, along which the pose can slide; k / 3 at most."""
+    if len(matched) < 3:
+        return 0.0
+    surface = reference_tree.data
+    _, nn = reference_tree.query(surface, k=min(10, len(surface)))
+    nb = surface[nn] - surface[nn].mean(axis=1, keepdims=True)
+    normals = np.linalg.eigh(np.einsum('nki,nkj->nij', nb, nb))[1][:, :, 0]
+    _, j = reference_tree.query(matched, k=1)
+    n = normals[j]
+    return float(max(np.linalg.eigvalsh(n.T @ n)[0], 0.0))
+
+
+def _turn_deg(offsets: np.ndarray, axis: int, g: float) -> float:
+    """The rival turn (degrees) about ``axis`` (0, 1, 2) for 3-D points at ``offsets`` (n, 3)
+    from the turn's center: RIVAL_TURN_DEG, or the turn that moves them RIVAL_TURN_GATES gates
+    ``g`` (RMS) when that is larger (a chord of 2 r sin(a / 2) at RMS distance r from the axis),
+    at most RIVAL_TURN_MAX_DEG."""
+    across = np.delete(offsets, axis, axis=1)
+    r = float(np.sqrt((across**2).sum(axis=1).mean()))
+    need = RIVAL_TURN_GATES * g / (2.0 * r) if r > 0 else 1.0
+    angle = np.degrees(2.0 * np.arcsin(min(need, 1.0)))
+    return float(min(max(RIVAL_TURN_DEG, angle), RIVAL_TURN_MAX_DEG))
 
 
 def _in_space(points: np.ndarray) -> np.ndarray:
