@@ -12,12 +12,12 @@ then weighs no more than any other surface. The gate is g = 1.5 judging voxels.
   chance; ``chance`` is that rate, measured at random places in the box the moved source
   occupies. ``excess = (overlap - chance) / (1 - chance)`` is the overlap the pose explains,
   which outliers cannot inflate. Below ``MIN_EXCESS_OVERLAP``: refused.
-* **Held in every direction** (3-D, a result's own pose): the reference surface's normals at
-  the matched source points must hold every direction of translation with ``MIN_HELD`` points'
-  worth (the smallest eigenvalue of the sum of their n n^T); a plane patch, a corridor or a pipe
-  lets the pose slide, and the rival search alone missed that when the patch's edges, sampled
-  sparsely, cost a shifted pose more than ``RIVAL_MARGIN`` (a 200-point plane came back ok, 17
-  deg off).
+* **Held in every direction** (3-D, a result's own pose, a reference not flat to a hundredth
+  of g): the reference surface's normals at the matched source points must hold every
+  direction of translation with ``MIN_HELD`` points' worth (the smallest eigenvalue of the sum
+  of their n n^T); a plane patch, a corridor or a pipe lets the pose slide, and the rival
+  search alone missed that when the sampling's edges cost a shifted pose more than
+  ``RIVAL_MARGIN`` (an open pipe turned 50 deg came back ok, 37 deg off).
 * **No rival pose**. GICP (plane-aware, small_gicp), coarse to fine down to g, from starts
   around the result: moved 8 and 32 gates (``RIVAL_REACH``) along each axis and turned
   ``RIVAL_TURN_DEG`` about each axis, in 3-D further on a source only a few gates across (so
@@ -277,7 +277,7 @@ def check_pose(
         )
     if not rivals:
         return verdict()
-    if exact_fit and moved.shape[1] == 3:
+    if exact_fit and moved.shape[1] == 3 and not _flat(reference_tree.data, g):
         held = _constraint(moved[np.isfinite(d0)], reference_tree)
         if held < MIN_HELD:
             return verdict(
@@ -396,6 +396,14 @@ def _rivals(
         if shift > RIVAL_DISTINCT * g and (rival is None or found[1] > rival[1]):
             rival = found
     return better, rival
+
+
+def _flat(points: np.ndarray, g: float) -> bool:
+    """Whether 3-D ``points`` lie in one plane to a hundredth of the gate ``g``: a 2-D scan
+    stored with z = 0, whose PCA normals are undefined (a curve in a plane has two normal
+    directions); such a set leaving its plane loses its overlap, so no direction is free."""
+    centred = points - points.mean(axis=0)
+    return bool(np.linalg.svd(centred, compute_uv=False)[-1] / np.sqrt(len(points)) < 0.01 * g)
 
 
 def _constraint(matched: np.ndarray, reference_tree: cKDTree) -> float:
