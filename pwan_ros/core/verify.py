@@ -47,6 +47,7 @@ from scipy.spatial.transform import Rotation
 
 from pwan_ros.geometry.voxels import voxel_grid
 
+from .finetune import estimate_normals
 from .preprocess import random_subset, voxel_downsample
 
 __all__ = ['PoseCheck', 'check_pose', 'judging_voxel', 'MIN_EXCESS_OVERLAP', 'RIVAL_MARGIN']
@@ -413,12 +414,8 @@ def _constraint(matched: np.ndarray, reference_tree: cKDTree) -> float:
     one direction, along which the pose can slide; k / 3 at most."""
     if len(matched) < 3:
         return 0.0
-    surface = reference_tree.data
-    _, nn = reference_tree.query(surface, k=min(10, len(surface)))
-    nb = surface[nn] - surface[nn].mean(axis=1, keepdims=True)
-    normals = np.linalg.eigh(np.einsum('nki,nkj->nij', nb, nb))[1][:, :, 0]
     _, j = reference_tree.query(matched, k=1)
-    n = normals[j]
+    n = estimate_normals(reference_tree.data, reference_tree, k=10)[j]
     return float(max(np.linalg.eigvalsh(n.T @ n)[0], 0.0))
 
 
