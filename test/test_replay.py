@@ -135,6 +135,18 @@ def test_replay_without_subscriber_fails_clearly(tmp_path, ros_env, small_bag):
         timeout=60,
     )
     assert proc.returncode == 2 and "has no topic '/velodyne_points'" in proc.stderr
+    # a remap onto the scan topic names the bag's scans (the docs' --remap
+    # /velodyne_points:=/points on a driver's bag): played as the scans, waited for as such
+    proc = subprocess.run(
+        replay_cmd(small_bag, tmp_path / 'run', '--points-topic', '/velodyne_points')
+        + ['--remap', '/points:=/velodyne_points', '--startup-timeout', '2'],
+        env=ros_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "no subscriber on '/velodyne_points' after 2 s" in proc.stderr
 
 
 class FakePub:

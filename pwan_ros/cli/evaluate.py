@@ -140,7 +140,8 @@ def _main(args) -> int:
         else:
             print(format_table(summary))
             print(f"trajectory: {summary['trajectory_tum']}\nplot: {summary['plot_png']}")
-        print(f'summary: {path}')
+        # with --json stdout is the JSON alone (a parser reads it whole)
+        print(f'summary: {path}', file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

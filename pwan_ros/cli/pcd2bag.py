@@ -22,11 +22,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _warnings_only(line: str) -> None:
+    """The conversion's log: its warnings on stderr, the per-scan lines dropped."""
+    if line.startswith('warning:'):
+        print(f'pwan_pcd2bag: {line}', file=sys.stderr)
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
 
     def body() -> int:
-        res = convert(config_from_args(ConvertConfig, args), log=lambda *a: None)
+        res = convert(config_from_args(ConvertConfig, args), log=_warnings_only)
         print(
             f'wrote {res.bag}: {res.scans} scans, {res.mean_points:.0f} points/scan, '
             f'{res.duration_s:.1f} s'

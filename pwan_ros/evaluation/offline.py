@@ -38,6 +38,10 @@ __all__ = [
 Estimator = Callable[[np.ndarray, float], 'np.ndarray | None']
 
 
+#: fewer downsampled points than this are no scan for the ICP baseline (normals need neighbours)
+MIN_ICP_POINTS = 10
+
+
 class IcpOdometry:
     """Baseline scan-to-scan odometry: voxel downsampling + Open3D point-to-plane ICP.
 
@@ -60,9 +64,15 @@ class IcpOdometry:
         pc.estimate_normals(o3d.geometry.KDTreeSearchParamHybrid(radius=3 * self.voxel, max_nn=20))
         return pc
 
-    def __call__(self, xyz: np.ndarray, stamp: float) -> np.ndarray:
+    def __call__(self, xyz: np.ndarray, stamp: float) -> np.ndarray | None:
+        """The pose at this scan, or None (dropped) for a scan with too few points to fit a
+        plane to (an empty cloud of a blackout or a driver glitch)."""
         o3d = self._o3d
+        if len(xyz) < MIN_ICP_POINTS:  # before Open3D, which warns on stdout about empty data
+            return None
         cur = self._cloud(xyz)
+        if len(cur.points) < MIN_ICP_POINTS:
+            return None
         if self._prev is not None:
             reg = o3d.pipelines.registration.registration_icp(
                 cur,
@@ -167,7 +177,13 @@ def run_offline(
         stamp = bag_io.stamp_to_ns(msg.header.stamp) * 1e-9
         xyz = read_xyz(msg, skip_nans=True)
         t0 = time.perf_counter()
-        pose = estimate(xyz, stamp)
+        try:
+            pose = estimate(xyz, stamp)
+        except Exception as e:  # one line naming the scan, not the estimator's traceback
+            raise ValueError(
+                f'the estimator failed on scan {published} (stamp {stamp:.6f} s, {len(xyz)} '
+                f'points): {type(e).__name__}: {e}'
+            ) from e
         latencies.append((time.perf_counter() - t0) * 1e3)
         if pose is None:
             continue

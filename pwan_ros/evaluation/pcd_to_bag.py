@@ -46,7 +46,7 @@ class ConvertConfig:
     match: str = param(
         'name-index',
         'scan-to-pose pairing: the last number in the file name indexes the poses, '
-        'or sorted order',
+        'or the order of the names with numbers compared as numbers (scan2 before scan10)',
         choices=('name-index', 'order'),
     )
     pattern: str = param('*.pcd*', 'glob of scan files inside the scans folder (any case)')
@@ -90,6 +90,15 @@ def _poses(cfg: ConvertConfig) -> Trajectory:
     return traj
 
 
+def _natural(path: pathlib.Path) -> list:
+    """Sort key of a file name with its digit runs compared as numbers: scan2 before scan10 (a
+    plain sort put scan10 second and paired it with pose 2)."""
+    return [
+        (0, int(t), '') if t.isdigit() else (1, 0, t.lower())
+        for t in re.split(r'(\d+)', path.name)
+    ]
+
+
 def _index(name: str) -> int:
     found = re.findall(r'\d+', name)
     if not found:
@@ -103,11 +112,14 @@ def convert(cfg: ConvertConfig, log=print) -> ConvertResult:
     if not folder.is_dir():
         raise ValueError(f'scan folder {folder} does not exist')
     files = sorted(  # extensions in any case: a camera card's FULL26.PCD too
-        p
-        for p in folder.iterdir()
-        if fnmatch.fnmatch(p.name.lower(), cfg.pattern.lower())
-        and p.name.lower().endswith(('.pcd', '.pcd.gz'))
-        and p.is_file()
+        (
+            p
+            for p in folder.iterdir()
+            if fnmatch.fnmatch(p.name.lower(), cfg.pattern.lower())
+            and p.name.lower().endswith(('.pcd', '.pcd.gz'))
+            and p.is_file()
+        ),
+        key=_natural,
     )
     if not files:
         raise ValueError(f'no .pcd/.pcd.gz files matching {cfg.pattern!r} in {folder}')
@@ -115,6 +127,11 @@ def convert(cfg: ConvertConfig, log=print) -> ConvertResult:
     if cfg.match == 'order':
         if len(files) > len(traj):
             raise ValueError(f'{len(files)} scans but only {len(traj)} poses in {cfg.poses}')
+        if len(files) < len(traj):
+            log(
+                f'warning: {len(files)} scans for {len(traj)} poses in {cfg.poses} (--match '
+                f'order pairs them with the first {len(files)} poses)'
+            )
         pairs = list(zip(files, range(len(files))))
     else:
         pairs = sorted(((f, _index(f.name)) for f in files), key=lambda p: p[1])

@@ -25,6 +25,8 @@ On a ROS machine ``ros2 bag play BAG --clock`` plus any recorder does the same j
 
 from __future__ import annotations
 
+import dataclasses
+
 import importlib
 import struct
 import threading
@@ -51,7 +53,11 @@ class ReplayConfig:
 
     bag: str = param(REQUIRED, 'rosbag2 directory to play')
     topics: tuple = param((), 'bag topics to play; empty = all')
-    points_topic: str = param(POINTS_TOPIC, 'the scan topic (scans counted, latency measured)')
+    points_topic: str = param(
+        POINTS_TOPIC,
+        "the bag's scan topic (scans counted, latency measured); a bag without it whose one "
+        'remap renames a topic to it plays that topic as the scans',
+    )
     odom_topic: str = param('/odometry', "odometry topic to record; '' = record nothing")
     diagnostics_topic: str = param(
         '/diagnostics', "diagnostics topic to record; '' = ignore diagnostics"
@@ -149,6 +155,10 @@ def replay(cfg: ReplayConfig, log=print) -> RunRecord:
     from rclpy.signals import SignalHandlerOptions
 
     topics = bag_io.bag_topics(cfg.bag)
+    renamed_to_scans = [a for a, b in cfg.renames().items() if b == cfg.points_topic]
+    if cfg.points_topic not in topics and len(renamed_to_scans) == 1:
+        # --remap /velodyne_points:=/points: the bag's scans are the topic played as the scans
+        cfg = dataclasses.replace(cfg, points_topic=renamed_to_scans[0])
     bag_io.require_topic(cfg.bag, cfg.points_topic, [bag_io.CLOUD_TYPE])
     played = list(cfg.topics) if cfg.topics else sorted(topics)
     for t in played:
