@@ -194,6 +194,29 @@ def test_nonrigid_is_refused_when_the_pose_it_deforms_is_wrong(turn, prealign, r
 
 
 @pytest.mark.heavy
+def test_distance_type_nonrigid_that_matched_nothing_is_refused():
+    """d-PWAN with a threshold below the points' spacing matches no source point, so its
+    deformation fits nothing (a bunny pair came back ok at 400x the MSE of h = 0.1): refused,
+    naming the threshold, without the orientation hint (the pose is not the problem); a
+    threshold at the deformation's scale is ok. In metres (x5, 40 m away)."""
+    x = knobbed_blob(300, 0)
+    ref = x + 0.05 * np.stack((np.sin(2 * x[:, 1]), np.cos(2 * x[:, 2]), np.sin(2 * x[:, 0])), 1)
+    scale, off = 5.0, np.array([40.0, -12.0, 3.0])
+    res = {}
+    for h in (1e-6, 0.5):
+        cfg = RegistrationConfig(
+            transform='nonrigid', divergence='distance', distance_threshold=h, seed=0, steps=150
+        )
+        res[h] = register(x * scale + off, ref * scale + off, cfg)
+    assert res[0.5].status == 'ok', res[0.5].reason
+    res = res[1e-6]
+    assert res.status == 'refused'
+    assert res.matched_ratio == 0.0
+    assert 'no source point lies within the distance threshold h = 1e-06' in res.reason
+    assert 'starts=24' not in res.reason
+
+
+@pytest.mark.heavy
 @pytest.mark.parametrize(
     'turn,prealign,right',
     [(20, True, True), (150, True, False), (-120, True, False), (90, False, False)],

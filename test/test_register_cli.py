@@ -43,6 +43,7 @@ def test_json_output_and_written_points(pair, tmp_path, capsys):
         'converged',
         'output',
     }
+    assert data['transform_type'] == 'rigid'
     tf = np.array(data['transform'])
     assert tf.shape == (4, 4)
     assert np.abs(tf[:3, :3] - R).max() < 0.01 and np.abs(tf[:3, 3] - T).max() < 0.01

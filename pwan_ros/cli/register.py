@@ -227,6 +227,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         'num_reference': res.num_reference,
         'matched_ratio': round(float(res.matched_ratio), 6),
         'converged': bool(res.converged),
+        # non-rigid: `transform` is the deformation's affine part; --output has the moved points
+        'transform_type': config.transform,
         'output': args.output if args.output else None,
     }
     summary.update(
@@ -244,7 +246,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         np.set_printoptions(precision=6, suppress=True)
         print(
             'transform (SRC -> REF frame'
-            + (', affine part' if args.transform == 'nonrigid' else '')
+            + (', affine part' if config.transform == 'nonrigid' else '')
             + '):'
         )
         print(np.array(summary['transform']))

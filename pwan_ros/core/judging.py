@@ -49,7 +49,18 @@ def judged_with_pose(
     ``prealign``); reference (m, d): caller units, far outliers left out. The check's rival
     search finds a distinct pose of the undeformed shape that fits better or as well; a better
     fit within ``RIVAL_DISTINCT`` gates is the same pose, judged there. A refused result carries
-    that pose's check."""
+    that pose's check. A distance-type result that matched no source point within ``h`` is
+    refused first: its deformation had nothing to fit."""
+    if config.divergence == 'distance' and res.matched_ratio == 0.0:
+        return dataclasses.replace(
+            res,
+            status='refused',
+            reason=(
+                f'no source point lies within the distance threshold h = '
+                f'{res.distance_threshold:g} of the reference: the deformation had nothing to '
+                "fit (raise distance_threshold to the scans' noise and deformation)"
+            ),
+        )
     d = posed.shape[1]
     tc = time.perf_counter()
     verdict = check_pose(posed, reference, seed=config.seed, exact_fit=False)
@@ -63,11 +74,26 @@ def judged_with_pose(
     if verdict.status == 'ok':
         return dataclasses.replace(res, timings=timings)
     reason = f'the self-check refuses the pose it deforms: {verdict.reason}'
-    if config.starts == 1:
+    if config.starts == 1 and _turned(verdict.rival_transform) >= HINT_TURN_DEG:
         reason += ' (an orientation far from the initial one needs starts=24 and prealign)'
     return dataclasses.replace(
         res, status='refused', reason=reason, timings=timings, check=verdict
     )
+
+
+#: a refused pose's rival turned at least this far (deg) from it, or no rival, gets the hint to
+#: search orientations (a rival slid along the shape is no orientation out of reach)
+HINT_TURN_DEG = 10.0
+
+
+def _turned(rival: np.ndarray | None) -> float:
+    """Rotation angle (deg) of a (d+1, d+1) rival transform; inf without one."""
+    if rival is None:
+        return float('inf')
+    r = rival[:-1, :-1]
+    if len(r) == 2:
+        return float(abs(np.degrees(np.arctan2(r[1, 0], r[0, 0]))))
+    return float(np.degrees(np.arccos(np.clip((np.trace(r) - 1.0) / 2.0, -1.0, 1.0))))
 
 
 #: non-rigid prealign: a rigid finalist whose overlap score (fraction of the source off the

@@ -107,8 +107,10 @@ def check_rank(points: np.ndarray, transform: str, name: str) -> None:
     if rank < need:
         shape = 'collinear' if rank == 1 else ('coplanar' if rank == 2 else 'coincident')
         raise PwanInputError(
-            f'{name}: degenerate point set: all points are {shape}, which cannot determine a '
-            f'{"non-rigid" if transform == "nonrigid" else transform} transform'
+            f'{name}: degenerate point set: all points are {shape}, which cannot determine '
+            f'{ {"rigid": "a rigid", "affine": "an affine"}.get(transform, "a non-rigid") } '
+            'transform'
+            + (' (planar data: give it as N x 2)' if shape == 'coplanar' and d == 3 else '')
         )
 
 

@@ -149,6 +149,8 @@ def check_output_path(path: str) -> str:
     path = os.fspath(path)
     if not path:
         raise PwanInputError('empty output path')
+    if os.path.isdir(path):
+        raise PwanInputError(f'{path}: is a directory (give a file, e.g. {path}/moved.ply)')
     ext, gz = _split_ext(path)
     if gz or ext not in WRITE_EXTENSIONS:
         raise PwanInputError(
