@@ -165,7 +165,7 @@ def read_tum(path, unique: bool = False) -> Trajectory:
             stamp = values[counts > 1][0]
             lines = [str(n) for (n, _), s in zip(numbered, arr[:, 0]) if s == stamp]
             raise TrajectoryError(
-                f'{path}: stamp {stamp:g} repeats on lines {", ".join(lines)}; '
+                f'{path}: stamp {float(stamp):.15g} repeats on lines {", ".join(lines)}; '
                 'each pose needs its own stamp'
             )
     return Trajectory.from_unsorted(arr[:, 0], pose_from_tq(arr[:, 1:4], arr[:, 4:8]))
