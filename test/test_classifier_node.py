@@ -123,6 +123,8 @@ def test_unusable_models_and_features_are_one_line_errors(run_dir, tmp_path):
         (xu[0, :10], 'has length 10'),
         (np.zeros((2, 2, 32)), 'shape'),
         (bad, r'NaN or infinite values \(row 1\)'),
+        # finite but overflowing the model (3e38): published as class 0 at confidence NaN before
+        (np.full((1, 32), 3e38, np.float32), r"features overflow the model \(row 0"),
     ]:
         with pytest.raises(AdaptInputError, match=words):
             clf.classify(features)

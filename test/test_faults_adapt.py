@@ -115,6 +115,78 @@ def test_label_beyond_the_class_names_is_refused(tmp_path, inputs):
     assert not out.exists()
 
 
+def test_stray_labels_and_float64_beyond_float32_are_one_line(tmp_path, inputs):
+    """A stray label of 2**40 is refused at once (it hung the split before the labels were
+    checked, SIGTERM ignored); a missing class list is short, with the 1-based hint where it
+    fits; a float64 feature beyond float32's range is refused (it trained a NaN model that was
+    deployed as 'adapted')."""
+    import numpy as np
+
+    xl, yl, _, _ = gaussian_domains(0)
+    big = xl.astype(np.float64)
+    big[3, 7] = 1e300
+    huge, gap, one_based = yl.copy(), yl.copy(), yl + 1
+    huge[0] = 2**40
+    gap[gap == 5] = 40
+    for name, x, y in [
+        ('huge', xl, huge),
+        ('gap', xl, gap),
+        ('one', xl, one_based),
+        ('big', big, yl),
+    ]:
+        np.savez(tmp_path / f'{name}.npz', features=x, labels=y)
+    cases = [
+        ('huge', ['label 1099511627776 makes 1099511627777 classes, more than its 360 rows']),
+        ('gap', ['35 class(es) [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, ...] have no rows']),
+        ('one', ['1 class(es) [0] have no rows', 'labels 1-based?']),
+        ('big', ['feature 1e+300 at row 3, column 7 is beyond the float32 range']),
+    ]
+    for name, words in cases:
+        out = tmp_path / f'out_{name}'
+        proc = adapt(
+            '--labelled',
+            tmp_path / f'{name}.npz',
+            '--unlabelled',
+            inputs[1],
+            '--output',
+            out,
+            *FAST,
+            timeout=60,
+        )
+        assert_one_line_failure(proc, 2, [f'{name}.npz', *words])
+        assert len(proc.stderr) < 400 and not out.exists()
+
+
+def test_unlabelled_class_names_take_the_labelled_ids():
+    """An unlabelled file that names its own classes (a bag import of part of them, numbered
+    0..) is evaluated with the labelled file's ids for those names (its accuracy read 0.0
+    against a true 0.835); names the labelled file lacks, or cannot compare, are refused."""
+    import numpy as np
+
+    from pwan_ros.adaptation import FeatureSet, check_pair
+    from pwan_ros.adaptation.errors import AdaptInputError
+
+    xl, yl, xu, yu = gaussian_domains(0)  # unlabelled: classes 0..2
+    names = [f'c{i}' for i in range(6)]
+
+    def pair(unl_names, unl_labels, lab_names=names):
+        return (
+            FeatureSet(xl, yl, lab_names, 'lab.npz'),
+            FeatureSet(xu, unl_labels, unl_names, 'unl.npz'),
+        )
+
+    lab, unl = pair(['c2', 'c0', 'c1'], (yu + 1) % 3)  # c2 -> 0, c0 -> 1, c1 -> 2
+    assert check_pair(lab, unl) == 6 and check_pair(lab, unl) == 6  # twice: the same
+    np.testing.assert_array_equal(unl.labels, yu)
+    assert unl.class_names == names
+    for args, words in [
+        ((['c0', 'car'], yu % 2), r"class_names \['car'\] are not among"),
+        ((['c0', 'c1', 'c2'], yu, None), 'the labelled file lab.npz does not'),
+    ]:
+        with pytest.raises(AdaptInputError, match=words):
+            check_pair(*pair(*args))
+
+
 def test_pickled_arrays_are_refused_in_every_member(tmp_path, inputs):
     """An object array (loading it would unpickle, i.e. run code) in class_names, as in labels,
     is bad input: one line naming the file and the array, in --labelled and in --check."""

@@ -142,9 +142,15 @@ def _open_features(
     return arr, tmp
 
 
+#: the features are used as float32: a finite float64 beyond this becomes inf there (a 1e300
+#: gave a NaN model, deployed as 'adapted' at 21 % accuracy)
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 def _check_finite(features: np.ndarray, path: str, role: str) -> None:
     if not np.issubdtype(features.dtype, np.floating):
         return
+    wide = features.dtype.itemsize > 4
     for s in range(0, features.shape[0], CHUNK_ROWS):
         block = np.asarray(features[s : s + CHUNK_ROWS])
         bad = ~np.isfinite(block)
@@ -153,6 +159,12 @@ def _check_finite(features: np.ndarray, path: str, role: str) -> None:
             raise AdaptInputError(
                 f'{role} file {path}: features contain NaN or infinite values '
                 f'(first at row {s + int(r)}, column {int(c)})'
+            )
+        if wide and (np.abs(block) > FLOAT32_MAX).any():
+            r, c = np.argwhere(np.abs(block) > FLOAT32_MAX)[0]
+            raise AdaptInputError(
+                f'{role} file {path}: feature {float(block[r, c]):g} at row {s + int(r)}, '
+                f'column {int(c)} is beyond the float32 range the model computes in'
             )
 
 
@@ -246,13 +258,21 @@ def check_pair(labelled: FeatureSet, unlabelled: FeatureSet) -> int:
             f'labelled file {labelled.path}: label {int(lab.max())} out of range for '
             f'{k} class_names'
         )
+    if k > lab.size:  # before counting: a stray label 2**40 would allocate 8 TB
+        raise AdaptInputError(
+            f'labelled file {labelled.path}: label {int(lab.max())} makes {k} classes, more '
+            f'than its {lab.size} rows (labels are 0-based class ids)'
+        )
     counts = np.bincount(lab, minlength=k)
     if (counts == 0).any():
-        missing = np.flatnonzero(counts == 0).tolist()
+        missing = np.flatnonzero(counts == 0)
+        listed = str(missing[:10].tolist())[:-1] + (', ...]' if missing.size > 10 else ']')
+        hint = ' (labels 1-based? they are 0-based class ids)' if missing.tolist() == [0] else ''
         raise AdaptInputError(
-            f'labelled file {labelled.path}: class(es) {missing} have no rows; every '
-            f'class 0..{k - 1} needs labelled examples'
+            f'labelled file {labelled.path}: {missing.size} class(es) {listed} have no rows; '
+            f'every class 0..{k - 1} needs labelled examples{hint}'
         )
+    _same_class_ids(labelled, unlabelled)
     if unlabelled.labels is not None:
         ul = unlabelled.labels
         if ul.min() < 0 or ul.max() >= k:
@@ -262,6 +282,37 @@ def check_pair(labelled: FeatureSet, unlabelled: FeatureSet) -> int:
                 f'0..{k - 1}'
             )
     return k
+
+
+def _same_class_ids(labelled: FeatureSet, unlabelled: FeatureSet) -> None:
+    """Give the unlabelled file's evaluation labels the labelled file's class ids when its own
+    ``class_names`` differ (an import of a bag that holds part of the classes numbers them 0..;
+    its accuracy read 0.0 against a true 0.835); refuse names the labelled file lacks or names
+    it cannot compare."""
+    names, theirs = labelled.class_names, unlabelled.class_names
+    if theirs is None or theirs == names:
+        return
+    if names is None:
+        raise AdaptInputError(
+            f'unlabelled file {unlabelled.path} names its classes, the labelled file '
+            f'{labelled.path} does not: give both class_names (the same ids must name the same '
+            'classes)'
+        )
+    unknown = [c for c in theirs if c not in names]
+    if unknown:
+        raise AdaptInputError(
+            f'unlabelled file {unlabelled.path}: class_names {unknown[:5]} are not among the '
+            f'labelled file\'s {names[:10]}'
+        )
+    if unlabelled.labels is not None:
+        ids = np.array([names.index(c) for c in theirs])
+        if unlabelled.labels.min() < 0 or unlabelled.labels.max() >= len(ids):
+            raise AdaptInputError(
+                f'unlabelled file {unlabelled.path}: a label is out of range for its '
+                f'{len(ids)} class_names'
+            )
+        unlabelled.labels = ids[unlabelled.labels]
+    unlabelled.class_names = list(names)
 
 
 def save_npz(

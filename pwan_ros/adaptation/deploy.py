@@ -89,7 +89,8 @@ class Classifier:
 
     def probabilities(self, features) -> np.ndarray:
         """Softmax probabilities (n, num_classes) float32 of features (n, dim) or (dim,) -> (1, K).
-        Raises AdaptInputError for a wrong shape or non-finite values."""
+        Raises AdaptInputError for a wrong shape, non-finite values or values the model
+        overflows on."""
         x = np.asarray(features, dtype=np.float32)
         x = x.reshape(1, -1) if x.ndim == 1 else x
         if x.ndim != 2 or x.shape[1] != self.dim:
@@ -100,7 +101,14 @@ class Classifier:
             raise AdaptInputError(f'features contain NaN or infinite values (row {int(bad[0])})')
         with torch.inference_mode():
             logits = self.module(torch.from_numpy(x).to(self.device))
-            return torch.softmax(logits.float(), dim=1).cpu().numpy()
+            probs = torch.softmax(logits.float(), dim=1).cpu().numpy()
+        bad = np.flatnonzero(~np.isfinite(probs).all(axis=1))
+        if bad.size:  # finite but huge inputs (1e38) overflow inside the model: no class
+            raise AdaptInputError(
+                f'features overflow the model (row {int(bad[0])}, largest magnitude '
+                f'{float(np.abs(x[bad[0]]).max()):g}): no class can be given'
+            )
+        return probs
 
     def classify(self, features) -> Union[Prediction, List[Prediction]]:
         """Predictions of features (n, dim) -> list of n; of one vector (dim,) -> one

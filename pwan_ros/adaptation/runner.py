@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from .config import AdaptConfig
-from .data import FeatureSet, load_npz
+from .data import FeatureSet, check_pair, load_npz
 from .errors import AdaptConfigError, AdaptInputError, AdaptOutputError
 from pwan_ros.io.atomic import (
     OutputError,
@@ -288,6 +288,7 @@ def _run(config, lab, unl, out, resume, on_step, on_eval, should_stop, log, chk)
     if config.threads > 0:
         torch.set_num_threads(config.threads)
     try:
+        check_pair(lab, unl)  # the labels before the split counts their classes
         guarded = config.safeguard and config.method != 'source_only'
         holdout = (
             holdout_split(lab.labels, config.holdout_fraction, config.seed) if guarded else None

@@ -266,6 +266,8 @@ def judge(trainer, ref: Reference, margin: float, min_agreement: float):
     )
     s = ref.check
     fails = []
+    if not np.isfinite(proba).all():  # diverged weights: no test below can pass them
+        fails.append('non-finite outputs on unlabelled rows (NaN or inf: the weights diverged)')
     if (
         a.val_accuracy is not None
         and s.val_accuracy is not None
@@ -285,7 +287,7 @@ def judge(trainer, ref: Reference, margin: float, min_agreement: float):
             f'agrees with source-only on only {agree:.1%} of unlabelled rows (< '
             f'{min_agreement:.0%})'
         )
-    if a.mean_entropy >= s.mean_entropy:
+    if not a.mean_entropy < s.mean_entropy:  # NaN fails too
         fails.append(
             f'not more confident than source-only (entropy {a.mean_entropy:.3f} >= '
             f'{s.mean_entropy:.3f})'

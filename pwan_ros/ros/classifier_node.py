@@ -153,7 +153,8 @@ class ClassifierNode(Node):
                         'class_id': pred.class_id,
                         'confidence': pred.confidence,
                         'class_name': pred.class_name,
-                    }
+                    },
+                    allow_nan=False,
                 )
             )
         )
