@@ -516,6 +516,14 @@ def test_cli_outputs_torchscript_and_resume(tmp_path, capsys):
     # Resuming with a different training config is refused with the differences named.
     rc = adapt_main(args[1:8] + ['--steps', '120', '--resume', '--device', 'cpu'])
     assert rc == 2 and "cannot resume" in capsys.readouterr().err
+    # Resuming on other files of the same shape (a rescaled copy) is refused, not re-decided.
+    xl, yl, _, _ = gaussian_domains(0)
+    save_npz(tmp_path / 'scaled.npz', xl * 1e6, yl, [f'c{i}' for i in range(6)])
+    rc = adapt_main(
+        [*args[1:2], str(tmp_path / 'scaled.npz'), *args[3:]] + ['--resume', '--quiet']
+    )
+    err = capsys.readouterr().err
+    assert rc == 2 and 'trained on other data of the same shape' in err, err
 
 
 def test_cli_bad_input_writes_nothing(tmp_path, capsys):

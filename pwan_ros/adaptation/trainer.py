@@ -20,6 +20,7 @@ after them. source_only and wgan (complete alignment) are the same trainer with 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ from .models import AdaptedClassifier, PotentialNet, gradient_penalty
 # 2: tensors and plain values only (torch.load(weights_only=True)); 3: norm.scale, holdout;
 # 4: the selected snapshot (weights) and its label-free criteria, the source-only side models
 # 5: Adam with two parameter groups (the first bottleneck layer's own learning rate)
-CHECKPOINT_VERSION = 5
+CHECKPOINT_VERSION = 6  # 6: the data's fingerprint
 # Config fields that may differ between a checkpoint and the run that resumes it.
 RESUME_FREE = (
     'steps',
@@ -107,6 +108,17 @@ class TrainerState:
     train_seconds: float = 0.0
 
 
+def fingerprint(labelled: FeatureSet, unlabelled: FeatureSet, chunk: int = 4096) -> str:
+    """SHA-256 (hex) of both sets' features as float32 and their labels, streamed in blocks: a
+    resume on other files of the same shape (a rescaled copy) is refused, not re-decided."""
+    h = hashlib.sha256()
+    for fs in (labelled, unlabelled):
+        for block in fs.batches(chunk):
+            h.update(np.ascontiguousarray(block).tobytes())
+        h.update(b'|' if fs.labels is None else np.asarray(fs.labels, np.int64).tobytes())
+    return h.hexdigest()
+
+
 class AdaptTrainer:
     """Trains eta = D_nu o T_theta on a labelled and an unlabelled :class:`FeatureSet`.
 
@@ -143,6 +155,7 @@ class AdaptTrainer:
         self.config = cfg = config.resolved_method()
         self.labelled, self.unlabelled = labelled, unlabelled
         self.num_classes = check_pair(labelled, unlabelled)
+        self.fingerprint = fingerprint(labelled, unlabelled)
         self.device = resolve_device(cfg.device)
         k = self.num_classes
         torch.manual_seed(cfg.seed)
@@ -425,6 +438,7 @@ class AdaptTrainer:
                 'n_unlabelled': self.unlabelled.n,
                 'dim': self.labelled.dim,
                 'num_classes': self.num_classes,
+                'fingerprint': self.fingerprint,
             },
             'model': self.model.state_dict(),
             'snapshot': self.snapshot,
@@ -465,11 +479,20 @@ class AdaptTrainer:
             'n_unlabelled': self.unlabelled.n,
             'dim': self.labelled.dim,
             'num_classes': self.num_classes,
+            'fingerprint': self.fingerprint,
         }
-        if ckpt.get('data') != data:
-            raise AdaptInputError(
-                f"checkpoint was trained on other data ({ckpt.get('data')}), not {data}"
-            )
+        theirs = ckpt.get('data')
+        if isinstance(theirs, dict) and {**theirs, 'fingerprint': None} == {
+            **data,
+            'fingerprint': None,
+        }:
+            if theirs.get('fingerprint') != data['fingerprint']:
+                raise AdaptInputError(
+                    'checkpoint was trained on other data of the same shape (the features or '
+                    'labels differ): resume with the files it was trained on'
+                )
+        elif theirs != data:
+            raise AdaptInputError(f'checkpoint was trained on other data ({theirs}), not {data}')
         if not isinstance(ckpt.get('config'), dict):
             raise AdaptInputError('checkpoint is incomplete or corrupt: no config')
         mine = self.user_config.to_dict()
