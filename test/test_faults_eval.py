@@ -7,6 +7,7 @@ import json
 import os
 import pathlib
 import resource
+import shutil
 import signal
 import stat
 import subprocess
@@ -78,6 +79,19 @@ def test_evaluate_broken_run_records_name_the_file(tmp_path, small_bag):
         )
         assert_one_line_failure(proc, 2, [str(path), words])
         assert not (tmp_path / 'out').exists()
+    # a record evaluated against another bag's ground truth: said, then done
+    shutil.copytree(small_bag, tmp_path / 'other_bag')
+    proc = tool(
+        'pwan_evaluate',
+        '--run',
+        tmp_path / 'good' / 'run.json',
+        '--bag',
+        tmp_path / 'other_bag',
+        '--output',
+        tmp_path / 'out',
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f'was recorded from {small_bag}, evaluated against the ground truth of' in proc.stderr
 
 
 @pytest.mark.heavy

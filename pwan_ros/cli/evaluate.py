@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import sys
 
@@ -97,6 +98,11 @@ def main(argv=None) -> int:
     )
 
 
+def _same_path(a, b) -> bool:
+    """Whether two paths name the same file or folder (relative to here, links followed)."""
+    return os.path.realpath(os.fspath(a)) == os.path.realpath(os.fspath(b))
+
+
 def _main(args) -> int:
     cfg = config_from_args(EvalConfig, args)
     if args.max_scans < 0 or args.max_scans == 1:  # an evaluation needs 2 poses
@@ -124,6 +130,12 @@ def _main(args) -> int:
             results.append(_evaluate_one(args, cfg, bag, out, run, None))
     elif args.run:
         run = RunRecord.load(args.run)
+        if bags[0] and run.bag and not _same_path(bags[0], run.bag):
+            print(
+                f'pwan_evaluate: warning: {args.run} was recorded from {run.bag}, evaluated '
+                f'against the ground truth of {bags[0]}',
+                file=sys.stderr,
+            )
         results.append(_evaluate_one(args, cfg, bags[0] or run.bag or None, output, run, None))
     else:
         if len(bags) > 1:
