@@ -412,3 +412,39 @@ def test_offline_icp_drops_an_empty_scan_and_json_is_stdout_alone(tmp_path, caps
 
     with pytest.raises(ValueError, match=r'^the estimator failed on scan 1 \(stamp 0.000000 s'):
         run_offline(tmp_path / 'b', broken)
+
+
+def test_npy_scans_become_clouds_and_bad_ones_are_one_line(tmp_path, capsys):
+    """A folder of .npy scans (N x 4: x y z intensity, metres; nuScenes' keyframe layout)
+    converts directly (before: 'no .pcd/.pcd.gz files'); an array that is no scan, or a pickle,
+    is one line naming the file, exit 2."""
+    scans = tmp_path / 'scans'
+    scans.mkdir()
+    rng = np.random.default_rng(0)
+    arrays = [rng.normal(scale=20.0, size=(50 + k, 4)) for k in range(3)]
+    for k, a in enumerate(arrays):
+        np.save(scans / f'{k:06d}.npy', a)
+    traj = Trajectory(
+        0.5 * np.arange(3),
+        pose_from_tq([[2.0 * k, 0.0, 0.0] for k in range(3)], [[0, 0, 0, 1]] * 3),
+    )
+    write_tum(tmp_path / 'poses.tum', traj)
+    argv = ['--scans', str(scans), '--poses', str(tmp_path / 'poses.tum')]
+    assert pcd2bag_cli.main(argv + ['--output', str(tmp_path / 'bag')]) == 0
+    clouds = [
+        read_cloud(deserialize_message(raw, PointCloud2))
+        for _, _, _, raw in bag_io.iter_raw(tmp_path / 'bag', ['/points'])
+    ]
+    assert len(clouds) == 3
+    for cloud, a in zip(clouds, arrays):
+        np.testing.assert_allclose(cloud.xyz, a[:, :3].astype(np.float32))
+        np.testing.assert_allclose(cloud.extras['intensity'], a[:, 3].astype(np.float32))
+    capsys.readouterr()
+    np.save(scans / '000001.npy', np.zeros((5, 2)))
+    assert pcd2bag_cli.main(argv + ['--output', str(tmp_path / 'bag2')]) == 2
+    err = capsys.readouterr().err
+    assert '000001.npy: a scan is an (N, 3) or (N, 4+) array of numbers' in err
+    np.save(scans / '000001.npy', np.array([{'a': 1}], dtype=object), allow_pickle=True)
+    assert pcd2bag_cli.main(argv + ['--output', str(tmp_path / 'bag3')]) == 2
+    assert '000001.npy: not a readable .npy array' in capsys.readouterr().err
+    assert not (tmp_path / 'bag2').exists() and not (tmp_path / 'bag3').exists()

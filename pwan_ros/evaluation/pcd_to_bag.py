@@ -1,6 +1,8 @@
 """Convert a folder of PCD scans plus a pose file into a rosbag2 (mcap) for replay/evaluation.
 
-Each scan becomes a PointCloud2 on ``--topic`` (all PCD fields kept, frame ``--frame-id``);
+Each scan becomes a PointCloud2 on ``--topic`` (all PCD fields kept, frame ``--frame-id``; a
+``.npy`` scan of N x 3 or N x 4+ numbers is x y z [intensity], metres, the layout of Python
+datasets such as nuScenes' keyframes);
 its pose (``T_world_sensor``) a nav_msgs/Odometry on ``--gt-topic``; ``/clock`` is written
 at ``--clock-hz``. Stamps come from the pose file (TUM, or 4x4 blocks whose [3, 3] element
 holds the stamp) or, for pose files without stamps (KITTI), from ``--rate-hz``.
@@ -23,19 +25,40 @@ import numpy as np
 
 from pwan_ros.io import bags as bag_io
 from pwan_ros.io.pcd import read_pcd
+from pwan_ros.io.pointcloud2 import EncodedCloud, encode_cloud
 from pwan_ros.io.trajectory import Trajectory, detect_pose_format, read_pose_file
 from pwan_ros.params import POINTS_TOPIC, REQUIRED, check, param
 
 __all__ = ['ConvertConfig', 'ConvertResult', 'convert']
 
 MAX_STAMP_S = 2**31  # builtin_interfaces/Time: int32 seconds, no negative times
+SCAN_EXTENSIONS = ('.pcd', '.pcd.gz', '.npy')
+
+
+def read_npy(path: pathlib.Path) -> EncodedCloud:
+    """A ``.npy`` scan (N, 3) or (N, 4+) of numbers: x y z (metres) [intensity], as the payload
+    of a PointCloud2 (float32 fields); never unpickled. Raises ValueError naming the file."""
+    try:
+        a = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise ValueError(f'{path}: not a readable .npy array ({exc})') from None
+    if a.ndim != 2 or a.shape[1] < 3 or not np.issubdtype(a.dtype, np.number):
+        raise ValueError(
+            f'{path}: a scan is an (N, 3) or (N, 4+) array of numbers (x y z [intensity]), '
+            f'got {a.dtype} {a.shape}'
+        )
+    extras = None
+    if a.shape[1] >= 4:
+        extras = np.empty(len(a), dtype=[('intensity', np.float32)])
+        extras['intensity'] = a[:, 3]
+    return encode_cloud(a[:, :3].astype(np.float32), extras)
 
 
 @dataclass(frozen=True)
 class ConvertConfig:
     """Converter options (CLI flags: same names with dashes)."""
 
-    scans: str = param(REQUIRED, 'folder of .pcd / .pcd.gz files, one scan each')
+    scans: str = param(REQUIRED, 'folder of .pcd / .pcd.gz / .npy files, one scan each')
     poses: str = param(REQUIRED, 'pose file (TUM, KITTI or blocks), T_world_sensor per scan')
     output: str = param(REQUIRED, 'rosbag2 directory to create (must not exist)')
     pose_format: str = param(
@@ -49,7 +72,9 @@ class ConvertConfig:
         'or the order of the names with numbers compared as numbers (scan2 before scan10)',
         choices=('name-index', 'order'),
     )
-    pattern: str = param('*.pcd*', 'glob of scan files inside the scans folder (any case)')
+    pattern: str = param(
+        '*', 'glob of scan files (.pcd, .pcd.gz, .npy) inside the scans folder (any case)'
+    )
     rate_hz: float = param(
         10.0,
         'scan rate for stamps when the pose file has none (KITTI, plain 4x4 blocks; Hz)',
@@ -116,13 +141,13 @@ def convert(cfg: ConvertConfig, log=print) -> ConvertResult:
             p
             for p in folder.iterdir()
             if fnmatch.fnmatch(p.name.lower(), cfg.pattern.lower())
-            and p.name.lower().endswith(('.pcd', '.pcd.gz'))
+            and p.name.lower().endswith(SCAN_EXTENSIONS)
             and p.is_file()
         ),
         key=_natural,
     )
     if not files:
-        raise ValueError(f'no .pcd/.pcd.gz files matching {cfg.pattern!r} in {folder}')
+        raise ValueError(f'no .pcd/.pcd.gz/.npy files matching {cfg.pattern!r} in {folder}')
     traj = _poses(cfg)
     if cfg.match == 'order':
         if len(files) > len(traj):
@@ -165,7 +190,7 @@ def convert(cfg: ConvertConfig, log=print) -> ConvertResult:
             while next_clock <= stamp_ns:
                 writer.write('/clock', next_clock, bag_io.clock(next_clock))
                 next_clock += clock_step
-            enc = read_pcd(path)
+            enc = read_npy(path) if path.name.lower().endswith('.npy') else read_pcd(path)
             msg = cloud_cls(
                 header=bag_io.header(stamp_ns, cfg.frame_id),
                 height=enc.height,
