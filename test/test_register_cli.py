@@ -154,6 +154,11 @@ def test_section_flags_reach_the_config():
     )
     assert cfg == library.replace(verbose=True)
     assert _config(_parser().parse_args(['a.npy', 'b.npy'])) == RegistrationConfig(verbose=True)
+    # the mass type's settings with the distance type: said (d-PWAN ignores them)
+    with pytest.warns(UserWarning, match='--mass-ratio set the mass type.s matched mass'):
+        _config(
+            _parser().parse_args(['a', 'b', '--divergence', 'distance', '--mass-ratio', '0.5'])
+        )
 
 
 def test_section_flag_in_a_real_run_and_a_bad_value(pair, capsys):

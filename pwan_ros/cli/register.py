@@ -108,6 +108,12 @@ def _config(args):
         if value is not None:
             values[key] = tuple(value) if isinstance(value, list) else value
     values['verbose'] = not args.quiet
+    given = [f'--{k.replace("_", "-")}' for k in ('mass', 'mass_ratio') if k in values]
+    if values.get('divergence') == 'distance' and given:
+        warnings.warn(
+            f"{' and '.join(given)} set the mass type's matched mass (m-PWAN); --divergence "
+            'distance matches the pairs closer than --distance-threshold and ignores it'
+        )
     return RegistrationConfig.from_dict(values)
 
 
