@@ -866,6 +866,11 @@ def test_check_rows_deploy_the_candidate_they_show_better(tmp_path):
     for bad in (FeatureSet(xu[:3]), FeatureSet(xu[:3, :5], yu[:3])):  # no labels, other width
         with pytest.raises(ValueError, match='check rows need labels and D=32'):
             check_candidates(deployed, deployed, bad, 0.05)
+    # a repeated row is one example (10 copies made 2 rows read as p 1e-6)
+    once = check_candidates(deployed, deployed.fallback, chk, 0.05)
+    tenfold = FeatureSet(np.repeat(chk.features, 10, axis=0), np.repeat(chk.labels, 10))
+    again = check_candidates(deployed, deployed.fallback, tenfold, 0.05)
+    assert again == once and once.rows == 45
 
 
 def test_check_rows_refuse_an_adapted_model_they_show_worse(tmp_path):

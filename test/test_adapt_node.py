@@ -217,6 +217,9 @@ def test_node_rejects_invalid_parameters(tmp_path, ros_env):
     ):
         assert msg in node.stderr, (msg, node.stderr)
     assert 'Traceback' not in node.stderr
+    # a declared parameter refused for its type or range is not also called unknown
+    assert "unknown parameter 'lambda1'" not in node.stderr
+    assert "unknown parameter 'gp_weight'" not in node.stderr
     node = subprocess.run(
         [str(NODE)] + _params(tmp_path, steps=10, lambda1=-2.0),
         env=ros_env,

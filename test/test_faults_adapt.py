@@ -80,6 +80,7 @@ def test_bad_inputs_one_line_exit_2(tmp_path, inputs):
     cases = [
         (['--labelled', tmp_path / 'empty.npz', '--unlabelled', unl], ['empty.npz', 'is empty']),
         (['--labelled', tmp_path / 'adir', '--unlabelled', unl], ['adir', 'is a directory']),
+        (['--labelled', '/dev/null', '--unlabelled', unl], ['/dev/null', 'not a regular file']),
         (
             ['--labelled', lab, '--unlabelled', tmp_path / 'nope.npz'],
             ['nope.npz', 'does not exist'],

@@ -206,8 +206,10 @@ def load_npz(
     path = os.fspath(path)
     if os.path.isdir(path):
         raise AdaptInputError(f'{role} file {path} is a directory, expected a .npz file')
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise AdaptInputError(f'{role} file {path} does not exist')
+    if not os.path.isfile(path):
+        raise AdaptInputError(f'{role} file {path} is not a regular file, expected a .npz file')
     if os.path.getsize(path) == 0:
         raise AdaptInputError(f'{role} file {path} is empty')
     try:

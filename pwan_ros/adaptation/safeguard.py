@@ -105,9 +105,10 @@ class SafeguardDecision:
 class CheckVerdict:
     """The two candidates on labelled rows of the unlabelled domain (the ``check`` file).
 
-    ``adapted_only`` / ``source_only_only``: rows only that candidate classifies correctly (the
-    rows they disagree on and one of them gets right); ``p_better`` / ``p_worse``: one-sided exact
-    sign-test p-values of "the adapted candidate is better / worse" on those rows (binomial, 1/2,
+    ``rows``: the distinct rows (a repeated feature row counts once); ``adapted_only`` /
+    ``source_only_only``: rows only that candidate classifies correctly (the rows they disagree
+    on and one of them gets right); ``p_better`` / ``p_worse``: one-sided exact sign-test
+    p-values of "the adapted candidate is better / worse" on those rows (binomial, 1/2,
     as McNemar's exact test); ``verdict``: ``adapted`` (shown better at ``alpha``),
     ``source_only`` (shown worse) or ``undecided``."""
 
@@ -152,6 +153,15 @@ def check_candidates(adapted, source, check: FeatureSet, alpha: float) -> CheckV
     pa, _ = _predict(adapted, check)
     ps, _ = _predict(source, check)
     right_a, right_s = pa == check.labels, ps == check.labels
+    # a repeated row is one example: repeated 10x, 2 rows read as p 1e-6 and deployed a model
+    # they showed wrong (the test assumes independent rows)
+    feats = np.ascontiguousarray(check.rows(np.arange(check.n)))
+    _, first = np.unique(
+        feats.view(np.dtype((np.void, feats.dtype.itemsize * feats.shape[1]))), return_index=True
+    )
+    once = np.zeros(check.n, bool)
+    once[first] = True
+    right_a, right_s = right_a[once], right_s[once]
     wins, losses = int((right_a & ~right_s).sum()), int((right_s & ~right_a).sum())
     n = wins + losses
     p_better = binomtest(wins, n, 0.5, alternative='greater').pvalue if n else 1.0
@@ -162,7 +172,7 @@ def check_candidates(adapted, source, check: FeatureSet, alpha: float) -> CheckV
     elif p_worse <= alpha:
         verdict = 'source_only'
     return CheckVerdict(
-        int(check.n),
+        int(once.sum()),
         float(right_a.mean()),
         float(right_s.mean()),
         wins,
@@ -285,7 +295,7 @@ def judge(trainer, ref: Reference, margin: float, min_agreement: float):
     if agree < min_agreement:
         fails.append(
             f'agrees with source-only on only {agree:.1%} of unlabelled rows (< '
-            f'{min_agreement:.0%})'
+            f'{min_agreement:.1%})'
         )
     if not a.mean_entropy < s.mean_entropy:  # NaN fails too
         fails.append(

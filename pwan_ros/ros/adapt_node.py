@@ -47,7 +47,10 @@ class AdaptNode(Node):
         for name, (default, spec) in {**specs(AdaptConfig), **specs(AdaptIO)}.items():
             values[name] = self._declare(name, default, descriptor(name, default, spec))
         io = {name: values.pop(name) for name in specs(AdaptIO)}
-        self.errors += [f"unknown parameter '{name}'" for name in undeclared(self)]
+        invalid = {e.split("'")[1] for e in self.errors}  # declared, refused: not unknown
+        self.errors += [
+            f"unknown parameter '{name}'" for name in undeclared(self) if name not in invalid
+        ]
         for name in ('labelled', 'unlabelled', 'output'):
             if not io[name]:
                 self.errors.append(
