@@ -155,7 +155,7 @@ class AdaptTrainer:
         self.config = cfg = config.resolved_method()
         self.labelled, self.unlabelled = labelled, unlabelled
         self.num_classes = check_pair(labelled, unlabelled)
-        self.fingerprint = fingerprint(labelled, unlabelled)
+        self._fingerprint: Optional[str] = None  # of the data, on the first checkpoint
         self.device = resolve_device(cfg.device)
         k = self.num_classes
         torch.manual_seed(cfg.seed)
@@ -222,6 +222,7 @@ class AdaptTrainer:
                 self.unlabelled,
                 holdout,
             )
+            tr._fingerprint = self._data()['fingerprint']  # the same files: hashed once
             return tr, self._rng_state()
 
     def _sides(self):
@@ -433,13 +434,7 @@ class AdaptTrainer:
         return {
             'version': CHECKPOINT_VERSION,
             'config': self.user_config.to_dict(),
-            'data': {
-                'n_labelled': self.labelled.n,
-                'n_unlabelled': self.unlabelled.n,
-                'dim': self.labelled.dim,
-                'num_classes': self.num_classes,
-                'fingerprint': self.fingerprint,
-            },
+            'data': self._data(),
             'model': self.model.state_dict(),
             'snapshot': self.snapshot,
             'potential': self.potential.state_dict(),
@@ -466,6 +461,19 @@ class AdaptTrainer:
             },
         }
 
+    def _data(self) -> dict:
+        """What a checkpoint was trained on: the sets' sizes, width, classes and
+        :func:`fingerprint` (computed once per trainer; the side models share it)."""
+        if self._fingerprint is None:
+            self._fingerprint = fingerprint(self.labelled, self.unlabelled)
+        return {
+            'n_labelled': self.labelled.n,
+            'n_unlabelled': self.unlabelled.n,
+            'dim': self.labelled.dim,
+            'num_classes': self.num_classes,
+            'fingerprint': self._fingerprint,
+        }
+
     def load_state_dict(self, ckpt: dict) -> None:
         """Restore a :meth:`state_dict`; the data and training-relevant config must match."""
         if not isinstance(ckpt, dict):
@@ -474,25 +482,15 @@ class AdaptTrainer:
             raise AdaptInputError(
                 f"checkpoint version {ckpt.get('version')} is not {CHECKPOINT_VERSION}"
             )
-        data = {
-            'n_labelled': self.labelled.n,
-            'n_unlabelled': self.unlabelled.n,
-            'dim': self.labelled.dim,
-            'num_classes': self.num_classes,
-            'fingerprint': self.fingerprint,
-        }
-        theirs = ckpt.get('data')
-        if isinstance(theirs, dict) and {**theirs, 'fingerprint': None} == {
-            **data,
-            'fingerprint': None,
-        }:
-            if theirs.get('fingerprint') != data['fingerprint']:
+        data, theirs = self._data(), ckpt.get('data')
+        if theirs != data:
+            shape = {k: v for k, v in data.items() if k != 'fingerprint'}
+            if isinstance(theirs, dict) and all(theirs.get(k) == v for k, v in shape.items()):
                 raise AdaptInputError(
                     'checkpoint was trained on other data of the same shape (the features or '
                     'labels differ): resume with the files it was trained on'
                 )
-        elif theirs != data:
-            raise AdaptInputError(f'checkpoint was trained on other data ({theirs}), not {data}')
+            raise AdaptInputError(f'checkpoint was trained on other data ({theirs}), not {shape}')
         if not isinstance(ckpt.get('config'), dict):
             raise AdaptInputError('checkpoint is incomplete or corrupt: no config')
         mine = self.user_config.to_dict()

@@ -11,6 +11,8 @@ from typing import Callable
 import numpy as np
 from scipy.spatial import cKDTree
 
+from pwan_ros.geometry.se3 import rotation_angle
+
 from .config import RegistrationConfig
 from .errors import PwanInputError
 from .global_search import register_global
@@ -90,10 +92,9 @@ def _turned(rival: np.ndarray | None) -> float:
     """Rotation angle (deg) of a (d+1, d+1) rival transform; inf without one."""
     if rival is None:
         return float('inf')
-    r = rival[:-1, :-1]
-    if len(r) == 2:
-        return float(abs(np.degrees(np.arctan2(r[1, 0], r[0, 0]))))
-    return float(np.degrees(np.arccos(np.clip((np.trace(r) - 1.0) / 2.0, -1.0, 1.0))))
+    if len(rival) == 3:  # 2-D
+        return float(abs(np.degrees(np.arctan2(rival[1, 0], rival[0, 0]))))
+    return float(np.degrees(rotation_angle(rival)))
 
 
 #: non-rigid prealign: a rigid finalist whose overlap score (fraction of the source off the
