@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_lidar import load_sequence, summarise, with_outliers  # noqa: E402
 
 from pwan_ros.core.nearest import TorchNearest  # noqa: E402
-from pwan_ros.core.reference import PreparedReference  # noqa: E402
+from pwan_ros.core.reference_cache import PreparedReference  # noqa: E402
 from pwan_ros.geometry.se3 import invert  # noqa: E402
 from pwan_ros.odometry.config import OdometryConfig  # noqa: E402
 from pwan_ros.odometry.pipeline import OdometryPipeline  # noqa: E402

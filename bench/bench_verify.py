@@ -1,8 +1,8 @@
 """Never wrong without a warning: every real pair in ../shared/data through ``register()`` in its
-default mode, with ``init='global'``, with ``starts=24`` and through ``refine()`` from a start
-5 deg / 2 % of the diagonal off the truth, with the self-check (:mod:`pwan_ros.core.verify`), clean
-and with uniform outliers, as received and voxelised, side by side with FPFH+RANSAC+ICP, FGR+ICP
-and KISS-Matcher+ICP (global methods with no self-check: every answer they give is 'ok').
+default mode, with ``init='global'``, with ``starts=24`` and through ``refine()`` from a start 5
+deg / 2 % of the diagonal off the truth, with the self-check (:mod:`pwan_ros.core.checks.verify`),
+clean and with uniform outliers, as received and voxelised, side by side with FPFH+RANSAC+ICP,
+FGR+ICP and KISS-Matcher+ICP (global methods with no self-check: every answer they give is 'ok').
 
 Pairs (metres): the 8 Stanford bunny pairs of ``common.BUNNY_PAIRS``, the libpointmatcher car
 pair, the small_gicp pair, 5 consecutive BALM pairs (0->1, 2->3, ... of seq a) and 7 nuScenes
@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import BUNNY_PAIRS, bunny_poses, load_bunny, print_table, write_results  # noqa: E402
 
 from pwan_ros.core import RegistrationConfig, refine, register  # noqa: E402
-from pwan_ros.core.verify import check_pose, judging_voxel  # noqa: E402
+from pwan_ros.core.checks.verify import check_pose, judging_voxel  # noqa: E402
 from pwan_ros.geometry.se3 import invert, rotation_angle  # noqa: E402
 
 

@@ -1,6 +1,7 @@
-"""Alg. 1 (core/alg1.py): the hand-written gradients equal autograd's (incl. the gradient penalty's
-double backward), member states map exactly onto PotentialNet, starts do not interact, the fused
-Adam is torch's Adam, and both gradient functions compile whole (fullgraph, no graph break)."""
+"""Alg. 1 (core/pwan/alg1.py): the hand-written gradients equal autograd's (incl. the gradient
+penalty's double backward), member states map exactly onto PotentialNet, starts do not interact,
+the fused Adam is torch's Adam, and both gradient functions compile whole (fullgraph, no graph
+break)."""
 
 import warnings
 
@@ -10,19 +11,20 @@ import torch
 
 from _core_shapes import blob, rot3
 from pwan_ros.core import RegistrationConfig
-from pwan_ros.core.acceleration import FusedAdam
-from pwan_ros.core.alg1 import Alg1, run_alg1
-from pwan_ros.core.objective import potential_grads, transform_input_grad
-from pwan_ros.core.coherence import Coherence
+from pwan_ros.core.pwan.acceleration import FusedAdam
+from pwan_ros.core.problem import SampledProblem
+from pwan_ros.core.pwan.alg1 import Alg1, Schedule, Starts, run_alg1
+from pwan_ros.core.pwan.gradients import Penalty, potential_grads, transform_input_grad
+from pwan_ros.core.pwan.coherence import Coherence
 from pwan_ros.core.config import PotentialConfig
-from pwan_ros.core.potential import (
+from pwan_ros.core.pwan.potential import (
     BatchedPotential,
     PotentialNet,
     gradient_penalty,
     split,
     tangent_rows,
 )
-from pwan_ros.core.transforms import BatchedTransform
+from pwan_ros.core.pwan.transforms import BatchedTransform
 from pwan_ros.core.preprocess import make_normaliser
 
 
@@ -49,17 +51,12 @@ def test_potential_gradient_equals_autograd_with_double_backward(closed_form, hi
     gi = torch.randint(70, (16,))
     ws, bs = net.views()
     flat = potential_grads(
-        ws,
-        bs,
+        net.weights(),
         net.h,
-        net.length,
         xb,
         zb,
         coef,
-        tangent_rows(16, 3, torch.float32, 'cpu'),
-        gi,
-        net.slope,
-        10.0,
+        Penalty(gi, tangent_rows(16, 3, torch.float32, 'cpu'), 10.0),
         closed_form,
         not closed_form,
     )
@@ -86,8 +83,7 @@ def test_potential_gradient_equals_autograd_with_double_backward(closed_form, hi
 def test_transform_gradient_equals_autograd():
     net = _net(2)
     z = torch.randn(2, 50, 3)
-    ws, bs = net.views()
-    dz = transform_input_grad(ws, bs, net.h, net.length, z, net.slope)
+    dz = transform_input_grad(net.weights(), net.h, z)
     for i in range(2):
         ref = PotentialNet(3, PotentialConfig(hidden=(32, 32)))
         ref.load_state_dict(net.state(i))
@@ -99,11 +95,11 @@ def test_transform_gradient_equals_autograd():
 def test_workspace_reuses_its_buffers_and_changes_nothing():
     """With a Workspace (Alg. 1's eager loop) both gradient functions return what the allocating
     form returns, call after call, while every large intermediate lives in one kept buffer."""
-    from pwan_ros.core.potential import Workspace
+    from pwan_ros.core.pwan.potential import Workspace
 
     torch.manual_seed(3)
     net = _net(3, (16, 16))
-    ws, bs = net.views()
+    weights = net.weights()
     work = Workspace()
     tangents = tangent_rows(16, 3, torch.float32, 'cpu')
     coef = torch.tensor([1.2, -0.3])
@@ -112,27 +108,13 @@ def test_workspace_reuses_its_buffers_and_changes_nothing():
         xb = torch.randn(1, 40, 3).expand(3, -1, -1)
         zb = torch.randn(3, 30, 3)
         gi = torch.randint(70, (16,))
-        args = (
-            ws,
-            bs,
-            net.h,
-            net.length,
-            xb,
-            zb,
-            coef,
-            tangents,
-            gi,
-            net.slope,
-            10.0,
-            False,
-            True,
-        )
+        args = (weights, net.h, xb, zb, coef, Penalty(gi, tangents, 10.0), False, True)
         torch.testing.assert_close(
             potential_grads(*args, work=work), potential_grads(*args), rtol=0, atol=0
         )
         torch.testing.assert_close(
-            transform_input_grad(ws, bs, net.h, net.length, zb, net.slope, work=work),
-            transform_input_grad(ws, bs, net.h, net.length, zb, net.slope),
+            transform_input_grad(weights, net.h, zb, work=work),
+            transform_input_grad(weights, net.h, zb),
             rtol=0,
             atol=0,
         )
@@ -184,6 +166,11 @@ def _sets(rot, n=300):
     return norm.source(src), norm.reference(ref)
 
 
+def _problem(ys, xs):
+    """Alg. 1's problem of the sets, matching 0.8 of the source (mass type), on the CPU."""
+    return SampledProblem(ys, xs, 0.8 * len(ys), float(len(xs)), None, 0.0, torch.device('cpu'))
+
+
 @pytest.mark.parametrize('kind,batch', [('affine', 0), ('nonrigid', 0), ('nonrigid', 64)])
 def test_linear_transform_gradients_equal_autograd(kind, batch):
     """The affine / non-rigid step's written-out gradients (incl. the coherence term and the
@@ -198,9 +185,7 @@ def test_linear_transform_gradients_equal_autograd(kind, batch):
             cfg.coherence,
             torch.Generator().manual_seed(0),
         )
-    run = Alg1(
-        cfg, torch.device('cpu'), ys, xs, 0.8 * len(ys), None, [rot3(5, 0, 0)], 0, coherence=coh
-    )
+    run = Alg1(cfg, _problem(ys, xs), Starts([rot3(5, 0, 0)]), 0, coherence=coh)
     with torch.no_grad():
         for p in run.t_params:
             p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
@@ -231,7 +216,7 @@ def test_window_replays_run_the_same_steps(monkeypatch, steps):
     each window's end, convergence read between windows), with a 'graph' that replays its step
     eagerly on the CPU: the same steps in the same order, so bit-identical to the plain loop, for
     runs shorter than a window, ending on a window and ending mid-window."""
-    from pwan_ros.core import acceleration, alg1
+    from pwan_ros.core.pwan import acceleration, alg1
 
     class EagerWindow:
         built = 0
@@ -246,11 +231,11 @@ def test_window_replays_run_the_same_steps(monkeypatch, steps):
 
     ys, xs = _sets(rot3(20, 0, 0))
     cfg = RegistrationConfig(warmup_updates=10, min_steps=0, window=10).resolved()
-    args = (cfg, torch.device('cpu'), ys, xs, 0.8 * len(ys), None, [np.eye(3), rot3(40, 0, 0)])
-    plain = run_alg1(*args, steps, seed=2)
+    args = (cfg, _problem(ys, xs), Starts([np.eye(3), rot3(40, 0, 0)]), Schedule(steps, seed=2))
+    plain = run_alg1(*args)
     monkeypatch.setattr(alg1, 'graphs_wanted', lambda config, device: True)
     monkeypatch.setattr(acceleration, 'WindowGraph', EagerWindow)
-    windows = run_alg1(*args, steps, seed=2)
+    windows = run_alg1(*args)
     assert EagerWindow.built == 1
     assert windows.steps == plain.steps and windows.updates == plain.updates
     for p, w in zip(plain.starts, windows.starts):
@@ -264,28 +249,8 @@ def test_starts_do_not_interact():
     element-wise Adam)."""
     ys, xs = _sets(rot3(20, 0, 0))
     cfg = RegistrationConfig(warmup_updates=20).resolved()
-    a = run_alg1(
-        cfg,
-        torch.device('cpu'),
-        ys,
-        xs,
-        0.8 * len(ys),
-        None,
-        [np.eye(3), rot3(90, 0, 0)],
-        15,
-        seed=4,
-    )
-    b = run_alg1(
-        cfg,
-        torch.device('cpu'),
-        ys,
-        xs,
-        0.8 * len(ys),
-        None,
-        [np.eye(3), rot3(0, 120, 0)],
-        15,
-        seed=4,
-    )
+    a = run_alg1(cfg, _problem(ys, xs), Starts([np.eye(3), rot3(90, 0, 0)]), Schedule(15, 4))
+    b = run_alg1(cfg, _problem(ys, xs), Starts([np.eye(3), rot3(0, 120, 0)]), Schedule(15, 4))
     np.testing.assert_allclose(a.starts[0].a, b.starts[0].a, atol=1e-5)
     np.testing.assert_allclose(a.starts[0].t, b.starts[0].t, atol=1e-5)
     assert not np.allclose(a.starts[1].a, b.starts[1].a, atol=1e-2)
@@ -298,28 +263,14 @@ def test_gradient_functions_compile_whole(fn):
     for code generation; the result equals the plain call."""
     torch._dynamo.reset()
     net = _net(2)
-    ws, bs = net.views()
     xb = torch.randn(1, 64, 3).expand(2, -1, -1)
     zb = torch.randn(2, 64, 3)
     if fn == 'potential':
-        args = (
-            ws,
-            bs,
-            net.h,
-            net.length,
-            xb,
-            zb,
-            torch.tensor([1.0, -0.2]),
-            tangent_rows(8, 3, torch.float32, 'cpu'),
-            torch.randint(128, (8,)),
-            net.slope,
-            10.0,
-            False,
-            True,
-        )
+        penalty = Penalty(torch.randint(128, (8,)), tangent_rows(8, 3, torch.float32, 'cpu'), 10.0)
+        args = (net.weights(), net.h, xb, zb, torch.tensor([1.0, -0.2]), penalty, False, True)
         f = potential_grads
     else:
-        args = (ws, bs, net.h, net.length, zb, net.slope)
+        args = (net.weights(), net.h, zb)
         f = transform_input_grad
     with torch.no_grad():
         got = torch.compile(f, fullgraph=True, backend='eager')(*args)
@@ -331,7 +282,7 @@ def test_compiled_step_past_the_recompile_limit_runs_eager(monkeypatch):
     """More input shape sets in one process than torch.compile may build graphs for (dynamo's
     limit fails a fullgraph call, seen on a GPU): the registration still runs, eager, with one
     warning, and solves the pose."""
-    import pwan_ros.core.acceleration as acceleration
+    import pwan_ros.core.pwan.acceleration as acceleration
 
     torch._dynamo.reset()
     monkeypatch.setattr(acceleration, 'MAX_GRAPHS', 1)
@@ -347,7 +298,8 @@ def test_compiled_step_past_the_recompile_limit_runs_eager(monkeypatch):
 
 
 def _run_past_the_limit(monkeypatch):
-    from pwan_ros.core import acceleration, alg1, register
+    from pwan_ros.core import register
+    from pwan_ros.core.pwan import acceleration, alg1
 
     made = {}
     fns = {'potential_grads': potential_grads, 'transform_input_grad': transform_input_grad}
@@ -400,7 +352,7 @@ def test_register_with_the_compiled_step_on_cpu():
 def test_compile_auto_is_off_on_every_device():
     """``compile='auto'`` builds no torch.compile graphs on CUDA either (on an H200 the CUDA graphs
     of eager steps ran as fast, and the compile cost 17-42 s per shape set); 'on' still does."""
-    from pwan_ros.core.acceleration import compile_wanted
+    from pwan_ros.core.pwan.acceleration import compile_wanted
 
     for dev in ('cpu', 'cuda'):
         assert not compile_wanted(RegistrationConfig(device=dev))

@@ -117,7 +117,7 @@ def test_window_graphs_agree_with_launched_steps():
     capture must not fall back (no warning); on the CPU the option does nothing."""
     import warnings
 
-    from pwan_ros.core import acceleration
+    from pwan_ros.core.pwan import acceleration
 
     _device_ok()
     rot = rot3(0, 0, 100) @ rot3(15, 0, 0)

@@ -5,7 +5,22 @@ import pytest
 from scipy.spatial import cKDTree
 from scipy.spatial.transform import Rotation
 
-from pwan_ros.core.finetune import _nearest, estimate_normals, run_finetune
+from pwan_ros.core.nearest import estimate_normals
+from pwan_ros.core.finetune.objective import (
+    FineTuneData,
+    Selection,
+    Transform,
+    _nearest,
+    run_finetune,
+)
+
+
+def _finetune(src, tree, ref, normals, selection, iterations=40):
+    """The rigid fine-tune of src onto ref (searched with ``tree``) from identity."""
+    data = FineTuneData(src, ref, tree, normals)
+    return run_finetune(
+        data, 'rigid', Transform(np.eye(3), np.zeros(3)), selection, (iterations, 1e-9)
+    )
 
 
 class _UnboundedTree:
@@ -39,9 +54,9 @@ def test_bounded_search_gives_the_exact_finetune(divergence, count, h, plane):
     src, ref = _partial_pair()
     tree = cKDTree(ref)
     normals = estimate_normals(ref, tree) if plane else None
-    args = (src, None, ref, 'rigid', np.eye(3), np.zeros(3), divergence, count, h, 40, 1e-9)
-    bounded = run_finetune(*args[:1], tree, *args[2:], ref_normals=normals)
-    exact = run_finetune(*args[:1], _UnboundedTree(ref), *args[2:], ref_normals=normals)
+    selection = Selection(divergence, count, h)
+    bounded = _finetune(src, tree, ref, normals, selection)
+    exact = _finetune(src, _UnboundedTree(ref), ref, normals, selection)
     assert bounded.iterations == exact.iterations
     np.testing.assert_allclose(bounded.a, exact.a, atol=1e-12)
     np.testing.assert_allclose(bounded.t, exact.t, atol=1e-12)
@@ -67,7 +82,7 @@ def test_nearest_widens_a_too_small_radius():
 
 
 def test_selection_sample_keeps_each_reference_normal_with_its_point():
-    from pwan_ros.core.finetune_stage import SAMPLE_REF_FACTOR, FineTuneData
+    from pwan_ros.core.finetune.objective import SAMPLE_REF_FACTOR
 
     src, ref = _partial_pair(2)
     tree = cKDTree(ref)
@@ -219,9 +234,9 @@ def test_finetune_with_the_torch_search_equals_the_kd_tree():
     src, ref = _partial_pair(3)
     tree = cKDTree(ref)
     normals = estimate_normals(ref, tree)
-    args = (src, None, ref, 'rigid', np.eye(3), np.zeros(3), 'mass', 900, 0.0, 40, 1e-9)
-    kd = run_finetune(*args[:1], tree, *args[2:], ref_normals=normals)
-    tn = run_finetune(*args[:1], TorchNearest(ref), *args[2:], ref_normals=normals)
+    selection = Selection('mass', 900, 0.0)
+    kd = _finetune(src, tree, ref, normals, selection)
+    tn = _finetune(src, TorchNearest(ref), ref, normals, selection)
     assert kd.iterations == tn.iterations
     np.testing.assert_allclose(tn.a, kd.a, atol=1e-10)
     np.testing.assert_allclose(tn.t, kd.t, atol=1e-10)

@@ -141,7 +141,7 @@ def test_cli_global_reports_status_and_exit_codes(street, tmp_path):
 
 # --------------------------------------------------------------------------- rooms, free space
 
-from pwan_ros.core.free_space import FreeSpace, contradiction  # noqa: E402
+from pwan_ros.core.checks.free_space import FreeSpace, contradiction  # noqa: E402
 from pwan_ros.evaluation.room_sim import view_pair  # noqa: E402
 
 
@@ -267,7 +267,7 @@ def test_global_is_deterministic(street):
 def test_one_cpu_pins_the_calling_thread_and_restores_it():
     """KISS-Matcher runs with the calling thread on one CPU (its thread pools then give the same
     pose every call); the thread's CPUs come back after the block, also after an exception."""
-    from pwan_ros.core.hypotheses import _one_cpu
+    from pwan_ros.core.global_search.hypotheses import _one_cpu
 
     before = os.sched_getaffinity(0)
     with _one_cpu():
@@ -284,7 +284,10 @@ def test_native_output_goes_to_stderr_without_the_clamping_note(capfd, monkeypat
     """KISS-Matcher's console output (here written to the file descriptors as native code does)
     reaches stderr, not stdout (``pwan_register --json``), without its six-line note that it clamps
     the noise bounds; anything else it writes is kept."""
-    from pwan_ros.core.hypotheses import KISS_MATCHER_CLAMP_NOTE, _native_output_to_stderr
+    from pwan_ros.core.global_search.hypotheses import (
+        KISS_MATCHER_CLAMP_NOTE,
+        _native_output_to_stderr,
+    )
 
     note = (
         '\x1b[1;33m[Warning] Too large `{}` has been set.\n'
@@ -314,7 +317,7 @@ def test_native_output_goes_to_stderr_without_the_clamping_note(capfd, monkeypat
 def test_kiss_matcher_candidate_is_reproducible(street):
     """The same inputs give the same KISS-Matcher pose in every call (unpinned, on 2 CPUs, it moved
     by up to 0.38 m between calls on this pair); without kiss-matcher installed, no candidate."""
-    from pwan_ros.core.hypotheses import _kiss_matcher
+    from pwan_ros.core.global_search.hypotheses import _kiss_matcher
 
     src, ref, _, _ = street
     poses = [_kiss_matcher(src, ref, 0.3) for _ in range(4)]
@@ -330,7 +333,7 @@ def test_kiss_matcher_candidate_at_map_coordinates(street, capfd):
     """The street pair 4e6 m out (map coordinates): the same KISS-Matcher pose, moved with the
     frame, and no console flood (before: float32 points 0.25-0.5 m apart there, a garbage pose
     and ~51,000 'voxel coord is out of range' lines on stderr)."""
-    from pwan_ros.core.hypotheses import _kiss_matcher
+    from pwan_ros.core.global_search.hypotheses import _kiss_matcher
 
     src, ref, _, _ = street
     far = np.array([4.0e6, 5.3e5, 120.0])
@@ -353,8 +356,12 @@ def test_rotation_starts_take_the_translation_the_votes_find():
     moved 47 m away, far outliers (up to 40 m out) on the other. The start with the true rotation
     is among the most-voted kept and has the true translation within two voxels; the centroids are
     metres off."""
-    from pwan_ros.core.hypotheses import ROTATION_KEEP, rotation_hypotheses, voxelised
-    from pwan_ros.core.votes import voted_translation
+    from pwan_ros.core.global_search.hypotheses import (
+        ROTATION_KEEP,
+        rotation_hypotheses,
+        voxelised,
+    )
+    from pwan_ros.core.local.votes import voted_translation
 
     rng = np.random.default_rng(5)
     u, v = rng.uniform(0, 2 * np.pi, (2, 30000))
@@ -407,8 +414,8 @@ def _planes(rng, spacing=0.05, noise=0.005, **extent):
 def test_translation_constraint_is_zero_where_the_overlap_can_slide():
     """A floor and one wall leave the direction along both free (about 0); a floor and two walls
     hold every direction (about 1/3 of the normals along the weakest)."""
-    from pwan_ros.core.global_search import translation_constraint
-    from pwan_ros.core.hypotheses import feature_normals
+    from pwan_ros.core.global_search.choose import translation_constraint
+    from pwan_ros.core.global_search.hypotheses import feature_normals
 
     rng = np.random.default_rng(0)
     floor = (2, 0.0, ((0, 4), (0, 4)))
@@ -450,7 +457,7 @@ def test_mass_of_the_final_fine_tune_is_the_overlap_not_more():
     (0.9) is brought down to the dense one, and a lower one is kept."""
     from scipy.spatial import cKDTree
 
-    from pwan_ros.core.mass import measured_mass_ratio
+    from pwan_ros.core.checks.mass import measured_mass_ratio
 
     rng = np.random.default_rng(2)
 
@@ -547,7 +554,7 @@ def test_ransac_finds_a_pose_held_by_two_percent_of_the_matches(monkeypatch):
     the pose within the default 20k, and every sample they solve is length-consistent."""
     from scipy.spatial.transform import Rotation
 
-    from pwan_ros.core.hypotheses import EDGE_RATIO, _compatible, _ransac, _triplets
+    from pwan_ros.core.global_search.hypotheses import EDGE_RATIO, _compatible, _ransac, _triplets
 
     rng = np.random.default_rng(5)
     a = rng.uniform(-5.0, 5.0, (600, 3))  # source feature points (m)
@@ -576,7 +583,7 @@ def test_ransac_finds_a_pose_held_by_two_percent_of_the_matches(monkeypatch):
         assert np.degrees(rotation_angle(invert(pose) @ best.transform)) < 1.0
         assert np.linalg.norm(best.transform[:3, 3] - pose[:3, 3]) < 0.1
     # more matches than the partner pool: partners from a random 400 of the 600 (about 8 true ones)
-    monkeypatch.setattr('pwan_ros.core.hypotheses.PARTNER_POOL', 400)
+    monkeypatch.setattr('pwan_ros.core.global_search.hypotheses.PARTNER_POOL', 400)
     best = _ransac(a, b, matches, 0.15, 20000, 6, np.random.default_rng(0))[0]
     assert best.support >= 11
     assert np.degrees(rotation_angle(invert(pose) @ best.transform)) < 1.0

@@ -13,7 +13,11 @@ from pwan_ros.core import (
     exact_mass_discrepancy,
     exact_w1,
 )
-from pwan_ros.core.discrepancy import ESTIMATOR_POTENTIAL
+from pwan_ros.core.pwan.discrepancy import ESTIMATOR_POTENTIAL, EstimatorSettings
+
+#: 2000 updates of the default (c-transform) estimator, seed 0; one update
+FAST = EstimatorSettings(iterations=2000)
+ONE = EstimatorSettings(iterations=1)
 
 DATA = os.path.join(os.path.dirname(__file__), '..', '..', 'shared', 'data')
 
@@ -49,11 +53,11 @@ def test_kr_estimate_matches_lp_on_synthetic_sets(kind, param):
     x, y = _clusters()
     if kind == 'mass':
         exact = exact_mass_discrepancy(x, y, param)
-        est = estimate_discrepancy(x, y, 'mass', mass=param, iterations=2000, seed=0)
+        est = estimate_discrepancy(x, y, 'mass', mass=param, settings=FAST)
     elif kind == 'mass_network':  # plain Alg. 1 potential with the gradient penalty, learned h
         exact = exact_mass_discrepancy(x, y, param)
         est = estimate_discrepancy(
-            x, y, 'mass', mass=param, iterations=2000, seed=0, method='network'
+            x, y, 'mass', mass=param, settings=EstimatorSettings('network', 2000)
         )
     elif (
         kind == 'mass_network_closed_form'
@@ -61,17 +65,15 @@ def test_kr_estimate_matches_lp_on_synthetic_sets(kind, param):
         exact = exact_mass_discrepancy(x, y, param)
         cfg = dataclasses.replace(ESTIMATOR_POTENTIAL, h_mode='closed_form')
         est = estimate_discrepancy(
-            x, y, 'mass', mass=param, iterations=2000, seed=0, config=cfg, method='network'
+            x, y, 'mass', mass=param, settings=EstimatorSettings('network', 2000, potential=cfg)
         )
     elif kind == 'distance':
         exact = exact_distance_discrepancy(x, y, param)
-        est = estimate_discrepancy(
-            x, y, 'distance', distance_threshold=param, iterations=2000, seed=0
-        )
+        est = estimate_discrepancy(x, y, 'distance', distance_threshold=param, settings=FAST)
     else:
         exact = exact_w1(x, y)
         est = estimate_discrepancy(
-            x, y, 'mass', mass=1.0, mass_reference=1.0, mass_source=1.0, iterations=2000, seed=0
+            x, y, 'mass', mass=1.0, mass_reference=1.0, mass_source=1.0, settings=FAST
         )
     rel = abs(est.value - exact.value) / abs(exact.value)
     assert rel <= 0.01, (est.value, exact.value)
@@ -86,13 +88,13 @@ def test_kr_estimate_matches_lp_on_synthetic_sets(kind, param):
 def test_estimator_rejects_bad_parameters():
     x, y = _clusters()
     with pytest.raises(PwanInputError):
-        estimate_discrepancy(x, y, 'mass', mass=41.0, iterations=1)
+        estimate_discrepancy(x, y, 'mass', mass=41.0, settings=ONE)
     with pytest.raises(PwanInputError):
-        estimate_discrepancy(x, y, 'distance', distance_threshold=-1.0, iterations=1)
+        estimate_discrepancy(x, y, 'distance', distance_threshold=-1.0, settings=ONE)
     with pytest.raises(PwanInputError):
-        estimate_discrepancy(x, y, 'kl', iterations=1)
+        estimate_discrepancy(x, y, 'kl', settings=ONE)
     with pytest.raises(PwanInputError):
-        estimate_discrepancy(x, y, 'mass', mass=10.0, iterations=1, method='dual')
+        estimate_discrepancy(x, y, 'mass', mass=10.0, settings=EstimatorSettings('dual', 1))
 
 
 @pytest.mark.slow

@@ -12,8 +12,8 @@ from scipy.spatial import cKDTree
 
 from pwan_ros.core import RegistrationConfig, register
 from pwan_ros.core.config import GlobalConfig
-from pwan_ros.core.mass import measured_mass_ratio
-from pwan_ros.core.verify import judging_voxel
+from pwan_ros.core.checks.mass import measured_mass_ratio
+from pwan_ros.core.checks.verify import judging_voxel
 from pwan_ros.evaluation.lidar_sim import SimConfig, simulate
 from pwan_ros.geometry.se3 import invert, rotation_angle
 

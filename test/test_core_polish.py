@@ -1,5 +1,5 @@
-"""The plane-aware polish of rigid 3-D results (pwan_ros.core.polish): a pose slid along a street
-comes back; a pose it cannot improve is left as it is."""
+"""The plane-aware polish of rigid 3-D results (pwan_ros.core.finetune.gicp): a pose slid along a
+street comes back; a pose it cannot improve is left as it is."""
 
 import pathlib
 
@@ -8,7 +8,7 @@ import pytest
 
 from _core_shapes import blob
 from pwan_ros.core import RegistrationConfig, register
-from pwan_ros.core.polish import gicp_polish
+from pwan_ros.core.finetune.gicp import gicp_polish
 from pwan_ros.geometry.se3 import invert, make_transform, rotation_angle
 
 DATA = pathlib.Path(__file__).resolve().parents[2] / 'shared' / 'data'

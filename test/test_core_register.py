@@ -7,7 +7,7 @@ from _core_shapes import blob, curve2d, knobbed_blob, rot3, rot_err_deg
 from pwan_ros.core import PwanInputError, RegistrationConfig, refine, register
 from pwan_ros.core.config import FineTuneConfig, GlobalConfig, PotentialConfig
 from pwan_ros.core.preprocess import median_spacing
-from pwan_ros.core.multistart import distinct_poses
+from pwan_ros.core.local.scoring import distinct_poses
 
 R_TRUE = rot3(30, -20, 25)
 T_TRUE = np.array([0.3, -0.2, 0.5])
@@ -91,7 +91,7 @@ def test_sample_masses_keep_each_sets_fraction():
     """Non-rigid: the random cap draws each set at its own rate, and the matched mass stays the
     same fraction of each set, in units of one sampled source point. Rigid / affine, or no cap:
     the samples weigh as sets of equal points."""
-    from pwan_ros.core.candidates import sample_masses
+    from pwan_ros.core.local.fit import sample_masses
 
     for kind in ('rigid', 'affine', 'nonrigid'):  # not capped: the same for every transform
         m = sample_masses(0.8, 500, 700, 500, 700, kind)
@@ -277,7 +277,7 @@ def test_clearly_worse_rigid_finalist_is_not_deformed():
     reference (> PREALIGN_GAP) than the best is not deformed; one within the gap is."""
     from types import SimpleNamespace
 
-    from pwan_ros.core.judging import PREALIGN_GAP, deformable_finalists
+    from pwan_ros.core.local.deform import PREALIGN_GAP, deformable_finalists
 
     rng = np.random.default_rng(0)
     ref = rng.uniform(-5.0, 5.0, size=(2000, 3))  # metres
@@ -503,7 +503,8 @@ def test_tournament_keeps_each_starts_own_pose(monkeypatch):
     with the true rotation, translated by votes, is the answer; the m-PWAN short stage (mass 0.8)
     walks every start away from it, so without the starts' own poses as candidates the tournament
     ends 120 deg off."""
-    from pwan_ros.core import multistart
+    from pwan_ros.core.local import multistart
+    from pwan_ros.core.local.starts import start_rotations
     from pwan_ros.geometry.se3 import make_transform, rotation_angle
 
     rng = np.random.default_rng(5)
@@ -516,7 +517,7 @@ def test_tournament_keeps_each_starts_own_pose(monkeypatch):
         + 0.3 * np.stack([np.cos(v), np.sin(v), np.cos(v + u)], 1)
         + rng.normal(0, 0.01, knot.shape)
     )
-    turn = make_transform(multistart.start_rotations(3, 4)[1].T, np.array([25.0, -40.0, 3.0]))
+    turn = make_transform(start_rotations(3, 4)[1].T, np.array([25.0, -40.0, 3.0]))
     src, ref = knot[knot[:, 0] > -1.5] @ turn[:3, :3].T + turn[:3, 3], knot[knot[:, 0] < 1.5]
     cfg = RegistrationConfig(seed=0, starts=4, start_steps=40, start_keep=1)
     err = turn @ register(src, ref, cfg).transform
@@ -560,7 +561,7 @@ def test_scaled_search_answers_normalised_queries():
     points: same neighbours, same distances, the bound in normalised units."""
     from scipy.spatial import cKDTree
     from pwan_ros.core.preprocess import make_normaliser
-    from pwan_ros.core.reference import PreparedReference
+    from pwan_ros.core.reference_cache import PreparedReference
 
     src, ref = _pair(800, 0.5)
     ref = ref * 30.0 + np.array([500.0, -200.0, 10.0])
@@ -575,7 +576,7 @@ def test_scaled_search_answers_normalised_queries():
         d1, i1 = search.query(z, distance_upper_bound=bound)
         np.testing.assert_array_equal(i1, i0)
         np.testing.assert_allclose(d1, d0, rtol=1e-12)
-    from pwan_ros.core.finetune import estimate_normals
+    from pwan_ros.core.nearest import estimate_normals
 
     ref_normals = estimate_normals(xr, tree)
     np.testing.assert_allclose(np.abs((normals * ref_normals).sum(1)), 1.0, atol=1e-9)
@@ -588,7 +589,7 @@ def test_reused_reference_gives_the_fresh_result(cap):
     (while its points stay the same) and every result equals that of a call without the cache,
     also when the sources change the normalisation's scale (cap 150: the fine-tune's reference is
     a seeded subset of the 750 points)."""
-    from pwan_ros.core.reference import ReferenceCache
+    from pwan_ros.core.reference_cache import ReferenceCache
 
     _, ref = _pair(500, 0.5)
     cfg = RegistrationConfig(  # the mass and the poses as given: no refit, no confirmation

@@ -1,7 +1,8 @@
-"""The soft-correspondence stage of non-rigid registrations (:mod:`pwan_ros.core.soft_finetune`:
+"""The soft-correspondence stage of non-rigid registrations (:mod:`pwan_ros.core.finetune.soft`:
 the polish of the fine-tuned field and CPD from the start) on known deformations, and its place
 in :func:`register`."""
 
+import dataclasses
 import os
 
 import numpy as np
@@ -11,7 +12,9 @@ import torch
 from _core_shapes import blob
 from pwan_ros.core import RegistrationConfig, register
 from pwan_ros.core.config import CoherenceConfig, FineTuneConfig
-from pwan_ros.core.soft_finetune import (
+from pwan_ros.core.finetune.objective import Selection, Transform
+from pwan_ros.core.finetune.soft import (
+    EM,
     cpd_from_start,
     cpd_variance,
     outlier_fraction,
@@ -43,7 +46,7 @@ def test_polish_recovers_the_deformation_from_halfway(outliers):
     v0 = 0.5 * (x - y)
     coh = soft_coherence(y, CoherenceConfig(), 2.0, 2.0, seed=0)
     w = outlier_fraction(len(x), len(ref))
-    res = soft_polish(y, ref, np.eye(3), np.zeros(3), v0, coh, w, 100, 1e-6)
+    res = soft_polish(y, ref, Transform(np.eye(3), np.zeros(3), v0), coh, w, EM(100, 1e-6))
     start = _mse(y + v0, x)
     end = _mse(y @ res.a + res.t + res.v, x)
     assert end < 0.05 * start, end / start
@@ -87,9 +90,9 @@ def test_cpd_from_start_recovers_the_deformation_at_any_scale():
     rels = []
     for scale, offset in ((1.0, 0.0), (50.0, np.array([30.0, -4.0, 2.0]))):
         ys, xs = y * scale + offset, x * scale + offset
-        res, interp = cpd_from_start(
-            ys, ref * scale + offset, CoherenceConfig(), 2.0, 2.0, w, 100, 1e-6 * scale, 0
-        )
+        ft = FineTuneConfig(soft_beta=2.0, soft_lambda=2.0, soft_iterations=100)
+        ft = dataclasses.replace(ft, tolerance=1e-6 * scale)
+        res, interp = cpd_from_start(ys, ref * scale + offset, ft, CoherenceConfig(), w, 0)
         rels.append(_mse(ys @ res.a + res.t + res.v, xs) / _mse(ys, xs))
         v = interp(torch.as_tensor(res.v), torch.as_tensor(ys)).numpy()
         assert np.allclose(v, res.v, atol=1e-6 * scale)
@@ -97,12 +100,21 @@ def test_cpd_from_start_recovers_the_deformation_at_any_scale():
     assert rels[1] == pytest.approx(rels[0], rel=1e-3)
 
 
+def _config(**finetune):
+    """The configuration the soft stage reads (its finetune, coherence and seed 0)."""
+    return RegistrationConfig(transform='nonrigid', seed=0, finetune=FineTuneConfig(**finetune))
+
+
 def _stage(y, ref, a, v, n_matched, from_start=True):
-    ft = FineTuneConfig(soft_from_start=from_start)
     w = outlier_fraction(n_matched, len(ref))
     d = y.shape[1]
     return soft_stage(
-        y, ref, a, np.zeros(d), v, ft, CoherenceConfig(), 'mass', w, n_matched, 0.0, seed=0
+        y,
+        ref,
+        Transform(a, np.zeros(d), v),
+        _config(soft_from_start=from_start),
+        Selection('mass', n_matched, 0.0),
+        w,
     )
 
 
@@ -209,7 +221,7 @@ def test_cpd_from_start_on_a_sample_of_a_large_set(monkeypatch):
     """Above ``WIDE_POINTS`` source points CPD from the start runs on a random sample and its
     field is extended to every source point: from a wrong fine-tuned basin the stage still keeps
     it, and the extended field recovers the deformation on the points it did not see."""
-    import pwan_ros.core.soft_finetune as soft
+    from pwan_ros.core.finetune import soft
 
     monkeypatch.setattr(soft, 'WIDE_POINTS', 600)
     y, x = _deformed(900)
@@ -234,16 +246,10 @@ def test_soft_stage_on_small_sets_starts_no_threads(thread_starts):
     out = soft_stage(
         y,
         ref,
-        np.eye(3),
-        np.zeros(3),
-        np.zeros_like(y),
-        FineTuneConfig(),
-        CoherenceConfig(),
-        'mass',
+        Transform(np.eye(3), np.zeros(3), np.zeros_like(y)),
+        _config(),
+        Selection('mass', len(x), 0.0),
         0.3,
-        len(x),
-        0.0,
-        seed=0,
         workers=-1,
     )
     assert out.iterations > 2

@@ -1,6 +1,6 @@
-"""The self-check every registration result gets (pwan_ros.core.verify), in metres: a right pose
-is vouched for (also under as many uniform outliers as points), a wrong one refused, a pose the
-data cannot pin down (a corridor) refused; register() and pwan_register report it."""
+"""The self-check every registration result gets (pwan_ros.core.checks.verify), in metres: a right
+pose is vouched for (also under as many uniform outliers as points), a wrong one refused, a pose
+the data cannot pin down (a corridor) refused; register() and pwan_register report it."""
 
 import json
 import os
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from _core_shapes import blob, curve2d
 from pwan_ros.cli.register import main
 from pwan_ros.core import RegistrationConfig, refine, register
-from pwan_ros.core.verify import check_pose, judging_voxel
+from pwan_ros.core.checks.verify import check_pose, judging_voxel
 from pwan_ros.evaluation.lidar_sim import SimConfig, simulate
 from pwan_ros.geometry.se3 import invert, rotation_angle
 from pwan_ros.io.point_files import write_points

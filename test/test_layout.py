@@ -1,6 +1,6 @@
-"""The package layout holds: folders by job, imports flow one way (no cycles, no upward arrows),
-and only the ROS adapters import rclpy or ROS message packages. Reads the source (AST), imports
-nothing."""
+"""The package layout holds: folders by job, imports flow one way (no cycles, no upward arrows,
+the core's layers in their order), only the ROS adapters import rclpy or ROS message packages,
+and functions stay readable (length, parameters). Reads the source (AST), imports nothing."""
 
 import ast
 import pathlib
@@ -146,3 +146,79 @@ def test_only_the_ros_adapters_import_rclpy():
     assert offenders == [], 'ROS imports outside ros/ and the replay tool:\n' + '\n'.join(
         offenders
     )
+
+
+#: the core's layers, top to bottom: a module may import core modules of its own layer and of
+#: the layers below it, never above (the floor plan of pwan_ros/core/__init__.py)
+CORE_LAYERS = ['api', 'decide', 'global_search', 'local', 'checks', 'finetune', 'pwan']
+#: the shared bottom layer: what every layer may use
+CORE_BASE = {
+    'config',
+    'device',
+    'errors',
+    'nearest',
+    'preprocess',
+    'problem',
+    'reference_cache',
+    'result',
+}
+
+
+def core_layer(name):
+    """The rank of a core module (0 = the shared base, higher = nearer the api), None outside
+    the core or for the core's package __init__ (which re-exports the public API)."""
+    parts = name.split('.')
+    if parts[:2] != ['pwan_ros', 'core'] or len(parts) < 3:
+        return None
+    if parts[2] in CORE_BASE:
+        return 0
+    assert parts[2] in CORE_LAYERS, f'{name}: a core module outside the floor plan'
+    return len(CORE_LAYERS) - CORE_LAYERS.index(parts[2])
+
+
+def test_core_layers_import_downwards():
+    upward = []
+    for name, deps in graph().items():
+        rank = core_layer(name)
+        if rank is None:
+            continue
+        for dep in deps:
+            other = core_layer(dep)
+            if other is not None and other > rank:
+                upward.append(f'{name} -> {dep}')
+            if (
+                other is not None
+                and other == rank
+                and rank
+                and name.split('.')[2] != dep.split('.')[2]
+            ):
+                upward.append(f'{name} -> {dep}')
+    assert upward == [], 'core imports against its layers:\n' + '\n'.join(sorted(upward))
+
+
+def test_every_core_module_has_its_layer():
+    for name in modules():
+        core_layer(name)  # asserts inside
+
+
+#: the longest a function may be (lines, incl. its docstring) and the most parameters it may take
+MAX_FUNCTION_LINES = 100
+MAX_PARAMETERS = 10
+
+
+def test_functions_stay_readable():
+    """No function of the package over MAX_FUNCTION_LINES lines or MAX_PARAMETERS parameters
+    (self / cls not counted): a long list of values passed through is an object missing."""
+    long = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            a = node.args
+            params = [*a.posonlyargs, *a.args, *a.kwonlyargs]
+            params = [p for p in params if p.arg not in ('self', 'cls')]
+            count = len(params) + (a.vararg is not None) + (a.kwarg is not None)
+            lines = node.end_lineno - node.lineno + 1
+            if lines > MAX_FUNCTION_LINES or count > MAX_PARAMETERS:
+                long.append(f'{name}.{node.name}: {lines} lines, {count} parameters')
+    assert long == [], 'functions to split:\n' + '\n'.join(sorted(long))

@@ -165,7 +165,7 @@ def test_pacing_follows_bag_time_and_rate(small_bag):
         bag=str(small_bag), topics=('/points', '/ground_truth'), rate=2.0, clock_hz=50.0
     )
     pubs = {t: FakePub(log, t) for t in cfg.topics}
-    counts = _play(cfg, pubs, FakePub(log, '/clock'), _Recorder(), True, list(cfg.topics))
+    counts = _play(cfg, pubs, FakePub(log, '/clock'), _Recorder(), list(cfg.topics))
     assert counts == {'/points': 6, '/ground_truth': 6}
     scans = [(t, raw) for name, t, raw in log if name == '/points']
     t0 = scans[0][0]

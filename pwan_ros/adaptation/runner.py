@@ -213,18 +213,8 @@ def run_adaptation(
     chk = None
     try:
         chk = _check_rows(check, config, lab)
-        return _run(
-            config,
-            lab,
-            unl,
-            os.path.abspath(output_dir),
-            resume,
-            on_step,
-            on_eval,
-            should_stop,
-            log,
-            chk,
-        )
+        hooks = _Hooks(on_step, on_eval, should_stop, log)
+        return _run(_Job(config, lab, unl, os.path.abspath(output_dir), chk, resume, hooks))
     except OSError as exc:  # writing an output failed part-way (full disk, permissions changed)
         for d in reversed(created):  # directories this run made and left empty
             with contextlib.suppress(OSError):
@@ -281,126 +271,184 @@ def _check_rows(check, config: AdaptConfig, lab: FeatureSet) -> Optional[Feature
     return chk
 
 
-def _run(config, lab, unl, out, resume, on_step, on_eval, should_stop, log, chk) -> AdaptResult:
-    ckdir = os.path.join(out, 'checkpoints')
-    latest, best = os.path.join(ckdir, 'latest.pt'), os.path.join(ckdir, 'best.pt')
+@dataclass(frozen=True)
+class _Hooks:
+    """The caller's callbacks: per step, per evaluation, the stop request, the log."""
+
+    on_step: Optional[Callable]
+    on_eval: Optional[Callable]
+    should_stop: Optional[Callable[[], bool]]
+    log: Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One adaptation run: its config, the labelled / unlabelled / check sets, the output
+    directory (absolute), whether it resumes, and the caller's hooks."""
+
+    config: AdaptConfig
+    lab: FeatureSet
+    unl: FeatureSet
+    out: str
+    chk: Optional[FeatureSet]
+    resume: bool
+    hooks: _Hooks
+
+    @property
+    def latest(self) -> str:
+        return os.path.join(self.out, 'checkpoints', 'latest.pt')
+
+    @property
+    def best(self) -> str:
+        return os.path.join(self.out, 'checkpoints', 'best.pt')
+
+
+def _run(job: _Job) -> AdaptResult:
+    """Train, decide what to deploy (the safeguard, the check rows), write the outputs."""
+    config = job.config
     torch_threads = torch.get_num_threads()
     if config.threads > 0:
         torch.set_num_threads(config.threads)
     try:
-        check_pair(lab, unl)  # the labels before the split counts their classes
-        guarded = config.safeguard and config.method != 'source_only'
-        holdout = (
-            holdout_split(lab.labels, config.holdout_fraction, config.seed) if guarded else None
-        )
-        trainer = AdaptTrainer(config, lab, unl, holdout)
-        if guarded:  # the source-only companion, step by step beside it, judged against
-            trainer.attach_companions()
-            trainer.selector = SnapshotSelector(
-                holdout, config.safeguard_margin, config.min_agreement
-            )
-        if resume:
-            if not os.path.isfile(latest):
-                raise AdaptInputError(f'cannot resume: {latest} does not exist')
-            trainer.load_state_dict(load_checkpoint(latest))
-            log(f'resumed from {latest} at step {trainer.state.step}')
-        os.makedirs(ckdir, exist_ok=True)
-        last_eval: List[UnlabelledPass] = []
-
-        def eval_hook(tr, res, is_best):
-            last_eval[:] = [res]
-            if is_best:
-                _ckpt_save(tr, best)
-            if on_eval is not None:
-                on_eval(tr, res)
-
-        def ckpt_hook(tr):
-            _ckpt_save(tr, latest)
-
-        done = trainer.train(
-            on_step=on_step, on_eval=eval_hook, on_checkpoint=ckpt_hook, should_stop=should_stop
-        )
-        _ckpt_save(trainer, latest)
-        write_metrics(trainer, out)
-        res = decision = companion = accuracies = None
+        trainer, holdout = _trainer(job)
+        done, last_eval = _train(job, trainer)
+        res = decision = None
+        accuracies = (None, None)
         if done:
-            res = (
-                last_eval[0]
-                if last_eval and last_eval[0].step == trainer.state.step
-                else trainer.evaluate()
-            )
-            if not last_eval or last_eval[0] is not res:
-                if trainer.record_eval(res):
-                    _ckpt_save(trainer, best)
-                write_metrics(trainer, out)
-            deployed = trainer
-            adapted_res = res
-            if guarded:
-                ref = Reference.of(trainer.companion, holdout)
-                kept_step = trainer.state.best_step
-                decision = decide(trainer, ref, config.safeguard_margin, config.min_agreement)
-                if trainer.state.best_step != kept_step:  # the final weights replaced it
-                    _ckpt_save(trainer, best)
-                label_free = 'label-free decision' if chk is not None else 'deploying'
-                log(f'safeguard: {label_free} {decision.deployed}: {decision.reason}')
-                companion = trainer.fallback  # source-only on all labelled rows
-                if decision.deployed == 'adapted':
-                    if trainer.restore_snapshot() and trainer.state.best_step != res.step:
-                        adapted_res = trainer.evaluate()
-                os.makedirs(os.path.join(out, 'candidates'), exist_ok=True)
-                export_torchscript(trainer, os.path.join(out, 'candidates', 'adapted.ts'))
-                export_torchscript(companion, os.path.join(out, 'candidates', 'source_only.ts'))
-                if chk is not None:  # labelled rows of the unlabelled domain: direct evidence
-                    kept_step = trainer.state.best_step
-                    verdict = check_candidates(trainer, companion, chk, config.check_alpha)
-                    decision = apply_check(decision, verdict, trainer)
-                    if trainer.state.best_step != kept_step:  # the checked final weights
-                        _ckpt_save(trainer, best)
-                    log(f'safeguard: {verdict.describe()}: deploying {decision.deployed}')
-                if decision.deployed == 'source_only':
-                    deployed = companion
-            source_res = None if companion is None else companion.evaluate()
-            final = adapted_res if deployed is trainer else source_res
-            write_npy(os.path.join(out, 'predictions.npy'), final.predictions)
-            export_torchscript(deployed, os.path.join(out, 'model.ts'))
-            if trainer.config.plots:
-                from .plots import write_plots
-
-                write_plots(trainer, os.path.join(out, 'plots'))
-            accuracies = (
-                adapted_res.accuracy,
-                None if source_res is None else source_res.accuracy,
-            )
-            res = final
+            res = _final_eval(job, trainer, last_eval)
+            res, decision, accuracies = _deploy(job, trainer, holdout, res)
         else:
-            log(f'stopped at step {trainer.state.step}; checkpoint {latest}')
-        result = _result(
-            trainer,
-            res,
-            out,
-            latest,
-            best,
-            done,
-            decision,
-            *(accuracies if done else (None, None)),
-        )
+            job.hooks.log(f'stopped at step {trainer.state.step}; checkpoint {job.latest}')
+        result = _result(trainer, res, job, done, decision, *accuracies)
         write_json(result.summary_path, result.to_dict())
         return result
     finally:
         torch.set_num_threads(torch_threads)
 
 
+def _trainer(job: _Job) -> tuple:
+    """(the trainer, ready to train or resumed; the safeguard's held-out rows or None)."""
+    config = job.config
+    check_pair(job.lab, job.unl)  # the labels before the split counts their classes
+    guarded = config.safeguard and config.method != 'source_only'
+    holdout = (
+        holdout_split(job.lab.labels, config.holdout_fraction, config.seed) if guarded else None
+    )
+    trainer = AdaptTrainer(config, job.lab, job.unl, holdout)
+    if guarded:  # the source-only companion, step by step beside it, judged against
+        trainer.attach_companions()
+        trainer.selector = SnapshotSelector(holdout, config.safeguard_margin, config.min_agreement)
+    if job.resume:
+        if not os.path.isfile(job.latest):
+            raise AdaptInputError(f'cannot resume: {job.latest} does not exist')
+        trainer.load_state_dict(load_checkpoint(job.latest))
+        job.hooks.log(f'resumed from {job.latest} at step {trainer.state.step}')
+    os.makedirs(os.path.dirname(job.latest), exist_ok=True)
+    return trainer, holdout
+
+
+def _train(job: _Job, trainer: AdaptTrainer) -> tuple:
+    """Train (checkpoints, the best snapshot, metrics written as it goes). Returns (whether it
+    completed, [the last evaluation] or [])."""
+    last_eval: List[UnlabelledPass] = []
+
+    def eval_hook(tr, res, is_best):
+        last_eval[:] = [res]
+        if is_best:
+            _ckpt_save(tr, job.best)
+        if job.hooks.on_eval is not None:
+            job.hooks.on_eval(tr, res)
+
+    def ckpt_hook(tr):
+        _ckpt_save(tr, job.latest)
+
+    done = trainer.train(
+        on_step=job.hooks.on_step,
+        on_eval=eval_hook,
+        on_checkpoint=ckpt_hook,
+        should_stop=job.hooks.should_stop,
+    )
+    _ckpt_save(trainer, job.latest)
+    write_metrics(trainer, job.out)
+    return done, last_eval
+
+
+def _final_eval(job: _Job, trainer: AdaptTrainer, last_eval: list) -> UnlabelledPass:
+    """The evaluation at the final step (the last one when it was there), recorded."""
+    res = (
+        last_eval[0]
+        if last_eval and last_eval[0].step == trainer.state.step
+        else trainer.evaluate()
+    )
+    if not last_eval or last_eval[0] is not res:
+        if trainer.record_eval(res):
+            _ckpt_save(trainer, job.best)
+        write_metrics(trainer, job.out)
+    return res
+
+
+def _deploy(job: _Job, trainer: AdaptTrainer, holdout, res: UnlabelledPass) -> tuple:
+    """Decide what to deploy (the safeguard, then the check rows) and write it: predictions,
+    model.ts, the candidates, plots. Returns (the deployed model's evaluation, the decision or
+    None, (adapted accuracy, source-only accuracy))."""
+    deployed, adapted_res, decision, companion = trainer, res, None, None
+    if holdout is not None:
+        decision, companion, adapted_res = _safeguard(job, trainer, holdout, res)
+        if decision.deployed == 'source_only':
+            deployed = companion
+    out = job.out
+    source_res = None if companion is None else companion.evaluate()
+    final = adapted_res if deployed is trainer else source_res
+    write_npy(os.path.join(out, 'predictions.npy'), final.predictions)
+    export_torchscript(deployed, os.path.join(out, 'model.ts'))
+    if trainer.config.plots:
+        from .plots import write_plots
+
+        write_plots(trainer, os.path.join(out, 'plots'))
+    accuracies = (adapted_res.accuracy, None if source_res is None else source_res.accuracy)
+    return final, decision, accuracies
+
+
+def _safeguard(job: _Job, trainer: AdaptTrainer, holdout, res: UnlabelledPass) -> tuple:
+    """The safeguard's decision between the adapted model and its source-only companion (on the
+    held-out labelled rows, then the check rows of the new domain when given), both candidates
+    written. Returns (decision, the companion, the adapted model's evaluation)."""
+    config, log = job.config, job.hooks.log
+    ref = Reference.of(trainer.companion, holdout)
+    kept_step = trainer.state.best_step
+    decision = decide(trainer, ref, config.safeguard_margin, config.min_agreement)
+    if trainer.state.best_step != kept_step:  # the final weights replaced it
+        _ckpt_save(trainer, job.best)
+    label_free = 'label-free decision' if job.chk is not None else 'deploying'
+    log(f'safeguard: {label_free} {decision.deployed}: {decision.reason}')
+    companion = trainer.fallback  # source-only on all labelled rows
+    adapted_res = res
+    if decision.deployed == 'adapted':
+        if trainer.restore_snapshot() and trainer.state.best_step != res.step:
+            adapted_res = trainer.evaluate()
+    os.makedirs(os.path.join(job.out, 'candidates'), exist_ok=True)
+    export_torchscript(trainer, os.path.join(job.out, 'candidates', 'adapted.ts'))
+    export_torchscript(companion, os.path.join(job.out, 'candidates', 'source_only.ts'))
+    if job.chk is not None:  # labelled rows of the unlabelled domain: direct evidence
+        kept_step = trainer.state.best_step
+        verdict = check_candidates(trainer, companion, job.chk, config.check_alpha)
+        decision = apply_check(decision, verdict, trainer)
+        if trainer.state.best_step != kept_step:  # the checked final weights
+            _ckpt_save(trainer, job.best)
+        log(f'safeguard: {verdict.describe()}: deploying {decision.deployed}')
+    return decision, companion, adapted_res
+
+
 def _result(
     tr: AdaptTrainer,
     res: Optional[UnlabelledPass],
-    out,
-    latest,
-    best,
-    done,
+    job: _Job,
+    done: bool,
     decision: Optional[SafeguardDecision],
     adapted_acc,
     source_acc,
 ) -> AdaptResult:
+    out, latest, best = job.out, job.latest, job.best
     cfg, st, k = tr.config, tr.state, tr.num_classes
     # Classes predicted for more than 1/K of the unlabelled rows at the end (hard predictions).
     frac = res.class_fraction if res is not None else st.mu / k

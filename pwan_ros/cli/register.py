@@ -173,38 +173,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter('always')
                 config = _config(args)
-                if args.output is not None:  # '' too: an unset variable in a script
-                    check_output_path(args.output)  # before any work
-                    for role, given in (('source', args.source), ('reference', args.reference)):
-                        if _same_file(args.output, given):
-                            raise PwanInputError(
-                                f'{args.output}: output is the {role} file; choose another path'
-                            )
-                src = read_points(args.source)
-                ref = read_points(args.reference)
-                from pwan_ros.core import register
-
-                if not args.quiet:
-                    print(
-                        f'[pwan] registering {args.source} ({src.shape[0]} pts) onto '
-                        f'{args.reference} ({ref.shape[0]} pts)',
-                        file=sys.stderr,
-                    )
-                if args.viewpoints and not args.global_init:
-                    raise PwanInputError('--viewpoints needs --global')
-                if args.global_init and config.transform != 'rigid':
-                    raise PwanInputError(
-                        '--global finds a rigid pose: run it rigidly with --output moved.ply, '
-                        f'then --transform {config.transform} on moved.ply'
-                    )
-                res = register(
-                    src,
-                    ref,
-                    config,
-                    init='global' if args.global_init else None,
-                    should_stop=interrupted,
-                    viewpoints=args.viewpoints,
-                )
+                _check_output(args)  # before any work
+                src, res = _register(args, config, interrupted)
             if interrupted():
                 raise KeyboardInterrupt
             for w in caught:
@@ -220,9 +190,62 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 2
         except KeyboardInterrupt:
             _hard_exit(prog, 130)
-    d = res.transform.shape[0] - 1
+    summary = _summary(res, args, config)
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        _print_summary(summary, res, args, config)
+    if res.status != 'ok':
+        print(f'{prog}: refused: {res.reason}', file=sys.stderr)
+        return 3
+    return 0
+
+
+def _check_output(args) -> None:
+    """The output path can be written and is neither input file (PwanInputError)."""
+    if args.output is None:
+        return
+    check_output_path(args.output)  # '' too: an unset variable in a script
+    for role, given in (('source', args.source), ('reference', args.reference)):
+        if _same_file(args.output, given):
+            raise PwanInputError(f'{args.output}: output is the {role} file; choose another path')
+
+
+def _register(args, config, interrupted) -> tuple:
+    """(the source points as read, the registration's result)."""
+    src = read_points(args.source)
+    ref = read_points(args.reference)
+    from pwan_ros.core import register
+
+    if not args.quiet:
+        print(
+            f'[pwan] registering {args.source} ({src.shape[0]} pts) onto '
+            f'{args.reference} ({ref.shape[0]} pts)',
+            file=sys.stderr,
+        )
+    if args.viewpoints and not args.global_init:
+        raise PwanInputError('--viewpoints needs --global')
+    if args.global_init and config.transform != 'rigid':
+        raise PwanInputError(
+            '--global finds a rigid pose: run it rigidly with --output moved.ply, '
+            f'then --transform {config.transform} on moved.ply'
+        )
+    res = register(
+        src,
+        ref,
+        config,
+        init='global' if args.global_init else None,
+        should_stop=interrupted,
+        viewpoints=args.viewpoints,
+    )
+    return src, res
+
+
+def _summary(res, args, config) -> dict:
+    """The result as the JSON object ``--json`` prints (2-D transforms as a 4x4 acting on
+    (x, y, 0))."""
     t4 = res.transform
-    if d == 2:  # report 2-D results as a 4x4 acting on (x, y, 0)
+    if res.transform.shape[0] == 3:
         t4 = np.eye(4)
         t4[:2, :2] = res.transform[:2, :2]
         t4[:2, 3] = res.transform[:2, 2]
@@ -236,40 +259,33 @@ def main(argv: Optional[List[str]] = None) -> int:
         # non-rigid: `transform` is the deformation's affine part; --output has the moved points
         'transform_type': config.transform,
         'output': args.output if args.output else None,
+        'status': res.status,
+        'reason': res.reason,
+        'check': res.check.as_dict() if res.check is not None else None,
     }
-    summary.update(
-        status=res.status,
-        reason=res.reason,
-        check=res.check.as_dict() if res.check is not None else None,
-    )
     if args.global_init:
         summary.update(
             overlap=round(float(res.overlap), 6), confidence=round(float(res.confidence), 6)
         )
-    if args.json:
-        print(json.dumps(summary))
-    else:
-        np.set_printoptions(precision=6, suppress=True)
-        print(
-            'transform (SRC -> REF frame'
-            + (', affine part' if config.transform == 'nonrigid' else '')
-            + '):'
-        )
-        print(np.array(summary['transform']))
-        print(
-            f"time {summary['time_s']:.3f} s, source {res.num_source} pts, reference "
-            f"{res.num_reference} pts, matched {100 * res.matched_ratio:.1f} %, converged "
-            f"{res.converged}"
-        )
-        if args.output:
-            print(f'wrote {args.output}')
-        if args.global_init:
-            print(f"global: overlap {100 * res.overlap:.1f} %, confidence {res.confidence:.2f}")
-        print(f'status: {res.status}' + (f' ({res.reason})' if res.reason else ''))
-    if res.status != 'ok':
-        print(f'{prog}: refused: {res.reason}', file=sys.stderr)
-        return 3
-    return 0
+    return summary
+
+
+def _print_summary(summary: dict, res, args, config) -> None:
+    """The result for a person, on stdout."""
+    np.set_printoptions(precision=6, suppress=True)
+    part = ', affine part' if config.transform == 'nonrigid' else ''
+    print(f'transform (SRC -> REF frame{part}):')
+    print(np.array(summary['transform']))
+    print(
+        f"time {summary['time_s']:.3f} s, source {res.num_source} pts, reference "
+        f"{res.num_reference} pts, matched {100 * res.matched_ratio:.1f} %, converged "
+        f"{res.converged}"
+    )
+    if args.output:
+        print(f'wrote {args.output}')
+    if args.global_init:
+        print(f'global: overlap {100 * res.overlap:.1f} %, confidence {res.confidence:.2f}')
+    print(f'status: {res.status}' + (f' ({res.reason})' if res.reason else ''))
 
 
 if __name__ == '__main__':  # pragma: no cover

@@ -4,21 +4,39 @@ Public API::
 
     register(source, reference, config=None, init=None, potential_state=None) -> RegistrationResult
     refine(source, reference, init=None, config=None) -> RegistrationResult
-    estimate_discrepancy(reference, source, divergence, mass=..., distance_threshold=...)
-        -> DiscrepancyEstimate
+    estimate_discrepancy(reference, source, divergence, mass=..., distance_threshold=...,
+        settings=EstimatorSettings(...)) -> DiscrepancyEstimate
     exact_mass_discrepancy / exact_distance_discrepancy / exact_w1 (POT linear programs)
+
+The floor plan, one layer per folder, each importing only those below it::
+
+    api.py            register() / refine(): the stages, in order
+    decide.py         mass at the overlap, the global search's confirmation, a deformation judged
+    global_search/    unknown pose: hypotheses, chosen by the partial objective, refused or not
+    local/            the fit from an init: Alg. 1 (one start / tournament) + fine-tune, assembly
+    checks/           the self-check of a pose, the rival step, the mass a pose shows, free space
+    finetune/         the fine-tune family: objective, stage, soft (CPD) stage, GICP polish
+    pwan/             the paper's maths: potential, gradients, Alg. 1, transforms, KR, exact LP
+    config.py, problem.py, result.py, preprocess.py, nearest.py, reference_cache.py, device.py,
+    errors.py         what every layer shares
 """
 
 from .config import CoherenceConfig, FineTuneConfig, PotentialConfig, RegistrationConfig
-from .discrepancy import DiscrepancyEstimate, estimate_discrepancy
 from .errors import PwanInputError
-from .exact import ExactDiscrepancy, exact_distance_discrepancy, exact_mass_discrepancy, exact_w1
+from .pwan.discrepancy import DiscrepancyEstimate, EstimatorSettings, estimate_discrepancy
+from .pwan.exact import (
+    ExactDiscrepancy,
+    exact_distance_discrepancy,
+    exact_mass_discrepancy,
+    exact_w1,
+)
 from .result import RegistrationResult
 from .api import refine, register
 
 __all__ = [
     'CoherenceConfig',
     'DiscrepancyEstimate',
+    'EstimatorSettings',
     'ExactDiscrepancy',
     'FineTuneConfig',
     'PotentialConfig',

@@ -1,14 +1,21 @@
 """PWAN registration, the public entry points: :func:`register` (Alg. 1 + fine-tune, optionally
-multi-start) and :func:`refine` (the fine-tune alone).
+multi-start, or a global search) and :func:`refine` (the fine-tune alone).
 
 Frames/units: inputs and outputs are in the caller's units (metres for ROS). Internally both sets
 are centred and divided by a common scale (see :func:`preprocess.make_normaliser`); every
-threshold is converted on the way in and reported in caller units. The stages live in their own
-modules: input preparation (:mod:`problem`), the fit of one registration (:mod:`candidates`:
-Alg. 1 (:mod:`alg1`), the multi-start (:mod:`multistart`), the fine-tune stage
-(:mod:`finetune_stage`)), the result's assembly and self-check (:mod:`finish`), the fine-tune
-alone (:mod:`refinement`) and what a result goes through after the fit (:mod:`judging`: the
-mass at the measured overlap, the global search's confirmation, the deformed pose's check).
+threshold is converted on the way in and reported in caller units. :func:`register` reads as its
+stages, each a function of the caller's :class:`problem.Request` and the result so far:
+
+1. **fit** (:mod:`local`): Alg. 1 and the fine-tune from the init (one start or the multi-start
+   tournament); a non-rigid one from its rigid pre-alignment. The result carries its self-check.
+2. **mass at the overlap** (:func:`decide.mass_at_overlap`): a default mass refit at the overlap
+   the pose shows.
+3. **confirm** (:func:`decide.confirm`): a pose a local search cannot vouch for, against the
+   global search (:mod:`global_search`).
+4. **judge** (:func:`decide.judge`): a deformation judged by the pose it deforms.
+
+The package's layers, each importing only those below it: api -> decide -> global_search ->
+local -> checks -> finetune -> pwan -> config / problem / result (test/test_layout.py).
 """
 
 from __future__ import annotations
@@ -19,22 +26,15 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from .candidates import register_candidates
 from .config import RegistrationConfig
+from .decide import confirm, judge, mass_at_overlap
 from .errors import PwanInputError
-from .global_search import register_global
-from .judging import (
-    confirmed,
-    deformable_finalists,
-    fit_reference,
-    judged_with_pose,
-    mass_at_overlap,
-    unconvincing,
-)
-from .multistart import distinct_poses, overlap_score
-from .preprocess import median_spacing, random_subset
-from .reference import ReferenceCache
-from .refinement import refine_at_mass
+from .global_search.search import register_global
+from .local.deform import deform
+from .local.fit import fit
+from .local.from_pose import fit_from_pose
+from .problem import Request
+from .reference_cache import ReferenceCache
 from .result import RegistrationResult
 
 __all__ = ['register', 'refine', 'ReferenceCache']
@@ -57,9 +57,10 @@ def refine(
     only, on the host (a k-d tree) unless ``finetune.nn`` is 'torch' (then on config.device).
     reference_cache: as in :func:`register`.
     """
-    config = config or RegistrationConfig()
-    res = refine_at_mass(source, reference, init, config, reference_cache, take_rival=True)
-    return mass_at_overlap(source, reference, config, res, reference_cache)
+    request = Request(
+        source, reference, config or RegistrationConfig(), init, cache=reference_cache
+    )
+    return mass_at_overlap(request, fit_from_pose(request, take_rival=True))
 
 
 def register(
@@ -81,110 +82,65 @@ def register(
     weights from a previous result (``result.potential_state``) to warm-start the potential.
     config.starts > 1 (rigid/affine) runs Alg. 1 + fine-tune from several initial rotations and
     keeps the one with the lowest ``config.start_score`` (default: the distance-type partial NN
-    objective at 2x the dense reference spacing, see :class:`OverlapScorer`); with
+    objective at 2x the dense reference spacing, see :class:`local.scoring.OverlapScorer`); with
     ``config.start_steps > 0`` as a coarse-to-fine tournament (short runs from every start, the
     best ``start_keep`` continue); all starts run in lock-step as one batched network
-    (:mod:`alg1`). Non-rigid with ``prealign``: rigid registration(s) first; with several starts
-    the ``prealign_keep`` best rigid finalists are each deformed and the best non-rigid result by
-    the overlap score is returned. should_stop: optional callable polled once per transform update
-    (and between starts); when it returns True the adversarial stage ends early (``converged`` is
-    then False) — for time budgets and shutdown. Deterministic for a fixed seed on a given device
-    and thread count (without should_stop). reference_cache: optional :class:`ReferenceCache` kept
-    by the caller across registrations against the same reference (odometry: a keyframe): the
-    reference's k-d tree / device search and normals are built once, while its points stay the
-    same; the result equals that of a call without it. viewpoints (``init='global'`` only):
-    ``(source_viewpoint, reference_viewpoint)``, each (3,) the sensor's position in its own cloud's
-    frame (``'origin'``: both clouds are in their sensors' frames, as ROS scans and RGB-D fragments
-    are); candidate poses that put either cloud where the other sensor saw free space are rejected
-    (``global_search.max_free_space``, :mod:`free_space`) — what tells a symmetric room's turned
-    halves from the truth. Every result carries the self-check (:mod:`verify`,
-    ``config.self_check``): ``status`` 'ok' | 'refused', ``reason``, ``check``; a rigid 3-D result
-    takes a clearly better pose the check finds next to it. Raises :class:`PwanInputError` on bad
-    input.
+    (:mod:`pwan.alg1`). Non-rigid with ``prealign``: rigid registration(s) first; with several
+    starts the ``prealign_keep`` best rigid finalists are each deformed and the best non-rigid
+    result by the overlap score is returned. should_stop: optional callable polled once per
+    transform update (and between starts); when it returns True the adversarial stage ends early
+    (``converged`` is then False) — for time budgets and shutdown. Deterministic for a fixed seed
+    on a given device and thread count (without should_stop). reference_cache: optional
+    :class:`ReferenceCache` kept by the caller across registrations against the same reference
+    (odometry: a keyframe): the reference's k-d tree / device search and normals are built once,
+    while its points stay the same; the result equals that of a call without it. viewpoints
+    (``init='global'`` only): ``(source_viewpoint, reference_viewpoint)``, each (3,) the sensor's
+    position in its own cloud's frame (``'origin'``: both clouds are in their sensors' frames, as
+    ROS scans and RGB-D fragments are); candidate poses that put either cloud where the other
+    sensor saw free space are rejected (``global_search.max_free_space``,
+    :mod:`checks.free_space`) — what tells a symmetric room's turned halves from the truth. Every
+    result carries the self-check (:mod:`checks.verify`, ``config.self_check``): ``status`` 'ok'
+    | 'refused', ``reason``, ``check``; a rigid 3-D result takes a clearly better pose the check
+    finds next to it. Raises :class:`PwanInputError` on bad input.
     """
-    config = (config or RegistrationConfig()).pinned()
     t0 = time.perf_counter()
+    config = (config or RegistrationConfig()).pinned()
     if isinstance(init, str):
-        if init != 'global':
-            raise PwanInputError(
-                f"init must be a (d+1, d+1) transform, None or 'global', got {init!r}"
-            )
-        if config.transform != 'rigid':
-            raise PwanInputError(
-                "init='global' finds a rigid pose; register rigidly first, then pass its "
-                "transform as init to the affine / non-rigid registration"
-            )
-        return register_global(
-            source, reference, config, reference_cache, refine, _viewpoints(viewpoints)
-        )
+        return _global(source, reference, config, init, reference_cache, viewpoints)
     if viewpoints is not None:
         raise PwanInputError("viewpoints are used by init='global' only")
-    if config.transform != 'nonrigid' or not config.prealign:
-        res = register_candidates(
-            source, reference, config, init, potential_state, should_stop, reference_cache
-        )[0][1]
-        res = mass_at_overlap(source, reference, config, res, reference_cache)
-        if init is None and unconvincing(res, config):
-            res = confirmed(source, reference, config, res, reference_cache, refine)
-        if config.transform == 'nonrigid' and config.self_check and res.status == 'ok':
-            # the pose it deforms: the source under the result's affine part
-            src = np.asarray(source, dtype=np.float64)[res.source_valid]
-            a = res.transform
-            posed = src @ a[:-1, :-1].T + a[:-1, -1]
-            res = judged_with_pose(res, posed, fit_reference(reference), config)
-        return dataclasses.replace(res, time_s=time.perf_counter() - t0)
-    # the rigid and non-rigid stages share the reference's search structures
-    cache = reference_cache if reference_cache is not None else ReferenceCache()
-    # coarse-to-fine: rigid PWAN registration(s) (with config.starts) initialise the non-rigid one
-    # (large rotations are out of reach of a deformation started at identity); steps, u and
-    # tolerance left None take the rigid defaults there, the network and warm-up stay the
-    # non-rigid ones (pinned above). With several starts the ``prealign_keep`` best rigid finalists
-    # are deformed and compared after the non-rigid stage: a rigid fit of a deformed shape can rank
-    # a wrong, symmetric pose first.
-    rigid = config.replace(transform='rigid', prealign=False, self_check=False)
-    cands = register_candidates(
-        source, reference, rigid, init, None, should_stop, cache, warn=False
+    request = Request(
+        source, reference, config, init, potential_state, should_stop, reference_cache
     )
-    ref_clean = fit_reference(reference)  # validated by the rigid stage
-    # distinct poses only: finalists that converged to the same pose (within the reference
-    # sampling) would be deformed twice
-    tol = median_spacing(random_subset(ref_clean, 5000, np.random.default_rng(config.seed)))
-    pres = [
-        cands[i]
-        for i in distinct_poses(
-            [c[1].transformed_source for c in cands], tol, config.prealign_keep
-        )
-    ]
-    pres = deformable_finalists(pres, ref_clean, config.seed)
-    best = None
-    for _, pre in pres:
-        if best is not None and should_stop is not None and should_stop():
-            break
-        res = register_candidates(
-            source,
-            reference,
-            config.replace(prealign=False),
-            pre.transform,
-            potential_state,
-            should_stop,
-            cache,
-        )[0][1]
-        score = (
-            overlap_score(res.transformed_source, ref_clean, config.seed) if len(pres) > 1 else 0.0
-        )
-        res = dataclasses.replace(
-            res,
-            timings={**res.timings, 'prealign': pre.time_s},
-            iterations=res.iterations + pre.iterations,
-            potential_updates=res.potential_updates + pre.potential_updates,
-            start_index=pre.start_index,
-        )
-        if best is None or score < best[0]:
-            best = (score, res, pre)
-    res = best[1]
-    if config.self_check and res.status == 'ok':
-        res = judged_with_pose(res, best[2].transformed_source, ref_clean, config)
+    res, posed = _fitted(request)
+    res = mass_at_overlap(request, res)
+    res = confirm(request, res)
+    res = judge(request, res, posed)
     return dataclasses.replace(res, time_s=time.perf_counter() - t0)
+
+
+def _fitted(request: Request) -> tuple:
+    """The fit stage: (result, the pose a deformation starts from (n, d), or None to take the
+    result's affine part)."""
+    config = request.config
+    if config.transform == 'nonrigid' and config.prealign:
+        return deform(request)
+    return fit(request)[0][1], None
+
+
+def _global(source, reference, config, init: str, cache, viewpoints) -> RegistrationResult:
+    """``init='global'``: the global search (3-D rigid only)."""
+    if init != 'global':
+        raise PwanInputError(
+            f"init must be a (d+1, d+1) transform, None or 'global', got {init!r}"
+        )
+    if config.transform != 'rigid':
+        raise PwanInputError(
+            "init='global' finds a rigid pose; register rigidly first, then pass its "
+            'transform as init to the affine / non-rigid registration'
+        )
+    request = Request(source, reference, config, cache=cache)
+    return register_global(request, _viewpoints(viewpoints))
 
 
 def _viewpoints(viewpoints) -> Optional[tuple]:

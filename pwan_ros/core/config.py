@@ -454,7 +454,7 @@ class RegistrationConfig:
     self_check: bool = param(
         True,
         'judge every result from what it shows (overlap beyond chance, at an optimum, '
-        'constrained in every direction; core/verify.py): a pose it cannot vouch for gets '
+        'constrained in every direction; core/checks/verify.py): a pose it cannot vouch for gets '
         "status 'refused' (pwan_register exit 3)",
     )
     potential: PotentialConfig = field(default_factory=PotentialConfig)

@@ -1,4 +1,5 @@
-"""Nearest-neighbour search on a torch device (brute force, chunked): the fine-tune's search with
+"""Nearest-neighbour searches (and the PCA normals of a point's neighbours,
+:func:`estimate_normals`): the fine-tune's search on a torch device (brute force, chunked) with
 ``finetune.nn='torch'``; the default, ``auto``, is the k-d tree on the host (:class:`HostNearest`:
 small_gicp's for 3-D nearest neighbours, scipy's for the rest; see :func:`search_device`).
 
@@ -24,6 +25,7 @@ __all__ = [
     'PARALLEL_QUERY_ROWS',
     'HostNearest',
     'TorchNearest',
+    'estimate_normals',
     'make_search',
     'query_workers',
     'search_device',
@@ -171,6 +173,19 @@ class HostNearest:
             dist[far] = np.inf
             idx[far] = self.n
         return dist, idx
+
+
+def estimate_normals(
+    points: np.ndarray, tree: cKDTree, k: int = 10, workers: int = 1
+) -> np.ndarray:
+    """Unit normals (n, d) by PCA of the k nearest neighbours (smallest-eigenvalue direction)."""
+    k = int(min(k, points.shape[0]))
+    _, nn = tree.query(points, k=k, workers=query_workers(points.shape[0] * k, workers))
+    nb = points[nn]  # (n, k, d)
+    nb = nb - nb.mean(axis=1, keepdims=True)
+    cov = np.einsum('nki,nkj->nij', nb, nb)
+    _, vec = np.linalg.eigh(cov)
+    return vec[:, :, 0]
 
 
 def make_search(points: np.ndarray, device=None):

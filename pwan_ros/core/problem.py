@@ -1,10 +1,13 @@
-"""Input preparation of a registration: validated sets, far outliers left out, the init applied,
-the mass resolved and the common normalisation (caller units unless noted)."""
+"""What a registration works on: the caller's :class:`Request`, its prepared :class:`Problem`
+(validated sets, far outliers left out, the init applied, the mass resolved, the common
+normalisation; caller units unless noted) and the adversarial stage's :class:`SampledProblem`
+(normalised frame)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -16,11 +19,59 @@ from .preprocess import (
     check_init,
     check_rank,
     clean_points,
+    far_outliers,
     make_normaliser,
     median_spacing,
 )
+from .reference_cache import ReferenceCache
 
-__all__ = ['Problem', 'prepare', 'finetune_set', 'threshold']
+__all__ = [
+    'Problem',
+    'Request',
+    'SampledProblem',
+    'finetune_set',
+    'fit_reference',
+    'prepare',
+    'threshold',
+]
+
+
+@dataclass(frozen=True)
+class Request:
+    """A registration as the caller asked for it: ``source`` (N, d) and ``reference`` (M, d) as
+    given (caller units), the configuration, ``init`` ((d+1, d+1) source -> reference, or None),
+    the potential's warm start (``potential_state``), ``should_stop`` (polled by Alg. 1) and the
+    reference's search structures kept across calls (``cache``, a :class:`ReferenceCache` or
+    None). Every stage of :func:`api.register` takes it."""
+
+    source: Any
+    reference: Any
+    config: RegistrationConfig
+    init: Optional[np.ndarray] = None
+    potential_state: Optional[dict] = None
+    should_stop: Optional[Callable[[], bool]] = None
+    cache: Optional[ReferenceCache] = None
+
+    def with_(self, **changes) -> 'Request':
+        """A copy with ``changes`` (config, init, cache, ...)."""
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class SampledProblem:
+    """The adversarial stage's problem, normalised frame: ``ys`` (r, d) source and ``xs`` (q, d)
+    reference points (voxel grid, then the random cap); ``mass``: the matched mass in sampled
+    source points (mass type; None for the distance type); ``ref_mass``: the reference's total
+    mass in that unit; ``h``: the threshold (distance type; None for the mass type); ``h_floor``:
+    the lowest a learned h may go; ``device``: the torch device it runs on."""
+
+    ys: np.ndarray
+    xs: np.ndarray
+    mass: Optional[float]
+    ref_mass: float
+    h: Optional[float]
+    h_floor: float
+    device: Any
 
 
 @dataclass
@@ -97,3 +148,10 @@ def threshold(config: RegistrationConfig, ref_points: np.ndarray) -> float:
             'distance_threshold'
         )
     return h
+
+
+def fit_reference(reference) -> np.ndarray:
+    """The reference's finite rows without far outliers (m, d), as the estimation sees it."""
+    ref = np.asarray(reference, dtype=np.float64)
+    ref = ref[np.isfinite(ref).all(axis=1)]
+    return ref[~far_outliers(ref)]

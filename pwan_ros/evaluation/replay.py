@@ -127,6 +127,8 @@ def _header_stamp_ns(raw: bytes) -> int:
 
 @dataclass
 class _Recorder:
+    """What the replay hears, filled by the subscriptions' callbacks (spinner thread)."""
+
     lock: threading.Lock = field(default_factory=threading.Lock)
     published_wall: dict = field(default_factory=dict)  # scan stamp ns -> wall time published
     odom: dict = field(default_factory=dict)  # stamp ns -> 4x4
@@ -139,6 +141,67 @@ class _Recorder:
     scan_notes: dict = field(default_factory=dict)  # stamp ns -> [path, ratio, message] of those
     last_odom_wall: float = 0.0
 
+    def on_odom(self, msg) -> None:
+        """An odometry answer: its pose, and the latency from its scan's publication."""
+        now = time.monotonic()
+        ns = bag_io.stamp_to_ns(msg.header.stamp)
+        pose = bag_io.pose_from_msg(msg.pose.pose)
+        with self.lock:
+            self.odom[ns] = pose
+            self.last_odom_wall = now
+            sent = self.published_wall.get(ns)
+            if sent is not None:
+                self.latencies_ms.append((now - sent) * 1e3)
+
+    def on_diag(self, msg) -> None:
+        """The node's diagnostics: its latency, dropped scans, and the scans PWAN engaged on or
+        that were rejected."""
+        with self.lock:
+            for status in msg.status:
+                values = {kv.key: kv.value for kv in status.values}
+                self.diagnostics_last.update(values)
+                if 'latency_ms' in values and _float(values['latency_ms']) is not None:
+                    self.node_latencies_ms.append(_float(values['latency_ms']))
+                if 'scans_dropped' in values and _float(values['scans_dropped']) is not None:
+                    self.node_scans_dropped = int(_float(values['scans_dropped']))
+                ns = bag_io.stamp_to_ns(msg.header.stamp)
+                if values.get('pwan_engaged') == 'true':
+                    self.pwan_stamps.add(ns)
+                if values.get('path') in ('rejected', 'reanchor'):
+                    self.rejected_stamps.add(ns)
+                if ns in self.pwan_stamps or ns in self.rejected_stamps:
+                    ratio = _float(values.get('matched_ratio', ''))
+                    self.scan_notes[ns] = [values.get('path', ''), ratio, status.message]
+
+    def answered(self) -> int:
+        """Published scans with an odometry answer."""
+        with self.lock:
+            return len(set(self.odom) & set(self.published_wall))
+
+    def record(self, cfg: 'ReplayConfig', n_scans: int, wall: float) -> RunRecord:
+        """What was recorded, as a :class:`RunRecord`."""
+        with self.lock:
+            stamps = sorted(self.odom)
+            est = Trajectory(
+                np.array(stamps, dtype=np.float64) * 1e-9,
+                np.array([self.odom[s] for s in stamps]).reshape(-1, 4, 4),
+            )
+            return RunRecord(
+                estimate=est,
+                scans_published=n_scans,
+                latencies_ms=list(self.latencies_ms),
+                node_latencies_ms=list(self.node_latencies_ms),
+                node_scans_dropped=self.node_scans_dropped,
+                mode='replay',
+                wall_s=wall,
+                bag=str(cfg.bag),
+                topic=cfg.points_topic,
+                diagnostics_last=dict(self.diagnostics_last),
+                pwan_stamps=[ns * 1e-9 for ns in sorted(self.pwan_stamps)],
+                rejected_stamps=[ns * 1e-9 for ns in sorted(self.rejected_stamps)],
+                scan_notes=[[ns * 1e-9, *self.scan_notes[ns]] for ns in sorted(self.scan_notes)],
+            )
+
 
 def _float(v: str):
     try:
@@ -150,10 +213,23 @@ def _float(v: str):
 def replay(cfg: ReplayConfig, log=print) -> RunRecord:
     """Play ``cfg.bag`` over DDS and return what was recorded. Needs rclpy (initialised here)."""
     import rclpy
-    from rclpy.executors import SingleThreadedExecutor
-    from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
     from rclpy.signals import SignalHandlerOptions
 
+    cfg, played, classes = _resolved(cfg)
+    # our argv is not ROS arguments (--remap A:=B would read as a deprecated rcl remap); no rclpy
+    # signal handlers: Ctrl-C / SIGTERM raise KeyboardInterrupt in this thread (run_cli), which
+    # unwinds through the finally blocks below, instead of rclpy shutting the context down under
+    # the spinner thread and the publishers (thread tracebacks, "publisher's context is invalid")
+    rclpy.init(args=[], signal_handler_options=SignalHandlerOptions.NO)
+    try:
+        return _replay_on(rclpy.create_node('pwan_replay'), cfg, played, classes, log)
+    finally:
+        rclpy.try_shutdown()
+
+
+def _resolved(cfg: ReplayConfig) -> tuple:
+    """(cfg with the scan topic a remap names, the topics played, their message classes);
+    ReplayError / a bag error when the bag lacks what is asked."""
     topics = bag_io.bag_topics(cfg.bag)
     renamed_to_scans = [a for a, b in cfg.renames().items() if b == cfg.points_topic]
     if cfg.points_topic not in topics and len(renamed_to_scans) == 1:
@@ -167,166 +243,128 @@ def replay(cfg: ReplayConfig, log=print) -> RunRecord:
         raise ReplayError(
             f"scan topic '{cfg.points_topic}' is not among the played topics {played}"
         )
-    classes = {t: message_class(topics[t].msgtype) for t in played}
-    renames = cfg.renames()
-    generate_clock = '/clock' not in played
+    return cfg, played, {t: message_class(topics[t].msgtype) for t in played}
+
+
+def _qos(cfg: ReplayConfig) -> dict:
+    """QoS profiles: 'played' (the bag's topics), '/clock', '/tf_static' (latched, as in ROS 2:
+    late subscribers still get the transforms) and 'recorded' (what the replay listens to)."""
+    from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 
     reliability = (
         ReliabilityPolicy.RELIABLE
         if cfg.reliability == 'reliable'
         else ReliabilityPolicy.BEST_EFFORT
     )
-    qos = QoSProfile(
-        depth=cfg.depth,
-        reliability=reliability,
-        history=HistoryPolicy.KEEP_LAST,
-        durability=DurabilityPolicy.VOLATILE,
-    )
-    clock_qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
-    # /tf_static is latched (TRANSIENT_LOCAL) in ROS 2: late subscribers still get the transforms
-    static_qos = QoSProfile(
-        depth=100,
-        reliability=ReliabilityPolicy.RELIABLE,
-        durability=DurabilityPolicy.TRANSIENT_LOCAL,
-    )
-    rec_qos = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
+    return {
+        'played': QoSProfile(
+            depth=cfg.depth,
+            reliability=reliability,
+            history=HistoryPolicy.KEEP_LAST,
+            durability=DurabilityPolicy.VOLATILE,
+        ),
+        '/clock': QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE),
+        '/tf_static': QoSProfile(
+            depth=100,
+            reliability=ReliabilityPolicy.RELIABLE,
+            durability=DurabilityPolicy.TRANSIENT_LOCAL,
+        ),
+        'recorded': QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE),
+    }
 
-    # our argv is not ROS arguments (--remap A:=B would read as a deprecated rcl remap); no rclpy
-    # signal handlers: Ctrl-C / SIGTERM raise KeyboardInterrupt in this thread (run_cli), which
-    # unwinds through the finally blocks below, instead of rclpy shutting the context down under
-    # the spinner thread and the publishers (thread tracebacks, "publisher's context is invalid")
-    rclpy.init(args=[], signal_handler_options=SignalHandlerOptions.NO)
+
+def _replay_on(node, cfg: ReplayConfig, played: list, classes: dict, log) -> RunRecord:
+    """The replay through ``node``: publishers, subscriptions, a spinner thread, then
+    :func:`_run`."""
+    from rclpy.executors import SingleThreadedExecutor
+    from rosgraph_msgs.msg import Clock
+
+    qos, renames = _qos(cfg), cfg.renames()
+    generate_clock = '/clock' not in played
+    pubs = {
+        t: node.create_publisher(classes[t], renames.get(t, t), qos.get(t, qos['played']))
+        for t in played
+    }
+    clock_pub = node.create_publisher(Clock, '/clock', qos['/clock']) if generate_clock else None
+    rec = _Recorder()
+    odom_sub = None
+    if cfg.odom_topic:
+        from nav_msgs.msg import Odometry
+
+        odom_sub = node.create_subscription(Odometry, cfg.odom_topic, rec.on_odom, qos['recorded'])
+    if cfg.diagnostics_topic:
+        from diagnostic_msgs.msg import DiagnosticArray
+
+        node.create_subscription(
+            DiagnosticArray, cfg.diagnostics_topic, rec.on_diag, qos['recorded']
+        )
+    executor = SingleThreadedExecutor()
+    executor.add_node(node)
+    spinner = threading.Thread(target=executor.spin, daemon=True)
+    spinner.start()
     try:
-        node = rclpy.create_node('pwan_replay')
-        from rosgraph_msgs.msg import Clock
-
-        special = {'/clock': clock_qos, '/tf_static': static_qos}
-        pubs = {
-            t: node.create_publisher(classes[t], renames.get(t, t), special.get(t, qos))
-            for t in played
-        }
-        clock_pub = node.create_publisher(Clock, '/clock', clock_qos) if generate_clock else None
-        rec = _Recorder()
-
-        def on_odom(msg):
-            now = time.monotonic()
-            ns = bag_io.stamp_to_ns(msg.header.stamp)
-            pose = bag_io.pose_from_msg(msg.pose.pose)
-            with rec.lock:
-                rec.odom[ns] = pose
-                rec.last_odom_wall = now
-                sent = rec.published_wall.get(ns)
-                if sent is not None:
-                    rec.latencies_ms.append((now - sent) * 1e3)
-
-        def on_diag(msg):
-            with rec.lock:
-                for status in msg.status:
-                    values = {kv.key: kv.value for kv in status.values}
-                    rec.diagnostics_last.update(values)
-                    if 'latency_ms' in values and _float(values['latency_ms']) is not None:
-                        rec.node_latencies_ms.append(_float(values['latency_ms']))
-                    if 'scans_dropped' in values and _float(values['scans_dropped']) is not None:
-                        rec.node_scans_dropped = int(_float(values['scans_dropped']))
-                    ns = bag_io.stamp_to_ns(msg.header.stamp)
-                    if values.get('pwan_engaged') == 'true':
-                        rec.pwan_stamps.add(ns)
-                    if values.get('path') in ('rejected', 'reanchor'):
-                        rec.rejected_stamps.add(ns)
-                    if ns in rec.pwan_stamps or ns in rec.rejected_stamps:
-                        ratio = _float(values.get('matched_ratio', ''))
-                        rec.scan_notes[ns] = [values.get('path', ''), ratio, status.message]
-
-        odom_sub = None
-        if cfg.odom_topic:
-            from nav_msgs.msg import Odometry
-
-            odom_sub = node.create_subscription(Odometry, cfg.odom_topic, on_odom, rec_qos)
-        if cfg.diagnostics_topic:
-            from diagnostic_msgs.msg import DiagnosticArray
-
-            node.create_subscription(DiagnosticArray, cfg.diagnostics_topic, on_diag, rec_qos)
-        executor = SingleThreadedExecutor()
-        executor.add_node(node)
-        spinner = threading.Thread(target=executor.spin, daemon=True)
-        spinner.start()
-        try:
-            scan_pub = pubs[cfg.points_topic]
-            deadline = time.monotonic() + cfg.startup_timeout
-            log(
-                f'replay: waiting up to {cfg.startup_timeout:g} s for a subscriber on '
-                f"'{renames.get(cfg.points_topic, cfg.points_topic)}'"
-                + (f" and a publisher on '{cfg.odom_topic}'" if odom_sub is not None else '')
-            )
-            while scan_pub.get_subscription_count() < 1 or (
-                odom_sub is not None and odom_sub.get_publisher_count() < 1
-            ):
-                if time.monotonic() > deadline:
-                    missing = (
-                        f"no subscriber on '{renames.get(cfg.points_topic, cfg.points_topic)}'"
-                        if scan_pub.get_subscription_count() < 1
-                        else f"no publisher on '{cfg.odom_topic}'"
-                    )
-                    raise ReplayError(
-                        f'{missing} after {cfg.startup_timeout:.0f} s: is the node running '
-                        '(same ROS_DOMAIN_ID, topic names/remaps right)?'
-                    )
-                time.sleep(0.05)
-            time.sleep(cfg.settle)
-            log(f'replay: playing {", ".join(played)} from {cfg.bag} at rate {cfg.rate:g}')
-            t_start = time.monotonic()
-            counts = _play(cfg, pubs, clock_pub, rec, generate_clock, played)
-            t_end = time.monotonic()
-            n_scans = counts.get(cfg.points_topic, 0)
-            if odom_sub is not None:
-                while True:
-                    with rec.lock:
-                        answered = len(set(rec.odom) & set(rec.published_wall))
-                        last = max(rec.last_odom_wall, t_end)
-                    if answered >= n_scans or time.monotonic() - last > cfg.drain_timeout:
-                        break
-                    time.sleep(0.05)
-            wall = time.monotonic() - t_start
-        finally:
-            executor.shutdown()
-            spinner.join(timeout=5)
-            node.destroy_node()
+        _wait_for_node(cfg, pubs[cfg.points_topic], odom_sub, log)
+        log(f'replay: playing {", ".join(played)} from {cfg.bag} at rate {cfg.rate:g}')
+        t_start = time.monotonic()
+        counts = _play(cfg, pubs, clock_pub, rec, played)
+        n_scans = counts.get(cfg.points_topic, 0)
+        if odom_sub is not None:
+            _drain(cfg, rec, n_scans, time.monotonic())
+        return rec.record(cfg, n_scans, time.monotonic() - t_start)
     finally:
-        rclpy.try_shutdown()
-
-    with rec.lock:
-        stamps = sorted(rec.odom)
-        est = Trajectory(
-            np.array(stamps, dtype=np.float64) * 1e-9,
-            np.array([rec.odom[s] for s in stamps]).reshape(-1, 4, 4),
-        )
-        return RunRecord(
-            estimate=est,
-            scans_published=n_scans,
-            latencies_ms=list(rec.latencies_ms),
-            node_latencies_ms=list(rec.node_latencies_ms),
-            node_scans_dropped=rec.node_scans_dropped,
-            mode='replay',
-            wall_s=wall,
-            bag=str(cfg.bag),
-            topic=cfg.points_topic,
-            diagnostics_last=dict(rec.diagnostics_last),
-            pwan_stamps=[ns * 1e-9 for ns in sorted(rec.pwan_stamps)],
-            rejected_stamps=[ns * 1e-9 for ns in sorted(rec.rejected_stamps)],
-            scan_notes=[[ns * 1e-9, *rec.scan_notes[ns]] for ns in sorted(rec.scan_notes)],
-        )
+        executor.shutdown()
+        spinner.join(timeout=5)
+        node.destroy_node()
 
 
-def _play(
-    cfg: ReplayConfig, pubs, clock_pub, rec: _Recorder, generate_clock: bool, played
-) -> dict:
-    """Publish the bag's messages paced by their log times; returns per-topic counts."""
+def _wait_for_node(cfg: ReplayConfig, scan_pub, odom_sub, log) -> None:
+    """Wait until the scan topic has a subscriber and the odometry topic a publisher (no scan is
+    lost to discovery), then ``cfg.settle`` seconds; ReplayError after ``startup_timeout``."""
+    scans = cfg.renames().get(cfg.points_topic, cfg.points_topic)
+    deadline = time.monotonic() + cfg.startup_timeout
+    log(
+        f"replay: waiting up to {cfg.startup_timeout:g} s for a subscriber on '{scans}'"
+        + (f" and a publisher on '{cfg.odom_topic}'" if odom_sub is not None else '')
+    )
+    while scan_pub.get_subscription_count() < 1 or (
+        odom_sub is not None and odom_sub.get_publisher_count() < 1
+    ):
+        if time.monotonic() > deadline:
+            missing = (
+                f"no subscriber on '{scans}'"
+                if scan_pub.get_subscription_count() < 1
+                else f"no publisher on '{cfg.odom_topic}'"
+            )
+            raise ReplayError(
+                f'{missing} after {cfg.startup_timeout:.0f} s: is the node running '
+                '(same ROS_DOMAIN_ID, topic names/remaps right)?'
+            )
+        time.sleep(0.05)
+    time.sleep(cfg.settle)
+
+
+def _drain(cfg: ReplayConfig, rec: _Recorder, n_scans: int, t_end: float) -> None:
+    """After the last message: wait until every scan has its odometry, or ``drain_timeout``
+    seconds pass without a new one."""
+    while True:
+        with rec.lock:
+            last = max(rec.last_odom_wall, t_end)
+        if rec.answered() >= n_scans or time.monotonic() - last > cfg.drain_timeout:
+            return
+        time.sleep(0.05)
+
+
+def _play(cfg: ReplayConfig, pubs, clock_pub, rec: _Recorder, played) -> dict:
+    """Publish the bag's messages paced by their log times, and the bag time on /clock at
+    ``clock_hz`` when ``clock_pub`` is given (the bag has no /clock); returns per-topic
+    counts."""
     from builtin_interfaces.msg import Time
     from rosgraph_msgs.msg import Clock
 
     def publish_clock(ns: int):
         clock_pub.publish(Clock(clock=Time(sec=ns // 1_000_000_000, nanosec=ns % 1_000_000_000)))
 
+    generate_clock = clock_pub is not None
     counts: dict = {}
     t0_bag = t0_wall = None
     clock_period = 1.0 / (cfg.clock_hz * cfg.rate)  # wall seconds between generated clocks

@@ -15,11 +15,13 @@ registration without viewpoints).
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import List, Tuple
 
 import numpy as np
 
-__all__ = ['ROOMS', 'room_meshes', 'render_view', 'view_pair']
+__all__ = ['ROOMS', 'DepthCamera', 'room_meshes', 'render_view', 'view_pair']
 
 ROOMS = ('furnished', 'box')
 HEIGHT = 2.7
@@ -158,24 +160,33 @@ def room_meshes(kind: str = 'furnished') -> list:
     return _furnished(o3d) if kind == 'furnished' else _box_room(o3d)
 
 
+@dataclass(frozen=True)
+class DepthCamera:
+    """An RGB-D camera's depth images: ``pixels`` (width, height) over ``hfov_deg`` x
+    ``vfov_deg``, tilted by ``pitch_deg``, range noise ``noise`` (m), returns in (0.3,
+    ``max_range``) m; a fragment fuses ``frames`` of them at yaws spread over its span."""
+
+    frames: int = 7
+    hfov_deg: float = 58.0
+    vfov_deg: float = 45.0
+    pixels: Tuple[int, int] = (120, 90)
+    noise: float = 0.005
+    max_range: float = 6.0
+    pitch_deg: float = -11.5
+
+
 def render_view(
     meshes: list,
     position,
     yaw_deg: float,
     span_deg: float = 120.0,
     seed: int = 0,
-    frames: int = 7,
-    hfov_deg: float = 58.0,
-    vfov_deg: float = 45.0,
-    pixels: Tuple[int, int] = (120, 90),
-    noise: float = 0.005,
-    max_range: float = 6.0,
-    pitch_deg: float = -11.5,
+    camera: DepthCamera = DepthCamera(),
 ) -> np.ndarray:
     """A fragment (n, 3) in the camera frame at yaw ``yaw_deg`` (the sensor at the origin, z up):
-    ``frames`` depth images (``pixels`` = width x height, ``hfov_deg`` x ``vfov_deg``, tilted by
-    ``pitch_deg``) from ``position`` (world, m) at yaws spread over ``span_deg``, range noise
-    ``noise`` (m), returns in (0.3, ``max_range``) m, fused on a 2 cm voxel grid."""
+    ``camera.frames`` depth images from ``position`` (world, m) at yaws spread over ``span_deg``,
+    fused on a 2 cm voxel grid."""
+    frames, hfov_deg, vfov_deg, pixels, noise, max_range, pitch_deg = dataclasses.astuple(camera)
     import open3d as o3d
 
     scene = o3d.t.geometry.RaycastingScene()

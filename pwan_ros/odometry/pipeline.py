@@ -34,7 +34,7 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-from pwan_ros.core.verify import check_pose
+from pwan_ros.core.checks.verify import check_pose
 from pwan_ros.geometry.se3 import invert, project_rigid, rotation_angle, transform_points
 from pwan_ros.odometry.config import OdometryConfig
 from pwan_ros.odometry.deskew import deskew, motion_over

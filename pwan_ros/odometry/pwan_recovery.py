@@ -18,8 +18,9 @@ import numpy as np
 from scipy.spatial.transform import Rotation
 
 from pwan_ros.core import RegistrationConfig, RegistrationResult, register
-from pwan_ros.core.reference import ReferenceCache
-from pwan_ros.core.verify import PoseCheck, check_pose
+from pwan_ros.core.checks.rival import retake_better_rival
+from pwan_ros.core.checks.verify import PoseCheck, check_pose
+from pwan_ros.core.reference_cache import ReferenceCache
 from pwan_ros.geometry.se3 import make_transform, transform_points
 from pwan_ros.odometry.config import OdometryConfig
 from pwan_ros.odometry.keyframe_tracker import MatchQuality, PreparedCloud, track
@@ -137,7 +138,7 @@ class Recovery:
     start the result came from), prefixed 'self-check rival of the' when the self-check found a
     clearly better pose next to it and the result was polished from there; global_status: the
     global registration's status ('' if it did not run); check: the core's self-check of the
-    result (:func:`pwan_ros.core.verify.check_pose`, scan against keyframe): a recovery it
+    result (:func:`pwan_ros.core.checks.verify.check_pose`, scan against keyframe): a recovery it
     refuses must not be accepted."""
 
     transform: np.ndarray
@@ -211,17 +212,20 @@ def recover(
         return check_pose(transform_points(t, scan.points), keyframe.points)
 
     check = judged(best.transform)
-    if check.rival_better:
-        # the self-check found a clearly better pose next to the result (a polish that slid
-        # along a corridor, say): polished from there and judged in its place, as the global
-        # search does
-        tr = track(
-            keyframe, scan, check.rival_transform @ best.transform, h, num_threads=num_threads
-        )
-        iterations += tr.iterations
-        retry = judged(tr.transform)
-        if retry.status == 'ok':
-            best, check, origin = tr, retry, f'self-check rival of the {origin}'
+    tracked = []
+
+    def refit(rival: np.ndarray):
+        tracked.append(track(keyframe, scan, rival @ best.transform, h, num_threads=num_threads))
+        return tracked[-1]
+
+    # the self-check found a clearly better pose next to the result (a polish that slid along a
+    # corridor, say): polished from there and judged in its place, kept when it is vouched for
+    retaken = retake_better_rival(
+        check, refit, lambda tr: judged(tr.transform), keep_refused=False
+    )
+    iterations += sum(tr.iterations for tr in tracked)
+    if retaken is not None:
+        (best, check), origin = retaken, f'self-check rival of the {origin}'
     polish_ms += (time.perf_counter() - t1) * 1e3
     return Recovery(
         best.transform,

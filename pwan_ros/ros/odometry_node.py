@@ -242,8 +242,8 @@ class OdometryNode(Node):
             pass
 
     def _handle(self, msg: PointCloud2, t_received: float) -> None:
-        cfg = self.config
-        frame = msg.header.frame_id.lstrip('/')
+        """One scan: decoded, its frames resolved, registered, and its pose, aligned cloud and
+        diagnostics published (or skipped with a reason)."""
         stamp = _stamp_seconds(msg.header.stamp)
         try:
             cloud = pc2.read_cloud(msg)
@@ -252,49 +252,10 @@ class OdometryNode(Node):
                 msg, 'decode', f'invalid PointCloud2 skipped: {exc}', f'invalid cloud: {exc}'
             )
             return
-        if not frame:
-            self._skip(
-                msg,
-                'frame',
-                'PointCloud2 without header.frame_id skipped',
-                'cloud without frame_id',
-            )
+        frames = self._frames(msg)
+        if frames is None:
             return
-        base = cfg.base_frame or frame
-        if base == cfg.odom_frame.lstrip('/'):
-            self._skip(
-                msg,
-                'frame',
-                f"the cloud's frame '{frame}' is odom_frame: set base_frame, or odom_frame to "
-                'another name (the pose is odom_frame -> base frame); scan skipped',
-                f"cloud frame '{frame}' is odom_frame",
-            )
-            return
-        t_base_sensor = self.static_frames.lookup(base, frame)
-        if t_base_sensor is None:
-            why = next(
-                (
-                    f'{a} -> {b}: {r}'
-                    for (a, b), r in self.invalid_static.items()
-                    if {a, b} & {base, frame}
-                ),
-                None,
-            )
-            if why:
-                self._skip(
-                    msg,
-                    'tf',
-                    f'invalid static transform on /tf_static ({why}), ignored; scan skipped',
-                    f'invalid static transform {why}',
-                )
-            else:
-                self._skip(
-                    msg,
-                    'tf',
-                    f'no static transform {base} -> {frame} on /tf_static yet; scan skipped',
-                    f'missing static transform {base} -> {frame}',
-                )
-            return
+        frame, base, t_base_sensor = frames
         self._frame = frame
         times = self.sweep_clock.read(cloud.extras, stamp)
         if times.warning:
@@ -325,28 +286,83 @@ class OdometryNode(Node):
             msg.header.stamp,
             DiagnosticStatus.WARN if update.notices else _LEVELS[est.status],
             '; '.join([text for _, text in update.notices] + [est.message]),
-            {
-                'latency_ms': f'{latency:.2f}',
-                'processing_ms': f'{est.latency_ms:.2f}',
-                'path': est.path,
-                'accepted': str(est.accepted).lower(),
-                'pwan_engaged': str(est.pwan_engaged).lower(),
-                'pwan_starts': str(est.pwan_starts),
-                'deskewed': str(est.deskewed).lower(),
-                'point_times': times.status,
-                'point_times_detail': times.detail,
-                'matched_ratio': f'{est.matched_ratio:.4f}',
-                'median_residual_m': f'{est.median_residual:.4f}',
-                'iterations': str(est.iterations),
-                'num_points': str(est.num_points),
-                'num_input_points': str(est.num_input),
-                'num_far_points': str(est.num_far),
-                'keyframe': str(est.keyframe),
-                'voxel_size_m': f'{self.pipeline.voxel_size:.4f}',
-                'distance_threshold_m': f'{self.pipeline.distance_threshold:.4f}',
-                **{f'{k}_ms': f'{v:.2f}' for k, v in est.timings_ms.items()},
-            },
+            self._scan_values(est, latency, times),
         )
+
+    def _frames(self, msg: PointCloud2):
+        """(the cloud's frame, the base frame, T_base_sensor from /tf_static) of a scan, or None
+        when it is skipped (no frame, the base is odom_frame, no or an invalid static
+        transform)."""
+        cfg = self.config
+        frame = msg.header.frame_id.lstrip('/')
+        if not frame:
+            self._skip(
+                msg,
+                'frame',
+                'PointCloud2 without header.frame_id skipped',
+                'cloud without frame_id',
+            )
+            return None
+        base = cfg.base_frame or frame
+        if base == cfg.odom_frame.lstrip('/'):
+            self._skip(
+                msg,
+                'frame',
+                f"the cloud's frame '{frame}' is odom_frame: set base_frame, or odom_frame to "
+                'another name (the pose is odom_frame -> base frame); scan skipped',
+                f"cloud frame '{frame}' is odom_frame",
+            )
+            return None
+        t_base_sensor = self.static_frames.lookup(base, frame)
+        if t_base_sensor is not None:
+            return frame, base, t_base_sensor
+        why = next(
+            (
+                f'{a} -> {b}: {r}'
+                for (a, b), r in self.invalid_static.items()
+                if {a, b} & {base, frame}
+            ),
+            None,
+        )
+        if why:
+            self._skip(
+                msg,
+                'tf',
+                f'invalid static transform on /tf_static ({why}), ignored; scan skipped',
+                f'invalid static transform {why}',
+            )
+        else:
+            self._skip(
+                msg,
+                'tf',
+                f'no static transform {base} -> {frame} on /tf_static yet; scan skipped',
+                f'missing static transform {base} -> {frame}',
+            )
+        return None
+
+    def _scan_values(self, est, latency: float, times) -> dict:
+        """The diagnostics key values of a registered scan."""
+        return {
+            'latency_ms': f'{latency:.2f}',
+            'processing_ms': f'{est.latency_ms:.2f}',
+            'path': est.path,
+            'accepted': str(est.accepted).lower(),
+            'pwan_engaged': str(est.pwan_engaged).lower(),
+            'pwan_starts': str(est.pwan_starts),
+            'deskewed': str(est.deskewed).lower(),
+            'point_times': times.status,
+            'point_times_detail': times.detail,
+            'matched_ratio': f'{est.matched_ratio:.4f}',
+            'median_residual_m': f'{est.median_residual:.4f}',
+            'iterations': str(est.iterations),
+            'num_points': str(est.num_points),
+            'num_input_points': str(est.num_input),
+            'num_far_points': str(est.num_far),
+            'keyframe': str(est.keyframe),
+            'voxel_size_m': f'{self.pipeline.voxel_size:.4f}',
+            'distance_threshold_m': f'{self.pipeline.distance_threshold:.4f}',
+            **{f'{k}_ms': f'{v:.2f}' for k, v in est.timings_ms.items()},
+        }
 
     def _count(self, **increments: int) -> None:
         """Add to the scan counters (shared with the subscription callback)."""

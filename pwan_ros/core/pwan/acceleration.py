@@ -1,5 +1,5 @@
 """How Alg. 1 runs fast on its device (:mod:`alg1`): Adam as one fused kernel call per step
-(:class:`FusedAdam`), ``torch.compile`` of the two gradient functions of :mod:`objective`
+(:class:`FusedAdam`), ``torch.compile`` of the two gradient functions of :mod:`gradients`
 (:class:`Compiled`, the ``compile`` setting) and, on CUDA, one step captured as a CUDA graph and
 replayed (:class:`WindowGraph`, the ``cuda_graphs`` setting). Each falls back to the eager path
 with one warning per process where this torch or driver cannot do it."""
@@ -12,8 +12,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from .config import RegistrationConfig
-from .objective import potential_grads, transform_input_grad
+from ..config import RegistrationConfig
+from .gradients import potential_grads, transform_input_grad
 from .potential import Workspace
 
 __all__ = [

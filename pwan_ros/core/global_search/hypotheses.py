@@ -1,7 +1,7 @@
 """Candidate poses for the global search (source -> reference, caller units): FPFH features
 (Open3D) matched mutually and a vectorised RANSAC keeping distinct poses by inlier support,
 seeded runs of Open3D's FGR, KISS-Matcher when installed, the identity prior, and PWAN's own
-rotation starts translated by votes. :mod:`global_search` chooses among them.
+rotation starts translated by votes. :mod:`choose` chooses among them.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ import numpy as np
 from scipy.spatial import cKDTree
 from scipy.spatial.distance import cdist
 
-from .config import GlobalConfig
-from .preprocess import median_spacing
-from .votes import start_translations
+from ..config import GlobalConfig
+from ..local.starts import start_rotations
+from ..local.votes import start_translations
+from ..preprocess import median_spacing
 
 __all__ = [
     'FGR_RUNS',
@@ -437,8 +438,6 @@ def rotation_hypotheses(
     (:func:`votes.start_translations`, cells of 2 ``voxel``, the reference voxelised at 1.5
     ``voxel``): PWAN's own starts, for when the features are weak; the ``keep`` with the
     most votes, most first."""
-    from .multistart import start_rotations
-
     rots = start_rotations(3, 24)
     out = []
     for rot, (trans, votes) in zip(

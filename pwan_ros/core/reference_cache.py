@@ -20,8 +20,7 @@ import numpy as np
 import torch
 from scipy.spatial import cKDTree
 
-from .finetune import estimate_normals
-from .nearest import HostNearest, make_search
+from .nearest import HostNearest, estimate_normals, make_search
 from .preprocess import Normaliser
 
 __all__ = ['FINETUNE_SUBSET_SEED', 'PreparedReference', 'ReferenceCache', 'ScaledSearch']

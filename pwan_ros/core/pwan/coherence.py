@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .config import CoherenceConfig
+from ..config import CoherenceConfig
 
 
 def gaussian_kernel(a: torch.Tensor, b: torch.Tensor, rho: float) -> torch.Tensor:

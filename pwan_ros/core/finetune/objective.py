@@ -12,14 +12,80 @@ All arrays here are in the internal normalised frame, row-vector convention T(y)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
 from scipy.spatial import cKDTree
 
-from .coherence import Coherence
-from .nearest import query_workers
+from ..nearest import make_search, query_workers
+from ..pwan.coherence import Coherence
+
+__all__ = [
+    'SAMPLE_REF_FACTOR',
+    'FineTuneData',
+    'FineTuneOutcome',
+    'Selection',
+    'Transform',
+    'partial_objective',
+    'point_to_plane_step',
+    'run_finetune',
+    'select_pairs',
+    'weighted_affine',
+    'weighted_kabsch',
+]
+
+#: reference points per source point in the multi-start's selection fine-tunes
+SAMPLE_REF_FACTOR = 4
+
+
+@dataclass
+class FineTuneData:
+    """Point sets the fine-tune runs on (normalised): source ys, reference xr, its search
+    structure (a cKDTree, or the query interface of one: :class:`reference_cache.ScaledSearch`,
+    :class:`nearest.TorchNearest`) and normals (rigid point-to-plane; None: point-to-point).
+    Built once per registration and shared by all starts; device: where the search of a
+    :meth:`subset` runs (None: k-d tree)."""
+
+    ys: np.ndarray
+    xr: np.ndarray
+    tree: object
+    normals: Optional[np.ndarray]
+    device: Optional[object] = None
+
+    def subset(self, cap: int, seed: int) -> 'FineTuneData':
+        """At most ``cap`` source and ``SAMPLE_REF_FACTOR x cap`` reference points (0: all), with
+        their normals: the data of the multi-start's selection fine-tunes. They only rank the
+        candidates (the winner gets the dense fine-tune), and a sparser reference makes the search
+        of every source point outside the overlap several times cheaper."""
+        rng = np.random.default_rng(seed + 31)
+        ys, xr, tree, normals = self.ys, self.xr, self.tree, self.normals
+        if cap and ys.shape[0] > cap:
+            ys = ys[np.sort(rng.choice(ys.shape[0], size=cap, replace=False))]
+        if cap and xr.shape[0] > SAMPLE_REF_FACTOR * cap:
+            idx = np.sort(rng.choice(xr.shape[0], size=SAMPLE_REF_FACTOR * cap, replace=False))
+            xr = xr[idx]
+            tree = make_search(xr, self.device)
+            normals = None if normals is None else normals[idx]
+        return FineTuneData(ys, xr, tree, normals, self.device)
+
+
+class Transform(NamedTuple):
+    """A transform in the normalised frame, row convention T(y) = y a + t (+ v): ``a`` (d, d),
+    ``t`` (d,), ``v`` (n, d) the non-rigid offsets of the source points (None otherwise)."""
+
+    a: np.ndarray
+    t: np.ndarray
+    v: Optional[np.ndarray] = None
+
+
+class Selection(NamedTuple):
+    """Which pairs the objective counts: ``divergence`` 'mass' (the ``count`` nearest source
+    points) or 'distance' (those within ``h``, normalised units)."""
+
+    divergence: str
+    count: int
+    h: float
 
 
 @dataclass
@@ -76,19 +142,6 @@ def weighted_affine(p: np.ndarray, q: np.ndarray, w: np.ndarray):
     return sol[:-1], sol[-1]
 
 
-def estimate_normals(
-    points: np.ndarray, tree: cKDTree, k: int = 10, workers: int = 1
-) -> np.ndarray:
-    """Unit normals (n, d) by PCA of the k nearest neighbours (smallest-eigenvalue direction)."""
-    k = int(min(k, points.shape[0]))
-    _, nn = tree.query(points, k=k, workers=query_workers(points.shape[0] * k, workers))
-    nb = points[nn]  # (n, k, d)
-    nb = nb - nb.mean(axis=1, keepdims=True)
-    cov = np.einsum('nki,nkj->nij', nb, nb)
-    _, vec = np.linalg.eigh(cov)
-    return vec[:, :, 0]
-
-
 def point_to_plane_step(z: np.ndarray, target: np.ndarray, normals: np.ndarray, w: np.ndarray):
     """Linearised rigid increment (R (d, d), t (d,)) minimising sum w (n.(R z + t - x))^2."""
     d = z.shape[1]
@@ -139,26 +192,22 @@ def _nearest(tree, z: np.ndarray, bound: float, need: int, workers: int):
 
 
 def run_finetune(
-    src: np.ndarray,
-    ref_tree: cKDTree,
-    ref: np.ndarray,
+    data: FineTuneData,
     kind: str,
-    a: np.ndarray,
-    t: np.ndarray,
-    divergence: str,
-    count: int,
-    h: float,
-    max_iterations: int,
-    tolerance: float,
-    v: Optional[np.ndarray] = None,
+    start: Transform,
+    selection: Selection,
+    stop: tuple,
     coherence: Optional[Coherence] = None,
     workers: int = 1,
-    ref_normals: Optional[np.ndarray] = None,
 ) -> FineTuneOutcome:
-    """Minimise eq. fine_tune from (a, t[, v]). src (n, d), ref (q, d) normalised; ``count`` =
-    number of source points matched (mass type); ``h`` threshold (distance type, normalised).
-    ref_normals (q, d): when given and kind == 'rigid', the distance to the nearest reference
-    point is measured along its normal (point-to-plane, removes the sampling bias)."""
+    """Minimise eq. fine_tune from ``start`` over ``data`` (normalised): the pairs of
+    ``selection``; ``stop`` = (max_iterations, tolerance). With ``data.normals`` and kind ==
+    'rigid', the distance to the nearest reference point is measured along its normal
+    (point-to-plane, removes the sampling bias). coherence: the non-rigid regulariser."""
+    src, ref_tree, ref, ref_normals = data.ys, data.tree, data.xr, data.normals
+    a, t, v = start
+    divergence, count, h = selection
+    max_iterations, tolerance = stop
     a = np.array(a, dtype=np.float64)
     t = np.array(t, dtype=np.float64)
     if kind == 'nonrigid' and v is None:

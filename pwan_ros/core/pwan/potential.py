@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, NamedTuple, Optional, Sequence
 
 import torch
 from torch import nn
 
-from .config import PotentialConfig
+from ..config import PotentialConfig
 
 
 class PotentialNet(nn.Module):
@@ -142,6 +142,17 @@ def buffer(
     return None if work is None else work.get(key, torch.Size(shape), like)
 
 
+class Weights(NamedTuple):
+    """S networks' parameters as :func:`forward` / :func:`backward` take them: ``ws`` / ``bs`` the
+    5 weights (S, in, out) and biases (S, 1, out) (views of :class:`BatchedPotential`'s flat
+    ``theta``), ``length`` the input scale l (0-d tensor), ``slope`` the LeakyReLU slope."""
+
+    ws: Sequence[torch.Tensor]
+    bs: Sequence[torch.Tensor]
+    length: torch.Tensor
+    slope: float
+
+
 @dataclass
 class Tape:
     """What :func:`backward` needs of a :func:`forward` pass: ``acts`` = x/l and the four hidden
@@ -157,10 +168,7 @@ class Tape:
 
 
 def forward(
-    ws: Sequence[torch.Tensor],
-    bs: Sequence[torch.Tensor],
-    length: torch.Tensor,
-    slope: float,
+    net: Weights,
     x: torch.Tensor,
     tangents: Optional[torch.Tensor] = None,
     grad_index: Optional[torch.Tensor] = None,
@@ -169,10 +177,10 @@ def forward(
 ):
     """g_w(x) for every start and, with ``grad_index`` (k,), its input gradient at those points.
 
-    ws / bs: the 5 weights (S, in, out) and biases (S, 1, out); x (S, n, d) normalised points;
-    tangents: (k*d, d), :func:`tangent_rows`; work / tag: a :class:`Workspace` and the caller's
-    key prefix for its buffers (None: allocate). Returns (g (S, n), grad (S, k, d) or None,
-    :class:`Tape`)."""
+    net: the S networks (:class:`Weights`); x (S, n, d) normalised points; tangents: (k*d, d),
+    :func:`tangent_rows`; work / tag: a :class:`Workspace` and the caller's key prefix for its
+    buffers (None: allocate). Returns (g (S, n), grad (S, k, d) or None, :class:`Tape`)."""
+    ws, bs, length, slope = net
     s, n, d = x.shape
     a = torch.div(x, length, out=buffer(work, tag + 'x', x.shape, x))
     acts = [a]
@@ -210,11 +218,9 @@ def forward(
 
 
 def backward(
-    ws: Sequence[torch.Tensor],
-    length: torch.Tensor,
+    net: Weights,
     tape: Tape,
     dg: torch.Tensor,
-    slope: float,
     dgrad: Optional[torch.Tensor] = None,
     out: Optional[torch.Tensor] = None,
     work: Optional[Workspace] = None,
@@ -224,6 +230,7 @@ def backward(
     d) of the input gradient. With ``out`` (the flat gradient buffer, :func:`split` layout): writes
     the parameter gradients there and returns it; without: returns the gradient with respect to the
     points x (S, n, d) (value rows only). work / tag: as in :func:`forward`."""
+    ws, length, slope = net.ws, net.length, net.slope
     s, n = dg.shape
     tangents = dgrad is not None
     h2 = ws[1].shape[2]
@@ -329,14 +336,19 @@ class BatchedPotential(nn.Module):
         """(ws, bs): the weight and bias views of ``theta``."""
         return split(self.theta, [(self.count, i, o) for i, o in self.shapes])
 
+    def weights(self) -> Weights:
+        """The networks as :func:`forward` takes them (views of ``theta``, valid across its
+        in-place updates)."""
+        ws, bs = self.views()
+        return Weights(ws, bs, self.length, self.slope)
+
     @property
     def h(self) -> torch.Tensor:
         """(S,) clip levels (normalised units), a view of ``theta``."""
         return self.theta[-self.count :]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        ws, bs = self.views()
-        return forward(ws, bs, self.length, self.slope, x)[0]
+        return forward(self.weights(), x)[0]
 
     def load_state(self, i: int, state: Dict[str, torch.Tensor]) -> None:
         """Set start i from a ``PotentialNet`` state dict."""

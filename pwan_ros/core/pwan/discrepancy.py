@@ -11,17 +11,27 @@ gradient norms (zero gradient = point omitted by the partial matching).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Dict, Optional
 
 import numpy as np
 import torch
 
-from .config import DIVERGENCES, PotentialConfig
-from .device import resolve_device, thread_scope
-from .errors import PwanInputError
+from ..config import DIVERGENCES, PotentialConfig
+from ..device import resolve_device, thread_scope
+from ..errors import PwanInputError
+from ..preprocess import clean_pair
 from .potential import PotentialNet, gradient_norm, gradient_penalty
-from .preprocess import clean_pair
+
+__all__ = [
+    'DiscrepancyEstimate',
+    'ESTIMATOR_CTRANSFORM',
+    'ESTIMATOR_POTENTIAL',
+    'EstimatorSettings',
+    'PotentialTrainer',
+    'estimate_discrepancy',
+]
 
 
 #: network defaults of the stand-alone estimator: wider, lower lr, decays to 1e-3 x lr; precision
@@ -203,6 +213,55 @@ class DiscrepancyEstimate:
     iterations: int
 
 
+@dataclass(frozen=True)
+class EstimatorSettings:
+    """How :func:`estimate_discrepancy` trains its potential. method: 'ctransform' (the network
+    on the reference side, its c-transform on the source side: a certified lower bound) or
+    'network' (the registration's potential with the gradient penalty, reported as trained);
+    iterations: potential updates (None: 6000 for 'ctransform', 3000 for 'network'); batch_size:
+    mini-batch per set (0: the whole sets); potential: the network (None:
+    :data:`ESTIMATOR_CTRANSFORM` / :data:`ESTIMATOR_POTENTIAL`); device, seed, threads; the
+    learning rate decays to ``final_lr_factor`` x lr (cosine) over the iterations."""
+
+    method: str = 'ctransform'
+    iterations: Optional[int] = None
+    batch_size: int = 0
+    potential: Optional[PotentialConfig] = None
+    device: str = 'auto'
+    seed: int = 0
+    threads: int = 0
+    final_lr_factor: float = 0.001
+
+
+@dataclass(frozen=True)
+class _KRProblem:
+    """The estimator's sets in its normalised frame ((p - center) / scale): reference (q, d) and
+    source (r, d) in caller units, the divergence, mass m, threshold h (normalised), masses."""
+
+    ref: np.ndarray
+    src: np.ndarray
+    center: np.ndarray
+    scale: float
+    divergence: str
+    mass: Optional[float]
+    h: Optional[float]
+    m_alpha: float
+    m_beta: float
+
+    def tensors(self, dtype, device):
+        """(x, y): the normalised reference and source as tensors."""
+        x = torch.as_tensor((self.ref - self.center) / self.scale, dtype=dtype, device=device)
+        y = torch.as_tensor((self.src - self.center) / self.scale, dtype=dtype, device=device)
+        return x, y
+
+    def value(self, fx: torch.Tensor, fy: torch.Tensor, hv) -> torch.Tensor:
+        """The KR objective of potential values fx (q,) / fy (r,) at clip level hv."""
+        val = self.m_alpha * fx.mean() - self.m_beta * fy.mean()
+        if self.divergence == 'mass':
+            return val + hv * (self.mass - self.m_beta)
+        return val - hv * self.m_beta
+
+
 def estimate_discrepancy(
     reference,
     source,
@@ -211,34 +270,39 @@ def estimate_discrepancy(
     distance_threshold: Optional[float] = None,
     mass_reference: Optional[float] = None,
     mass_source: Optional[float] = None,
-    iterations: Optional[int] = None,
-    batch_size: int = 0,
-    config: Optional[PotentialConfig] = None,
-    device: str = 'auto',
-    seed: int = 0,
-    threads: int = 0,
-    final_lr_factor: float = 0.001,
-    method: str = 'ctransform',
+    settings: Optional[EstimatorSettings] = None,
 ) -> DiscrepancyEstimate:
     """Estimate L_M,m(alpha, beta) or L_D,h(alpha, beta) by training a potential network.
 
     reference: (q, d) points of alpha, source: (r, d) points of beta (same units; d in {2, 3}).
     mass_reference / mass_source: total masses m_alpha / m_beta (default q and r; uniform point
     masses). divergence 'mass' needs ``mass`` (0 < m <= min(m_alpha, m_beta)); 'distance' needs
-    ``distance_threshold`` h > 0. W1 is 'mass' with m_alpha = m_beta = m. batch_size > 0 samples
-    mini-batches per update (Alg. 1), 0 uses the whole sets. ``iterations``: potential updates
-    (default 6000 for 'ctransform', 3000 for 'network'). The learning rate decays to
-    ``final_lr_factor`` x lr (cosine) over ``iterations``.
-
-    method: 'ctransform' (default) parametrises the reference side of the potential by the
-    network and the source side by its c-transform (see docs/core.md, "KR estimator"); the
-    reported value is that of an exactly 1-Lipschitz potential in [-h, 0], hence a certified
-    lower bound. 'network' is the plain Alg. 1 potential f = clip(-|g|, -h, 0) with the gradient
-    penalty (the registration's potential), reported as trained.
+    ``distance_threshold`` h > 0. W1 is 'mass' with m_alpha = m_beta = m. settings: how the
+    potential is trained (:class:`EstimatorSettings`; method 'ctransform' by default, see
+    docs/core.md, "KR estimator": the reported value is that of an exactly 1-Lipschitz potential
+    in [-h, 0], hence a certified lower bound).
     """
-    ref, src, m_alpha, m_beta = clean_pair(reference, source, mass_reference, mass_source)
-    q, r = ref.shape[0], src.shape[0]
-    cfg = config or ESTIMATOR_POTENTIAL
+    st = settings or EstimatorSettings()
+    problem = _kr_problem(
+        reference, source, divergence, mass, distance_threshold, (mass_reference, mass_source)
+    )
+    if st.method not in ('ctransform', 'network'):
+        raise PwanInputError(f"method must be 'ctransform' or 'network', got {st.method!r}")
+    iterations = st.iterations
+    if iterations is None:
+        iterations = 6000 if st.method == 'ctransform' else 3000
+    if iterations < 1:
+        raise PwanInputError('iterations must be >= 1')
+    st = dataclasses.replace(st, iterations=iterations)
+    dev = resolve_device(st.device)
+    if st.method == 'ctransform':
+        return _estimate_ctransform(problem, st, st.potential or ESTIMATOR_CTRANSFORM, dev)
+    return _estimate_network(problem, st, st.potential or ESTIMATOR_POTENTIAL, dev)
+
+
+def _kr_problem(reference, source, divergence, mass, distance_threshold, masses) -> _KRProblem:
+    """The validated sets of :func:`estimate_discrepancy` in its normalised frame."""
+    ref, src, m_alpha, m_beta = clean_pair(reference, source, *masses)
     center = np.concatenate((ref, src)).mean(axis=0)
     scale = float(np.sqrt(((ref - center) ** 2).sum(axis=1).mean()))
     scale = scale if scale > 0 else 1.0
@@ -257,76 +321,62 @@ def estimate_discrepancy(
         h = distance_threshold / scale
     else:
         raise PwanInputError(f'unknown divergence {divergence!r}')
-    if method not in ('ctransform', 'network'):
-        raise PwanInputError(f"method must be 'ctransform' or 'network', got {method!r}")
-    if iterations is None:
-        iterations = 6000 if method == 'ctransform' else 3000
-    if iterations < 1:
-        raise PwanInputError('iterations must be >= 1')
-    dev = resolve_device(device)
-    if method == 'ctransform':
-        cfg = config or ESTIMATOR_CTRANSFORM
-        return _estimate_ctransform(
-            ref,
-            src,
-            center,
-            scale,
-            divergence,
-            mass,
-            h,
-            m_alpha,
-            m_beta,
-            iterations,
-            batch_size,
-            cfg,
-            dev,
-            seed,
-            threads,
-            final_lr_factor,
-        )
-    with thread_scope(threads):
-        torch.manual_seed(seed)
-        gen = torch.Generator(device='cpu').manual_seed(seed)
-        x = torch.as_tensor((ref - center) / scale, dtype=torch.float32, device=dev)
-        y = torch.as_tensor((src - center) / scale, dtype=torch.float32, device=dev)
+    return _KRProblem(ref, src, center, scale, divergence, mass, h, m_alpha, m_beta)
+
+
+def _batch(x: torch.Tensor, size: int, gen: torch.Generator, dev) -> torch.Tensor:
+    """A mini-batch of ``size`` rows of x drawn with replacement (x itself when size is 0 or not
+    smaller)."""
+    n = x.shape[0]
+    if size and size < n:
+        return x[torch.randint(n, (size,), generator=gen).to(dev)]
+    return x
+
+
+def _estimate_network(problem: _KRProblem, st: EstimatorSettings, cfg, dev) -> DiscrepancyEstimate:
+    """The plain Alg. 1 potential f = clip(-|g|, -h, 0) with the gradient penalty, trained by
+    :class:`PotentialTrainer`; the value of the clipped potential on the full sets."""
+    p = problem
+    q, r = p.ref.shape[0], p.src.shape[0]
+    with thread_scope(st.threads):
+        torch.manual_seed(st.seed)
+        gen = torch.Generator(device='cpu').manual_seed(st.seed)
+        x, y = p.tensors(torch.float32, dev)
         # mass is in units of the point masses; the normalised problem keeps the same masses
         trainer = PotentialTrainer(
-            ref.shape[1], divergence, cfg, dev, m_alpha, m_beta, mass=mass, h=h
+            p.ref.shape[1], p.divergence, cfg, dev, p.m_alpha, p.m_beta, mass=p.mass, h=p.h
         )
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(
-            trainer.opt, T_max=iterations, eta_min=cfg.lr * final_lr_factor
+            trainer.opt, T_max=st.iterations, eta_min=cfg.lr * st.final_lr_factor
         )
         n_gp = min(cfg.gp_points, q + r)
-        for it in range(iterations):
-            if batch_size and batch_size < q:
-                xb = x[torch.randint(q, (batch_size,), generator=gen).to(dev)]
-            else:
-                xb = x
-            if batch_size and batch_size < r:
-                yb = y[torch.randint(r, (batch_size,), generator=gen).to(dev)]
-            else:
-                yb = y
+        for _ in range(st.iterations):
+            xb = _batch(x, st.batch_size, gen, dev)
+            yb = _batch(y, st.batch_size, gen, dev)
             nb = xb.shape[0] + yb.shape[0]
             gp_idx = torch.randperm(nb, generator=gen)[: min(n_gp, nb)].to(dev)
             trainer.update(xb, yb, with_gp=True, gp_idx=gp_idx)
             sched.step()
         with torch.no_grad():
-            if trainer.closed_form:
-                hv = trainer.h_value(x, y)
-            else:
-                hv = trainer.net.h.detach()
-            if divergence == 'mass':
-                hv = best_clip_level(trainer.net, x, y, m_alpha, m_beta, mass, hv)
+            hv = trainer.h_value(x, y) if trainer.closed_form else trainer.net.h.detach()
+            if p.divergence == 'mass':
+                hv = best_clip_level(trainer.net, x, y, p.m_alpha, p.m_beta, p.mass, hv)
             # evaluate the clipped (feasible) potential on the full sets
-            fx = trainer.net.potential(x, hv, clip=True)
-            fy = trainer.net.potential(y, hv, clip=True)
-            val = m_alpha * fx.mean() - m_beta * fy.mean()
-            val = val + hv * (mass - m_beta) if divergence == 'mass' else val - hv * m_beta
+            val = p.value(
+                trainer.net.potential(x, hv, clip=True),
+                trainer.net.potential(y, hv, clip=True),
+                hv,
+            )
         gy = gradient_norm(trainer.net, y, hv).cpu().numpy()
         gx = gradient_norm(trainer.net, x, hv).cpu().numpy()
+    return _estimate(p, float(val), float(hv), gy, gx, st.iterations)
+
+
+def _estimate(p: _KRProblem, val: float, hv: float, gy, gx, iterations: int):
+    """The :class:`DiscrepancyEstimate` in caller units."""
     return DiscrepancyEstimate(
-        value=float(val) * scale,
-        h=float(hv) * scale,
+        value=val * p.scale,
+        h=hv * p.scale,
         source_grad_norm=gy,
         reference_grad_norm=gx,
         source_omitted=gy < 0.5,
@@ -378,22 +428,7 @@ def _best_h_values(
 
 
 def _estimate_ctransform(
-    ref,
-    src,
-    center,
-    scale,
-    divergence,
-    mass,
-    h,
-    m_alpha,
-    m_beta,
-    iterations,
-    batch_size,
-    cfg,
-    dev,
-    seed,
-    threads,
-    final_lr_factor,
+    problem: _KRProblem, st: EstimatorSettings, cfg, dev
 ) -> DiscrepancyEstimate:
     """KR estimate with the network on the reference side and the c-transform on the source side.
 
@@ -401,42 +436,32 @@ def _estimate_ctransform(
     clipped: the objective is then concave in the values u, and no reference point can get stuck
     at the clip), w = c-transform of u. For 'mass', h at every update is the exact maximiser of
     this objective for the current network (a weighted quantile of -w); for 'distance' it is fixed.
-    The reported value uses the feasible potential
-        F(z) = min(0, min_j (v_j + |z - y_j|)),  v_j = max(-h, max_i (u_i - |x_i - y_j|)),
-    u = clip(-|g_w(x)|, -h, 0), h the exact best clip level for the final network: F is
-    1-Lipschitz and in [-h, 0] by construction, F(y_j) = v_j, F(x_i) >= u_i, so the value is a
-    certified KR lower bound of the discrepancy.
+    The reported value uses the feasible potential (:func:`_certified`).
     """
-    q, r = ref.shape[0], src.shape[0]
-    with thread_scope(threads):
-        torch.manual_seed(seed)
-        gen = torch.Generator(device='cpu').manual_seed(seed)
-        x = torch.as_tensor((ref - center) / scale, dtype=torch.float32, device=dev)
-        y = torch.as_tensor((src - center) / scale, dtype=torch.float32, device=dev)
-        net = PotentialNet(ref.shape[1], cfg).to(dev)
-        params = [p for n, p in net.named_parameters() if n != 'h']
+    p = problem
+    q, r = p.ref.shape[0], p.src.shape[0]
+    with thread_scope(st.threads):
+        torch.manual_seed(st.seed)
+        gen = torch.Generator(device='cpu').manual_seed(st.seed)
+        x, y = p.tensors(torch.float32, dev)
+        net = PotentialNet(p.ref.shape[1], cfg).to(dev)
+        params = [prm for n, prm in net.named_parameters() if n != 'h']
         opt = torch.optim.Adam(params, lr=cfg.lr, betas=cfg.betas)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(
-            opt, T_max=iterations, eta_min=cfg.lr * final_lr_factor
+            opt, T_max=st.iterations, eta_min=cfg.lr * st.final_lr_factor
         )
         n_gp = min(cfg.gp_points, q + r)
-        for _ in range(iterations):
-            xb = (
-                x[torch.randint(q, (batch_size,), generator=gen).to(dev)]
-                if batch_size and batch_size < q
-                else x
-            )
-            yb = (
-                y[torch.randint(r, (batch_size,), generator=gen).to(dev)]
-                if batch_size and batch_size < r
-                else y
-            )
+        for _ in range(st.iterations):
+            xb = _batch(x, st.batch_size, gen, dev)
+            yb = _batch(y, st.batch_size, gen, dev)
             u = net.negpart(net.raw(xb))
             w = _source_ctransform(u, xb, yb)
-            hv = _mass_quantile_h(w, mass, m_beta, yb.shape[0]) if divergence == 'mass' else h
-            val = m_alpha * u.mean() - m_beta * torch.clamp(w, min=-hv).mean()
-            val = val + hv * (mass - m_beta) if divergence == 'mass' else val - hv * m_beta
-            loss = -val / m_beta
+            hv = (
+                _mass_quantile_h(w, p.mass, p.m_beta, yb.shape[0])
+                if p.divergence == 'mass'
+                else p.h
+            )
+            loss = -p.value(u, torch.clamp(w, min=-hv), hv) / p.m_beta
             if cfg.gp_weight > 0:
                 pts = torch.cat((xb, yb), 0)
                 pts = pts[torch.randperm(pts.shape[0], generator=gen)[:n_gp].to(dev)]
@@ -446,32 +471,31 @@ def _estimate_ctransform(
             opt.step()
             sched.step()
         with torch.no_grad():
-            # certificate in float64 (the network values are float32, the distances exact)
-            rx = net.negpart(net.raw(x)).double()
-            x = torch.as_tensor((ref - center) / scale, dtype=torch.float64, device=dev)
-            y = torch.as_tensor((src - center) / scale, dtype=torch.float64, device=dev)
-            w = _source_ctransform(rx, x, y)
-            if divergence == 'mass':
-                hv = _best_h_values(rx, w, m_alpha, m_beta, mass)
-            else:
-                hv = torch.tensor(h, dtype=torch.float64, device=rx.device)
-            u = torch.maximum(rx, -hv)
-            wv = _source_ctransform(u, x, y)
-            v = torch.maximum(wv, -hv)
-            cu = _reference_ctransform(v, x, y)
-            fx = torch.clamp(cu, max=0.0)
-            val = m_alpha * fx.mean() - m_beta * v.mean()
-            val = val + hv * (mass - m_beta) if divergence == 'mass' else val - hv * m_beta
-            # |grad F|: 0 where the clip is active (source at -h, reference at 0), else 1
-            tol = 1e-9
-            gy = (wv > -hv + tol).to(torch.float64).cpu().numpy()
-            gx = (cu < -tol).to(torch.float64).cpu().numpy()
-    return DiscrepancyEstimate(
-        value=float(val) * scale,
-        h=float(hv) * scale,
-        source_grad_norm=gy,
-        reference_grad_norm=gx,
-        source_omitted=gy < 0.5,
-        reference_omitted=gx < 0.5,
-        iterations=iterations,
-    )
+            return _certified(p, net, dev, st.iterations)
+
+
+def _certified(p: _KRProblem, net, dev, iterations: int) -> DiscrepancyEstimate:
+    """The value of the feasible potential
+        F(z) = min(0, min_j (v_j + |z - y_j|)),  v_j = max(-h, max_i (u_i - |x_i - y_j|)),
+    u = clip(-|g_w(x)|, -h, 0), h the exact best clip level for the final network: F is
+    1-Lipschitz and in [-h, 0] by construction, F(y_j) = v_j, F(x_i) >= u_i, so the value is a
+    certified KR lower bound of the discrepancy. In float64 (the network values are float32, the
+    distances exact)."""
+    x32, _ = p.tensors(torch.float32, dev)
+    rx = net.negpart(net.raw(x32)).double()
+    x, y = p.tensors(torch.float64, dev)
+    w = _source_ctransform(rx, x, y)
+    if p.divergence == 'mass':
+        hv = _best_h_values(rx, w, p.m_alpha, p.m_beta, p.mass)
+    else:
+        hv = torch.tensor(p.h, dtype=torch.float64, device=rx.device)
+    u = torch.maximum(rx, -hv)
+    wv = _source_ctransform(u, x, y)
+    v = torch.maximum(wv, -hv)
+    cu = _reference_ctransform(v, x, y)
+    val = p.value(torch.clamp(cu, max=0.0), v, hv)
+    # |grad F|: 0 where the clip is active (source at -h, reference at 0), else 1
+    tol = 1e-9
+    gy = (wv > -hv + tol).to(torch.float64).cpu().numpy()
+    gx = (cu < -tol).to(torch.float64).cpu().numpy()
+    return _estimate(p, float(val), float(hv), gy, gx, iterations)

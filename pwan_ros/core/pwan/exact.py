@@ -12,8 +12,8 @@ from typing import Optional
 import numpy as np
 from scipy.spatial.distance import cdist
 
-from .errors import PwanInputError
-from .preprocess import clean_pair
+from ..errors import PwanInputError
+from ..preprocess import clean_pair
 
 
 @dataclass(frozen=True)

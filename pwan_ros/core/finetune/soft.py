@@ -37,20 +37,21 @@ run with the lower partial nearest-neighbour objective.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, NamedTuple, Optional
 
 import numpy as np
 import torch
 from scipy.spatial import cKDTree
 
-from .coherence import Coherence
-from .config import CoherenceConfig, FineTuneConfig
-from .finetune import partial_objective, select_pairs, weighted_affine
-from .nearest import query_workers
-from .preprocess import random_subset
-from .problem import finetune_set
+from ..config import CoherenceConfig, FineTuneConfig, RegistrationConfig
+from ..nearest import query_workers
+from ..preprocess import random_subset
+from ..problem import finetune_set
+from ..pwan.coherence import Coherence
+from .objective import Selection, Transform, partial_objective, select_pairs, weighted_affine
 
 __all__ = [
+    'EM',
     'SoftOutcome',
     'soft_coherence',
     'soft_polish',
@@ -126,33 +127,37 @@ def outlier_fraction(matched: float, reference_points: int) -> float:
     return float(np.clip(1.0 - matched / max(reference_points, 1), 0.01, 0.99))
 
 
+class EM(NamedTuple):
+    """How an EM run goes: at most ``iterations`` steps, stopping when the RMS motion is below
+    ``tolerance``; ``s2``: the starting variance (None: the mean squared nearest-neighbour
+    residual / d, a local polish); ``affine``: the M-step also refits a and t (else they stay);
+    ``neighbours``: Gaussians per reference point; ``volume``: the outliers are uniform over this
+    volume (None: CPD's constant, a volume of one per reference point)."""
+
+    iterations: int
+    tolerance: float
+    s2: Optional[float] = None
+    affine: bool = True
+    neighbours: int = NEIGHBOURS
+    volume: Optional[float] = None
+
+
 def soft_polish(
     src: np.ndarray,
     ref: np.ndarray,
-    a: np.ndarray,
-    t: np.ndarray,
-    v: np.ndarray,
+    start: Transform,
     coherence: Coherence,
     w: float,
-    iterations: int,
-    tolerance: float,
+    em: EM,
     workers: int = 1,
-    s2: Optional[float] = None,
-    affine: bool = True,
-    neighbours: int = NEIGHBOURS,
-    volume: Optional[float] = None,
 ) -> SoftOutcome:
-    """EM from T(y) = src a + t + v: src (n, d), ref (m, d), v (n, d) normalised; w: outlier
-    fraction of ref; stops after ``iterations`` or when the RMS motion is below ``tolerance``.
-    s2: starting variance (None: the mean squared nearest-neighbour residual / d, a local polish);
-    affine: the M-step also refits a and t (else they stay); neighbours: Gaussians per reference
-    point; volume: the outliers are uniform over this volume (None: CPD's constant, a volume of
-    one per reference point)."""
+    """EM from T(y) = src a + t + v (``start``): src (n, d), ref (m, d), v (n, d) normalised; w:
+    outlier fraction of ref; ``em``: its steps and start (:class:`EM`)."""
     n, d = src.shape
     m = ref.shape[0]
-    if volume is None:
-        volume = float(m)
-    a, t, v = (np.array(x, dtype=np.float64) for x in (a, t, v))
+    volume = float(m) if em.volume is None else em.volume
+    iterations, tolerance, s2, affine, neighbours = em[:5]
+    a, t, v = (np.array(x, dtype=np.float64) for x in start)
     z = src @ a + t + v
     if s2 is None:
         near = cKDTree(ref).query(z, k=1, workers=query_workers(n, workers))[0]
@@ -215,40 +220,35 @@ def soft_polish(
 def cpd_from_start(
     src: np.ndarray,
     ref: np.ndarray,
+    finetune: FineTuneConfig,
     coherence: CoherenceConfig,
-    beta: float,
-    lam: float,
     w: float,
-    iterations: int,
-    tolerance: float,
     seed: int,
     workers: int = 1,
 ):
     """Coherent point drift of src (n, d) onto ref (m, d) from their pose as given (normalised
-    frame; CPD's beta and lambda apply with the source scaled to unit variance per coordinate,
-    the outliers uniform over the reference's bounding box). Returns (:class:`SoftOutcome`, the
-    interpolation (v (n, d), points (p, d)) -> offsets (p, d) of its field)."""
+    frame): ``finetune.soft_beta`` and ``soft_lambda`` apply with the source scaled to unit
+    variance per coordinate, the outliers (share w of ref) uniform over the reference's bounding
+    box; at most ``finetune.soft_iterations`` steps, to ``finetune.tolerance``. Returns
+    (:class:`SoftOutcome`, the interpolation (v (n, d), points (p, d)) -> offsets (p, d) of its
+    field)."""
+    beta, lam = finetune.soft_beta, finetune.soft_lambda
     n, d = src.shape
     k = np.sqrt(d) / max(float(np.sqrt(((src - src.mean(0)) ** 2).sum(1).mean())), 1e-12)
     src_k, ref_k = src * k, ref * k
     ext = ref_k.max(0) - ref_k.min(0)
     volume = float(np.prod(np.maximum(ext, 1e-3 * ext.max())))
     coh = soft_coherence(src_k, coherence, beta, lam, seed, ridge=CPD_RIDGE)
-    out = soft_polish(
-        src_k,
-        ref_k,
-        np.eye(d),
-        np.zeros(d),
-        np.zeros((n, d)),
-        coh,
-        w,
-        iterations,
-        tolerance * k,
-        workers,
+    em = EM(
+        finetune.soft_iterations,
+        finetune.tolerance * k,
         s2=cpd_variance(src_k, ref_k),
         affine=False,
         neighbours=WIDE_NEIGHBOURS,
         volume=volume,
+    )
+    out = soft_polish(
+        src_k, ref_k, Transform(np.eye(d), np.zeros(d), np.zeros((n, d))), coh, w, em, workers
     )
     out = SoftOutcome(out.a, out.t / k, out.v / k, out.s2 / k**2, out.iterations, out.converged)
 
@@ -274,38 +274,29 @@ class SoftChoice:
 def soft_stage(
     src: np.ndarray,
     ref: np.ndarray,
-    a: np.ndarray,
-    t: np.ndarray,
-    v: np.ndarray,
-    finetune: FineTuneConfig,
-    coherence: CoherenceConfig,
-    divergence: str,
+    start: Transform,
+    config: RegistrationConfig,
+    selection: Selection,
     w: float,
-    count: int,
-    h: float,
-    seed: int,
     workers: int = 1,
 ) -> SoftChoice:
     """The soft-correspondence stage of a non-rigid registration (normalised frame, the identity
-    its initial pose): the polish of the fine-tuned field (a, t, v) and, with
+    its initial pose): the polish of the fine-tuned field ``start`` (a, t, v) and, with
     ``finetune.soft_from_start``, :func:`cpd_from_start` (on at most :data:`WIDE_POINTS` source
-    points, its field extended to the others); the one with the lower partial
-    nearest-neighbour objective (eq. fine_tune: the ``count`` nearest source points (mass type) or
-    those within h (distance type)) is kept. src (n, d), ref (m, d); w: the reference's outlier
-    fraction."""
-    coh = soft_coherence(src, coherence, finetune.soft_beta, finetune.soft_lambda, seed + 19)
-    runs = {
-        'polish': (
-            soft_polish(
-                src, ref, a, t, v, coh, w, finetune.soft_iterations, finetune.tolerance, workers
-            ),
-            coh.interpolate,
-        )
-    }
+    points, its field extended to the others); the one with the lower partial nearest-neighbour
+    objective (eq. fine_tune over the pairs of ``selection``) is kept. src (n, d), ref (m, d); w:
+    the reference's outlier fraction; config: its ``finetune``, ``coherence`` and ``seed``."""
+    finetune, seed = config.finetune, config.seed
+    coh = soft_coherence(
+        src, config.coherence, finetune.soft_beta, finetune.soft_lambda, seed + 19
+    )
+    em = EM(finetune.soft_iterations, finetune.tolerance)
+    runs = {'polish': (soft_polish(src, ref, start, coh, w, em, workers), coh.interpolate)}
     if finetune.soft_from_start:
-        runs['cpd'] = _cpd_on_sample(src, ref, finetune, coherence, w, seed + 23, workers)
+        runs['cpd'] = _cpd_on_sample(src, ref, config, w, workers)
     tree = cKDTree(ref)
     objectives = {}
+    divergence, count, h = selection
     for name, (o, _) in runs.items():
         dist = tree.query(src @ o.a + o.t + o.v, k=1, workers=query_workers(len(src), workers))[0]
         sel = select_pairs(dist, divergence, count, h)
@@ -321,23 +312,15 @@ def soft_stage(
     )
 
 
-def _cpd_on_sample(src, ref, finetune: FineTuneConfig, coherence, w, seed, workers):
+def _cpd_on_sample(src, ref, config: RegistrationConfig, w, workers):
     """:func:`cpd_from_start` on at most :data:`WIDE_POINTS` source and twice as many reference
     points, its field extended to every source point: (outcome on all of src, interpolation)."""
+    seed = config.seed + 23
     rng = np.random.default_rng(seed)
     sub = finetune_set(src, WIDE_POINTS, rng)
     ref_s = random_subset(ref, 2 * WIDE_POINTS, rng)
     out, interp = cpd_from_start(
-        src[sub],
-        ref_s,
-        coherence,
-        finetune.soft_beta,
-        finetune.soft_lambda,
-        w,
-        finetune.soft_iterations,
-        finetune.tolerance,
-        seed,
-        workers,
+        src[sub], ref_s, config.finetune, config.coherence, w, seed, workers
     )
     if sub.size == src.shape[0]:
         return out, interp

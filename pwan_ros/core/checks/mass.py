@@ -3,8 +3,9 @@
 The mass type matches a given mass; a mass above the true overlap pulls the pose towards the
 parts that do not overlap (bunny 090->180 at the default 0.8 against an overlap of about 0.45:
 2-5 deg off), one below only drops constraints. :func:`measured_mass_ratio` estimates the overlap
-a pose shows; :func:`refit_mass` fine-tunes again at that mass while the estimate shrinks. Used by
-:func:`api.register` when the mass is left to the default, and by the global search's winner.
+a pose shows (:class:`OverlapMass` on dense subsets of both sets); :func:`refit_mass` fine-tunes
+again at that mass while the estimate shrinks. Used by :func:`decide.mass_at_overlap` when the
+mass is left to the default, and by the global search's winner.
 """
 
 from __future__ import annotations
@@ -13,6 +14,14 @@ from typing import Callable
 
 import numpy as np
 from scipy.spatial import cKDTree
+
+from ..preprocess import random_subset
+
+__all__ = ['MASS_PASSES', 'OverlapMass', 'measured_mass_ratio', 'refit_mass']
+
+#: points of the source and of the reference the overlap is measured on (random subsets beyond)
+MASS_SOURCE_POINTS = 20000
+MASS_REFERENCE_POINTS = 80000
 
 #: the matched source points' residual scale that still counts as overlap, in median residuals
 MASS_SCALE = 5.0
@@ -75,3 +84,28 @@ def refit_mass(result, used: float, measure: Callable, fit: Callable):
             break
         result, used = fit(result.transform, mass), mass
     return result
+
+
+class OverlapMass:
+    """:func:`measured_mass_ratio` of a pose on random subsets of ``source`` (n, d) and
+    ``reference`` (m, d) (:data:`MASS_SOURCE_POINTS` / :data:`MASS_REFERENCE_POINTS`, drawn from
+    ``rng`` in that order), at the judging ``voxel``, at most ``cap``. Call it with a (d+1, d+1)
+    transform source -> reference."""
+
+    def __init__(
+        self,
+        source: np.ndarray,
+        reference: np.ndarray,
+        voxel: float,
+        rng: np.random.Generator,
+        cap: float = 1.0,
+        seed: int = 0,
+    ):
+        self.source = random_subset(source, MASS_SOURCE_POINTS, rng)
+        self.tree = cKDTree(random_subset(reference, MASS_REFERENCE_POINTS, rng))
+        self.voxel, self.cap, self.seed = voxel, cap, seed
+
+    def __call__(self, transform: np.ndarray) -> float:
+        return measured_mass_ratio(
+            self.source, self.tree, transform, self.voxel, self.cap, self.seed
+        )

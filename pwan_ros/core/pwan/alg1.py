@@ -9,7 +9,7 @@ belongs to one start and Adam is element-wise, so each start takes the steps it 
 One step (:meth:`Alg1.step`): the transform's linear part is computed once (closed form), the
 source mini-batch is moved, u potential updates ascend the KR objective, one Adam step descends
 it in the transform. The potential's gradients (incl. the gradient penalty) are written out
-(:mod:`objective`: the network is piecewise linear, so its input gradient is a masked product of
+(:mod:`gradients`: the network is piecewise linear, so its input gradient is a masked product of
 its weights, and no double backward is needed). Everything inside a step stays
 on the device: random indices come from a device generator, learning rates are read from a
 device table, Adam is fused, and the host reads the state only every ``window`` steps (the
@@ -29,19 +29,45 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
+from ..config import RegistrationConfig
+from ..errors import PwanInputError
+from ..preprocess import median_spacing
+from ..problem import SampledProblem
 from .acceleration import FusedAdam, compile_wanted, compiled, graphs_wanted, window_graph
 from .coherence import Coherence
-from .config import RegistrationConfig
-from .errors import PwanInputError
-from .objective import potential_grads, transform_input_grad
+from .gradients import Penalty, potential_grads, transform_input_grad
 from .potential import BatchedPotential, Workspace, tangent_rows
-from .preprocess import median_spacing
 from .transforms import BatchedTransform
 
-__all__ = ['StartResult', 'Alg1Result', 'Alg1', 'run_alg1']
+__all__ = ['Alg1', 'Alg1Result', 'Schedule', 'StartResult', 'Starts', 'run_alg1']
 
 
 # --------------------------------------------------------------------------- the algorithm
+
+
+@dataclass(frozen=True)
+class Starts:
+    """Where the S starts of a run begin: ``rotations`` (d, d) (column convention, about the
+    origin), ``translations`` (d,) (None: 0) and ``states`` (a ``PotentialNet`` state dict per
+    start to begin from; None or None entries: a fresh network)."""
+
+    rotations: List[np.ndarray]
+    translations: Optional[Sequence[np.ndarray]] = None
+    states: Optional[Sequence[Optional[Dict[str, torch.Tensor]]]] = None
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How long a run goes: up to ``steps`` transform steps, the learning-rate schedule of a full
+    ``config.steps`` run entered at ``step_offset``; ``seed`` of its random draws; ``converge``:
+    stop once every start's motion is below the tolerance (else run all steps); ``warmup``: the
+    potential's warm-up updates first."""
+
+    steps: int
+    seed: int
+    step_offset: int = 0
+    converge: bool = True
+    warmup: bool = True
 
 
 @dataclass
@@ -76,34 +102,49 @@ class Alg1:
     def __init__(
         self,
         config: RegistrationConfig,
-        device: torch.device,
-        ys_np: np.ndarray,
-        xs_np: np.ndarray,
-        mass_n: Optional[float],
-        h_n: Optional[float],
-        rotations: List[np.ndarray],
+        problem: SampledProblem,
+        starts: Starts,
         seed: int,
-        states=None,
-        translations=None,
-        h_floor: float = 0.0,
         coherence: Optional[Coherence] = None,
-        ref_mass: Optional[float] = None,
     ):
         pc = config.potential
-        self.config, self.device = config, device
+        self.config, self.problem, self.device = config, problem, problem.device
+        device = problem.device
         self.kind = config.transform
         dtype = torch.float32
-        self.count = count = len(rotations)
+        self.count = count = len(starts.rotations)
         if self.kind == 'nonrigid' and count != 1:
             raise PwanInputError('the non-rigid transform runs one start at a time')
-        init_gen = torch.Generator().manual_seed(
-            seed
-        )  # network init: the same law on every device
+        init_gen = torch.Generator().manual_seed(seed)  # network init: the same law everywhere
         self.gen = torch.Generator(device=device).manual_seed(seed)
-        self.y = torch.as_tensor(ys_np, dtype=dtype, device=device)
-        self.x = torch.as_tensor(xs_np, dtype=dtype, device=device)
-        r, q = self.y.shape[0], self.x.shape[0]
-        self.net = BatchedPotential(count, ys_np.shape[1], pc, init_gen).to(device)
+        self.y = torch.as_tensor(problem.ys, dtype=dtype, device=device)
+        self.x = torch.as_tensor(problem.xs, dtype=dtype, device=device)
+        r = self.y.shape[0]
+        self.net = BatchedPotential(count, problem.ys.shape[1], pc, init_gen).to(device)
+        self._load_states(starts.states)
+        self.closed_form = config.divergence == 'mass' and pc.h_mode == 'closed_form'
+        self.learn_h = config.divergence == 'mass' and not self.closed_form
+        self.h_min = max(float(problem.h_floor), 1e-6)
+        if config.divergence == 'distance':
+            with torch.no_grad():
+                self.net.h.fill_(float(problem.h))
+        c_h = (problem.mass - r) / r if config.divergence == 'mass' else -1.0
+        m_alpha = float(problem.ref_mass)
+        self.coef = torch.tensor([m_alpha / r, c_h], dtype=dtype, device=device)
+        self.opt_f = FusedAdam([self.net.theta], pc.lr, pc.betas)
+        self.weights = self.net.weights()  # views of theta, valid across its in-place updates
+        self.transform = BatchedTransform(self.kind, starts.rotations, dtype, r).to(device)
+        if starts.translations is not None:
+            with torch.no_grad():
+                self.transform.t.copy_(torch.as_tensor(np.stack(starts.translations), dtype=dtype))
+        self.t_params = list(self.transform.parameters())
+        self.opt_t = FusedAdam(self.t_params, config.lr_transform)
+        self.coh = coherence
+        self._penalty_rows(pc, dtype)
+        self._gradient_functions()
+
+    def _load_states(self, states) -> None:
+        """Start i's network from ``states[i]`` (None: the fresh init)."""
         for i, st in enumerate(states or []):
             if st is None:
                 continue
@@ -111,36 +152,27 @@ class Alg1:
                 self.net.load_state(i, st)
             except (KeyError, RuntimeError, TypeError) as exc:
                 raise PwanInputError(f'potential_state does not fit this network: {exc}') from None
-        self.closed_form = config.divergence == 'mass' and pc.h_mode == 'closed_form'
-        self.learn_h = config.divergence == 'mass' and not self.closed_form
-        self.h_min = max(float(h_floor), 1e-6)
-        if config.divergence == 'distance':
-            with torch.no_grad():
-                self.net.h.fill_(float(h_n))
-        c_h = (mass_n - r) / r if config.divergence == 'mass' else -1.0
-        m_alpha = float(q if ref_mass is None else ref_mass)
-        self.coef = torch.tensor([m_alpha / r, c_h], dtype=dtype, device=device)
-        self.opt_f = FusedAdam([self.net.theta], pc.lr, pc.betas)
-        self.weights, self.biases = (
-            self.net.views()
-        )  # views of theta, valid across its in-place updates
-        self.transform = BatchedTransform(self.kind, rotations, dtype, r).to(device)
-        if translations is not None:
-            with torch.no_grad():
-                self.transform.t.copy_(torch.as_tensor(np.stack(translations), dtype=dtype))
-        self.t_params = list(self.transform.parameters())
-        self.opt_t = FusedAdam(self.t_params, config.lr_transform)
-        self.coh = coherence
-        self.batch_size = bs = config.batch_size
+
+    def _penalty_rows(self, pc, dtype) -> None:
+        """The gradient penalty's sample size ``n_gp``, weight and tangent rows."""
+        q, r, bs = self.x.shape[0], self.y.shape[0], self.config.batch_size
+        self.batch_size = bs
         self.n_gp = (
             min(pc.gp_points, q + r) if not bs else min(pc.gp_points, min(bs, q) + min(bs, r))
         )
         self.gp_weight = float(pc.gp_weight)
         self.tangents = (
-            tangent_rows(self.n_gp, ys_np.shape[1], dtype, device) if self.gp_weight > 0 else None
+            tangent_rows(self.n_gp, self.y.shape[1], dtype, self.device)
+            if self.gp_weight > 0
+            else None
         )
-        # CUDA: the steps are replayed from a captured CUDA graph (acceleration.WindowGraph),
-        # which the compiled functions' own graphs (mode 'reduce-overhead') cannot nest in
+
+    def _gradient_functions(self) -> None:
+        """The two gradient functions: compiled (``config.compile``) or eager with one workspace
+        for the run; on CUDA the steps are replayed from a captured CUDA graph
+        (acceleration.WindowGraph), which the compiled functions' own graphs (mode
+        'reduce-overhead') cannot nest in."""
+        config, device = self.config, self.device
         self.graphs = graphs_wanted(config, device)
         mode = 'reduce-overhead' if device.type == 'cuda' and not self.graphs else None
         use = compile_wanted(config)
@@ -181,16 +213,11 @@ class Alg1:
         with torch.no_grad():
             grad = self._potential_grads(
                 self.weights,
-                self.biases,
                 net.h,
-                net.length,
                 xb,
                 zb,
                 self.coef,
-                self.tangents,
-                gp_index,
-                net.slope,
-                self.gp_weight,
+                Penalty(gp_index, self.tangents, self.gp_weight),
                 self.closed_form,
                 self.learn_h,
             )
@@ -240,11 +267,8 @@ class Alg1:
         zb = z.detach()
         for k in range(self.config.potential_updates):
             self.potential_update(xb, zb, with_gp=(k == 0))
-        net = self.net
         with torch.no_grad():
-            dz = self._transform_grad(
-                self.weights, self.biases, self.h_now(xb, zb), net.length, zb, net.slope
-            )
+            dz = self._transform_grad(self.weights, self.h_now(xb, zb), zb)
         if self.kind != 'rigid':
             self.opt_t.step(self.linear_grads(ysrc, dz, yi))
             return
@@ -285,69 +309,51 @@ class Alg1:
 
 def run_alg1(
     config: RegistrationConfig,
-    device: torch.device,
-    ys_np: np.ndarray,
-    xs_np: np.ndarray,
-    mass_n: Optional[float],
-    h_n: Optional[float],
-    rotations: List[np.ndarray],
-    steps: int,
-    seed: int,
+    problem: SampledProblem,
+    starts: Starts,
+    schedule: Schedule,
     should_stop: Optional[Callable[[], bool]] = None,
-    states: Optional[Sequence[Optional[Dict[str, torch.Tensor]]]] = None,
-    translations: Optional[Sequence[np.ndarray]] = None,
-    step_offset: int = 0,
-    converge: bool = True,
-    warmup: bool = True,
-    h_floor: float = 0.0,
     coherence: Optional[Coherence] = None,
-    ref_mass: Optional[float] = None,
 ) -> Alg1Result:
     """Alg. 1 (u = ``config.potential_updates``) for every start at once: ``config.warmup_updates``
-    potential updates (if ``warmup``), then up to ``steps`` transform steps.
+    potential updates (if ``schedule.warmup``), then up to ``schedule.steps`` transform steps.
 
-    ys_np (r, d) source, xs_np (q, d) reference, normalised frame. mass_n: matched mass (mass type,
-    in source points: each of the r weighs 1); ref_mass: the reference's total mass in that unit
-    (default q; sets sampled at different rates: :func:`candidates.sample_masses`); h_n: threshold
-    (distance type, normalised units). rotations: initial rotations (d, d), column convention,
-    about the origin; translations: initial t (d,) (default 0); states: per-start
-    ``PotentialNet`` state dicts to begin from (None entries: fresh init). The learning-rate
-    schedule is that of a full ``config.steps`` run, entered at ``step_offset``.
-    converge: stop once every start's RMS motion over ``config.window`` steps is below
-    ``config.tolerance`` x the source spacing (after ``config.min_steps``; tested every
-    ``window`` steps, the only host read of the loop). h_floor: lower bound of a learned h
-    (normalised units). coherence: the non-rigid regulariser (nonrigid only, one start).
-    should_stop: polled before every step (with CUDA graphs: every ``window`` steps); True ends
-    the run (not converged).
+    problem: the sampled sets, masses and threshold (:class:`problem.SampledProblem`, normalised
+    frame); starts: where each start begins (:class:`Starts`); schedule: :class:`Schedule`. With
+    ``schedule.converge`` a run stops once every start's RMS motion over ``config.window`` steps
+    is below ``config.tolerance`` x the source spacing (after ``config.min_steps``; tested every
+    ``window`` steps, the only host read of the loop). coherence: the non-rigid regulariser
+    (nonrigid only, one start). should_stop: polled before every step (with CUDA graphs: every
+    ``window`` steps); True ends the run (not converged).
     """
-    run = Alg1(
-        config,
-        device,
-        ys_np,
-        xs_np,
-        mass_n,
-        h_n,
-        rotations,
-        seed,
-        states,
-        translations,
-        h_floor,
-        coherence,
-        ref_mass,
-    )
-    warm = config.warmup_updates if warmup else 0
+    run = Alg1(config, problem, starts, schedule.seed, coherence)
+    warm = config.warmup_updates if schedule.warmup else 0
     run.warmup(warm)
     decay = (config.lr_transform_final / config.lr_transform) ** (1.0 / max(config.steps - 1, 1))
-    r = run.y.shape[0]
-    eval_idx = torch.randperm(r, generator=torch.Generator().manual_seed(seed))[: min(r, 512)].to(
-        device
+    run.set_schedule(
+        config.lr_transform * decay ** (k + schedule.step_offset) for k in range(schedule.steps)
     )
-    tol = config.tolerance * max(median_spacing(ys_np), 1e-9)
+    done, moving, checked = _steps(run, schedule, should_stop)
+    if schedule.converge:
+        conv = (~moving).tolist() if checked else [schedule.steps == 0] * run.count
+    else:
+        conv = [schedule.steps == 0] * run.count
+    return Alg1Result(_finals(run, conv), done, warm + done * config.potential_updates)
+
+
+def _steps(run: Alg1, schedule: Schedule, should_stop) -> tuple:
+    """The transform steps of :func:`run_alg1` with their convergence test. Returns (steps done,
+    (S,) bool: still moving at the last test, whether a test ran)."""
+    config, steps = run.config, schedule.steps
+    r = run.y.shape[0]
+    eval_idx = torch.randperm(r, generator=torch.Generator().manual_seed(schedule.seed))[
+        : min(r, 512)
+    ].to(run.device)
+    tol = config.tolerance * max(median_spacing(run.problem.ys), 1e-9)
     window = config.window
-    run.set_schedule(config.lr_transform * decay ** (k + step_offset) for k in range(steps))
     moving = torch.ones(run.count, dtype=torch.bool)
     checked = False
-    last = run.moved(eval_idx) if converge else None
+    last = run.moved(eval_idx) if schedule.converge else None
     done = 0
     graph = None
     while done < steps:
@@ -367,7 +373,7 @@ def run_alg1(
         else:
             run.step()
             done += 1
-        if converge and done % window == 0:
+        if schedule.converge and done % window == 0:
             now = run.moved(eval_idx)
             motion = (now - last).pow(2).sum(2).mean(1).sqrt().cpu()  # the loop's one host read
             last = now
@@ -375,6 +381,11 @@ def run_alg1(
             checked = True
             if not bool(moving.any()) and done >= config.min_steps:
                 break
+    return done, moving, checked
+
+
+def _finals(run: Alg1, conv: list) -> List[StartResult]:
+    """Each start's transform, network and clip level after the run (host copies)."""
     net, tr = run.net, run.transform
     with torch.no_grad():
         a_all = tr.linear().double().cpu().numpy()
@@ -383,11 +394,7 @@ def run_alg1(
         if run.closed_form:
             y_all = run.y.expand(run.count, -1, -1)
             net.h.copy_(run.h_now(run.x.expand(run.count, -1, -1), tr(y_all)))
-    if converge:
-        conv = (~moving).tolist() if checked else [steps == 0] * run.count
-    else:
-        conv = [steps == 0] * run.count
-    starts = [
+    return [
         StartResult(
             a_all[i],
             t_all[i],
@@ -398,4 +405,3 @@ def run_alg1(
         )
         for i in range(run.count)
     ]
-    return Alg1Result(starts, done, warm + done * config.potential_updates)

@@ -7,27 +7,32 @@ True)`` captures whole (:mod:`acceleration`). Shapes: (S, n, d), S starts in loc
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional
 
 import torch
 
-from .potential import Workspace, backward, buffer, forward
+from .potential import Weights, Workspace, backward, buffer, forward
 
-__all__ = ['potential_grads', 'transform_input_grad']
+__all__ = ['Penalty', 'potential_grads', 'transform_input_grad']
+
+
+class Penalty(NamedTuple):
+    """The one-sided gradient penalty of a potential update: ``index`` (k,) the points of
+    cat(xb, zb) where it is taken (None: no penalty), ``tangents`` (k*d, d)
+    (:func:`potential.tangent_rows`), ``weight`` its weight."""
+
+    index: Optional[torch.Tensor]
+    tangents: Optional[torch.Tensor]
+    weight: float
 
 
 def potential_grads(
-    ws: Sequence[torch.Tensor],
-    bs: Sequence[torch.Tensor],
+    net: Weights,
     h: torch.Tensor,
-    length: torch.Tensor,
     xb: torch.Tensor,
     zb: torch.Tensor,
     coef: torch.Tensor,
-    tangents: Optional[torch.Tensor],
-    gp_index: Optional[torch.Tensor],
-    slope: float,
-    gp_weight: float,
+    penalty: Penalty,
     closed_form: bool,
     learn_h: bool,
     work: Optional[Workspace] = None,
@@ -38,15 +43,14 @@ def potential_grads(
     xb (S, bx, d) reference batch, zb (S, bz, d) moved source batch; h (S,) clip levels; coef (2,)
     = (c_a, c_h) = (m_alpha / m_beta, (m - m_beta) / m_beta) for the mass type, (., -1) for the
     distance type. f = -|g|, the source side clipped at -h (the reference side is not clipped in
-    training, docs/core.md). gp_index (k,): points of cat(xb, zb) where the one-sided penalty
-    mean relu(|grad g|^2 - 1) is taken (None: no penalty); tangents: :func:`tangent_rows` (k).
-    closed_form: h = max |g| over the batch (eq. app_final_m_eq2). learn_h: h is a parameter
-    (else its gradient is 0). work: buffers kept across calls (:class:`potential.Workspace`; None:
-    allocate, the form ``torch.compile`` captures). Returns the gradient in
-    :class:`BatchedPotential`'s flat layout (W1, b1, ..., W5, b5, h)."""
+    training, docs/core.md). penalty: where the one-sided penalty mean relu(|grad g|^2 - 1) is
+    taken, and its weight (:class:`Penalty`). closed_form: h = max |g| over the batch (eq.
+    app_final_m_eq2). learn_h: h is a parameter (else its gradient is 0). work: buffers kept across
+    calls (:class:`potential.Workspace`; None: allocate, the form ``torch.compile`` captures).
+    Returns the gradient in :class:`BatchedPotential`'s flat layout (W1, b1, ..., W5, b5, h)."""
     bx, bz = xb.shape[1], zb.shape[1]
     pts = torch.cat((xb, zb), 1, out=buffer(work, 'pts', (zb.shape[0], bx + bz, zb.shape[2]), zb))
-    g, grad, tape = forward(ws, bs, length, slope, pts, tangents, gp_index, work, 'p')
+    g, grad, tape = forward(net, pts, penalty.tangents, penalty.index, work, 'p')
     sign = torch.sign(g)
     if closed_form:
         h = g.abs().amax(1)
@@ -55,14 +59,14 @@ def potential_grads(
     dgrad = None
     if grad is not None:
         sq = grad.pow(2).sum(2, keepdim=True)
-        dgrad = grad * ((sq > 1.0).to(g.dtype) * (2.0 * gp_weight / grad.shape[1]))
-    size = sum(w.numel() + b.numel() for w, b in zip(ws, bs)) + h.shape[0]
+        dgrad = grad * ((sq > 1.0).to(g.dtype) * (2.0 * penalty.weight / grad.shape[1]))
+    size = sum(w.numel() + b.numel() for w, b in zip(net.ws, net.bs)) + h.shape[0]
     flat = (
         torch.empty(size, dtype=g.dtype, device=g.device)
         if work is None
         else work.get('flat', (size,), g)
     )
-    backward(ws, length, tape, dg, slope, dgrad, out=flat, work=work, tag='p')
+    backward(net, tape, dg, dgrad, out=flat, work=work, tag='p')
     dh = flat[-h.shape[0] :]
     if learn_h:
         torch.sub((inside.sum(1) - bz) / bz, coef[1], out=dh)
@@ -72,16 +76,10 @@ def potential_grads(
 
 
 def transform_input_grad(
-    ws: Sequence[torch.Tensor],
-    bs: Sequence[torch.Tensor],
-    h: torch.Tensor,
-    length: torch.Tensor,
-    z: torch.Tensor,
-    slope: float,
-    work: Optional[Workspace] = None,
+    net: Weights, h: torch.Tensor, z: torch.Tensor, work: Optional[Workspace] = None
 ) -> torch.Tensor:
     """d/dz of sum_s mean_j min(|g_s(z_sj)|, h_s) (= -(1/r) sum_j f_s(T_s y_j)); z (S, n, d);
     work: as in :func:`potential_grads`."""
-    g, _, tape = forward(ws, bs, length, slope, z, work=work, tag='t')
+    g, _, tape = forward(net, z, work=work, tag='t')
     dg = torch.sign(g) * (g.abs() < h[:, None]).to(g.dtype) * (1.0 / g.shape[1])
-    return backward(ws, length, tape, dg, slope, work=work, tag='t')
+    return backward(net, tape, dg, work=work, tag='t')

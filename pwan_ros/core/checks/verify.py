@@ -39,7 +39,7 @@ validates them on every real data set.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 from scipy.spatial import cKDTree
@@ -47,8 +47,8 @@ from scipy.spatial.transform import Rotation
 
 from pwan_ros.geometry.voxels import voxel_grid
 
-from .finetune import estimate_normals
-from .preprocess import random_subset, voxel_downsample
+from ..nearest import estimate_normals
+from ..preprocess import random_subset, voxel_downsample
 
 __all__ = ['PoseCheck', 'check_pose', 'judging_voxel', 'MIN_EXCESS_OVERLAP', 'RIVAL_MARGIN']
 
@@ -204,11 +204,64 @@ def check_pose(
     it (e.g. the sensors' free space); rivals it rejects do not count. See the module docstring."""
     moved = np.asarray(moved, dtype=np.float64)
     reference = np.asarray(reference, dtype=np.float64)
-    rng = np.random.default_rng(seed)
     voxel = judging_voxel(reference) if voxel is None else float(voxel)
-    # source points beyond the reference's box by more than its size (far glitches) cannot overlap;
-    # its largest side on every axis (a flat reference, e.g. a 2-D scan stored with z = 0, has a
-    # side of 0 that rounding of the moved points' z would leave)
+    source, kept = _near(moved, reference)
+    if not len(source):
+        nan = float('nan')
+        reason = 'no source point lies near the reference'
+        return PoseCheck('refused', reason, 0.0, 0.0, 0.0, nan, nan, voxel, 1.5 * voxel)
+    j = _judged(source, reference, voxel, seed, max_points)
+    j = j._replace(overlap=j.overlap * kept)
+    excess = (j.overlap - j.chance) / (1.0 - j.chance) if j.chance < 1.0 else 0.0
+
+    def verdict(reason='', rival=None) -> PoseCheck:
+        """The check's outcome ('' reason: ok); rival: (label, overlap, shift, transform)."""
+        _, r_overlap, shift, r_t = rival or (None, float('nan'), float('nan'), None)
+        status = 'refused' if reason else 'ok'
+        return PoseCheck(
+            status, reason, j.overlap, j.chance, excess, r_overlap, shift, j.voxel, j.gate, r_t
+        )
+
+    reason = _too_little(j, excess)
+    if reason or not rivals:
+        return verdict(reason)
+    wide = exact_fit and j.moved.shape[1] == 3
+    if wide and not _flat(j.tree.data, j.gate):
+        held = _constraint(j.moved[j.matched], j.tree)
+        if held < MIN_HELD:
+            return verdict(
+                f'the overlap leaves a direction free to slide: the matched reference normals '
+                f"hold it with {held:.1f} points' worth (need {MIN_HELD}: a plane, a corridor, "
+                'a pipe)'
+            )
+    center = j.moved[j.matched].mean(axis=0)
+    better, rival = (
+        None if r is None else (r[0], r[1] * kept, r[2], r[3])
+        for r in _rivals(j.moved, j.tree, j.gate, center, admissible, wide)
+    )
+    return verdict(*_rival_verdict(j, better, rival))
+
+
+class _Judged(NamedTuple):
+    """The sets a pose is judged on: ``voxel`` (refined), ``gate`` = 1.5 voxels, ``tree`` of the
+    reference's surfaces, ``moved`` the voxelised source (at most ``max_points``), ``matched``
+    which of them lie within the gate, ``overlap`` their fraction, ``chance`` the fraction of
+    random places in the source's box within the gate."""
+
+    voxel: float
+    gate: float
+    tree: cKDTree
+    moved: np.ndarray
+    matched: np.ndarray
+    overlap: float
+    chance: float
+
+
+def _near(moved: np.ndarray, reference: np.ndarray) -> tuple:
+    """(the finite source points near the reference, their fraction of all). Points beyond the
+    reference's box by more than its size (far glitches) cannot overlap; its largest side on
+    every axis (a flat reference, e.g. a 2-D scan stored with z = 0, has a side of 0 that
+    rounding of the moved points' z would leave)."""
     lo, hi = reference.min(axis=0), reference.max(axis=0)
     reach = float((hi - lo).max())
     near = (
@@ -216,105 +269,84 @@ def check_pose(
         & (moved >= lo - reach).all(axis=1)
         & (moved <= hi + reach).all(axis=1)
     )
-    kept = near.sum() / max(len(moved), 1)  # overlaps count the far glitches as unmatched
-    if not near.any():
-        return PoseCheck(
-            'refused',
-            'no source point lies near the reference',
-            0.0,
-            0.0,
-            0.0,
-            float('nan'),
-            float('nan'),
-            voxel,
-            1.5 * voxel,
-        )
-    source = moved[near]
+    return moved[near], near.sum() / max(len(moved), 1)
+
+
+def _judged(
+    source: np.ndarray, reference: np.ndarray, voxel: float, seed: int, max_points: int
+) -> _Judged:
+    """Both sets at the judging voxel; a gate most of the source's box lies within tells nothing,
+    so the voxel shrinks by 1.5x (at most ``MAX_REFINE`` times) while the reference's surfaces
+    still fill it."""
+    rng = np.random.default_rng(seed)
     finest = None
     for attempt in range(MAX_REFINE):
-        if attempt:  # a gate most of the box lies within tells nothing: a finer voxel, while the
-            # reference's surfaces still fill it
+        if attempt:
             finest = _finest_voxel(reference) if finest is None else finest
             if voxel / 1.5 < finest:
                 break
             voxel /= 1.5
         g = 1.5 * voxel
-        reference_tree = cKDTree(_surface(reference, voxel))
+        tree = cKDTree(_surface(reference, voxel))
         moved = voxel_downsample(source, voxel)
         if len(moved) > max_points:
             moved = moved[
                 np.random.default_rng(seed).choice(len(moved), max_points, replace=False)
             ]
-        d0, _ = reference_tree.query(moved, k=1, distance_upper_bound=g)
-        overlap = float(np.isfinite(d0).mean()) * kept
+        d0, _ = tree.query(moved, k=1, distance_upper_bound=g)
         probes = rng.uniform(moved.min(axis=0), moved.max(axis=0), size=moved.shape)
-        dp, _ = reference_tree.query(probes, k=1, distance_upper_bound=g)
+        dp, _ = tree.query(probes, k=1, distance_upper_bound=g)
         chance = float(np.isfinite(dp).mean())
         if chance <= MAX_CHANCE:
             break
-    excess = (overlap - chance) / (1.0 - chance) if chance < 1.0 else 0.0
+    matched = np.isfinite(d0)
+    return _Judged(voxel, g, tree, moved, matched, float(matched.mean()), chance)
 
-    def verdict(reason='', rival=None) -> PoseCheck:
-        """The check's outcome ('' reason: ok); rival: (label, overlap, shift, transform)."""
-        _, r_overlap, shift, r_t = rival or (None, float('nan'), float('nan'), None)
-        status = 'refused' if reason else 'ok'
-        return PoseCheck(status, reason, overlap, chance, excess, r_overlap, shift, voxel, g, r_t)
 
-    if chance > MAX_CHANCE:
-        return verdict(
+def _too_little(j: _Judged, excess: float) -> str:
+    """Why the overlap cannot vouch for the pose ('' when it can)."""
+    g = j.gate
+    if j.chance > MAX_CHANCE:
+        return (
             f"random places in the source's box lie within {g:.3g} of the reference "
-            f'{chance:.0%} of the time, even at the finest voxel its sampling allows: the overlap '
-            'cannot tell one pose from another (a flat or tiny source)'
+            f'{j.chance:.0%} of the time, even at the finest voxel its sampling allows: the '
+            'overlap cannot tell one pose from another (a flat or tiny source)'
         )
     if excess < MIN_EXCESS_OVERLAP:
-        return verdict(
-            f'only {overlap:.0%} of the source lies within {g:.3g} of the reference '
-            f'({chance:.0%} would by chance)'
+        return (
+            f'only {j.overlap:.0%} of the source lies within {g:.3g} of the reference '
+            f'({j.chance:.0%} would by chance)'
         )
-    if min(len(moved), reference_tree.n) < MIN_JUDGED:
-        return verdict(
-            f'{len(moved)} source points and {reference_tree.n} reference surface voxels at '
-            f'the judging voxel {voxel:.3g}: too few to vouch for a pose (need {MIN_JUDGED})'
+    if min(len(j.moved), j.tree.n) < MIN_JUDGED:
+        return (
+            f'{len(j.moved)} source points and {j.tree.n} reference surface voxels at '
+            f'the judging voxel {j.voxel:.3g}: too few to vouch for a pose (need {MIN_JUDGED})'
         )
-    if not rivals:
-        return verdict()
-    if exact_fit and moved.shape[1] == 3 and not _flat(reference_tree.data, g):
-        held = _constraint(moved[np.isfinite(d0)], reference_tree)
-        if held < MIN_HELD:
-            return verdict(
-                f'the overlap leaves a direction free to slide: the matched reference normals '
-                f"hold it with {held:.1f} points' worth (need {MIN_HELD}: a plane, a corridor, "
-                'a pipe)'
-            )
-    better, rival = (
-        None if r is None else (r[0], r[1] * kept, r[2], r[3])
-        for r in _rivals(
-            moved,
-            reference_tree,
-            g,
-            moved[np.isfinite(d0)].mean(axis=0),
-            admissible,
-            exact_fit and moved.shape[1] == 3,
-        )
-    )
+    return ''
+
+
+def _rival_verdict(j: _Judged, better, rival) -> tuple:
+    """(reason, rival) of the rival test: a pose the starts reach that fits clearly better, or a
+    distinct one that fits about as well, refuses; else ('', the best distinct rival)."""
+    g, overlap = j.gate, j.overlap
     if better is not None and better[1] > overlap + RIVAL_MARGIN:
         label, rival_overlap, shift, _ = better
-        return verdict(
+        return (
             f'a pose {shift:.3g} away ({label}) fits better: {rival_overlap:.0%} of the '
             f'source within {g:.3g} of the reference against {overlap:.0%}',
             better,
         )
     if rival is not None and rival[1] >= overlap - max(
-        RIVAL_MARGIN, RIVAL_MARGIN_POINTS / len(moved)
+        RIVAL_MARGIN, RIVAL_MARGIN_POINTS / len(j.moved)
     ):
         label, rival_overlap, shift, _ = rival
-        return verdict(
+        return (
             f'a pose {shift:.3g} away ({label}) fits about as well (the data does not pin '
             f'the pose down): {rival_overlap:.0%} of the source within {g:.3g} of the reference '
             f'against {overlap:.0%}',
             rival,
         )
-    return verdict('', rival)
+    return '', rival
 
 
 def _rivals(

@@ -1,0 +1,203 @@
+"""What a fitted result goes through before it is returned (caller units): the mass refit at the
+overlap its pose shows (:func:`mass_at_overlap`), the global search's confirmation of a pose a
+local search cannot vouch for (:func:`confirm`), and a deformation judged by the pose it deforms
+(:func:`judge`). Each takes the caller's :class:`problem.Request` and a result, and returns a
+result."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Optional
+
+import numpy as np
+
+from pwan_ros.geometry.se3 import rotation_angle
+
+from .checks.mass import OverlapMass, refit_mass
+from .checks.rival import retake_better_rival
+from .checks.verify import CHECK_POINTS, RIVAL_DISTINCT, RIVAL_MARGIN, check_pose, judging_voxel
+from .errors import PwanInputError
+from .global_search.search import register_global
+from .local.from_pose import fit_from_pose
+from .preprocess import random_subset
+from .problem import Request, fit_reference
+from .result import RegistrationResult
+
+__all__ = ['HINT_TURN_DEG', 'confirm', 'judge', 'mass_at_overlap', 'unconvincing']
+
+#: a refused pose's rival turned at least this far (deg) from it, or no rival, gets the hint to
+#: search orientations (a rival slid along the shape is no orientation out of reach)
+HINT_TURN_DEG = 10.0
+
+
+def mass_at_overlap(request: Request, res: RegistrationResult) -> RegistrationResult:
+    """A mass-type rigid / affine result whose mass was left to the default (``mass`` and
+    ``mass_ratio`` None: 0.8) fine-tuned again at the overlap its pose shows while that is lower
+    (:mod:`checks.mass`); any other result as it is. The refit is judged by the self-check like
+    the first fit."""
+    config = request.config
+    if (
+        config.divergence != 'mass'
+        or config.mass is not None
+        or config.mass_ratio is not None
+        or config.transform == 'nonrigid'
+    ):
+        return res
+    t0 = time.perf_counter()
+    src = np.asarray(request.source, dtype=np.float64)[res.source_valid]
+    ref = fit_reference(request.reference)
+    voxel = res.check.voxel if res.check is not None else judging_voxel(ref)
+    meter = OverlapMass(src, ref, voxel, np.random.default_rng(config.seed), seed=config.seed)
+
+    def fit(t, mass):  # judged where it lands: a rival the check finds makes it refused
+        refit = request.with_(config=config.replace(mass_ratio=mass), init=t)
+        return fit_from_pose(refit, take_rival=False)
+
+    out = refit_mass(res, config.effective_mass_ratio, meter, fit)
+    if out is res:
+        return res
+    return dataclasses.replace(
+        out,
+        time_s=res.time_s + time.perf_counter() - t0,
+        timings={**res.timings, 'mass': time.perf_counter() - t0},
+        iterations=res.iterations,
+        potential_updates=res.potential_updates,
+        finetune_iterations=res.finetune_iterations + out.finetune_iterations,
+        potential_state=res.potential_state,
+        h=res.h,
+        start_index=res.start_index,
+    )
+
+
+def unconvincing(res: RegistrationResult, config) -> bool:
+    """A rigid 3-D result whose self-check puts less than ``global_search.confirm_below`` of the
+    source on the reference beyond chance: a local search from identity cannot rule out a distant
+    pose that the data fit as well (bunny 180->315: 34 % at 164 deg off, 15 % at the truth), and
+    a refused one may have missed the pose the global search finds."""
+    return (
+        config.transform == 'rigid'
+        and res.check is not None
+        and res.transformed_source.shape[1] == 3
+        and res.check.excess < config.global_search.confirm_below
+    )
+
+
+def confirm(request: Request, res: RegistrationResult) -> RegistrationResult:
+    """A result from no init that is :func:`unconvincing`, against the global search's result
+    ``g``: the same pose (the source's points within ``RIVAL_DISTINCT`` gates RMS) keeps ``res``
+    as it is; a distinct ``g`` the global search vouches for that fits clearly better (by
+    ``RIVAL_MARGIN`` of the source beyond chance, judged at one voxel) is returned; a vouched
+    ``res`` that fits clearly better than ``g`` is kept; otherwise, or when the global search
+    refuses, the pose is open and ``res`` is refused. Any other result as it is."""
+    if request.init is not None or not unconvincing(res, request.config):
+        return res
+    t0 = time.perf_counter()
+    try:
+        g = register_global(request)
+    except PwanInputError as exc:  # too few points or a degenerate set for feature hypotheses
+        if res.status != 'ok':
+            return res
+        reason = (
+            f'the pose puts {res.check.excess:.0%} of the source on the reference beyond chance, '
+            f'too little to rule out a distant pose, and the global search cannot run: {exc}'
+        )
+        timings = {**res.timings, 'confirm': time.perf_counter() - t0}
+        return dataclasses.replace(res, status='refused', reason=reason, timings=timings)
+    timings = {**res.timings, 'confirm': time.perf_counter() - t0}
+    src = np.asarray(request.source, dtype=np.float64)[res.source_valid]
+    src = random_subset(src, CHECK_POINTS, np.random.default_rng(request.config.seed))
+    diff = res.transform - g.transform
+    apart = float(np.sqrt(np.mean(np.sum((src @ diff[:3, :3].T + diff[:3, 3]) ** 2, axis=1))))
+    if apart <= RIVAL_DISTINCT * res.check.gate:
+        return dataclasses.replace(res, timings=timings)
+    return _settled(request, res, g, apart, timings)
+
+
+def _settled(request: Request, res, g, apart: float, timings: dict) -> RegistrationResult:
+    """Of two distinct poses (``res`` and the global search's ``g``, ``apart`` RMS), the one that
+    fits clearly better at one judging voxel, or ``res`` refused."""
+    ref = np.asarray(request.reference, dtype=np.float64)
+    ref = ref[np.isfinite(ref).all(axis=1)]
+    voxel, seed = res.check.voxel, request.config.seed
+    mine = check_pose(res.transformed_source, ref, voxel, seed, rivals=False).excess
+    theirs = check_pose(g.transformed_source, ref, voxel, seed, rivals=False).excess
+    if g.status == 'ok' and theirs > mine + RIVAL_MARGIN:
+        return dataclasses.replace(g, timings={**timings, **g.timings})
+    if res.status == 'ok' and g.status == 'ok' and mine > theirs + RIVAL_MARGIN:
+        return dataclasses.replace(res, timings=timings)
+    why = (
+        f'the global search refuses: {g.reason}'
+        if g.status != 'ok'
+        else f'the global search finds a pose {apart:.3g} away that fits about as well '
+        f'({theirs:.0%} against {mine:.0%} beyond chance)'
+    )
+    reason = (
+        f'the pose puts {mine:.0%} of the source on the reference beyond chance, too little to '
+        f'rule out a distant pose, and {why}'
+    )
+    return dataclasses.replace(res, status='refused', reason=reason, timings=timings)
+
+
+def judge(
+    request: Request, res: RegistrationResult, posed: Optional[np.ndarray]
+) -> RegistrationResult:
+    """A non-rigid result judged by the pose it deforms as well (``posed`` (n, d): the source at
+    that pose, the rigid pre-alignment's result, or the source under the result's affine part
+    when None); any other result, or one already refused, as it is.
+
+    A deformation can lay a wrongly posed shape onto the reference (its own overlap then looks
+    right), so the result is refused when the self-check refuses that pose. The check's rival
+    search finds a distinct pose of the undeformed shape that fits better or as well; a better
+    fit within ``RIVAL_DISTINCT`` gates is the same pose, judged there. A refused result carries
+    that pose's check. A distance-type result that matched no source point within ``h`` is
+    refused first: its deformation had nothing to fit."""
+    config = request.config
+    if config.transform != 'nonrigid' or not config.self_check or res.status != 'ok':
+        return res
+    if posed is None:  # the pose it deforms: the source under the result's affine part
+        a = res.transform
+        src = np.asarray(request.source, dtype=np.float64)[res.source_valid]
+        posed = src @ a[:-1, :-1].T + a[:-1, -1]
+    if config.divergence == 'distance' and res.matched_ratio == 0.0:
+        return dataclasses.replace(
+            res,
+            status='refused',
+            reason=(
+                f'no source point lies within the distance threshold h = '
+                f'{res.distance_threshold:g} of the reference: the deformation had nothing to '
+                "fit (raise distance_threshold to the scans' noise and deformation)"
+            ),
+        )
+    reference, d = fit_reference(request.reference), posed.shape[1]
+    tc = time.perf_counter()
+    verdict = check_pose(posed, reference, seed=config.seed, exact_fit=False)
+
+    def judge_moved(moved):
+        return check_pose(moved, reference, verdict.voxel, seed=config.seed, exact_fit=False)
+
+    # a better rigid fit next to the pose (the fit stopped short of it): the same pose for the
+    # deformation, judged there as the rigid path judges the pose it takes
+    retaken = retake_better_rival(
+        verdict, lambda t: posed @ t[:d, :d].T + t[:d, d], judge_moved, within=RIVAL_DISTINCT
+    )
+    if retaken is not None:
+        verdict = retaken[1]
+    timings = {**res.timings, 'check': res.timings.get('check', 0.0) + time.perf_counter() - tc}
+    if verdict.status == 'ok':
+        return dataclasses.replace(res, timings=timings)
+    reason = f'the self-check refuses the pose it deforms: {verdict.reason}'
+    if config.starts == 1 and _turned(verdict.rival_transform) >= HINT_TURN_DEG:
+        reason += ' (an orientation far from the initial one needs starts=24 and prealign)'
+    return dataclasses.replace(
+        res, status='refused', reason=reason, timings=timings, check=verdict
+    )
+
+
+def _turned(rival: Optional[np.ndarray]) -> float:
+    """Rotation angle (deg) of a (d+1, d+1) rival transform; inf without one."""
+    if rival is None:
+        return float('inf')
+    if len(rival) == 3:  # 2-D
+        return float(abs(np.degrees(np.arctan2(rival[1, 0], rival[0, 0]))))
+    return float(np.degrees(rotation_angle(rival)))
