@@ -57,8 +57,7 @@ def test_potential_gradient_equals_autograd_with_double_backward(closed_form, hi
         zb,
         coef,
         Penalty(gi, tangent_rows(16, 3, torch.float32, 'cpu'), 10.0),
-        closed_form,
-        not closed_form,
+        'closed_form' if closed_form else 'learn',
     )
     gw, gb = split(flat, [w.shape for w in ws])
     for i in range(s):
@@ -108,7 +107,7 @@ def test_workspace_reuses_its_buffers_and_changes_nothing():
         xb = torch.randn(1, 40, 3).expand(3, -1, -1)
         zb = torch.randn(3, 30, 3)
         gi = torch.randint(70, (16,))
-        args = (weights, net.h, xb, zb, coef, Penalty(gi, tangents, 10.0), False, True)
+        args = (weights, net.h, xb, zb, coef, Penalty(gi, tangents, 10.0), 'learn')
         torch.testing.assert_close(
             potential_grads(*args, work=work), potential_grads(*args), rtol=0, atol=0
         )
@@ -267,7 +266,7 @@ def test_gradient_functions_compile_whole(fn):
     zb = torch.randn(2, 64, 3)
     if fn == 'potential':
         penalty = Penalty(torch.randint(128, (8,)), tangent_rows(8, 3, torch.float32, 'cpu'), 10.0)
-        args = (net.weights(), net.h, xb, zb, torch.tensor([1.0, -0.2]), penalty, False, True)
+        args = (net.weights(), net.h, xb, zb, torch.tensor([1.0, -0.2]), penalty, 'learn')
         f = potential_grads
     else:
         args = (net.weights(), net.h, zb)

@@ -613,7 +613,8 @@ def test_recovery_moves_to_the_self_checks_better_pose(sim_scans, monkeypatch):
         return real_track(*args, **dict(kwargs, max_iterations=1 if len(calls) == 1 else 30))
 
     monkeypatch.setattr(pwan_recovery, 'track', track_stuck_once)
-    rec = pwan_recovery.recover(aligner, kf, scan, truth, 1.0, 1, float('inf'), float('inf'))
+    plan = pwan_recovery.RecoveryPlan(1, float('inf'), float('inf'))
+    rec = pwan_recovery.recover(aligner, kf, scan, truth, 1.0, plan)
     assert len(calls) == 2, "no polish from the self-check's better pose"
     assert rec.check.status == 'ok' and rec.origin == 'self-check rival of the prediction'
     deg, metres = pose_error(rec.transform, truth)

@@ -77,6 +77,53 @@ def _feature_row(msg: Any, field: str, topic: str, msgtype: str) -> np.ndarray:
     return row.ravel()
 
 
+def _features(feats: list, field: str, topic: str, msgtype: str) -> np.ndarray:
+    """(n, D) float32 features of the messages ``feats``: one fixed-length finite vector each."""
+    if not feats:
+        raise AdaptInputError(f'topic {topic} has no messages')
+    rows = [_feature_row(m, field, topic, msgtype) for m in feats]
+    dims = {r.size for r in rows}
+    if len(dims) != 1:
+        shown = sorted(dims)[:5]
+        raise AdaptInputError(
+            f"topic {topic} ({msgtype}): field '{field}' has different lengths across messages "
+            f'({", ".join(map(str, shown))}{"..." if len(dims) > 5 else ""})'
+            '; expected one fixed-length feature vector per message'
+        )
+    if 0 in dims:
+        raise AdaptInputError(f'topic {topic}: feature vectors are empty')
+    features = np.stack(rows).astype(np.float32)
+    if not np.isfinite(features).all():
+        raise AdaptInputError(f'topic {topic}: features contain NaN or infinite values')
+    return features
+
+
+def _labels(raw_labels: list, names: Optional[list]) -> tuple:
+    """(labels (n,) int64, class names): strings numbered by ``names`` (sorted when None), or
+    non-negative integer class ids."""
+    if all(isinstance(v, str) for v in raw_labels):
+        names = names or sorted(set(raw_labels))
+        index = {n: i for i, n in enumerate(names)}
+        unknown = sorted(set(raw_labels) - set(index))
+        if unknown:
+            raise AdaptInputError(f'labels {unknown} are not in class_names {names}')
+        return np.array([index[v] for v in raw_labels], dtype=np.int64), names
+    try:
+        arr = np.asarray(raw_labels, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise AdaptInputError(f'labels are neither integers nor strings: {exc}') from exc
+    if arr.ndim != 1 or not np.all(arr == np.round(arr)) or (arr < 0).any():
+        raise AdaptInputError(
+            'labels must be non-negative integers (0-based class ids), one per message'
+        )
+    labels = arr.astype(np.int64)
+    if names is not None and labels.max() >= len(names):
+        raise AdaptInputError(
+            f'label {int(labels.max())} out of range for {len(names)} class_names'
+        )
+    return labels, names
+
+
 def import_bag(
     bag,
     features_topic: str,
@@ -104,23 +151,7 @@ def import_bag(
         raise
     except Exception as exc:  # rosbags raises several unrelated types for unreadable bags
         raise AdaptInputError(f'cannot read bag {bag}: {exc}') from exc
-    if not feats:
-        raise AdaptInputError(f'topic {features_topic} has no messages')
-    rows = [_feature_row(m, features_field, features_topic, msgtype) for m in feats]
-    dims = {r.size for r in rows}
-    if len(dims) != 1:
-        shown = sorted(dims)[:5]
-        raise AdaptInputError(
-            f"topic {features_topic} ({msgtype}): field '{features_field}' has different "
-            'lengths across messages '
-            f'({", ".join(map(str, shown))}{"..." if len(dims) > 5 else ""})'
-            '; expected one fixed-length feature vector per message'
-        )
-    if 0 in dims:
-        raise AdaptInputError(f'topic {features_topic}: feature vectors are empty')
-    features = np.stack(rows).astype(np.float32)
-    if not np.isfinite(features).all():
-        raise AdaptInputError(f'topic {features_topic}: features contain NaN or infinite values')
+    features = _features(feats, features_field, features_topic, msgtype)
     raw_labels = None
     if label_msgs is not None:
         if len(label_msgs) != len(feats):
@@ -131,29 +162,8 @@ def import_bag(
         raw_labels = [_get(m, label_field or 'data', label_topic) for m in label_msgs]
     elif label_field:
         raw_labels = [_get(m, label_field, features_topic) for m in feats]
-    labels, names = None, list(class_names) if class_names else None
-    if raw_labels is not None:
-        if all(isinstance(v, str) for v in raw_labels):
-            names = names or sorted(set(raw_labels))
-            index = {n: i for i, n in enumerate(names)}
-            unknown = sorted(set(raw_labels) - set(index))
-            if unknown:
-                raise AdaptInputError(f'labels {unknown} are not in class_names {names}')
-            labels = np.array([index[v] for v in raw_labels], dtype=np.int64)
-        else:
-            try:
-                arr = np.asarray(raw_labels, dtype=np.float64)
-            except (TypeError, ValueError) as exc:
-                raise AdaptInputError(f'labels are neither integers nor strings: {exc}') from exc
-            if arr.ndim != 1 or not np.all(arr == np.round(arr)) or (arr < 0).any():
-                raise AdaptInputError(
-                    'labels must be non-negative integers (0-based class ids), one per message'
-                )
-            labels = arr.astype(np.int64)
-            if names is not None and labels.max() >= len(names):
-                raise AdaptInputError(
-                    f'label {int(labels.max())} out of range for {len(names)} class_names'
-                )
+    names = list(class_names) if class_names else None
+    labels, names = (None, names) if raw_labels is None else _labels(raw_labels, names)
     try:
         save_npz(output, features, labels, names)
     except OSError as exc:

@@ -247,15 +247,8 @@ def _events(sim) -> list:
 
 def run_demo(cfg: DemoConfig, log=print) -> pathlib.Path:
     """Run all steps; returns the summary.json path."""
-    from pwan_ros.evaluation.compare import (
-        format_comparison,
-        plot_comparison,
-        skipped_run,
-        summarise_run,
-    )
-    from pwan_ros.evaluation.metrics import load_ground_truth, make_summary
-    from pwan_ros.evaluation.offline import KissIcpOdometry, kiss_icp_available, run_offline
-    from pwan_ros.io.trajectory import write_tum
+    from pwan_ros.evaluation.compare import format_comparison
+    from pwan_ros.evaluation.metrics import load_ground_truth
     from pwan_ros.ros.env import isolated_ros_env
 
     out = pathlib.Path(check_output(cfg.output, directory=True)).resolve()
@@ -266,43 +259,62 @@ def run_demo(cfg: DemoConfig, log=print) -> pathlib.Path:
     env = isolated_ros_env(out / 'logs')
     (out / 'logs').mkdir(exist_ok=True)
     node_cmd = shlex.split(cfg.node_cmd) if cfg.node_cmd else default_node_command()
-    # one name per run: (key in summary.json, label, node command or None = in-process estimator)
+    runs = [_one_run(step, (bag, gt, sim), (out, env), cfg, log) for step in _plan(cfg, node_cmd)]
+    path, tum, png = _write_summary(runs, (gt, source), sim, out, shlex.join(node_cmd))
+    log(format_comparison(runs))
+    log(f'trajectory: {tum}')
+    log(f'plot: {png}')
+    log(f'summary: {path}')
+    return path
+
+
+def _plan(cfg: DemoConfig, node_cmd: list) -> list:
+    """One entry per run: (key in summary.json, label, node command or None = the in-process
+    KISS-ICP)."""
     plan = [('adaptive', 'PWAN adaptive (default)', node_cmd)]
     if cfg.compare:
-        plan.append(
-            (
-                'tracking_only',
-                'tracking only (PWAN off)',
-                node_cmd + ['--ros-args', '-p', 'mode:=tracking'],
-            )
-        )
-        plan.append(('kiss_icp', 'KISS-ICP', None))
-    runs = []
-    for name, label, cmd in plan:
-        t0 = time.monotonic()
-        if cmd is None:
-            if not kiss_icp_available():
-                runs.append(skipped_run(name, label, 'not installed (pip install kiss-icp)'))
-                log(f'demo: {label}: skipped, not installed (pip install kiss-icp)')
-                continue
-            log(f'demo: {label}: running in-process on {bag}')
-            record = run_offline(bag, KissIcpOdometry(max_range=sim.max_range))
-        else:
-            log(f'demo: {label}: {shlex.join(cmd)}  (logs in {out / "logs"})')
-            record = _replay_into_node(
-                cmd,
-                bag,
-                out / ('run' if name == 'adaptive' else f'run_{name}'),
-                out / 'logs',
-                env,
-                cfg,
-                name,
-            )
-        runs.append(summarise_run(name, label, record, gt))
-        log(
-            f'demo: {label}: {record.scans}/{record.scans_published} scans answered in '
-            f'{time.monotonic() - t0:.1f} s'
-        )
+        tracking = node_cmd + ['--ros-args', '-p', 'mode:=tracking']
+        plan += [
+            ('tracking_only', 'tracking only (PWAN off)', tracking),
+            ('kiss_icp', 'KISS-ICP', None),
+        ]
+    return plan
+
+
+def _one_run(step: tuple, data: tuple, where: tuple, cfg: DemoConfig, log):
+    """One run of the plan (``step``) on ``data`` = (bag, ground truth, sim config), logs and
+    outputs in ``where`` = (output folder, ROS environment): a summarised run."""
+    from pwan_ros.evaluation.compare import skipped_run, summarise_run
+    from pwan_ros.evaluation.offline import KissIcpOdometry, kiss_icp_available, run_offline
+
+    (name, label, cmd), (bag, gt, sim), (out, env) = step, data, where
+    t0 = time.monotonic()
+    if cmd is None:
+        if not kiss_icp_available():
+            log(f'demo: {label}: skipped, not installed (pip install kiss-icp)')
+            return skipped_run(name, label, 'not installed (pip install kiss-icp)')
+        log(f'demo: {label}: running in-process on {bag}')
+        record = run_offline(bag, KissIcpOdometry(max_range=sim.max_range))
+    else:
+        log(f'demo: {label}: {shlex.join(cmd)}  (logs in {out / "logs"})')
+        run_dir = out / ('run' if name == 'adaptive' else f'run_{name}')
+        record = _replay_into_node(cmd, bag, run_dir, out / 'logs', env, cfg, name)
+    log(
+        f'demo: {label}: {record.scans}/{record.scans_published} scans answered in '
+        f'{time.monotonic() - t0:.1f} s'
+    )
+    return summarise_run(name, label, record, gt)
+
+
+def _write_summary(runs: list, truth: tuple, sim, out: pathlib.Path, node_cmd: str) -> tuple:
+    """The main run's trajectory (TUM), the comparison plot and summary.json (written last: its
+    presence means the set is complete); returns their paths (summary, trajectory, plot). truth:
+    (ground truth, where it came from)."""
+    from pwan_ros.evaluation.compare import plot_comparison
+    from pwan_ros.evaluation.metrics import make_summary
+    from pwan_ros.io.trajectory import write_tum
+
+    gt, source = truth
     main = runs[0]
     tum = write_tum(out / 'trajectory_est.tum', main.run.estimate)
     png = plot_comparison(
@@ -318,7 +330,7 @@ def run_demo(cfg: DemoConfig, log=print) -> pathlib.Path:
         main.run,
         title='pwan_ros demo (simulated LiDAR)',
         gt_source=source,
-        node_cmd=shlex.join(node_cmd),
+        node_cmd=node_cmd,
         trajectory_tum=str(tum),
         plot_png=str(png),
         scans_pwan_engaged=main.metrics()['scans_pwan_engaged'],
@@ -327,12 +339,8 @@ def run_demo(cfg: DemoConfig, log=print) -> pathlib.Path:
         baselines={r.name: r.metrics() for r in runs[1:]},
     )
     path = out / 'summary.json'
-    write_text(path, json.dumps(summary, indent=2))  # last: its presence means the set is complete
-    log(format_comparison(runs))
-    log(f'trajectory: {tum}')
-    log(f'plot: {png}')
-    log(f'summary: {path}')
-    return path
+    write_text(path, json.dumps(summary, indent=2))
+    return path, tum, png
 
 
 def build_parser() -> argparse.ArgumentParser:

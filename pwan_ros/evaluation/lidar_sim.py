@@ -331,67 +331,16 @@ def simulate(cfg: SimConfig) -> Iterator[SimScan]:
     dirs, ring = _ray_directions(cfg)
     # sweep: the sector (0..SWEEP_SECTORS-1) of every ray, in firing (azimuth) order
     sector = (np.arange(dirs.shape[0]) % cfg.azimuth_steps) * SWEEP_SECTORS // cfg.azimuth_steps
-    extras_dtype = SWEEP_DTYPE if cfg.sweep else EXTRAS_DTYPE
     for k in range(cfg.scans):
         s = k / cfg.rate_hz
-        scene = o3d.t.geometry.RaycastingScene()
-        refl = []
-        for mesh, r in static:
-            scene.add_triangles(mesh)
-            refl.append(r)
-        for size, start, vel in movers:
-            xy = start + vel * s
-            mesh = _box(o3d, size, (xy[0], xy[1], size[2] / 2), np.arctan2(vel[1], vel[0]))
-            scene.add_triangles(o3d.t.geometry.TriangleMesh.from_legacy(mesh))
-            refl.append(0.6)
+        scene, refl = _scene(o3d, static, movers, s)
         pose, _, _ = ground_truth_pose(s, cfg)
-        if cfg.sweep:  # each sector from the pose of its instant within the revolution
-            sector_poses = [
-                ground_truth_pose(s + j / (SWEEP_SECTORS * cfg.rate_hz), cfg)[0]
-                for j in range(SWEEP_SECTORS)
-            ]
-            rot = np.stack([p[:3, :3] for p in sector_poses])[sector]
-            world_dirs = np.einsum('nij,nj->ni', rot, dirs)
-            origins = np.stack([p[:3, 3] for p in sector_poses])[sector]
-        else:
-            world_dirs = dirs @ pose[:3, :3].T
-            origins = np.broadcast_to(pose[:3, 3], world_dirs.shape)
+        origins, world_dirs = _world_rays(cfg, s, pose, dirs, sector)
         rays = np.hstack([origins, world_dirs]).astype(np.float32)
         hit = scene.cast_rays(o3d.core.Tensor(rays))
-        rng_m = hit['t_hit'].numpy().astype(np.float64)
-        geom = hit['geometry_ids'].numpy()
-        normals = hit['primitive_normals'].numpy()
-        keep = (
-            np.isfinite(rng_m)
-            & (rng_m < cfg.max_range)
-            & (rng.random(rng_m.shape[0]) >= cfg.dropout)
-        )
-        r = rng_m[keep] + rng.normal(0.0, cfg.range_noise, keep.sum())
-        xyz = dirs[keep] * r[:, None]
-        cos_inc = np.abs(np.einsum('ij,ij->i', normals[keep], world_dirs[keep]))
-        intensity = 100.0 * np.asarray(refl)[geom[keep]] * (0.3 + 0.7 * cos_inc) / (1.0 + 0.01 * r)
-        extras = np.empty(xyz.shape[0], dtype=extras_dtype)
-        extras['intensity'], extras['ring'] = intensity, ring[keep]
-        if cfg.sweep:
-            extras['t'] = np.round(sector[keep] * (1e9 / (SWEEP_SECTORS * cfg.rate_hz))).astype(
-                np.uint32
-            )
+        xyz, extras = _returns(cfg, hit, (dirs, world_dirs, ring, sector), refl, rng)
         event, blackout = stress_event(k, cfg)
-        fraction = rng.uniform(0.5, 1.0) if event == 'burst' else cfg.outliers
-        n_out = int(round(fraction * xyz.shape[0]))
-        if event == 'glitch':
-            n_out = GLITCH_POINTS
-        if n_out:
-            d = rng.normal(size=(n_out, 3))
-            d /= np.linalg.norm(d, axis=1, keepdims=True)
-            reach = (1e3, 1e4) if event == 'glitch' else (1.0, 0.5 * cfg.max_range)
-            out_xyz = d * rng.uniform(*reach, (n_out, 1))
-            out_ex = np.empty(n_out, dtype=extras_dtype)
-            out_ex['intensity'] = rng.uniform(0.0, 5.0, n_out)
-            out_ex['ring'] = rng.integers(0, cfg.beams, n_out)
-            if cfg.sweep:
-                out_ex['t'] = rng.integers(0, int(1e9 / cfg.rate_hz), n_out)
-            xyz, extras = np.vstack([xyz, out_xyz]), np.concatenate([extras, out_ex])
+        xyz, extras = _with_spurious(cfg, event, xyz, extras, rng)
         stamp_ns = int(round(cfg.start_time * 1e9)) + int(round(s * 1e9))
         yield SimScan(
             stamp_ns=stamp_ns,
@@ -401,6 +350,80 @@ def simulate(cfg: SimConfig) -> Iterator[SimScan]:
             event=event,
             blackout=blackout,
         )
+
+
+def _scene(o3d, static: list, movers: list, s: float) -> tuple:
+    """(the raycasting scene at time ``s``, the reflectivity of each of its meshes)."""
+    scene = o3d.t.geometry.RaycastingScene()
+    refl = []
+    for mesh, r in static:
+        scene.add_triangles(mesh)
+        refl.append(r)
+    for size, start, vel in movers:
+        xy = start + vel * s
+        mesh = _box(o3d, size, (xy[0], xy[1], size[2] / 2), np.arctan2(vel[1], vel[0]))
+        scene.add_triangles(o3d.t.geometry.TriangleMesh.from_legacy(mesh))
+        refl.append(0.6)
+    return scene, refl
+
+
+def _world_rays(cfg: SimConfig, s: float, pose, dirs, sector) -> tuple:
+    """(origins, directions) of the rays in the world: from the scan's pose, or with ``sweep``
+    each sector from the pose of its instant within the revolution."""
+    if not cfg.sweep:
+        world_dirs = dirs @ pose[:3, :3].T
+        return np.broadcast_to(pose[:3, 3], world_dirs.shape), world_dirs
+    sector_poses = [
+        ground_truth_pose(s + j / (SWEEP_SECTORS * cfg.rate_hz), cfg)[0]
+        for j in range(SWEEP_SECTORS)
+    ]
+    rot = np.stack([p[:3, :3] for p in sector_poses])[sector]
+    world_dirs = np.einsum('nij,nj->ni', rot, dirs)
+    return np.stack([p[:3, 3] for p in sector_poses])[sector], world_dirs
+
+
+def _returns(cfg: SimConfig, hit, rays: tuple, refl: list, rng) -> tuple:
+    """(xyz (n, 3) in the sensor frame, extras) of the rays that hit within range and were not
+    dropped, with range noise; rays = (sensor directions, world directions, ring, sector)."""
+    dirs, world_dirs, ring, sector = rays
+    rng_m = hit['t_hit'].numpy().astype(np.float64)
+    geom = hit['geometry_ids'].numpy()
+    normals = hit['primitive_normals'].numpy()
+    keep = (
+        np.isfinite(rng_m) & (rng_m < cfg.max_range) & (rng.random(rng_m.shape[0]) >= cfg.dropout)
+    )
+    r = rng_m[keep] + rng.normal(0.0, cfg.range_noise, keep.sum())
+    xyz = dirs[keep] * r[:, None]
+    cos_inc = np.abs(np.einsum('ij,ij->i', normals[keep], world_dirs[keep]))
+    intensity = 100.0 * np.asarray(refl)[geom[keep]] * (0.3 + 0.7 * cos_inc) / (1.0 + 0.01 * r)
+    extras = np.empty(xyz.shape[0], dtype=SWEEP_DTYPE if cfg.sweep else EXTRAS_DTYPE)
+    extras['intensity'], extras['ring'] = intensity, ring[keep]
+    if cfg.sweep:
+        extras['t'] = np.round(sector[keep] * (1e9 / (SWEEP_SECTORS * cfg.rate_hz))).astype(
+            np.uint32
+        )
+    return xyz, extras
+
+
+def _with_spurious(cfg: SimConfig, event: str, xyz, extras, rng) -> tuple:
+    """The scan with its spurious returns: ``cfg.outliers`` of its points (a burst: 50-100 %),
+    or, on a glitch, :data:`GLITCH_POINTS` kilometres away."""
+    fraction = rng.uniform(0.5, 1.0) if event == 'burst' else cfg.outliers
+    n_out = int(round(fraction * xyz.shape[0]))
+    if event == 'glitch':
+        n_out = GLITCH_POINTS
+    if not n_out:
+        return xyz, extras
+    d = rng.normal(size=(n_out, 3))
+    d /= np.linalg.norm(d, axis=1, keepdims=True)
+    reach = (1e3, 1e4) if event == 'glitch' else (1.0, 0.5 * cfg.max_range)
+    out_xyz = d * rng.uniform(*reach, (n_out, 1))
+    out_ex = np.empty(n_out, dtype=extras.dtype)
+    out_ex['intensity'] = rng.uniform(0.0, 5.0, n_out)
+    out_ex['ring'] = rng.integers(0, cfg.beams, n_out)
+    if cfg.sweep:
+        out_ex['t'] = rng.integers(0, int(1e9 / cfg.rate_hz), n_out)
+    return np.vstack([xyz, out_xyz]), np.concatenate([extras, out_ex])
 
 
 def write_sim_bag(path, cfg: SimConfig = SimConfig(), storage: str = 'mcap') -> SimResult:

@@ -199,12 +199,8 @@ def align_poses(est: np.ndarray, gt: np.ndarray, mode: str) -> np.ndarray:
     return t @ est
 
 
-def evaluate(est: Trajectory, gt: Trajectory, cfg: EvalConfig = EvalConfig()) -> EvalResult:
-    """ATE and RPE of ``est`` against ``gt`` (both T_parent_child, stamps in seconds)."""
-    from evo.core import sync
-    from evo.core.filters import filter_pairs_by_path
-
-    logging.getLogger('evo').setLevel(logging.WARNING)
+def _check_pair(est: Trajectory, gt: Trajectory) -> None:
+    """EvaluationError when the two trajectories cannot be matched."""
     if len(est) < 2 or len(gt) < 2:
         raise EvaluationError(
             f'need at least 2 poses in each trajectory (estimate {len(est)}, ground truth '
@@ -224,28 +220,32 @@ def evaluate(est: Trajectory, gt: Trajectory, cfg: EvalConfig = EvalConfig()) ->
             f'poses without stamps are matched line by line, but the estimate has {len(est)} '
             f'and the ground truth {len(gt)}'
         )
+
+
+def _associated(est: Trajectory, gt: Trajectory, max_dt: float) -> tuple:
+    """(ground truth, estimate) as evo trajectories, matched by stamp within ``max_dt`` s."""
+    from evo.core import sync
+
     try:
-        ref_s, est_s = sync.associate_trajectories(_evo(gt), _evo(est), max_diff=cfg.max_dt)
+        ref_s, est_s = sync.associate_trajectories(_evo(gt), _evo(est), max_diff=max_dt)
     except sync.SyncException as exc:
         raise EvaluationError(
-            f'no estimated pose has a ground-truth pose within {cfg.max_dt} s (estimate '
+            f'no estimated pose has a ground-truth pose within {max_dt} s (estimate '
             f'{est.stamps[0]:.3f}..{est.stamps[-1]:.3f} s, ground truth {gt.stamps[0]:.3f}..'
             f'{gt.stamps[-1]:.3f} s); check --gt-topic/--gt-file and the stamps'
         ) from exc
     if ref_s.num_poses < 2:
         raise EvaluationError(
-            f'only {ref_s.num_poses} pose matched the ground truth within {cfg.max_dt} s'
+            f'only {ref_s.num_poses} pose matched the ground truth within {max_dt} s'
         )
-    gt_poses = np.array(ref_s.poses_se3)
-    est_poses = np.array(est_s.poses_se3)
-    aligned_poses = align_poses(est_poses, gt_poses, cfg.align)
-    ate = np.linalg.norm(aligned_poses[:, :3, 3] - gt_poses[:, :3, 3], axis=1)
+    return ref_s, est_s
 
-    consecutive = [(k, k + 1) for k in range(gt_poses.shape[0] - 1)]
-    t_err, r_err = _relative_errors(gt_poses, est_poses, consecutive)
-    gt_traj = Trajectory(ref_s.timestamps, gt_poses, gt.stamped)
-    path = gt_traj.path_length()
-    lengths = cfg.rpe_lengths or _auto_lengths(path)
+
+def _drift(gt_poses: np.ndarray, est_poses: np.ndarray, lengths) -> tuple:
+    """([translation error %], [rotation error deg/m]) of every pose pair about each of
+    ``lengths`` (m) of ground-truth path apart (evo's pairs, within 10 % of the length)."""
+    from evo.core.filters import filter_pairs_by_path
+
     dist = np.concatenate(
         [[0.0], np.cumsum(np.linalg.norm(np.diff(gt_poses[:, :3, 3], axis=0), axis=1))]
     )
@@ -262,6 +262,24 @@ def evaluate(est: Trajectory, gt: Trajectory, cfg: EvalConfig = EvalConfig()) ->
         te, re = _relative_errors(gt_poses, est_poses, pairs)
         pct.extend(100.0 * te / seg)
         deg_per_m.extend(re / seg)
+    return pct, deg_per_m
+
+
+def evaluate(est: Trajectory, gt: Trajectory, cfg: EvalConfig = EvalConfig()) -> EvalResult:
+    """ATE and RPE of ``est`` against ``gt`` (both T_parent_child, stamps in seconds)."""
+    logging.getLogger('evo').setLevel(logging.WARNING)
+    _check_pair(est, gt)
+    ref_s, est_s = _associated(est, gt, cfg.max_dt)
+    gt_poses = np.array(ref_s.poses_se3)
+    est_poses = np.array(est_s.poses_se3)
+    aligned_poses = align_poses(est_poses, gt_poses, cfg.align)
+    ate = np.linalg.norm(aligned_poses[:, :3, 3] - gt_poses[:, :3, 3], axis=1)
+    consecutive = [(k, k + 1) for k in range(gt_poses.shape[0] - 1)]
+    t_err, r_err = _relative_errors(gt_poses, est_poses, consecutive)
+    gt_traj = Trajectory(ref_s.timestamps, gt_poses, gt.stamped)
+    path = gt_traj.path_length()
+    lengths = cfg.rpe_lengths or _auto_lengths(path)
+    pct, deg_per_m = _drift(gt_poses, est_poses, lengths)
     return EvalResult(
         matched=int(ref_s.num_poses),
         path_length_m=path,

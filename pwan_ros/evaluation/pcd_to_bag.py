@@ -133,6 +133,28 @@ def _index(name: str) -> int:
 
 def convert(cfg: ConvertConfig, log=print) -> ConvertResult:
     """Write the bag; raises ValueError/PcdError/TrajectoryError/BagError with the problem."""
+    files = _scan_files(cfg)
+    traj = _poses(cfg)
+    pairs = _paired(cfg, files, traj, log)
+    for path, k in pairs:
+        if not 0.0 <= traj.stamps[k] < MAX_STAMP_S:
+            raise ValueError(
+                f'{cfg.poses}: stamp {traj.stamps[k]:g} s of pose {k} ({path.name}) is outside '
+                f'0 .. {MAX_STAMP_S} s (ROS time)'
+            )
+    n_points = _write(cfg, pairs, traj, log)
+    duration = traj.stamps[pairs[-1][1]] - traj.stamps[pairs[0][1]]
+    return ConvertResult(
+        bag=pathlib.Path(cfg.output),
+        scans=len(pairs),
+        mean_points=float(np.mean(n_points)),
+        duration_s=float(duration),
+    )
+
+
+def _scan_files(cfg: ConvertConfig) -> list:
+    """The scan files of ``cfg.scans`` matching ``cfg.pattern``, in natural order (numbers in
+    names compared as numbers)."""
     folder = pathlib.Path(cfg.scans)
     if not folder.is_dir():
         raise ValueError(f'scan folder {folder} does not exist')
@@ -148,7 +170,11 @@ def convert(cfg: ConvertConfig, log=print) -> ConvertResult:
     )
     if not files:
         raise ValueError(f'no .pcd/.pcd.gz/.npy files matching {cfg.pattern!r} in {folder}')
-    traj = _poses(cfg)
+    return files
+
+
+def _paired(cfg: ConvertConfig, files: list, traj, log) -> list:
+    """[(scan file, pose index)] by ``cfg.match``: in order, or by the number in each name."""
     if cfg.match == 'order':
         if len(files) > len(traj):
             raise ValueError(f'{len(files)} scans but only {len(traj)} poses in {cfg.poses}')
@@ -157,24 +183,23 @@ def convert(cfg: ConvertConfig, log=print) -> ConvertResult:
                 f'warning: {len(files)} scans for {len(traj)} poses in {cfg.poses} (--match '
                 f'order pairs them with the first {len(files)} poses)'
             )
-        pairs = list(zip(files, range(len(files))))
-    else:
-        pairs = sorted(((f, _index(f.name)) for f in files), key=lambda p: p[1])
-        bad = [f.name for f, k in pairs if k >= len(traj)]
-        if bad:
-            raise ValueError(f'{bad[0]}: pose index beyond the {len(traj)} poses in {cfg.poses}')
-        for (a, i), (b, j) in zip(pairs, pairs[1:]):
-            if i == j:
-                raise ValueError(
-                    f'{a.name} and {b.name} both map to pose {i} of {cfg.poses} (--match '
-                    'name-index): one scan per pose'
-                )
-    for path, k in pairs:
-        if not 0.0 <= traj.stamps[k] < MAX_STAMP_S:
+        return list(zip(files, range(len(files))))
+    pairs = sorted(((f, _index(f.name)) for f in files), key=lambda p: p[1])
+    bad = [f.name for f, k in pairs if k >= len(traj)]
+    if bad:
+        raise ValueError(f'{bad[0]}: pose index beyond the {len(traj)} poses in {cfg.poses}')
+    for (a, i), (b, j) in zip(pairs, pairs[1:]):
+        if i == j:
             raise ValueError(
-                f'{cfg.poses}: stamp {traj.stamps[k]:g} s of pose {k} ({path.name}) is outside '
-                f'0 .. {MAX_STAMP_S} s (ROS time)'
+                f'{a.name} and {b.name} both map to pose {i} of {cfg.poses} (--match '
+                'name-index): one scan per pose'
             )
+    return pairs
+
+
+def _write(cfg: ConvertConfig, pairs: list, traj, log) -> list:
+    """Write the bag: /clock at ``clock_hz``, each scan with its ground-truth odometry. Returns
+    the scans' point counts."""
     store = bag_io.typestore()
     cloud_cls, field_cls = (
         store.types['sensor_msgs/msg/PointCloud2'],
@@ -213,10 +238,4 @@ def convert(cfg: ConvertConfig, log=print) -> ConvertResult:
             writer.write(cfg.topic, stamp_ns, msg)
             n_points.append(enc.width * enc.height)
             log(f'{path.name}: pose {k}, {n_points[-1]} points, stamp {stamp_ns * 1e-9:.3f}')
-    duration = traj.stamps[pairs[-1][1]] - traj.stamps[pairs[0][1]]
-    return ConvertResult(
-        bag=pathlib.Path(cfg.output),
-        scans=len(pairs),
-        mean_points=float(np.mean(n_points)),
-        duration_s=float(duration),
-    )
+    return n_points

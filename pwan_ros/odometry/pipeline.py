@@ -42,7 +42,7 @@ from pwan_ros.odometry.keyframe_tracker import MatchQuality, PreparedCloud, matc
 from pwan_ros.odometry.keyframes import Keyframe, Keyframes
 from pwan_ros.odometry.motion_model import ConstantVelocityModel
 from pwan_ros.odometry.preprocess import MIN_POINTS, PreparedScan, ScanError, ScanPreparer
-from pwan_ros.odometry.pwan_recovery import PwanAligner, recover
+from pwan_ros.odometry.pwan_recovery import PwanAligner, RecoveryPlan, recover
 from pwan_ros.odometry.scan_filter import filter_scan
 from pwan_ros.odometry.trust import TrustPolicy, Verdict
 
@@ -216,8 +216,8 @@ class OdometryPipeline:
             self.distance_threshold,
             deformed=reg.aligned_points is not None,
         )
-        pose, new_keyframe = self._update(verdict, kf, scan, reg, stamp, timings)
-        return self._estimate(stamp, scan, verdict, reg, pose, new_keyframe, t0, timings, deskewed)
+        update = self._update(verdict, kf, scan, reg, stamp, timings)
+        return self._estimate(stamp, scan, verdict, reg, update, t0, timings, deskewed)
 
     # ------------------------------------------------------------------ stages
     def _prepare(
@@ -299,18 +299,14 @@ class OdometryPipeline:
         note = tracked.note if tracked else 'mode pwan'
         deadline = time.perf_counter() + self.config.pwan_time_budget_ms * 1e-3
         good = self.trust.good_match()  # infinite without a history: then no global search either
-        rec = recover(
-            self.pwan,
-            kf.local_map,
-            scan.tracked,
-            init,
-            self.distance_threshold,
+        plan = RecoveryPlan(
             self.config.recovery_yaw_starts,
             good,
             deadline,
             self.num_threads,
             use_global=self.config.recovery_global and np.isfinite(good),
         )
+        rec = recover(self.pwan, kf.local_map, scan.tracked, init, self.distance_threshold, plan)
         timings['pwan'], timings['polish'] = rec.pwan_ms, rec.polish_ms
         iterations = rec.iterations + (tracked.iterations if tracked else 0)
         if rec.check is not None and rec.check.status != 'ok':
@@ -409,13 +405,14 @@ class OdometryPipeline:
         scan: PreparedScan,
         verdict: Verdict,
         reg: Registration,
-        pose: np.ndarray,
-        new_keyframe: bool,
+        update: tuple,
         t0: float,
         timings: Dict[str, float],
         deskewed: bool,
     ) -> ScanEstimate:
-        """The scan's :class:`ScanEstimate` (latency from ``t0``, perf_counter seconds)."""
+        """The scan's :class:`ScanEstimate` (latency from ``t0``, perf_counter seconds); update:
+        (pose, whether it started a keyframe), :meth:`_update`'s."""
+        pose, new_keyframe = update
         accepted = verdict.action != 'reject'  # a re-anchored scan starts a keyframe: accepted
         path = _PATHS[verdict.action]
         if verdict.action == 'accept' and reg.pwan_engaged:

@@ -152,89 +152,138 @@ class Recovery:
     check: Optional[PoseCheck] = None
 
 
+@dataclass(frozen=True)
+class RecoveryPlan:
+    """How a recovery searches: ``yaw_starts`` starts turned about the sensor's z axis (REP-103:
+    z up), stop at the first matching ``good`` (matched ratio) or at ``deadline``
+    (time.perf_counter() seconds); the tracker's ``num_threads``; ``use_global``: when no start
+    matched ``good`` (a kidnapped robot, a jump far beyond the prediction), a global registration
+    (no initial pose) too."""
+
+    yaw_starts: int
+    good: float
+    deadline: float
+    num_threads: int = 2
+    use_global: bool = False
+
+
+class _Search:
+    """The starts of one recovery as they run: the best tracked so far, where it came from, and
+    what the starts spent."""
+
+    def __init__(self):
+        self.best = None
+        self.origin = 'prediction'
+        self.iterations, self.pwan_ms, self.polish_ms = 0, 0.0, 0.0
+        self.starts, self.global_status = 0, ''
+
+    def offer(self, tracked, origin: str) -> None:
+        """A start's tracked result: kept when it matches more of the scan."""
+        if self.best is None or tracked.quality.matched_ratio > self.best.quality.matched_ratio:
+            self.best, self.origin = tracked, origin
+
+
 def recover(
     aligner: PwanAligner,
     keyframe: PreparedCloud,
     scan: PreparedCloud,
     init: np.ndarray,
     h: float,
-    yaw_starts: int,
-    good: float,
-    deadline: float,
-    num_threads: int = 2,
-    use_global: bool = False,
+    plan: RecoveryPlan,
 ) -> Recovery:
     """Full PWAN of ``scan`` onto ``keyframe`` from ``init`` (T_keyframe_scan), then from rotations
-    of it by k x 360/yaw_starts degrees about the sensor's z axis (REP-103: z up), nearest first,
-    each polished by the partial tracker. Stops at the first start matching ``good`` or at
-    ``deadline`` (time.perf_counter() seconds). ``use_global``: when no start matched ``good``
-    (a kidnapped robot, a jump far beyond the prediction), a global registration (no initial
-    pose) is tried too and kept if it is not refused. Returns the best by matched ratio.
+    of it by k x 360/yaw_starts degrees about the sensor's z axis, nearest first, each polished
+    by the partial tracker, then (``plan.use_global``) the global registration; ``plan`` says
+    when to stop. Returns the best by matched ratio.
 
     The result is judged by the core's self-check; when it finds a clearly better pose next to
-    the result, the result is polished from there and judged in its place."""
-    yaws = [0.0] + [2.0 * np.pi * k / yaw_starts for k in range(1, yaw_starts)]
+    the result, the result is polished from there and judged in its place (kept when vouched
+    for)."""
+    search = _Search()
+    _yaw_starts(aligner, keyframe, scan, (init, h), plan, search)
+    if (
+        plan.use_global
+        and search.best.quality.matched_ratio < plan.good
+        and time.perf_counter() < plan.deadline
+    ):
+        _global_start(aligner, keyframe, scan, h, plan, search)
+    aligner.raise_if_cancelled()
+    t1 = time.perf_counter()
+    check = _judged(keyframe, scan, h, plan, search)
+    search.polish_ms += (time.perf_counter() - t1) * 1e3
+    best = search.best
+    return Recovery(
+        best.transform,
+        best.quality,
+        search.iterations,
+        search.starts,
+        search.pwan_ms,
+        search.polish_ms,
+        search.origin,
+        search.global_status,
+        check,
+    )
+
+
+def _yaw_starts(aligner, keyframe, scan, start: tuple, plan: RecoveryPlan, search: _Search):
+    """PWAN from the prediction (``start`` = (init, h)) and its yaw turns, nearest first, until
+    one matches ``plan.good`` or the deadline passes."""
+    init, h = start
+    yaws = [0.0] + [2.0 * np.pi * k / plan.yaw_starts for k in range(1, plan.yaw_starts)]
     yaws = sorted(yaws, key=lambda a: min(a, 2.0 * np.pi - a))
-    best = None
-    iterations, pwan_ms, polish_ms = 0, 0.0, 0.0
     for k, yaw in enumerate(yaws):
-        start = init @ make_transform(
+        turned = init @ make_transform(
             Rotation.from_rotvec([0.0, 0.0, yaw]).as_matrix(), np.zeros(3)
         )
         t0 = time.perf_counter()
-        result = aligner.align(scan.points, keyframe.points, start, h, deadline)
+        result = aligner.align(scan.points, keyframe.points, turned, h, plan.deadline)
         t1 = time.perf_counter()
-        tr = track(keyframe, scan, result.transform, h, num_threads=num_threads)
-        pwan_ms += (t1 - t0) * 1e3
-        polish_ms += (time.perf_counter() - t1) * 1e3
-        iterations += result.iterations + tr.iterations
-        if best is None or tr.quality.matched_ratio > best.quality.matched_ratio:
-            best, origin = tr, 'prediction' if k == 0 else f'yaw {np.degrees(yaw):.0f} deg'
-        if best.quality.matched_ratio >= good or time.perf_counter() > deadline:
+        tr = track(keyframe, scan, result.transform, h, num_threads=plan.num_threads)
+        search.pwan_ms += (t1 - t0) * 1e3
+        search.polish_ms += (time.perf_counter() - t1) * 1e3
+        search.iterations += result.iterations + tr.iterations
+        search.offer(tr, 'prediction' if k == 0 else f'yaw {np.degrees(yaw):.0f} deg')
+        search.starts = k + 1
+        if search.best.quality.matched_ratio >= plan.good or time.perf_counter() > plan.deadline:
             break
-    starts, global_status = k + 1, ''
-    if use_global and best.quality.matched_ratio < good and time.perf_counter() < deadline:
-        t0 = time.perf_counter()
-        result = aligner.align_global(scan.points, keyframe.points, h)
-        t1 = time.perf_counter()
-        pwan_ms += (t1 - t0) * 1e3
-        starts, global_status = starts + 1, result.status
-        if result.status == 'ok':
-            tr = track(keyframe, scan, result.transform, h, num_threads=num_threads)
-            polish_ms += (time.perf_counter() - t1) * 1e3
-            iterations += tr.iterations
-            if tr.quality.matched_ratio > best.quality.matched_ratio:
-                best, origin = tr, 'global'
-    aligner.raise_if_cancelled()
+
+
+def _global_start(aligner, keyframe, scan, h: float, plan: RecoveryPlan, search: _Search):
+    """The global registration (no initial pose), tracked from its pose when not refused."""
+    t0 = time.perf_counter()
+    result = aligner.align_global(scan.points, keyframe.points, h)
     t1 = time.perf_counter()
+    search.pwan_ms += (t1 - t0) * 1e3
+    search.starts, search.global_status = search.starts + 1, result.status
+    if result.status == 'ok':
+        tr = track(keyframe, scan, result.transform, h, num_threads=plan.num_threads)
+        search.polish_ms += (time.perf_counter() - t1) * 1e3
+        search.iterations += tr.iterations
+        if tr.quality.matched_ratio > search.best.quality.matched_ratio:
+            search.best, search.origin = tr, 'global'
+
+
+def _judged(keyframe, scan, h: float, plan: RecoveryPlan, search: _Search) -> PoseCheck:
+    """The self-check of the best start (scan against keyframe); a clearly better pose it finds
+    next to it (a polish that slid along a corridor, say) is tracked from there and takes its
+    place when vouched for."""
 
     def judged(t: np.ndarray) -> PoseCheck:  # the self-check of the scan at T_keyframe_scan t
         return check_pose(transform_points(t, scan.points), keyframe.points)
 
-    check = judged(best.transform)
+    check = judged(search.best.transform)
     tracked = []
 
     def refit(rival: np.ndarray):
-        tracked.append(track(keyframe, scan, rival @ best.transform, h, num_threads=num_threads))
+        tracked.append(
+            track(keyframe, scan, rival @ search.best.transform, h, num_threads=plan.num_threads)
+        )
         return tracked[-1]
 
-    # the self-check found a clearly better pose next to the result (a polish that slid along a
-    # corridor, say): polished from there and judged in its place, kept when it is vouched for
     retaken = retake_better_rival(
         check, refit, lambda tr: judged(tr.transform), keep_refused=False
     )
-    iterations += sum(tr.iterations for tr in tracked)
+    search.iterations += sum(tr.iterations for tr in tracked)
     if retaken is not None:
-        (best, check), origin = retaken, f'self-check rival of the {origin}'
-    polish_ms += (time.perf_counter() - t1) * 1e3
-    return Recovery(
-        best.transform,
-        best.quality,
-        iterations,
-        starts,
-        pwan_ms,
-        polish_ms,
-        origin,
-        global_status,
-        check,
-    )
+        (search.best, check), search.origin = retaken, f'self-check rival of the {search.origin}'
+    return check

@@ -71,6 +71,44 @@ def _add_static(graph: FrameGraph, invalid: Dict[Tuple[str, str], str], msg: TFM
         graph.add(t.header.frame_id, t.child_frame_id, m)
 
 
+#: the scan counters of the diagnostics
+_COUNTS = (
+    'received',
+    'processed',
+    'dropped',
+    'invalid',
+    'rejected',
+    'pwan_engaged',
+    'reanchored',
+    'resets',
+    'over_budget',
+)
+
+
+def _pipeline(cfg: OdometryConfig) -> OdometryPipeline:
+    """The node's pipeline, its device and reference cloud checked first (ConfigError: 'cuda'
+    without CUDA fails here, not on every scan; an unreadable or unusable reference cloud)."""
+    from pwan_ros.core.device import resolve_device
+    from pwan_ros.core.errors import PwanInputError
+
+    try:
+        resolve_device(cfg.device)
+    except PwanInputError as exc:
+        raise ConfigError(f"invalid value '{cfg.device}' for parameter 'device': {exc}") from None
+    reference = None
+    if cfg.reference_cloud:
+        from pwan_ros.io.point_files import read_points
+
+        try:
+            reference = read_points(cfg.reference_cloud)
+        except Exception as exc:  # unreadable / corrupt file: a configuration error
+            raise ConfigError(f"cannot read reference_cloud '{cfg.reference_cloud}': {exc}")
+    try:
+        return OdometryPipeline(cfg, reference)
+    except ValueError as exc:  # an unusable reference cloud (pipeline.usable_reference)
+        raise ConfigError(f"reference_cloud '{cfg.reference_cloud}': {exc}") from None
+
+
 class OdometryNode(Node):
     """The ``pwan_odometry`` node. Raises ConfigError for invalid parameters."""
 
@@ -82,28 +120,7 @@ class OdometryNode(Node):
             raise ConfigError(f'unknown parameter(s): {", ".join(unknown)}')
         self.config = OdometryConfig.from_dict(values)  # raises ConfigError
         cfg = self.config
-        from pwan_ros.core.device import resolve_device
-        from pwan_ros.core.errors import PwanInputError
-
-        try:
-            resolve_device(cfg.device)  # 'cuda' without CUDA fails here, not on every scan
-        except PwanInputError as exc:
-            raise ConfigError(
-                f"invalid value '{cfg.device}' for parameter 'device': {exc}"
-            ) from None
-
-        reference = None
-        if cfg.reference_cloud:
-            from pwan_ros.io.point_files import read_points
-
-            try:
-                reference = read_points(cfg.reference_cloud)
-            except Exception as exc:  # unreadable / corrupt file: a configuration error
-                raise ConfigError(f"cannot read reference_cloud '{cfg.reference_cloud}': {exc}")
-        try:
-            self.pipeline = OdometryPipeline(cfg, reference)
-        except ValueError as exc:  # an unusable reference cloud (pipeline.usable_reference)
-            raise ConfigError(f"reference_cloud '{cfg.reference_cloud}': {exc}") from None
+        self.pipeline = _pipeline(cfg)
         self.odometer = Odometer(self.pipeline)
         self.static_frames = FrameGraph()
         self.invalid_static: Dict[Tuple[str, str], str] = {}  # (parent, child) -> why
@@ -134,17 +151,7 @@ class OdometryNode(Node):
         self._wake = threading.Condition(self._lock)
         self._pending: Optional[Tuple[PointCloud2, float]] = None
         self._stop = False
-        self.counts = dict(
-            received=0,
-            processed=0,
-            dropped=0,
-            invalid=0,
-            rejected=0,
-            pwan_engaged=0,
-            reanchored=0,
-            resets=0,
-            over_budget=0,
-        )
+        self.counts = dict.fromkeys(_COUNTS, 0)
         self._frame = ''  # the last cloud frame (diagnostics hardware_id)
         self._warned: Dict[str, float] = {}
         self._worker = threading.Thread(target=self._run, name='pwan_odometry_worker', daemon=True)

@@ -63,29 +63,12 @@ def assemble(
                 total = polished @ prob.init
                 z = prob.src_init @ polished[:3, :3].T + polished[:3, 3]
 
-    def weights_at(points):
-        return _match_weights(prob, config, tree, points, h_caller)
-
-    weights = weights_at(z)
     verdict = None
     if config.self_check:
         tc = time.perf_counter()
-        exact = config.transform != 'nonrigid'  # a deformed shape's fit is rough (check_pose)
-        verdict = check_pose(z, prob.ref_fit, seed=config.seed, exact_fit=exact)
-        if after and config.transform == 'rigid':
-            # a clearly better pose next to the result (GICP from a start around it): take it, and
-            # judge it in turn
-            d = prob.dim
-
-            def judge(moved):
-                return check_pose(moved, prob.ref_fit, verdict.voxel, config.seed, exact_fit=exact)
-
-            retaken = retake_better_rival(verdict, lambda rt: z @ rt[:d, :d].T + rt[:d, d], judge)
-            if retaken is not None:
-                total = verdict.rival_transform @ total
-                z, verdict = retaken
-                weights = weights_at(z)
+        total, z, verdict = _self_check(prob, config, total, z, after)
         timings['check'] = time.perf_counter() - tc
+    weights = _match_weights(prob, config, tree, z, h_caller)
     return RegistrationResult(
         transform=total,
         transformed_source=z,
@@ -113,6 +96,25 @@ def assemble(
         status=verdict.status if verdict is not None else 'ok',
         reason=verdict.reason if verdict is not None else '',
     )
+
+
+def _self_check(prob: Problem, config, total, z, after: str) -> tuple:
+    """(transform, moved source, :class:`checks.verify.PoseCheck`) of a result's self-check; a
+    rigid result (``after``: 'rival' or 'polish') takes a clearly better pose the check finds next
+    to it (GICP from a start around it), judged in turn."""
+    exact = config.transform != 'nonrigid'  # a deformed shape's fit is rough (check_pose)
+    verdict = check_pose(z, prob.ref_fit, seed=config.seed, exact_fit=exact)
+    if not after or config.transform != 'rigid':
+        return total, z, verdict
+    d = prob.dim
+
+    def judge(moved):
+        return check_pose(moved, prob.ref_fit, verdict.voxel, config.seed, exact_fit=exact)
+
+    retaken = retake_better_rival(verdict, lambda rt: z @ rt[:d, :d].T + rt[:d, d], judge)
+    if retaken is None:
+        return total, z, verdict
+    return (verdict.rival_transform @ total, *retaken)
 
 
 def _polished(prob: Problem, config, pose, h_caller, tree, timings) -> Optional[np.ndarray]:

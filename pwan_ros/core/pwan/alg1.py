@@ -124,6 +124,7 @@ class Alg1:
         self._load_states(starts.states)
         self.closed_form = config.divergence == 'mass' and pc.h_mode == 'closed_form'
         self.learn_h = config.divergence == 'mass' and not self.closed_form
+        self.h_mode = 'closed_form' if self.closed_form else 'learn' if self.learn_h else 'fixed'
         self.h_min = max(float(problem.h_floor), 1e-6)
         if config.divergence == 'distance':
             with torch.no_grad():
@@ -218,8 +219,7 @@ class Alg1:
                 zb,
                 self.coef,
                 Penalty(gp_index, self.tangents, self.gp_weight),
-                self.closed_form,
-                self.learn_h,
+                self.h_mode,
             )
             self.opt_f.step([grad])
             if self.learn_h:

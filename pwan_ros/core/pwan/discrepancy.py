@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Optional
 
 import numpy as np
 import torch
@@ -46,55 +46,36 @@ ESTIMATOR_CTRANSFORM = PotentialConfig(
 
 
 class PotentialTrainer:
-    """Alg. 1 inner loop: Adam ascent of the KR objective in the normalised frame.
-
-    divergence: 'mass' | 'distance'. mass: m (same units as the point masses). h: fixed
-    threshold for 'distance' (normalised units). m_alpha, m_beta: total masses. h_floor: lower
-    bound of a learned h (normalised units; the registration's resolution floor, 0 for the
-    estimator). The training loss is divided by m_beta so that learning rates do not depend on
-    set sizes.
+    """Alg. 1 inner loop: Adam ascent of the KR objective in the normalised frame of ``problem``
+    (its divergence, masses m_alpha / m_beta, mass m (same units as the point masses) or fixed
+    threshold h). The training loss is divided by m_beta so that learning rates do not depend on
+    set sizes; a learned h stays above 1e-6.
     """
 
-    def __init__(
-        self,
-        dim: int,
-        divergence: str,
-        config: PotentialConfig,
-        device: torch.device,
-        m_alpha: float,
-        m_beta: float,
-        mass: Optional[float] = None,
-        h: Optional[float] = None,
-        state: Optional[Dict[str, torch.Tensor]] = None,
-        h_floor: float = 0.0,
-    ):
-        if divergence not in DIVERGENCES:
-            raise PwanInputError(f'unknown divergence {divergence!r}')
-        self.divergence = divergence
+    def __init__(self, problem: '_KRProblem', config: PotentialConfig, device: torch.device):
+        p = problem
+        if p.divergence not in DIVERGENCES:
+            raise PwanInputError(f'unknown divergence {p.divergence!r}')
+        self.divergence = p.divergence
         self.config = config
         self.device = device
-        self.net = PotentialNet(dim, config).to(device)
-        if state is not None:
-            try:
-                self.net.load_state_dict({k: v.to(device) for k, v in state.items()})
-            except (RuntimeError, KeyError) as exc:
-                raise PwanInputError(f'potential_state does not fit this network: {exc}') from None
-        self.m_alpha = float(m_alpha)
-        self.m_beta = float(m_beta)
-        self.mass = None if mass is None else float(mass)
-        self.closed_form = divergence == 'mass' and config.h_mode == 'closed_form'
-        self.h_floor = max(float(h_floor), 1e-6)
-        if divergence == 'distance':
-            if h is None or not h > 0:
+        self.net = PotentialNet(p.ref.shape[1], config).to(device)
+        self.m_alpha = float(p.m_alpha)
+        self.m_beta = float(p.m_beta)
+        self.mass = None if p.mass is None else float(p.mass)
+        self.closed_form = p.divergence == 'mass' and config.h_mode == 'closed_form'
+        self.h_floor = 1e-6
+        if p.divergence == 'distance':
+            if p.h is None or not p.h > 0:
                 raise PwanInputError('distance divergence needs a positive threshold h')
             with torch.no_grad():
-                self.net.h.fill_(float(h))
+                self.net.h.fill_(float(p.h))
             self.net.h.requires_grad_(False)
         elif self.mass is None:
             raise PwanInputError('mass divergence needs a mass')
-        params = [p for n, p in self.net.named_parameters() if n != 'h']
+        params = [prm for n, prm in self.net.named_parameters() if n != 'h']
         groups = [{'params': params}]
-        if divergence == 'mass' and not self.closed_form:
+        if p.divergence == 'mass' and not self.closed_form:
             groups.append({'params': [self.net.h]})
         self.opt = torch.optim.Adam(groups, lr=config.lr, betas=self.config.betas)
         self.updates = 0
@@ -343,9 +324,7 @@ def _estimate_network(problem: _KRProblem, st: EstimatorSettings, cfg, dev) -> D
         gen = torch.Generator(device='cpu').manual_seed(st.seed)
         x, y = p.tensors(torch.float32, dev)
         # mass is in units of the point masses; the normalised problem keeps the same masses
-        trainer = PotentialTrainer(
-            p.ref.shape[1], p.divergence, cfg, dev, p.m_alpha, p.m_beta, mass=p.mass, h=p.h
-        )
+        trainer = PotentialTrainer(p, cfg, dev)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(
             trainer.opt, T_max=st.iterations, eta_min=cfg.lr * st.final_lr_factor
         )

@@ -33,8 +33,7 @@ def potential_grads(
     zb: torch.Tensor,
     coef: torch.Tensor,
     penalty: Penalty,
-    closed_form: bool,
-    learn_h: bool,
+    h_mode: str,
     work: Optional[Workspace] = None,
 ) -> torch.Tensor:
     """Gradient of one potential update's loss -(L / m_beta) + gp_weight GP, summed over starts,
@@ -44,15 +43,16 @@ def potential_grads(
     = (c_a, c_h) = (m_alpha / m_beta, (m - m_beta) / m_beta) for the mass type, (., -1) for the
     distance type. f = -|g|, the source side clipped at -h (the reference side is not clipped in
     training, docs/core.md). penalty: where the one-sided penalty mean relu(|grad g|^2 - 1) is
-    taken, and its weight (:class:`Penalty`). closed_form: h = max |g| over the batch (eq.
-    app_final_m_eq2). learn_h: h is a parameter (else its gradient is 0). work: buffers kept across
-    calls (:class:`potential.Workspace`; None: allocate, the form ``torch.compile`` captures).
-    Returns the gradient in :class:`BatchedPotential`'s flat layout (W1, b1, ..., W5, b5, h)."""
+    taken, and its weight (:class:`Penalty`). h_mode: 'learn' (h is a parameter), 'closed_form' (h
+    = max |g| over the batch, eq. app_final_m_eq2) or 'fixed' (the distance type's h; its gradient
+    is 0 as in 'closed_form'). work: buffers kept across calls (:class:`potential.Workspace`; None:
+    allocate, the form ``torch.compile`` captures). Returns the gradient in
+    :class:`BatchedPotential`'s flat layout (W1, b1, ..., W5, b5, h)."""
     bx, bz = xb.shape[1], zb.shape[1]
     pts = torch.cat((xb, zb), 1, out=buffer(work, 'pts', (zb.shape[0], bx + bz, zb.shape[2]), zb))
     g, grad, tape = forward(net, pts, penalty.tangents, penalty.index, work, 'p')
     sign = torch.sign(g)
-    if closed_form:
+    if h_mode == 'closed_form':
         h = g.abs().amax(1)
     inside = (g[:, bx:].abs() <= h[:, None]).to(g.dtype)
     dg = torch.cat((sign[:, :bx] * (coef[0] / bx), sign[:, bx:] * inside * (-1.0 / bz)), 1)
@@ -68,7 +68,7 @@ def potential_grads(
     )
     backward(net, tape, dg, dgrad, out=flat, work=work, tag='p')
     dh = flat[-h.shape[0] :]
-    if learn_h:
+    if h_mode == 'learn':
         torch.sub((inside.sum(1) - bz) / bz, coef[1], out=dh)
     else:
         dh.zero_()
