@@ -189,7 +189,17 @@ def test_cross_field_rules_name_the_parameter():
 
 
 def _flags(parser: argparse.ArgumentParser):
-    return {a.dest: a for a in parser._actions if a.option_strings and a.dest != 'help'}
+    return {
+        a.dest: a
+        for a in parser._actions
+        if a.option_strings and a.dest not in ('help', 'help_all')
+    }
+
+
+def _help_text(parser: argparse.ArgumentParser, action) -> str:
+    """An option's help as ``--help-all`` shows it (``--help`` may leave it out)."""
+    full = [a for a in parser._actions if '--help-all' in a.option_strings]
+    return full[0].hidden.get(action, action.help) if full else action.help
 
 
 def test_pwan_register_flags_are_the_core_fields_with_library_defaults():
@@ -212,7 +222,7 @@ def test_pwan_register_flags_are_the_core_fields_with_library_defaults():
         ):  # register(init=, viewpoints=)
             continue
         assert dest in table, f'--{dest} is not a RegistrationConfig field'
-        assert table[dest][1].description.replace('%', '%%') in action.help
+        assert table[dest][1].description.replace('%', '%%') in _help_text(parser, action)
         assert '--' + dest.replace('_', '-') in action.option_strings
         assert action.default is None  # unset flags keep the library default
     assert set(table) - set(flags) == set(_NO_FLAG)
@@ -222,10 +232,12 @@ def test_pwan_register_flags_are_the_core_fields_with_library_defaults():
 def test_pwan_adapt_flags_are_the_adapt_fields():
     from pwan_ros.cli.adapt import build_parser
 
-    flags = _flags(build_parser())
+    parser = build_parser()
+    flags = _flags(parser)
     for name, (default, spec) in specs(AdaptConfig).items():
         assert name in flags, f'AdaptConfig.{name} has no pwan_adapt flag'
-        assert spec.description.replace('%', '%%') in (flags[name].help or ''), name
+        help_text = _help_text(parser, flags[name]) or ''
+        assert spec.description.replace('%', '%%') in help_text, name
 
 
 @pytest.mark.parametrize('module,cls', CLI_CONFIGS, ids=[m for m, _ in CLI_CONFIGS])
@@ -237,7 +249,8 @@ def test_tool_flags_are_the_config_fields_with_their_descriptions(module, cls):
     for name, (default, spec) in specs(cls).items():
         assert name in flags, f'{cls.__name__}.{name} has no --{name.replace("_", "-")} flag'
         action = flags[name]
-        assert (action.help or '').startswith(spec.description.replace('%', '%%')), name
+        help_text = _help_text(parser, action) or ''
+        assert help_text.startswith(spec.description.replace('%', '%%')), name
         if default is REQUIRED:
             assert action.required, name
         else:

@@ -318,3 +318,39 @@ def test_unusable_option_values_are_one_line(pair, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and '--output moved.ply, then --transform affine on moved.ply' in err, err
     assert err.count('\n') == 1
+
+
+@pytest.mark.parametrize(
+    'module,essential,most',
+    [('register', 'pwan_ros.cli.register', 16), ('adapt', 'pwan_ros.cli.adapt', 14)],
+)
+def test_help_shows_what_a_user_needs_and_help_all_the_rest(module, essential, most, capsys):
+    """--help lists the options most runs need (each of ESSENTIAL, few others); --help-all lists
+    every option, and an option --help leaves out still works."""
+    import importlib
+
+    cli = importlib.import_module(essential)
+    run = getattr(cli, 'main')
+    with pytest.raises(SystemExit) as short:
+        run(['--help'])
+    assert short.value.code == 0
+    text = capsys.readouterr().out
+    shown = [line.split()[0] for line in text.splitlines() if line.startswith('  --')]
+    with pytest.raises(SystemExit):
+        run(['--help-all'])
+    full = capsys.readouterr().out
+    every = [line.split()[0] for line in full.splitlines() if line.startswith('  --')]
+    assert len(shown) <= most < len(every), (shown, len(every))
+    for dest in cli.ESSENTIAL:
+        flag = '--' + {'global_init': 'global'}.get(dest, dest).replace('_', '-')
+        assert flag in shown or flag + ',' in shown, flag
+    assert f'show all {len(every) - 1} options' in text  # -h not counted, --help-all is
+    assert set(shown) < set(every)
+
+
+def test_an_option_only_help_all_lists_still_works(pair, capsys):
+    _, sp, rp = pair
+    code = main([str(sp), str(rp), '--json', '-q', '--finetune.max-iterations', '7'])
+    out = json.loads(capsys.readouterr().out)
+    assert code == (0 if out['status'] == 'ok' else 3)
+    assert out['num_source'] == 400

@@ -23,6 +23,7 @@ from typing import List, Optional
 
 from pwan_ros.adaptation.config import AdaptConfig, AdaptIO, split_yaml
 from pwan_ros.adaptation.errors import AdaptError
+from pwan_ros.cli.args import short_help
 from pwan_ros.params import specs
 
 #: the paths of a run (:class:`AdaptIO`); the YAML may give them, a flag overrides it
@@ -38,12 +39,31 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f'expected true/false, got {text!r}')
 
 
+#: the options ``pwan_adapt --help`` shows (``--help-all``: every field of AdaptConfig)
+ESSENTIAL = (
+    'labelled',
+    'unlabelled',
+    'output',
+    'check',
+    'config',
+    'resume',
+    'json',
+    'quiet',
+    'method',
+    'steps',
+    'safeguard',
+    'device',
+    'seed',
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog='pwan_adapt',
         allow_abbrev=False,  # a flag is its field's name, never a prefix of one
         description='Partial domain adaptation with PWAN '
-        '(labelled domain: all classes; unlabelled domain: a subset).',
+        '(labelled domain: all classes; unlabelled domain: a subset). --help shows the options '
+        'most runs need, --help-all every one.',
     )
     io = specs(AdaptIO)
     for name in _PATHS:
@@ -67,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
             help=f'{spec.description} (default {default})',
             **kw,
         )
+    short_help(p, ESSENTIAL)
     return p
 
 

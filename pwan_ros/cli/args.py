@@ -7,11 +7,11 @@ import contextlib
 import dataclasses
 import signal
 import sys
-from typing import Callable, Tuple, Type
+from typing import Callable, Iterable, Tuple, Type
 
 from pwan_ros.io.atomic import os_error_text
 
-__all__ = ['add_config_arguments', 'config_from_args', 'run_cli', 'os_error_text']
+__all__ = ['add_config_arguments', 'config_from_args', 'run_cli', 'os_error_text', 'short_help']
 
 _TYPES = {'int': int, 'float': float, 'str': str}
 
@@ -103,3 +103,35 @@ def run_cli(
     except errors as exc:
         print(f'{prog}: error: {exc}', file=sys.stderr)
         return 2
+
+
+class _HelpAll(argparse.Action):
+    """``--help-all``: every option's help (those ``--help`` leaves out restored), then exit."""
+
+    def __init__(self, option_strings, dest, hidden=None, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+        self.hidden = hidden or {}
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        for action, text in self.hidden.items():
+            action.help = text
+        parser.print_help()
+        parser.exit()
+
+
+def short_help(parser: argparse.ArgumentParser, essential: Iterable[str]) -> None:
+    """``--help`` lists the options a user needs (their ``dest`` in ``essential``, and the
+    positionals); ``--help-all`` lists every option. Options left out still work."""
+    keep = set(essential) | {'help'}
+    options = [a for a in parser._actions if a.option_strings and a.dest != 'help']
+    hidden = {}
+    for action in options:
+        if action.dest not in keep:
+            hidden[action] = action.help
+            action.help = argparse.SUPPRESS
+    parser.add_argument(
+        '--help-all',
+        action=_HelpAll,
+        hidden=hidden,
+        help=f'show all {len(options)} options and exit',
+    )

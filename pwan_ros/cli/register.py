@@ -17,12 +17,30 @@ from typing import List, Optional
 
 import numpy as np
 
-from pwan_ros.io.point_files import check_output_path, read_points, write_points
+from pwan_ros.cli.args import short_help
 from pwan_ros.core.errors import PwanInputError
+from pwan_ros.io.point_files import check_output_path, read_points, write_points
 
 
 #: core fields without a flag: verbose is --quiet's opposite
 _NO_FLAG = ('verbose',)
+#: the options ``--help`` shows (``--help-all``: every field of RegistrationConfig)
+ESSENTIAL = (
+    'transform',
+    'divergence',
+    'mass',
+    'mass_ratio',
+    'distance_threshold',
+    'voxel_size',
+    'starts',
+    'global_init',
+    'viewpoints',
+    'device',
+    'seed',
+    'output',
+    'json',
+    'quiet',
+)
 
 
 def _flags():
@@ -48,7 +66,8 @@ def _parser() -> argparse.ArgumentParser:
         'Files: .ply .pcd .xyz .txt .csv .npy (N x 3 or N x 2; text/ply/pcd may be .gz). '
         "Lengths are in the files' units. Every option is a field of "
         'pwan_ros.core.RegistrationConfig (same name, same default); the fields of its sections '
-        'are --section.field (--finetune.max-iterations, --potential.hidden A B).',
+        'are --section.field (--finetune.max-iterations, --potential.hidden A B). --help shows '
+        'the options most runs need, --help-all every one.',
     )
     p.add_argument('source', metavar='SRC', help='source point file (moved)')
     p.add_argument('reference', metavar='REF', help='reference point file (fixed)')
@@ -68,7 +87,7 @@ def _parser() -> argparse.ArgumentParser:
             )
             continue
         meta = name.upper()
-        extra = {'type': kind, 'metavar': meta}
+        extra = {'type': kind} if spec.choices else {'type': kind, 'metavar': meta}
         if kind is tuple:  # e.g. --potential.hidden 32 32
             elements = element_types(cls, name)
             extra = {'type': elements[0], 'nargs': len(elements), 'metavar': meta}
@@ -95,6 +114,7 @@ def _parser() -> argparse.ArgumentParser:
         help="with --global: 'origin' = each file is in its sensor's frame (a ROS scan, an RGB-D "
         'fragment); poses that put one cloud where the other sensor saw free space are rejected',
     )
+    short_help(p, ESSENTIAL)
     return p
 
 

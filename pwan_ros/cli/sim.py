@@ -6,10 +6,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pwan_ros.cli.args import add_config_arguments, config_from_args, run_cli
+from pwan_ros.cli.args import add_config_arguments, config_from_args, run_cli, short_help
 from pwan_ros.evaluation import lidar_sim as _sim
 from pwan_ros.evaluation.lidar_sim import SimConfig, write_sim_bag
 from pwan_ros.io import bags as bag_io
+
+
+#: the options ``pwan_sim --help`` shows (``--help-all``: every field of SimConfig)
+ESSENTIAL = ('output', 'storage', 'scans', 'rate_hz', 'speed', 'outliers', 'seed', 'stress')
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument('--output', required=True, help='rosbag2 directory to create')
     parser.add_argument('--storage', choices=('mcap', 'sqlite3'), default='mcap')
     add_config_arguments(parser, SimConfig)
+    short_help(parser, ESSENTIAL)
     return parser
 
 

@@ -426,15 +426,15 @@ class RegistrationConfig:
     )
     device: str = param(
         'auto',
-        'compute device; auto = the CPU (an H200 gained 2.1x on one start, 3.6x on the '
-        '24-start tournament and 2.6x on a non-rigid pair over one thread of its host, but the '
-        'first registration of each shape set takes 1.7-5.7 s there: use cuda for many)',
+        'compute device: auto = the CPU (these small networks run host-bound on a GPU, and the '
+        'first registration of each shape set there pays its graph capture), cpu, cuda or '
+        'cuda:N; use cuda for many registrations of one shape set (docs/benchmarks.md)',
         fmt='device',
     )
     compile: str = param(
         'auto',
-        'torch.compile the two objectives of Alg. 1 (fullgraph): auto = off on every device '
-        '(on CUDA the CUDA graphs of eager steps ran as fast, without the 17-42 s graph build)',
+        'torch.compile the two gradient functions of Alg. 1 (fullgraph): on, off, or auto = '
+        'off on every device (it pays back only over many registrations of one shape set)',
         choices=COMPILE_MODES,
     )
     cuda_graphs: bool = param(

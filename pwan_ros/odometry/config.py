@@ -119,8 +119,8 @@ class OdometryConfig:
     )
     device: str = param(
         'auto',
-        'compute device of PWAN; auto = the CPU (pwan mode on an H200: 0.8-0.95 s per clean '
-        'scan, 1.2 s on 2 CPU cores; 7-8.4 s with outliers; 5.7 s on the first scan)',
+        'compute device of PWAN: auto = the CPU, cpu, cuda or cuda:N (the rates to expect on '
+        'each: docs/odometry.md)',
         fmt='device',
     )
     seed: int = param(0, 'random seed of PWAN and of the point subsets', 0, 2**31 - 1)
