@@ -76,3 +76,25 @@ def test_balm_pairs_do_not_depend_on_voxel_size(voxel):
             i,
             err,
         )
+
+
+@pytest.mark.slow
+def test_balm_pairs_affine_are_right_or_refused():
+    """Affine registration of real rigid scans (BALM pairs 0->1, 2->3, ... with voxel_size
+    0.25): every result is right (within 5 cm) or refused. Before the rigid pose inside an
+    affine result was judged, 0->1 came back ok squashed 5 % and 0.41 m off, 4->5 and 6->7
+    0.6-0.8 m off."""
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / 'bench'))
+    from bench_drift import load_balm
+
+    _, xyz, _, gt = load_balm(DATA)
+    cfg = RegistrationConfig(transform='affine', voxel_size=0.25)
+    for i in range(0, 10, 2):
+        res = register(xyz[i + 1], xyz[i], cfg)
+        truth = invert(gt[i]) @ gt[i + 1]
+        src = xyz[i + 1][::50]
+        moved = src @ res.transform[:3, :3].T + res.transform[:3, 3]
+        off = np.sqrt(((moved - (src @ truth[:3, :3].T + truth[:3, 3])) ** 2).sum(1).mean())
+        assert res.status == 'refused' or off < 0.05, (i, off)

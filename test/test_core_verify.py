@@ -287,3 +287,32 @@ def test_cli_any_size_shape_scale_is_a_result_or_one_line(
         assert json.loads(out)['status'] == ('ok' if code == 0 else 'refused')
     if kind in ('plane', 'line') and code == 0:
         pytest.fail(f'a {kind} cannot pin a pose down, yet it was vouched for: {out}')
+
+
+def _squash(t, scale=(1.0, 0.9, 1.0)):
+    """``t`` (4, 4) followed by a stretch about the street's centre: an affine fit that ended
+    squashed (what an affine registration of rigid scans can return)."""
+    s = np.eye(4)
+    s[:3, :3] = np.diag(scale)
+    return s @ t
+
+
+def test_an_affine_result_is_judged_against_the_rigid_pose_inside_it(street):
+    """Rigid scans (metres): an affine result squashed 10 % along y about the street's centre,
+    metres off at its ends, gives way to the rigid pose inside it (the truth, to centimetres);
+    a reference that really is stretched keeps the affine result."""
+    from pwan_ros.core.checks.affine import judge_affine
+
+    src, ref, truth = street
+    squashed = _squash(truth)
+    moved_src = moved(src, squashed)
+    verdict = check_pose(moved_src, ref)
+    t, check = judge_affine(src, squashed, ref, verdict, 0)
+    err = invert(truth) @ t
+    assert check.status == 'ok', check.reason
+    assert np.degrees(rotation_angle(err)) < 0.2 and np.linalg.norm(err[:3, 3]) < 0.05
+    stretched = moved(ref, _squash(np.eye(4), (1.0, 1.15, 1.0)))
+    real = _squash(truth, (1.0, 1.15, 1.0))
+    verdict = check_pose(moved(src, real), stretched)
+    t, check = judge_affine(src, real, stretched, verdict, 0)
+    assert t is real and check is verdict and check.status == 'ok'

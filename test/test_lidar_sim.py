@@ -158,3 +158,16 @@ def test_stress_events_burst_blackout_turn_and_glitch(tmp_path):
     assert STRESS_EVENTS['turn'] == 0.55
     with pytest.raises(ValueError, match='at least 4 s'):
         SimConfig(scans=20, stress=True)
+
+
+def test_a_range_that_leaves_no_scan_is_refused(tmp_path, capsys):
+    """--max-range below the nearest surface (every return dropped) is one line and exit 2, and
+    no bag is left; a range that reaches the surfaces writes the bag."""
+    out = tmp_path / 'bag'
+    assert sim_cli.main(['--output', str(out), '--max-range', '0.5', '--scans', '3']) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and '--max-range 0.5: scan 0 has 0 returns on surfaces' in err[0]
+    assert 'raise --max-range' in err[0] and not out.exists()
+    args = ['--output', str(out), '--max-range', '30', '--scans', '3', '--beams', '8']
+    assert sim_cli.main(args + ['--azimuth-steps', '360']) == 0
+    assert out.exists()

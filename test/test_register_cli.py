@@ -354,3 +354,12 @@ def test_an_option_only_help_all_lists_still_works(pair, capsys):
     out = json.loads(capsys.readouterr().out)
     assert code == (0 if out['status'] == 'ok' else 3)
     assert out['num_source'] == 400
+
+
+def test_steps_zero_is_not_converged(pair, capsys):
+    """--steps 0 runs no step of Alg. 1: the result is the fine-tune from identity and does not
+    report the adversarial stage as converged."""
+    _, sp, rp = pair
+    main([str(sp), str(rp), '--json', '-q', '--steps', '0'])
+    out = json.loads(capsys.readouterr().out)
+    assert out['converged'] is False

@@ -20,22 +20,23 @@ class RegistrationResult:
     n = source_valid.sum(). match_weights: (n,) in [0, 1]: 1 where the point is matched by the
     final partial objective (top-m / <= h nearest neighbours), 0 where it is omitted. source_valid:
     (N,) bool, input rows kept (False = dropped NaN/inf row). matched_ratio: mean of match_weights.
-    converged: the adversarial stage stopped on its motion criterion (or was skipped) and the
-    fine-tune converged. iterations: transform updates of the adversarial stage. potential_updates:
-    potential network updates. finetune_iterations (incl. the EM steps of the non-rigid soft
-    polish). time_s: wall time of the call; timings: per stage seconds. num_source / num_reference:
-    valid input points; num_dropped_*: NaN/inf rows removed. mass: matched mass in points (mass
-    type, else None); distance_threshold: h in caller units (distance type or the fine-tune
-    threshold, else None); h: final potential clip level (caller units, None for refine).
-    displacement: (n, d) non-rigid offsets in caller units (None otherwise). potential_state:
-    network weights for a warm start (pass back as ``potential_state=``). device: torch device
-    used. status: 'ok' | 'refused' (``transform`` is then a best guess, not to be trusted) and the
-    reason: the self-check of every result (:mod:`checks.verify`, ``config.self_check``) and, with
-    init='global', the global search's own tests (no overlap found, two different poses explain the
-    data almost equally). check: the self-check's measurements (:class:`checks.verify.PoseCheck`,
-    None when off). init='global' only: overlap: fraction of the source within h of the reference;
-    confidence: margin over the best distinct runner-up in [0, 1]; candidates: [{origin, support,
-    objective}] scored."""
+    converged: the adversarial stage stopped on its motion criterion (refine: it does not run) and
+    the fine-tune converged; False after ``steps`` 0 or a stop request. iterations: transform
+    updates of the adversarial stage. potential_updates: potential network updates.
+    finetune_iterations (incl. the EM steps of the non-rigid soft polish). time_s: wall time of the
+    call; timings: per stage seconds. num_source / num_reference: valid input points;
+    num_dropped_*: NaN/inf rows removed. mass: matched mass in points (mass type, else None);
+    distance_threshold: h in caller units (distance type or the fine-tune threshold, else None); h:
+    final potential clip level (caller units, None for refine). displacement: (n, d) non-rigid
+    offsets in caller units (None otherwise). potential_state: network weights for a warm start
+    (pass back as ``potential_state=``). device: torch device used. status: 'ok' | 'refused'
+    (``transform`` is then a best guess, not to be trusted) and the reason: the self-check of every
+    result (:mod:`checks.verify`, ``config.self_check``) and, with init='global', the global
+    search's own tests (no overlap found, two different poses explain the data almost equally).
+    check: the self-check's measurements (:class:`checks.verify.PoseCheck`, None when off).
+    init='global' only: overlap: fraction of the source within h of the reference; confidence:
+    margin over the best distinct runner-up in [0, 1]; candidates: [{origin, support, objective}]
+    scored."""
 
     transform: np.ndarray
     transformed_source: np.ndarray

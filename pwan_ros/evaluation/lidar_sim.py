@@ -30,6 +30,7 @@ import numpy as np
 from pwan_ros.io import bags as bag_io
 from pwan_ros.io.pointcloud2 import create_cloud
 from pwan_ros.params import POINTS_TOPIC, check, param
+from pwan_ros.odometry.preprocess import MIN_POINTS
 
 __all__ = [
     'SimConfig',
@@ -135,7 +136,9 @@ class SimConfig:
 class SimScan:
     """One scan: ``xyz`` (N, 3) float32 in base_link, ``extras`` (N,) intensity/ring, ``pose``
     T_world_base; ``event``: the stress event it carries ('' / 'burst' / 'glitch'); ``blackout``:
-    the sensor delivered nothing (the scan is not written to the bag, its ground truth is)."""
+    the sensor delivered nothing (the scan is not written to the bag, its ground truth is);
+    ``returns``: its points on surfaces (before the spurious ones); ``nearest``: the range of
+    the nearest surface hit, within max_range or not (m; inf: none)."""
 
     stamp_ns: int
     xyz: np.ndarray
@@ -143,6 +146,8 @@ class SimScan:
     pose: np.ndarray
     event: str = ''
     blackout: bool = False
+    returns: int = 0
+    nearest: float = float('inf')
 
 
 def stress_event(k: int, cfg: SimConfig) -> tuple[str, bool]:
@@ -339,9 +344,12 @@ def simulate(cfg: SimConfig) -> Iterator[SimScan]:
         rays = np.hstack([origins, world_dirs]).astype(np.float32)
         hit = scene.cast_rays(o3d.core.Tensor(rays))
         xyz, extras = _returns(cfg, hit, (dirs, world_dirs, ring, sector), refl, rng)
+        returns = xyz.shape[0]
         event, blackout = stress_event(k, cfg)
         xyz, extras = _with_spurious(cfg, event, xyz, extras, rng)
         stamp_ns = int(round(cfg.start_time * 1e9)) + int(round(s * 1e9))
+        hits = hit['t_hit'].numpy()
+        hits = hits[np.isfinite(hits)]
         yield SimScan(
             stamp_ns=stamp_ns,
             xyz=xyz.astype(np.float32),
@@ -349,6 +357,8 @@ def simulate(cfg: SimConfig) -> Iterator[SimScan]:
             pose=pose,
             event=event,
             blackout=blackout,
+            returns=returns,
+            nearest=float(hits.min()) if hits.size else float('inf'),
         )
 
 
@@ -437,7 +447,13 @@ def write_sim_bag(path, cfg: SimConfig = SimConfig(), storage: str = 'mcap') -> 
     next_clock = start_ns
     n_points, positions = [], []
     with bag_io.BagWriter(path, storage=storage) as writer:
-        for scan in simulate(cfg):
+        for k, scan in enumerate(simulate(cfg)):
+            if not scan.blackout and scan.returns < MIN_POINTS:
+                raise ValueError(
+                    f'--max-range {cfg.max_range:g}: scan {k} has {scan.returns} returns on '
+                    f'surfaces (a scan needs {MIN_POINTS}; its nearest surface is '
+                    f'{scan.nearest:.3g} m away): raise --max-range'
+                )
             while next_clock <= scan.stamp_ns:
                 writer.write('/clock', next_clock, bag_io.clock(next_clock))
                 next_clock += clock_step

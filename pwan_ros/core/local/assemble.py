@@ -11,6 +11,7 @@ from typing import Optional
 import numpy as np
 from scipy.spatial import cKDTree
 
+from ..checks.affine import judge_affine
 from ..checks.rival import retake_better_rival
 from ..checks.verify import check_pose
 from ..config import RegistrationConfig
@@ -101,9 +102,15 @@ def assemble(
 def _self_check(prob: Problem, config, total, z, after: str) -> tuple:
     """(transform, moved source, :class:`checks.verify.PoseCheck`) of a result's self-check; a
     rigid result (``after``: 'rival' or 'polish') takes a clearly better pose the check finds next
-    to it (GICP from a start around it), judged in turn."""
+    to it (GICP from a start around it), judged in turn; an affine one is judged against the
+    rigid pose inside it (:mod:`checks.affine`)."""
     exact = config.transform != 'nonrigid'  # a deformed shape's fit is rough (check_pose)
     verdict = check_pose(z, prob.ref_fit, seed=config.seed, exact_fit=exact)
+    if config.transform == 'affine':  # against the rigid pose inside it (checks.affine)
+        judged, verdict = judge_affine(prob.src.points, total, prob.ref_fit, verdict, config.seed)
+        if judged is not total:
+            d = prob.dim
+            total, z = judged, prob.src.points @ judged[:d, :d].T + judged[:d, d]
     if not after or config.transform != 'rigid':
         return total, z, verdict
     d = prob.dim

@@ -334,10 +334,8 @@ def run_alg1(
         config.lr_transform * decay ** (k + schedule.step_offset) for k in range(schedule.steps)
     )
     done, moving, checked = _steps(run, schedule, should_stop)
-    if schedule.converge:
-        conv = (~moving).tolist() if checked else [schedule.steps == 0] * run.count
-    else:
-        conv = [schedule.steps == 0] * run.count
+    # converged: the motion test passed; a run of no step (steps 0) or without the test did not
+    conv = (~moving).tolist() if schedule.converge and checked else [False] * run.count
     return Alg1Result(_finals(run, conv), done, warm + done * config.potential_updates)
 
 
