@@ -71,12 +71,13 @@ def mass_at_overlap(request: Request, res: RegistrationResult) -> RegistrationRe
 
 
 def unconvincing(res: RegistrationResult, config) -> bool:
-    """A rigid 3-D result whose self-check puts less than ``global_search.confirm_below`` of the
-    source on the reference beyond chance: a local search from identity cannot rule out a distant
-    pose that the data fit as well (bunny 180->315: 34 % at 164 deg off, 15 % at the truth), and
-    a refused one may have missed the pose the global search finds."""
+    """A rigid or affine 3-D result whose self-check puts less than
+    ``global_search.confirm_below`` of the source on the reference beyond chance: a local search
+    from identity cannot rule out a distant pose that the data fit as well (bunny 180->315: 34 %
+    at 164 deg off, 15 % at the truth; affine 090->180: ok 0.27 diagonals off), and a refused one
+    may have missed the pose the global search finds."""
     return (
-        config.transform == 'rigid'
+        config.transform in ('rigid', 'affine')
         and res.check is not None
         and res.transformed_source.shape[1] == 3
         and res.check.excess < config.global_search.confirm_below
@@ -87,7 +88,8 @@ def confirm(request: Request, res: RegistrationResult) -> RegistrationResult:
     """A result from no init that is :func:`unconvincing`, against the global search's result
     ``g``: the same pose (the source's points within ``RIVAL_DISTINCT`` gates RMS) keeps ``res``
     as it is; a distinct ``g`` the global search vouches for that fits clearly better (by
-    ``RIVAL_MARGIN`` of the source beyond chance, judged at one voxel) is returned; a vouched
+    ``RIVAL_MARGIN`` of the source beyond chance, judged at one voxel) is returned (an affine
+    request: the affine fit from it, judged); a vouched
     ``res`` that fits clearly better than ``g`` is kept; otherwise, or when the global search
     refuses, the pose is open and ``res`` is refused. Any other result as it is."""
     if request.init is not None or not unconvincing(res, request.config):
@@ -123,6 +125,8 @@ def _settled(request: Request, res, g, apart: float, timings: dict) -> Registrat
     mine = check_pose(res.transformed_source, ref, voxel, seed, rivals=False).excess
     theirs = check_pose(g.transformed_source, ref, voxel, seed, rivals=False).excess
     if g.status == 'ok' and theirs > mine + RIVAL_MARGIN:
+        if request.config.transform == 'affine':  # the affine fit from the global (rigid) pose
+            g = fit_from_pose(request.with_(init=g.transform), take_rival=True)
         return dataclasses.replace(g, timings={**timings, **g.timings})
     if res.status == 'ok' and g.status == 'ok' and mine > theirs + RIVAL_MARGIN:
         return dataclasses.replace(res, timings=timings)

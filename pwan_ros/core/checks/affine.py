@@ -12,11 +12,17 @@ the moved source kept, refined by GICP from there) is judged at the same voxel:
 * it is distinct (``RIVAL_DISTINCT`` gates RMS) and fits about as well: the data does not pin the
   affine part down; refused.
 
+An affine part that stretches one direction more than ``MAX_ANISOTROPY`` times another is
+refused as well: squeezed toward a plane or a line, a source lies on any reference's surfaces
+(the overlap the check measures rises as the shape collapses: bunny 090->180 from identity came
+back squeezed 14x, 0.27 diagonals off, with 74 % of it on the reference).
+
 A true stretch or shear keeps its result: the rigid pose then fits clearly worse. Caller units.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Tuple
 
 import numpy as np
@@ -32,7 +38,12 @@ from .verify import (
     check_pose,
 )
 
-__all__ = ['judge_affine', 'rigid_inside']
+__all__ = ['MAX_ANISOTROPY', 'judge_affine', 'rigid_inside']
+
+#: the most an affine result may stretch one direction against another (its linear part's
+#: largest over smallest singular value); real stretches and shears of a shape stay far below
+#: (1.3x in the tests), a collapse far above
+MAX_ANISOTROPY = 3.0
 
 
 def rigid_inside(
@@ -89,12 +100,21 @@ def judge_affine(
     ``reference``, judged by ``verdict``) against the rigid pose inside it (module docstring):
     the rigid pose and its full check when it puts at least as much of the source on the
     reference (the affine fit stopped short of a transform it contains), the result refused when
-    a distinct rigid pose fits about as well, else the result as judged."""
+    it squeezes the shape (``MAX_ANISOTROPY``) or a distinct rigid pose fits about as well, else
+    the result as judged."""
     rigid, moved = rigid_inside(source, transform, reference, verdict.voxel)
     alt = check_pose(moved, reference, verdict.voxel, seed, rivals=False)
     if alt.overlap >= verdict.overlap:
         return rigid, check_pose(moved, reference, verdict.voxel, seed)
     d = source.shape[1]
+    sv = np.linalg.svd(transform[:d, :d], compute_uv=False)
+    if verdict.status == 'ok' and not sv[0] <= MAX_ANISOTROPY * sv[-1]:
+        reason = (
+            f'the affine part stretches one direction {sv[0] / max(sv[-1], 1e-300):.3g} times '
+            f'another (more than {MAX_ANISOTROPY:g}): a squeezed shape lies on any surface, '
+            'which the overlap cannot vouch for (register rigidly, or from a prior pose)'
+        )
+        return transform, dataclasses.replace(verdict, status='refused', reason=reason)
     placed = source @ transform[:d, :d].T + transform[:d, d]
     shift = float(np.sqrt(((moved - placed) ** 2).sum(axis=1).mean()))
     distinct = shift > RIVAL_DISTINCT * verdict.gate
