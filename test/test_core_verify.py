@@ -316,3 +316,21 @@ def test_an_affine_result_is_judged_against_the_rigid_pose_inside_it(street):
     verdict = check_pose(moved(src, real), stretched)
     t, check = judge_affine(src, real, stretched, verdict, 0)
     assert t is real and check is verdict and check.status == 'ok'
+
+
+def test_an_affine_result_that_squeezes_the_shape_is_refused(street):
+    """An affine result that flattens the scan 10x along one axis is refused, even where the
+    reference is that flattened scan (its rigid pose fits worse): a squeezed shape lies on any
+    surface, so the overlap cannot vouch for it. A flattened scan that the rigid pose inside
+    explains better gives way to that pose (the truth)."""
+    from pwan_ros.core.checks.affine import judge_affine
+
+    src, ref, truth = street
+    flat = _squash(truth, (1.0, 1.0, 0.1))
+    flattened = moved(src, flat)
+    t, check = judge_affine(src, flat, flattened, check_pose(flattened, flattened), 0)
+    assert t is flat and check.status == 'refused'
+    assert 'stretches one direction 10 times another' in check.reason
+    t, check = judge_affine(src, flat, ref, check_pose(flattened, ref), 0)
+    err = invert(truth) @ t
+    assert check.status == 'ok' and np.linalg.norm(err[:3, 3]) < 0.05
