@@ -114,6 +114,8 @@ MODES = {
     'global': lambda s, r, gt, diag: register(s, r, RegistrationConfig(), init='global'),
     'starts24': lambda s, r, gt, diag: register(s, r, RegistrationConfig(starts=24)),
     'refine': lambda s, r, gt, diag: refine(s, r, init=_near(gt, diag)),
+    # the truth is rigid: a stretched or sheared result counts its distortion as rotation error
+    'affine': lambda s, r, gt, diag: register(s, r, RegistrationConfig(transform='affine')),
 }
 
 
@@ -300,7 +302,7 @@ def main(argv=None) -> int:
         default=['default', 'global'],
         choices=list(MODES),
         help='starts24: register(starts=24); refine: refine() from 5 deg / 2 %% of the diagonal '
-        'off the truth',
+        "off the truth; affine: register(transform='affine')",
     )
     ap.add_argument(
         '--inputs',
