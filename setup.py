@@ -46,6 +46,9 @@ setup(
         'small-gicp>=1.0',
         'plyfile>=1.0',
         'python-neo-lzf>=0.3.5',  # PCL's binary_compressed PCD files
+        # the adaptation safeguard's linear source-only candidate, on the run's threads
+        'scikit-learn>=1.2',
+        'threadpoolctl>=3.0',
     ],
     extras_require={
         # colcon builds the package in tests; osrf-pycommon, lark and psutil are what the ROS 2
@@ -68,9 +71,6 @@ setup(
             'kiss-matcher>=1.0',
             'probreg>=0.3',
             'pycpd>=2.0',
-            'scikit-learn>=1.2',
-            # bench/bench_nonrigid.py runs the anchors' BLAS on one thread, as PWAN
-            'threadpoolctl>=3.0',
             # bench/bench_pda.py's library columns (kmm, dreweight); the package never imports it
             'skada>=0.6',
         ],

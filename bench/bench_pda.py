@@ -8,8 +8,9 @@ Columns (``--methods``), all with the package defaults (:class:`AdaptConfig`) un
   all labelled rows) - the two source-only anchors;
 * ``pwan``: the adapted model's last iterate (trained on the labelled rows minus the held-out
   split); ``deployed``: what ``pwan_adapt`` deploys (the adapted snapshot selected without
-  target labels or, when it fails the safeguard, the source-only model on all labelled rows
-  trained beside it in lock-step) - one run gives both;
+  target labels or, when it fails the safeguard, the source-only model on all labelled rows:
+  the network trained beside it in lock-step, or the package's logistic regression when the
+  held-out rows show it better) - one run gives both;
 * ``wgan``: complete alignment (m_alpha = 1), ``source_only``: same as mlp;
 * ``kmm``, ``dreweight``: library methods (``skada`` 0.6, the ``bench`` extra; imported only
   when asked for): sample reweighting of the labelled rows toward the unlabelled domain, then the
@@ -208,6 +209,9 @@ def run_method(lab, unl, method, seed, overrides, check_count: int = 0):
                 **_scores(deployed),
                 decision=d['deployed'],
                 snapshot=d['snapshot_step'],
+                source_model=d['source_only_model'],
+                val={'mlp': d['source_only']['val_accuracy'], 'linear': d['linear_val_accuracy']},
+                linear_tests=d['linear_tests'],
             ),
         ]
     tr = AdaptTrainer(cfg, lab, unl)
@@ -390,11 +394,28 @@ def _spread(values) -> str:
     return f'{v.mean():.3f}' if v.size < 2 else f'{v.mean():.3f}±{v.std(ddof=1):.3f}'
 
 
+def _chose(r) -> str:
+    """The safeguard's choice in a deployed row: A = adapted (@ its snapshot step), M = the
+    source-only network, L = the linear source-only model (rows from before it: M)."""
+    if r['decision'] == 'adapted':
+        return 'A' + (f"@{r['snapshot']}" if r.get('snapshot') is not None else '')
+    return 'L' if r.get('source_model') == 'linear' else 'M'
+
+
+def _best_source_gap(acc) -> str:
+    """deployed - max(logreg, mlp) in points, of the seed means; '-' without those columns."""
+    if not ('deployed' in acc and ('logreg' in acc or 'mlp' in acc)):
+        return '-'
+    best = max(np.mean(list(acc[m].values())) for m in ('logreg', 'mlp') if m in acc)
+    return f"{100 * (np.mean(list(acc['deployed'].values())) - best):+.1f}"
+
+
 def print_table(rows, methods):
     """Markdown table per (features, copy, task): accuracy on the unlabelled rows, mean ± sample
     std over seeds, and the absent-class prediction rate (abs, mean); deployed - mlp in points
-    (mean of the per-seed differences, min..max when several seeds); the safeguard's choice per
-    seed (A = adapted, S = source-only, in seed order) and the snapshot step it deployed."""
+    (mean of the per-seed differences, min..max when several seeds); deployed - the better
+    source-only column (logreg or mlp, seed means); the safeguard's choice per seed (in seed
+    order, :func:`_chose`)."""
     methods = [m for m in methods if any(r['method'] == m for r in rows)]
     keys = list(
         dict.fromkeys((r.get('features', ''), r.get('copy', 'orig'), r['task']) for r in rows)
@@ -402,9 +423,9 @@ def print_table(rows, methods):
     print(
         '\n| features | copy | task | '
         + ' | '.join(methods)
-        + ' | deployed - mlp | safeguard chose |'
+        + ' | deployed - mlp | deployed - max(logreg, mlp) | safeguard chose |'
     )
-    print('|---|---|---|' + '---|' * (len(methods) + 2))
+    print('|---|---|---|' + '---|' * (len(methods) + 3))
     means = {m: [] for m in methods}
     for key in keys:
         sel = [r for r in rows if (r.get('features', ''), r.get('copy', 'orig'), r['task']) == key]
@@ -429,26 +450,18 @@ def print_table(rows, methods):
             diff = f'{np.mean(d):+.1f}' + (
                 f' ({min(d):+.1f}..{max(d):+.1f})' if len(d) > 1 else ''
             )
-        chose = (
-            ' '.join(
-                ('A' if r['decision'] == 'adapted' else 'S')
-                + (
-                    f"@{r['snapshot']}"
-                    if r.get('snapshot') is not None and r['decision'] == 'adapted'
-                    else ''
-                )
-                for r in sorted(sel, key=lambda r: r['seed'])
-                if r['method'] == 'deployed'
-            )
-            or '-'
-        )
+        deployed = sorted((r for r in sel if r['method'] == 'deployed'), key=lambda r: r['seed'])
+        chose = ' '.join(_chose(r) for r in deployed) or '-'
+        gap = _best_source_gap(acc)
         print(
-            f'| {key[0]} | {key[1]} | {key[2]} | ' + ' | '.join(cells) + f' | {diff} | {chose} |'
+            f'| {key[0]} | {key[1]} | {key[2]} | '
+            + ' | '.join(cells)
+            + f' | {diff} | {gap} | {chose} |'
         )
     print(
         '| mean | | | '
         + ' | '.join(f'{np.mean(means[m]):.3f}' if means[m] else '-' for m in methods)
-        + ' | | |'
+        + ' | | | |'
     )
     secs = {m: np.mean([r['seconds'] for r in rows if r['method'] == m]) for m in methods}
     print('\nmean seconds per run: ' + ', '.join(f'{m} {v:.1f}' for m, v in secs.items()))

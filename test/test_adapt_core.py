@@ -765,8 +765,9 @@ def test_safeguard_deploys_source_only_when_adaptation_hurts(tmp_path):
 
 
 def test_package_and_bench_work_without_skada(tmp_path):
-    """skada (and scikit-learn) are bench-only: the package, the CLI and bench_pda's own columns
-    import without them, and asking bench_pda for a skada column is one clear line."""
+    """skada is bench-only: the package, the CLI and bench_pda's own columns import without it
+    (and without scikit-learn, which only the safeguard's linear candidate imports, when it is
+    fitted), and asking bench_pda for a skada column is one clear line."""
     code = (
         'import sys\n'
         "sys.modules['skada'] = None\n"  # makes `import skada` fail, as where it is not installed

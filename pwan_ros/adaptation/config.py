@@ -104,14 +104,15 @@ class AdaptConfig:
     )
     safeguard: bool = param(
         True,
-        'train a source-only model alongside (same architecture) and deploy it instead '
+        'train a source-only model alongside (same architecture; and a logistic regression '
+        'after it, chosen when the held-out labelled rows show it better) and deploy it instead '
         'of the adapted one when the adapted model is not predicted to be better (no unlabelled '
         'labels used; see docs/adaptation.md)',
     )
     holdout_fraction: float = param(
         0.1,
         'fraction of each class of labelled rows held out from training to '
-        'validate both models (safeguard only)',
+        'validate the models (safeguard only)',
         0.0,
         0.5,
     )
@@ -134,7 +135,8 @@ class AdaptConfig:
         'check rows (the check file): significance of the one-sided exact sign test on the rows '
         'the two candidates disagree on; the adapted candidate is deployed when it is shown '
         'better at this level, source-only when shown worse, otherwise the label-free decision '
-        'stands',
+        'stands; also the level at which the held-out labelled rows must show the linear '
+        'source-only model better to choose it (safeguard)',
         1e-9,
         0.5,
     )

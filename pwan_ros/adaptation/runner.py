@@ -6,11 +6,13 @@ Output directory layout (every file written atomically)::
   checkpoints/best.pt     the selected snapshot's checkpoint (safeguard: the best-scoring snapshot
                           that passed the label-free tests; off: lowest mean entropy)
   model.ts                TorchScript of the deployed model: features (n, D) -> logits (n, K)
-                          (input standardisation + bottleneck + classifier): one of the two
-                          candidates, as the safeguard (and the check rows, when given) decided
-  candidates/adapted.ts, candidates/source_only.ts   both candidates (safeguard on; adapted.ts is
-                          the kept snapshot when the final weights pass the label-free tests, else
-                          the final weights; source_only.ts: source-only on all labelled rows)
+                          (input standardisation + bottleneck + classifier, or one linear
+                          layer): one of the candidates, as the safeguard (and the check rows,
+                          when given) decided
+  candidates/adapted.ts, candidates/source_only.ts, candidates/source_only_linear.ts   the
+                          candidates (safeguard on; adapted.ts is the kept snapshot when the final
+                          weights pass the label-free tests, else the final weights; the
+                          source-only network and logistic regression on all labelled rows)
   predictions.npy         (M,) int64 0-based class ids of the unlabelled rows (deployed model)
   metrics.csv             per-step metrics;  evals.csv: per-evaluation metrics
   metrics.json            both, as lists of records
@@ -49,8 +51,10 @@ from .safeguard import (
     SnapshotSelector,
     apply_check,
     check_candidates,
+    consider_linear,
     decide,
     holdout_split,
+    linear_candidate,
 )
 from .trainer import AdaptTrainer, UnlabelledPass, StepMetrics
 
@@ -81,9 +85,12 @@ class AdaptResult:
     accuracy: Optional[float]
     absent_class_fraction: Optional[float]
     deployed: Optional[str]  # model in model.ts: adapted | source_only (None: not finished)
+    # the source-only model (deployed with source_only): mlp | linear (None: safeguard off)
+    source_only_model: Optional[str]
     deployed_reason: Optional[str]
     safeguard: Optional[Dict]  # SafeguardDecision.to_dict(): the criteria of both candidates
-    adapted_accuracy: Optional[float]  # evaluation labels only: both candidates' accuracy
+    # evaluation labels only: the adapted and the chosen source-only candidate's accuracy
+    adapted_accuracy: Optional[float]
     source_only_accuracy: Optional[float]
     output_dir: str
     predictions_path: Optional[str]
@@ -158,7 +165,9 @@ def write_metrics(trainer: AdaptTrainer, out: str) -> None:
 
 
 def export_torchscript(trainer: AdaptTrainer, path: str) -> None:
-    """Save eta (input normalisation, bottleneck, classifier) as TorchScript on the CPU."""
+    """Save ``trainer.model`` as TorchScript on the CPU: eta (input normalisation, bottleneck,
+    classifier) or, of a :class:`~pwan_ros.adaptation.linear.LinearSource`, the input
+    normalisation and one linear layer."""
     import copy
     import warnings
 
@@ -391,13 +400,13 @@ def _deploy(job: _Job, trainer: AdaptTrainer, holdout, res: UnlabelledPass) -> t
     """Decide what to deploy (the safeguard, then the check rows) and write it: predictions,
     model.ts, the candidates, plots. Returns (the deployed model's evaluation, the decision or
     None, (adapted accuracy, source-only accuracy))."""
-    deployed, adapted_res, decision, companion = trainer, res, None, None
+    deployed, adapted_res, decision, source = trainer, res, None, None
     if holdout is not None:
-        decision, companion, adapted_res = _safeguard(job, trainer, holdout, res)
+        decision, source, adapted_res = _safeguard(job, trainer, holdout, res)
         if decision.deployed == 'source_only':
-            deployed = companion
+            deployed = source
     out = job.out
-    source_res = None if companion is None else companion.evaluate()
+    source_res = None if source is None else source.evaluate()
     final = adapted_res if deployed is trainer else source_res
     write_npy(os.path.join(out, 'predictions.npy'), final.predictions)
     export_torchscript(deployed, os.path.join(out, 'model.ts'))
@@ -410,33 +419,38 @@ def _deploy(job: _Job, trainer: AdaptTrainer, holdout, res: UnlabelledPass) -> t
 
 
 def _safeguard(job: _Job, trainer: AdaptTrainer, holdout, res: UnlabelledPass) -> tuple:
-    """The safeguard's decision between the adapted model and its source-only companion (on the
-    held-out labelled rows, then the check rows of the new domain when given), both candidates
-    written. Returns (decision, the companion, the adapted model's evaluation)."""
+    """The safeguard's decision between the adapted model and the source-only models (on the
+    held-out labelled rows, then the check rows of the new domain when given), the candidates
+    written. Returns (decision, the chosen source-only model on all labelled rows, the adapted
+    model's evaluation)."""
     config, log = job.config, job.hooks.log
     ref = Reference.of(trainer.companion, holdout)
     kept_step = trainer.state.best_step
     decision = decide(trainer, ref, config.safeguard_margin, config.min_agreement)
     if trainer.state.best_step != kept_step:  # the final weights replaced it
         _ckpt_save(trainer, job.best)
-    label_free = 'label-free decision' if job.chk is not None else 'deploying'
-    log(f'safeguard: {label_free} {decision.deployed}: {decision.reason}')
-    companion = trainer.fallback  # source-only on all labelled rows
     adapted_res = res
-    if decision.deployed == 'adapted':
+    if decision.adapted_step is not None:  # it passed: the candidate is the kept snapshot
         if trainer.restore_snapshot() and trainer.state.best_step != res.step:
             adapted_res = trainer.evaluate()
-    os.makedirs(os.path.join(job.out, 'candidates'), exist_ok=True)
-    export_torchscript(trainer, os.path.join(job.out, 'candidates', 'adapted.ts'))
-    export_torchscript(companion, os.path.join(job.out, 'candidates', 'source_only.ts'))
+    linear, evidence = linear_candidate(trainer, trainer.companion, ref)
+    decision = consider_linear(decision, evidence, config.check_alpha)
+    label_free = 'label-free decision' if job.chk is not None else 'deploying'
+    log(f'safeguard: {label_free} {decision.label}: {decision.reason}')
+    source = linear if decision.source_only_model == 'linear' else trainer.fallback
+    cand = os.path.join(job.out, 'candidates')
+    os.makedirs(cand, exist_ok=True)
+    export_torchscript(trainer, os.path.join(cand, 'adapted.ts'))
+    export_torchscript(trainer.fallback, os.path.join(cand, 'source_only.ts'))
+    export_torchscript(linear, os.path.join(cand, 'source_only_linear.ts'))
     if job.chk is not None:  # labelled rows of the unlabelled domain: direct evidence
         kept_step = trainer.state.best_step
-        verdict = check_candidates(trainer, companion, job.chk, config.check_alpha)
+        verdict = check_candidates(trainer, source, job.chk, config.check_alpha)
         decision = apply_check(decision, verdict, trainer)
         if trainer.state.best_step != kept_step:  # the checked final weights
             _ckpt_save(trainer, job.best)
-        log(f'safeguard: {verdict.describe()}: deploying {decision.deployed}')
-    return decision, companion, adapted_res
+        log(f'safeguard: {verdict.describe()}: deploying {decision.label}')
+    return decision, source, adapted_res
 
 
 def _result(
@@ -482,6 +496,13 @@ def _result(
             decision.deployed
             if decision is not None
             else ('source_only' if cfg.method == 'source_only' else 'adapted')
+        ),
+        source_only_model=None
+        if not done
+        else (
+            decision.source_only_model
+            if decision is not None
+            else ('mlp' if cfg.method == 'source_only' else None)
         ),
         deployed_reason=None
         if not done

@@ -30,6 +30,13 @@ third model, source-only on all labelled rows (the held-out rows served the deci
 the same lock-step (what a plain ``method=source_only`` run gives), and the decision says which
 test the final weights failed (:func:`decide` says why an earlier passing snapshot is not
 deployed then).
+
+A linear source-only model is the other source-only candidate (:func:`linear_candidate`,
+:func:`consider_linear`): logistic regression (:class:`~pwan_ros.adaptation.linear.LinearSource`)
+on the companion's training rows, compared on the held-out rows. It is the source-only model when
+they show it better than the companion (a sign test at ``check_alpha``), and it replaces a
+passing adapted model they also show it better than; the checks above stay against the
+companion. What is deployed as source-only is refitted on all labelled rows.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ import numpy as np
 import torch
 
 from .data import FeatureSet
+from .linear import LinearSource
 
 
 def holdout_split(labels: np.ndarray, fraction: float, seed: int) -> np.ndarray:
@@ -86,7 +94,9 @@ class ModelCheck:
 
 @dataclass
 class SafeguardDecision:
-    """Which model was deployed (``adapted`` | ``source_only``) and why."""
+    """Which model was deployed (``adapted`` | ``source_only``) and why; ``source_only`` is the
+    network companion's criteria, ``source_only_model`` the source-only model chosen (``mlp``:
+    the network, ``linear``: logistic regression; deployed with ``source_only``)."""
 
     deployed: str
     reason: str
@@ -96,9 +106,22 @@ class SafeguardDecision:
     n_holdout: int
     snapshot_step: Optional[int] = None  # step of the deployed adapted snapshot
     check: Optional[Dict] = None  # CheckVerdict.to_dict() when check rows were given
+    source_only_model: str = 'mlp'
+    linear_val_accuracy: Optional[float] = None  # the linear model's weighted held-out accuracy
+    # the held-out sign tests of the linear model against 'mlp' and 'adapted' (linear_candidate)
+    linear_tests: Optional[Dict] = None
+    # step of the adapted candidate when it passed the label-free tests (None: it failed)
+    adapted_step: Optional[int] = None
 
     def to_dict(self) -> Dict:
         return dataclasses.asdict(self)
+
+    @property
+    def label(self) -> str:
+        """``adapted``, ``source_only (mlp)`` or ``source_only (linear)``."""
+        return (
+            'adapted' if self.deployed == 'adapted' else f'source_only ({self.source_only_model})'
+        )
 
 
 @dataclass
@@ -139,11 +162,35 @@ class CheckVerdict:
         )
 
 
+def _distinct(fs: FeatureSet, index: np.ndarray) -> np.ndarray:
+    """Mask (k,) of the rows ``index`` of ``fs`` that are the first of their feature vector: a
+    repeated row is one example (repeated 10x, 2 check rows read as p 1e-6 and deployed a model
+    they showed wrong; the sign test assumes independent rows)."""
+    feats = np.ascontiguousarray(fs.rows(index))
+    _, first = np.unique(
+        feats.view(np.dtype((np.void, feats.dtype.itemsize * feats.shape[1]))), return_index=True
+    )
+    once = np.zeros(index.size, bool)
+    once[first] = True
+    return once
+
+
+def sign_test(right_a: np.ndarray, right_b: np.ndarray) -> tuple:
+    """``(a_only, b_only, p_a_better, p_b_better)`` on rows that models a and b get right
+    (bool masks): the rows only one of them gets right and the one-sided exact sign-test p-values
+    (binomial, 1/2, as McNemar's exact test) that a, resp. b, is the better one."""
+    from scipy.stats import binomtest
+
+    wins, losses = int((right_a & ~right_b).sum()), int((right_b & ~right_a).sum())
+    n = wins + losses
+    p_a = binomtest(wins, n, 0.5, alternative='greater').pvalue if n else 1.0
+    p_b = binomtest(losses, n, 0.5, alternative='greater').pvalue if n else 1.0
+    return wins, losses, float(p_a), float(p_b)
+
+
 def check_candidates(adapted, source, check: FeatureSet, alpha: float) -> CheckVerdict:
     """Compare two trainers' current models on the labelled ``check`` rows (C, D) (see
     :class:`CheckVerdict`). ValueError when the rows have no labels or another width."""
-    from scipy.stats import binomtest
-
     if check.labels is None or check.dim != source.labelled.dim:
         raise ValueError(
             f'check rows need labels and D={source.labelled.dim} features (got D={check.dim}'
@@ -152,20 +199,9 @@ def check_candidates(adapted, source, check: FeatureSet, alpha: float) -> CheckV
 
     pa, _ = _predict(adapted, check)
     ps, _ = _predict(source, check)
-    right_a, right_s = pa == check.labels, ps == check.labels
-    # a repeated row is one example: repeated 10x, 2 rows read as p 1e-6 and deployed a model
-    # they showed wrong (the test assumes independent rows)
-    feats = np.ascontiguousarray(check.rows(np.arange(check.n)))
-    _, first = np.unique(
-        feats.view(np.dtype((np.void, feats.dtype.itemsize * feats.shape[1]))), return_index=True
-    )
-    once = np.zeros(check.n, bool)
-    once[first] = True
-    right_a, right_s = right_a[once], right_s[once]
-    wins, losses = int((right_a & ~right_s).sum()), int((right_s & ~right_a).sum())
-    n = wins + losses
-    p_better = binomtest(wins, n, 0.5, alternative='greater').pvalue if n else 1.0
-    p_worse = binomtest(losses, n, 0.5, alternative='greater').pvalue if n else 1.0
+    once = _distinct(check, np.arange(check.n))
+    right_a, right_s = (pa == check.labels)[once], (ps == check.labels)[once]
+    wins, losses, p_better, p_worse = sign_test(right_a, right_s)
     verdict = 'undecided'
     if p_better <= alpha:
         verdict = 'adapted'
@@ -177,8 +213,8 @@ def check_candidates(adapted, source, check: FeatureSet, alpha: float) -> CheckV
         float(right_s.mean()),
         wins,
         losses,
-        float(p_better),
-        float(p_worse),
+        p_better,
+        p_worse,
         float(alpha),
         verdict,
     )
@@ -192,8 +228,8 @@ def apply_check(decision: SafeguardDecision, verdict: CheckVerdict, adapted) -> 
     deployed = decision.deployed if verdict.verdict == 'undecided' else verdict.verdict
     if deployed == 'source_only':
         step = None
-    elif decision.deployed == 'adapted':
-        step = decision.snapshot_step
+    elif decision.adapted_step is not None:  # it passed: the kept snapshot, loaded
+        step = decision.adapted_step
     else:
         keep_final_weights(adapted, decision.adapted)
         step = adapted.state.step
@@ -385,7 +421,9 @@ def decide(adapted, ref: Reference, margin: float, min_agreement: float) -> Safe
         return SafeguardDecision('source_only', reason, a, ref.check, present, n, None)
     if adapted.snapshot is None or st.best_step < 0:  # no selector ran: the final weights
         reason = 'adapted model kept (final weights pass; no snapshot was evaluated)'
-        return SafeguardDecision('adapted', reason, a, ref.check, present, n, st.step)
+        return SafeguardDecision(
+            'adapted', reason, a, ref.check, present, n, st.step, adapted_step=st.step
+        )
     kept, kept_fails = a, []
     if st.best_step != st.step:
         final = {k: v.detach().clone() for k, v in adapted.model.state_dict().items()}
@@ -407,7 +445,67 @@ def decide(adapted, ref: Reference, margin: float, min_agreement: float) -> Safe
         f'mass {kept.outlier_mass:.1%} (source-only {ref.check.outlier_mass:.1%}), agreement '
         f'{kept.agreement:.1%}' + note
     )
-    return SafeguardDecision('adapted', reason, kept, ref.check, present, n, st.best_step)
+    return SafeguardDecision(
+        'adapted', reason, kept, ref.check, present, n, st.best_step, adapted_step=st.best_step
+    )
+
+
+def linear_candidate(adapted, source, ref: Reference) -> tuple:
+    """``(linear model on all labelled rows, evidence or None)``: the linear source-only
+    candidate (:class:`~pwan_ros.adaptation.linear.LinearSource`) of ``adapted``'s data and, with
+    held-out rows, the same model fitted without them, on them: ``evidence`` =
+    ``{'val_accuracy': its weighted held-out accuracy, 'mlp': test, 'adapted': test}``, each test
+    ``[rows only it gets right, rows only the other model gets right, p-value that it is the
+    better one]`` (:func:`sign_test`) against ``source`` (the companion) and ``adapted``'s current
+    weights (the adapted candidate), on the distinct held-out rows of the classes the companion
+    estimates present (``ref.present``)."""
+    lab, holdout = adapted.labelled, ref.holdout
+    linear = LinearSource(adapted)
+    if not holdout.size:
+        return linear, None
+    held = LinearSource(adapted, np.setdiff1d(np.arange(lab.n), holdout))
+    labels = lab.labels[holdout]
+    rows = ref.present[labels] & _distinct(lab, holdout)
+    pred, _ = _predict(held, lab, holdout)
+    evidence = {'val_accuracy': _weighted_accuracy(pred, labels, ref.weights)}
+    for name, other in (('mlp', source), ('adapted', adapted)):
+        other_pred, _ = _predict(other, lab, holdout)
+        right, other_right = (pred == labels)[rows], (other_pred == labels)[rows]
+        evidence[name] = list(sign_test(right, other_right)[:3])
+    return linear, evidence
+
+
+def consider_linear(decision: SafeguardDecision, evidence: Optional[Dict], alpha: float):
+    """``decision`` (from :func:`decide`) with the linear source-only candidate (``evidence`` of
+    :func:`linear_candidate`): it is the source-only model when the held-out rows show it better
+    than the companion (one-sided exact sign test at ``alpha``, the check rows' level), and it is
+    deployed instead of a passing adapted model when they also show it better than that one.
+    Fewer rows decide nothing and the network stays: held-out rows are of the labelled domain,
+    weak evidence for the new one (on SURF features the linear model leads on them on tasks where
+    it transfers 5-13 points worse)."""
+    if evidence is None:
+        return decision
+    d = dataclasses.replace(
+        decision,
+        linear_val_accuracy=evidence['val_accuracy'],
+        linear_tests={k: evidence[k] for k in ('mlp', 'adapted')},
+    )
+    wins, losses, p = evidence['mlp']
+    if p > alpha:
+        return d
+    d = dataclasses.replace(d, source_only_model='linear')
+    note = f'linear source-only model shown better on held-out rows than the MLP ({wins}:{losses}'
+    note += f', p {p:.3g})'
+    wins, losses, p = evidence['adapted']
+    if decision.deployed == 'adapted' and p <= alpha:
+        return dataclasses.replace(
+            d,
+            deployed='source_only',
+            snapshot_step=None,
+            reason=f'{note} and than the adapted model ({wins}:{losses}, p {p:.3g}), which '
+            f'passes the label-free tests: {decision.reason}',
+        )
+    return dataclasses.replace(d, reason=f'{decision.reason}; {note}')
 
 
 def adapt_with_safeguard(
@@ -419,7 +517,8 @@ def adapt_with_safeguard(
 
     Returns ``(deployed, final, source_only, decision)``: ``deployed`` is the adapted trainer with
     its kept snapshot loaded (the final weights when the check rows deployed them against a
-    label-free refusal), or the fallback (source-only on all labelled rows); ``final`` is
+    label-free refusal), or the chosen source-only model on all labelled rows (the fallback
+    network or a :class:`~pwan_ros.adaptation.linear.LinearSource`); ``final`` is
     the :class:`~pwan_ros.adaptation.trainer.UnlabelledPass` of the adapted model's last iterate
     (before the snapshot is restored); ``source_only`` the companion (trained without the
     held-out rows: the reference of the checks); ``decision`` the :class:`SafeguardDecision`. What
@@ -435,11 +534,14 @@ def adapt_with_safeguard(
     final = adapted.evaluate()
     ref = Reference.of(source, holdout)
     decision = decide(adapted, ref, config.safeguard_margin, config.min_agreement)
-    if decision.deployed == 'adapted':
+    if decision.adapted_step is not None:  # it passed: the candidate is the kept snapshot
         adapted.restore_snapshot()
+    linear, evidence = linear_candidate(adapted, source, ref)
+    decision = consider_linear(decision, evidence, config.check_alpha)
+    fallback = linear if decision.source_only_model == 'linear' else adapted.fallback
     if check is not None:
-        verdict = check_candidates(adapted, adapted.fallback, check, config.check_alpha)
+        verdict = check_candidates(adapted, fallback, check, config.check_alpha)
         decision = apply_check(decision, verdict, adapted)
     if decision.deployed == 'adapted':
         return adapted, final, source, decision
-    return adapted.fallback, final, source, decision
+    return fallback, final, source, decision

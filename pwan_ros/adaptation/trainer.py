@@ -194,10 +194,6 @@ class AdaptTrainer:
         self.per_class = max(1, cfg.batch_size // k)
         self.state = TrainerState(mu=np.ones(k), m0=cfg.m0 if cfg.m0 >= 1 else 1.0)
         self.snapshot: Optional[Dict[str, torch.Tensor]] = None  # weights at state.best_step
-        self.absent = None
-        if unlabelled.labels is not None:
-            present = np.bincount(unlabelled.labels, minlength=k) > 0
-            self.absent = ~present
 
     def attach_companions(self) -> None:
         """Make :attr:`companion` and :attr:`fallback`: the same config with
@@ -372,25 +368,14 @@ class AdaptTrainer:
 
     def evaluate(self) -> UnlabelledPass:
         """Predict every unlabelled row; accuracy and absent-class rate when labels exist."""
-        preds, ent_sum = [], 0.0
-        self.model.eval()
-        with torch.no_grad():
-            for b in self.unlabelled.batches(self.config.eval_batch):
-                logits = self.model(torch.from_numpy(b).to(self.device))
-                p = logits.softmax(dim=1)
-                ent_sum += float(-(p * logits.log_softmax(dim=1)).sum())
-                preds.append(logits.argmax(dim=1).cpu().numpy())
-        pred = np.concatenate(preds).astype(np.int64)
-        res = UnlabelledPass(
+        return unlabelled_pass(
+            self.model,
+            self.unlabelled,
+            self.device,
+            self.config.eval_batch,
+            self.num_classes,
             self.state.step,
-            pred,
-            ent_sum / pred.size,
-            np.bincount(pred, minlength=self.num_classes) / pred.size,
         )
-        if self.unlabelled.labels is not None:
-            res.accuracy = float((pred == self.unlabelled.labels).mean())
-            res.absent_fraction = float(self.absent[pred].mean())
-        return res
 
     def record_eval(self, res: UnlabelledPass) -> bool:
         """Append an evaluation to the history and score the current weights as a snapshot; True
@@ -585,6 +570,31 @@ class AdaptTrainer:
             return True
         finally:
             self.state.train_seconds += time.perf_counter() - t0
+
+
+@torch.no_grad()
+def unlabelled_pass(
+    model: nn.Module, fs: FeatureSet, device, chunk: int, k: int, step: int = 0
+) -> UnlabelledPass:
+    """``model``'s predictions on every row of ``fs`` (the unlabelled set) in blocks of
+    ``chunk``; accuracy and the rate of predictions in classes absent from ``fs`` when it has
+    labels."""
+    preds, ent_sum = [], 0.0
+    model.eval()
+    for b in fs.batches(chunk):
+        logits = model(torch.from_numpy(b).to(device))
+        p = logits.softmax(dim=1)
+        ent_sum += float(-(p * logits.log_softmax(dim=1)).sum())
+        preds.append(logits.argmax(dim=1).cpu().numpy())
+    pred = np.concatenate(preds).astype(np.int64)
+    res = UnlabelledPass(
+        step, pred, ent_sum / pred.size, np.bincount(pred, minlength=k) / pred.size
+    )
+    if fs.labels is not None:
+        present = np.bincount(fs.labels, minlength=k) > 0
+        res.accuracy = float((pred == fs.labels).mean())
+        res.absent_fraction = float((~present)[pred].mean())
+    return res
 
 
 @torch.no_grad()

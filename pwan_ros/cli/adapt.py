@@ -168,6 +168,8 @@ def _main(args) -> int:
     else:
         acc = '' if result.accuracy is None else f' accuracy={result.accuracy:.4f}'
         dep = '' if result.deployed is None else f' deployed={result.deployed}'
+        if result.deployed == 'source_only' and result.source_only_model:
+            dep += f' ({result.source_only_model})'
         print(
             f'{"done" if result.completed else "interrupted"}: {result.steps_done}/{result.steps} '
             f'steps{dep}{acc} -> {result.output_dir}',

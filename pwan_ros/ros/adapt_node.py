@@ -6,11 +6,11 @@ and the keys of ``config/adapt.yaml``) plus ``labelled``, ``unlabelled``, ``outp
 ``diagnostic_msgs/DiagnosticArray`` on ``/diagnostics`` (status name ``adapt_node: training``;
 key/values step, steps, loss, ce, w1, entropy, m_alpha, lr, state, and after evaluations
 unlabelled_entropy / accuracy; the final one also deployed / deployed_reason: which model
-model.ts holds, adapted or source_only, and why), writes the outputs of :func:`run_adaptation`, and
-exits when done (status 0). SIGINT/SIGTERM stop training after the current step, write
-``checkpoints/latest.pt`` and exit 0; invalid parameters or inputs, or an output that cannot be
-written (read-only or full disk), exit 2 with a clear log line (and ``state: error`` on
-/diagnostics once training was started).
+model.ts holds, adapted or source_only, and why; source_only_model: mlp or linear), writes the
+outputs of :func:`run_adaptation`, and exits when done (status 0). SIGINT/SIGTERM stop training
+after the current step, write ``checkpoints/latest.pt`` and exit 0; invalid parameters or
+inputs, or an output that cannot be written (read-only or full disk), exit 2 with a clear log
+line (and ``state: error`` on /diagnostics once training was started).
 """
 
 from __future__ import annotations
@@ -179,6 +179,8 @@ class AdaptNode(Node):
             vals['accuracy'] = f'{result.accuracy:.6g}'
         if result.deployed is not None:
             vals.update(deployed=result.deployed, deployed_reason=result.deployed_reason)
+        if result.source_only_model is not None:
+            vals['source_only_model'] = result.source_only_model
         self.publish_status(DiagnosticStatus.OK, state, vals)
         self.get_logger().info(
             f'{state} at step {result.steps_done}/{result.steps}; summary {result.summary_path}'
