@@ -422,10 +422,15 @@ def _interrupt(tmp_path, src, ref, out, wait_for):
 
 @pytest.mark.heavy
 def test_cli_ctrl_c_exits_130_and_writes_nothing(tmp_path):
-    rng = np.random.default_rng(0)
-    big = rng.normal(size=(2_000_000, 3)) * [10.0, 5.0, 2.0]
+    """Ctrl-C while registering and while writing the output: exit 130, one line, no file. 500k
+    points of a smooth surface (metres): the registration takes seconds and the text output
+    over a second, so each SIGINT lands inside its stage (2M Gaussian points took 59 s: their
+    fine-tune never converges)."""
+    from _core_shapes import blob
+
+    big = blob(500_000, 0) * 10.0
     np.save(tmp_path / 'src.npy', big)
-    np.save(tmp_path / 'ref.npy', big + [1.0, 2.0, 0.5])
+    np.save(tmp_path / 'ref.npy', big + [0.2, 0.1, 0.05])
     for wait_for in ('[pwan] registering', '[pwan] writing'):
         out = tmp_path / 'out.txt'
         rc, err = _interrupt(tmp_path, tmp_path / 'src.npy', tmp_path / 'ref.npy', out, wait_for)
@@ -476,7 +481,9 @@ def test_pipeline_reanchors_after_repeated_rejections(sim_scans):
     pipe = OdometryPipeline(
         OdometryConfig(reanchor_after=3, recovery_yaw_starts=1, pwan_max_points=300, pwan_steps=40)
     )
-    pipe.process(room() - [5.0, 3.0, 1.5], 0.0)  # the keyframe: a different place (a room)
+    # the keyframe: a different place (a room), a scan period before the drive's first scan (a
+    # keyframe stamped 0.0 made tracking search 1.7e10 m wide, 33 GICP passes per scan: 80 s)
+    pipe.process(room() - [5.0, 3.0, 1.5], sim_scans[0].stamp_ns * 1e-9 - 0.1)
     paths = [pipe.process(s.xyz, s.stamp_ns * 1e-9).path for s in sim_scans[:8]]
     assert paths[:3] == ['rejected'] * 3 and paths[3] == 'reanchor', paths
     assert set(paths[4:]) == {'track'}, paths
