@@ -589,14 +589,16 @@ def test_tournament_keeps_the_short_stage_pose_of_a_finalist():
 
 
 @pytest.mark.heavy
-def test_tournament_keeps_each_starts_own_pose(monkeypatch):
+def test_tournament_keeps_each_starts_own_pose():
     """Two overlapping parts of a knot of tubes (metres, 6 m across, 69 % of the source on the
     reference), one turned a quarter about z (a start's rotation) and moved 47 m away. The start
-    with the true rotation, translated by votes, is the answer; the m-PWAN short stage (mass 0.8)
-    walks every start away from it, so without the starts' own poses as candidates the tournament
-    ends 120 deg off."""
+    with the true rotation, translated by votes (its own pose), is the answer, and the tournament
+    returns it. Measured: the m-PWAN short stage (mass 0.8) walks every start away from it, so
+    without the starts' own poses as candidates the tournament ended 120 deg off; whether it
+    does is the optimiser's business, so what is checked besides the answer is that the own pose
+    the tournament keeps is the right one (votes, no optimiser)."""
     from pwan_ros.core import multistart
-    from pwan_ros.geometry.se3 import make_transform, rotation_angle
+    from pwan_ros.geometry.se3 import invert, make_transform, rotation_angle
 
     rng = np.random.default_rng(5)
     u, v = rng.uniform(0, 2 * np.pi, (2, 6000))
@@ -608,14 +610,21 @@ def test_tournament_keeps_each_starts_own_pose(monkeypatch):
         + 0.3 * np.stack([np.cos(v), np.sin(v), np.cos(v + u)], 1)
         + rng.normal(0, 0.01, knot.shape)
     )
-    turn = make_transform(multistart.start_rotations(3, 4)[1].T, np.array([25.0, -40.0, 3.0]))
+    rots = multistart.start_rotations(3, 4)
+    turn = make_transform(rots[1].T, np.array([25.0, -40.0, 3.0]))
     src, ref = knot[knot[:, 0] > -1.5] @ turn[:3, :3].T + turn[:3, 3], knot[knot[:, 0] < 1.5]
     cfg = RegistrationConfig(seed=0, starts=4, start_steps=40, start_keep=1)
     err = turn @ register(src, ref, cfg).transform
     assert np.degrees(rotation_angle(err)) < 0.5 and np.linalg.norm(err[:3, 3]) < 0.05, err
-    monkeypatch.setattr(multistart, 'own_poses', lambda *args: None)
-    err = turn @ register(src, ref, cfg).transform
-    assert np.degrees(rotation_angle(err)) > 20.0
+    # the starts' own poses (solver convention: points @ a + t) on a third of each set: the true
+    # rotation's is within a vote cell of the answer (measured 0.05 m RMS), the others metres off
+    own = multistart.own_poses(src[::3], ref[::3], rots, cfg.seed)
+    truth = invert(turn)
+    off = [
+        np.sqrt(np.mean(np.sum((src @ a + t - (src @ truth[:3, :3].T + truth[:3, 3])) ** 2, 1)))
+        for a, t in own
+    ]
+    assert off[1] < 0.2 and min(off[:1] + off[2:]) > 2.0, off
 
 
 def test_learned_h_respects_the_resolution_floor():
@@ -624,16 +633,17 @@ def test_learned_h_respects_the_resolution_floor():
     there."""
     pts = blob(400, 0)
     spacing = median_spacing(pts)  # no voxel grid, under max_points: the adversarial reference
-    # 100 warm-up updates: enough for the free h to sink (nothing moves, so the run stops early)
+    # 300 warm-up updates: the free h sinks far below the spacing (measured 0.03 x; after 100
+    # updates only 0.82 x, too close to call on another CPU). Nothing moves: the run stops early
     free = register(
         pts,
         pts,
         RegistrationConfig(
-            seed=0, steps=40, warmup_updates=100, potential=PotentialConfig(h_floor=0.0)
+            seed=0, steps=40, warmup_updates=300, potential=PotentialConfig(h_floor=0.0)
         ),
     )
-    floored = register(pts, pts, RegistrationConfig(seed=0, steps=40, warmup_updates=100))
-    assert free.h < 0.95 * spacing
+    floored = register(pts, pts, RegistrationConfig(seed=0, steps=40, warmup_updates=300))
+    assert free.h < 0.5 * spacing, free.h / spacing
     assert floored.h == pytest.approx(spacing, rel=1e-5)
     with pytest.raises(PwanInputError, match='h_floor'):
         PotentialConfig(h_floor=-1.0)
