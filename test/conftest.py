@@ -1,6 +1,8 @@
-"""Shared fixtures: an isolated ROS 2 environment for tests that start real ROS processes."""
+"""Shared fixtures: an isolated ROS 2 environment for tests that start real ROS processes; the
+test run's threads, DDS domains and xdist groups (``make test`` runs two workers)."""
 
 import os
+
 import pathlib
 import random
 import shutil
@@ -11,6 +13,14 @@ import sys
 import pytest
 
 from pwan_ros.ros.env import isolated_ros_env
+
+# One thread per BLAS / OpenMP pool, in this process and in every process a test starts (they
+# inherit the environment): set before numpy or torch is first imported (nothing imported above
+# loads them). Two xdist workers (and whatever else runs) share the cores; a pool of 2 threads
+# that spin-wait for a busy core made a 4 s non-rigid registration take 28 s. The registrations
+# set torch's threads themselves (``RegistrationConfig.threads``), small_gicp its own.
+for _pool in ('OMP_NUM_THREADS', 'OPENBLAS_NUM_THREADS', 'MKL_NUM_THREADS'):
+    os.environ.setdefault(_pool, '1')
 
 # Wheel-based ROS installs live in the venv prefix; ament_index look-ups need it named.
 # (A sourced system ROS sets AMENT_PREFIX_PATH itself.)
@@ -24,9 +34,28 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+#: test files that share one xdist worker (``--dist loadgroup``): those that build the package
+#: with colcon (the session's ``colcon_install``, built once) and those whose ROS processes pick
+#: their own DDS domain in 101..199 (pwan_demo, a launch from a sourced workspace), which two
+#: workers could otherwise both pick
+SHARED_GROUP = 'colcon_and_tool_domains'
+SHARED_FILES = (
+    'test_adapt_real.py',
+    'test_demo_e2e.py',
+    'test_launch_real.py',
+    'test_package_build.py',
+    'test_replay.py',
+)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """A test that takes the ``ros_env`` fixture starts ROS processes: it must carry the ``ros``
-    marker, so that ``make test-unit`` (``-m "not ros ..."``) really runs no DDS."""
+    marker, so that ``make test-unit`` (``-m "not ros ..."``) really runs no DDS.
+
+    xdist groups (before xdist reads them): each test file is one group, so a file's module
+    fixtures are built once and its tests run in order on one worker; the files of
+    :data:`SHARED_FILES` are one group together."""
     unmarked = [
         i.nodeid
         for i in items
@@ -36,6 +65,27 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(
             'tests using ros_env without @pytest.mark.ros: ' + ', '.join(unmarked)
         )
+    for item in items:
+        if item.get_closest_marker('xdist_group') is None:
+            name = item.path.name
+            group = SHARED_GROUP if name in SHARED_FILES else name
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def test_domain_id() -> int:
+    """A random DDS domain for a test's ROS processes: in 1..100 (tools pick 101..199), and with
+    xdist in this worker's share of it (gw0: 1..50, gw1: 51..100, ...), so that tests running at
+    the same time on two workers never share a domain."""
+    worker = os.environ.get('PYTEST_XDIST_WORKER', '')
+    count = int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', '1') or 1)
+    if not worker.startswith('gw') or count < 2:
+        return random.randint(1, 100)
+    size = 100 // count
+    k = int(worker[2:]) % count
+    return random.randint(1 + k * size, (k + 1) * size)
+
+
+test_domain_id.__test__ = False  # a helper, not a test
 
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -88,7 +138,7 @@ def ros_env(tmp_path):
     """The package's own isolated ROS environment (:func:`pwan_ros.ros.env.isolated_ros_env`):
     its own DDS domain (1..100; tools use 101..199), localhost discovery, LARGE_DATA transports,
     logs in the test's temporary directory."""
-    return isolated_ros_env(tmp_path, domain_id=random.randint(1, 100))
+    return isolated_ros_env(tmp_path, domain_id=test_domain_id())
 
 
 @pytest.fixture

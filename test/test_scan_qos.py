@@ -12,13 +12,13 @@ the race too.
 
 import json
 import pathlib
-import random
 import subprocess
 import sys
 import time
 
 import pytest
 
+from conftest import test_domain_id
 from pwan_ros.ros.env import isolated_ros_env
 
 PEERS = pathlib.Path(__file__).parent / 'peers'
@@ -29,7 +29,7 @@ ORDERS = ('node_first', 'publisher_first', 'simultaneous')
 def race(tmp_path, order, publisher_reliability, node_cmd, scans, source, points, answer_timeout):
     """One start-up in its own DDS domain; returns (answered, sent, node log)."""
     tmp_path.mkdir(parents=True, exist_ok=True)
-    env = isolated_ros_env(tmp_path, domain_id=random.randint(1, 100))
+    env = isolated_ros_env(tmp_path, domain_id=test_domain_id())
     out = tmp_path / 'published.json'
     pub_cmd = [
         sys.executable,
