@@ -57,6 +57,33 @@ def stop_node(proc):
     return proc.returncode, out
 
 
+def node_main(ros_env, monkeypatch, capfd, argv, cwd=None):
+    """``pwan_odometry_node``'s ``main`` with ``argv`` (after the program name) in this process,
+    in the test's DDS domain: (exit code, everything it printed, rclpy's C output included). For
+    what the node refuses at start-up (rclpy parses the same arguments, the node runs the same
+    checks): a subprocess would only add seconds of imports. The executable's own exit status
+    and one-line output are checked in a subprocess by test_faults_register's
+    test_node_bad_start_up_one_line_exit_2. A node that accepts ``argv`` fails the test instead
+    of spinning."""
+    from pwan_ros.ros import odometry_node
+
+    class MustRefuse(odometry_node.OdometryNode):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.destroy_node()
+            raise AssertionError(f'pwan_odometry_node accepted {argv}')
+
+    for key in ('ROS_DOMAIN_ID', 'ROS_AUTOMATIC_DISCOVERY_RANGE', 'FASTDDS_BUILTIN_TRANSPORTS'):
+        monkeypatch.setenv(key, ros_env[key])
+    monkeypatch.setattr(odometry_node, 'OdometryNode', MustRefuse)
+    if cwd is not None:
+        monkeypatch.chdir(cwd)
+    capfd.readouterr()
+    rc = odometry_node.main([str(NODE), *argv])
+    out, err = capfd.readouterr()
+    return rc, out + err
+
+
 def drive(env, tmp_path, scenario, *extra, timeout=600):
     out = tmp_path / f'{scenario}.json'
     proc = subprocess.run(
@@ -217,16 +244,9 @@ def test_node_survives_bad_input(tmp_path, ros_env):
         ('steps:=50', ['unknown parameter(s): steps']),
     ],
 )
-def test_node_rejects_invalid_parameters(ros_env, param, words):
-    proc = subprocess.run(
-        [str(NODE), '--ros-args', '-p', param],
-        env=ros_env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    text = proc.stdout + proc.stderr
+def test_node_rejects_invalid_parameters(ros_env, monkeypatch, capfd, param, words):
+    rc, text = node_main(ros_env, monkeypatch, capfd, ['--ros-args', '-p', param])
+    assert rc == 2, text
     assert 'Traceback' not in text, text
     for w in words:
         assert w in text, text
@@ -980,7 +1000,7 @@ def test_invalid_static_transforms_are_named_not_used():
 
 
 @pytest.mark.ros
-def test_node_refuses_what_it_cannot_use_before_spinning(tmp_path, ros_env):
+def test_node_refuses_what_it_cannot_use_before_spinning(tmp_path, ros_env, monkeypatch, capfd):
     """Arguments outside --ros-args (before: ignored, the node ran on its defaults), a reference
     cloud without usable points (all NaN: before, a segfault on the first scan) and a remap rule
     rcl cannot parse (without rcl's C source location) are refused with one line and exit 2."""
@@ -994,11 +1014,8 @@ def test_node_refuses_what_it_cannot_use_before_spinning(tmp_path, ros_env):
         (['--ros-args', '-p', f'reference_cloud:={nan}'], ['reference_cloud', 'usable points']),
         (['--ros-args', '-r', 'points:=9bad'], ["Couldn't parse remap rule: '-r points:=9bad'"]),
     ):
-        proc = subprocess.run(
-            [str(NODE), *argv], env=ros_env, capture_output=True, text=True, timeout=60
-        )
-        text = proc.stdout + proc.stderr
-        assert proc.returncode == 2 and 'Traceback' not in text, (argv, text)
+        rc, text = node_main(ros_env, monkeypatch, capfd, argv)
+        assert rc == 2 and 'Traceback' not in text, (argv, text)
         assert 'arguments.c' not in text and 'error not set' not in text, text  # rcl's C trailer
         for w in words:
             assert w in text, (argv, text)
