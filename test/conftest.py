@@ -169,6 +169,27 @@ def unwritable_dir(tmp_path):
     d.chmod(0o755)
 
 
+def cli_main(capfd, name, *args):
+    """The console script ``name``'s ``main(argv)`` (setup.py's entry point) run in this process,
+    as a CompletedProcess (returncode, stdout, stderr; a SystemExit's code, its message on stderr
+    as the interpreter prints it). For what a tool refuses before any work: the same parsing and
+    checks as the executable, without a process start and its imports per case. Tests that are
+    about the process (exit on a signal, a full disk, the umask) run the executable."""
+    from importlib.metadata import entry_points
+
+    (ep,) = [e for e in entry_points(group='console_scripts') if e.name == name]
+    argv = [str(a) for a in args]
+    capfd.readouterr()
+    message = ''
+    try:
+        rc = ep.load()(argv)
+    except SystemExit as exc:
+        rc = exc.code if isinstance(exc.code, int) or exc.code is None else 1
+        message = '' if isinstance(exc.code, int) or exc.code is None else f'{exc.code}\n'
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess([name, *argv], rc or 0, out, err + message)
+
+
 def assert_one_line_failure(proc, code=2, contains=()):
     """A CLI failure by the package's contract: exit ``code``, one non-empty stderr line, no
     traceback, naming each of ``contains``."""
