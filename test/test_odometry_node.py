@@ -949,22 +949,26 @@ def test_node_ends_promptly_on_each_signal_even_if_started_with_sigint_ignored(t
     import signal
     import time
 
-    for sig, ignored in ((signal.SIGINT, False), (signal.SIGTERM, False), (signal.SIGINT, True)):
+    for k, (sig, ignored) in enumerate(
+        ((signal.SIGINT, False), (signal.SIGTERM, False), (signal.SIGINT, True))
+    ):
         preexec = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignored else None
-        node = start_node(ros_env, preexec_fn=preexec)
+        log = tmp_path / f'node{k}.log'
+        node = start_node(ros_env, preexec_fn=preexec, log=log)
         try:
             if sig == signal.SIGINT and not ignored:
                 res = drive(ros_env, tmp_path, 'sim', '--scans', '3')
                 assert len(res['answers']) == 3
-            else:
-                time.sleep(4.0)
+            else:  # running: its ready line (a fixed sleep could end during a slow start-up)
+                assert wait_for_log(log, 'ready: points=', 90), log.read_text()[-2000:]
             time.sleep(2.0)  # idle
             t0 = time.monotonic()
             node.send_signal(sig)
-            out, _ = node.communicate(timeout=15)
+            node.wait(timeout=15)
         finally:
             if node.poll() is None:
                 node.kill()
+        out = log.read_text()
         assert node.returncode == 0 and 'Traceback' not in out, (sig, ignored, out[-2000:])
         assert time.monotonic() - t0 < 10.0, (sig, ignored)
 
