@@ -34,28 +34,17 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-#: test files that share one xdist worker (``--dist loadgroup``): those that build the package
-#: with colcon (the session's ``colcon_install``, built once) and those whose ROS processes pick
-#: their own DDS domain in 101..199 (pwan_demo, a launch from a sourced workspace), which two
-#: workers could otherwise both pick
-SHARED_GROUP = 'colcon_and_tool_domains'
-SHARED_FILES = (
-    'test_adapt_real.py',
-    'test_demo_e2e.py',
-    'test_launch_real.py',
-    'test_package_build.py',
-    'test_replay.py',
-)
+#: test files that run on one xdist worker together (``make test``: ``--dist loadfile``, each file
+#: whole on one worker, in order): those whose ROS processes pick their own DDS domain in 101..199
+#: (pwan_demo, a launch from a sourced workspace), which two workers could otherwise both pick at
+#: the same time
+SHARED_GROUP = 'tool_domains'
+SHARED_FILES = ('test_demo_e2e.py', 'test_launch_real.py', 'test_replay.py')
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """A test that takes the ``ros_env`` fixture starts ROS processes: it must carry the ``ros``
-    marker, so that ``make test-unit`` (``-m "not ros ..."``) really runs no DDS.
-
-    xdist groups (before xdist reads them): each test file is one group, so a file's module
-    fixtures are built once and its tests run in order on one worker; the files of
-    :data:`SHARED_FILES` are one group together."""
+    marker, so that ``make test-unit`` (``-m "not ros ..."``) really runs no DDS."""
     unmarked = [
         i.nodeid
         for i in items
@@ -65,11 +54,23 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(
             'tests using ros_env without @pytest.mark.ros: ' + ', '.join(unmarked)
         )
-    for item in items:
-        if item.get_closest_marker('xdist_group') is None:
-            name = item.path.name
-            group = SHARED_GROUP if name in SHARED_FILES else name
-            item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` with the files of :data:`SHARED_FILES` as one scope. (xdist's
+    ``loadgroup`` and ``xdist_group`` markers do not group under pytest 9.2: xdist renames
+    ``item._nodeid``, which pytest no longer reads.)"""
+    if config.getvalue('dist') != 'loadfile':
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class FilesAndSharedGroup(LoadFileScheduling):
+        def _split_scope(self, nodeid):
+            path = nodeid.split('::', 1)[0]
+            return SHARED_GROUP if path.rsplit('/', 1)[-1] in SHARED_FILES else path
+
+    return FilesAndSharedGroup(config, log)
 
 
 def test_domain_id() -> int:
