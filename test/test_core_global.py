@@ -105,7 +105,12 @@ def test_global_input_errors(street):
         register(src[:, :2], ref[:, :2], RegistrationConfig(), init='global')
 
 
-def test_cli_global_reports_status_and_exit_codes(street, tmp_path):
+def test_cli_global_reports_status_and_exit_codes(street, tmp_path, capfd):
+    """pwan_register --global: a found pose is status ok, exit 0, JSON on stdout (its main(argv)
+    in this process); a refused one exits 3 with the verdict as the last stderr line (the
+    executable)."""
+    from pwan_ros.cli.register import main
+
     src, ref, gt, other = street
     for name, arr in (('src.npy', src), ('ref.npy', ref), ('other.npy', other)):
         np.save(tmp_path / name, arr)
@@ -127,9 +132,13 @@ def test_cli_global_reports_status_and_exit_codes(street, tmp_path):
             timeout=300,
         )
 
-    ok = run('src.npy')
-    assert ok.returncode == 0, ok.stderr
-    out = json.loads(ok.stdout)
+    capfd.readouterr()
+    code = main(
+        [str(tmp_path / 'src.npy'), str(tmp_path / 'ref.npy'), '--global', '--json', '--quiet']
+    )
+    stdout, stderr = capfd.readouterr()
+    assert code == 0, stderr
+    out = json.loads(stdout)
     assert out['status'] == 'ok' and out['overlap'] > 0.2
     np.testing.assert_allclose(np.array(out['transform'])[:3, 3], gt[:3, 3], atol=0.1)
     refused = run('other.npy')
