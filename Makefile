@@ -14,8 +14,9 @@ DATA ?= ../shared/data
 RESULTS ?= results
 PYTEST_ARGS ?=
 # `make test` on pytest-xdist workers: each test file runs whole on one worker, in order (its
-# module fixtures built once); the files whose tools pick their own DDS domains run on one worker
-# together (test/conftest.py). Each worker's ROS tests use their own DDS domains.
+# module fixtures built once), but for the three largest, whose tests are handed out one by one;
+# the files whose tools pick their own DDS domains run first, on one worker together
+# (test/conftest.py). Each worker's ROS tests use their own DDS domains.
 TEST_WORKERS ?= 2
 XDIST := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile,)
 # Wheel-installed ROS lives in the venv prefix; ament_index needs it named. A sourced system

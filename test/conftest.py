@@ -40,11 +40,17 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 #: the same time
 SHARED_GROUP = 'tool_domains'
 SHARED_FILES = ('test_demo_e2e.py', 'test_launch_real.py', 'test_replay.py')
+#: the largest test files, whose module fixtures are cheap: their tests are handed to the workers
+#: one by one (a whole file scheduled last would leave the other worker idle for minutes)
+SPLIT_FILES = ('test_core_register.py', 'test_faults_register.py', 'test_odometry_node.py')
 
 
 def pytest_collection_modifyitems(config, items):
     """A test that takes the ``ros_env`` fixture starts ROS processes: it must carry the ``ros``
-    marker, so that ``make test-unit`` (``-m "not ros ..."``) really runs no DDS."""
+    marker, so that ``make test-unit`` (``-m "not ros ..."``) really runs no DDS.
+
+    The files of :data:`SHARED_FILES` (minutes of replays, mostly waiting) run first; the order
+    of the other files and of the tests within a file is kept."""
     unmarked = [
         i.nodeid
         for i in items
@@ -54,13 +60,14 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(
             'tests using ros_env without @pytest.mark.ros: ' + ', '.join(unmarked)
         )
+    items.sort(key=lambda i: i.path.name not in SHARED_FILES)  # stable
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadfile`` with the files of :data:`SHARED_FILES` as one scope. (xdist's
-    ``loadgroup`` and ``xdist_group`` markers do not group under pytest 9.2: xdist renames
-    ``item._nodeid``, which pytest no longer reads.)"""
+    """``--dist loadfile`` with the files of :data:`SHARED_FILES` as one scope and each test of
+    :data:`SPLIT_FILES` its own. (xdist's ``loadgroup`` and ``xdist_group`` markers do not group
+    under pytest 9.2: xdist renames ``item._nodeid``, which pytest no longer reads.)"""
     if config.getvalue('dist') != 'loadfile':
         return None
     from xdist.scheduler import LoadFileScheduling
@@ -68,7 +75,10 @@ def pytest_xdist_make_scheduler(config, log):
     class FilesAndSharedGroup(LoadFileScheduling):
         def _split_scope(self, nodeid):
             path = nodeid.split('::', 1)[0]
-            return SHARED_GROUP if path.rsplit('/', 1)[-1] in SHARED_FILES else path
+            name = path.rsplit('/', 1)[-1]
+            if name in SHARED_FILES:
+                return SHARED_GROUP
+            return nodeid if name in SPLIT_FILES else path
 
     return FilesAndSharedGroup(config, log)
 
