@@ -1,8 +1,7 @@
 """Shared fixtures: an isolated ROS 2 environment for tests that start real ROS processes; the
-test run's threads, DDS domains and xdist groups (``make test`` runs two workers)."""
+test run's threads, DDS domains and xdist scheduling (``make test`` runs two workers)."""
 
 import os
-
 import pathlib
 import random
 import shutil
