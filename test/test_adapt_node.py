@@ -177,15 +177,17 @@ def test_node_sigint_checkpoints_and_exits_cleanly(tmp_path, ros_env):
 @pytest.mark.ros
 def test_node_ends_within_the_launch_window_after_sigint(tmp_path, ros_env):
     """Nothing subscribes to /diagnostics (a plain ros2 launch): after SIGINT the node
-    checkpoints and exits well within the 5 s ros2 launch gives before SIGTERM (before: it waited
-    5 s for a subscriber, then 1 s more, and launch escalated with an [ERROR])."""
+    checkpoints and exits within the 5 s ros2 launch gives before SIGTERM (before: it waited 5 s
+    for a subscriber, then 1 s more, and launch escalated with an [ERROR]). About 1 s on an idle
+    machine; the bound is launch's window itself: 3 s failed on 2 cores shared with five other
+    busy processes (4.5 s, the original suite on its own)."""
     node = _training(tmp_path, ros_env)
     t0 = time.monotonic()
     node.send_signal(signal.SIGINT)
     rest, _ = node.communicate(timeout=60)
     elapsed = time.monotonic() - t0
     assert node.returncode == 0 and 'interrupted at step' in rest, rest
-    assert elapsed < 3.0, (elapsed, rest)
+    assert elapsed < 5.0, (elapsed, rest)
 
 
 def node_main(ros_env, monkeypatch, capfd, argv):
