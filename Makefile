@@ -4,7 +4,8 @@
 #
 # Variables: VENV (default .venv), PYTHON (interpreter for a new venv), TORCH_SPEC (default
 # torch==2.13.0, the CPU build; TORCH_SPEC=torch for CUDA), ROS_WHEEL_DISTRO (default jazzy),
-# PYTEST_ARGS (extra pytest arguments), DATA (the shared evaluation data, default ../shared/data).
+# PYTEST_ARGS (extra pytest arguments), TEST_WORKERS (pytest-xdist workers of `make test`, default
+# 2; 0 runs in one process), DATA (the shared evaluation data, default ../shared/data).
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -12,6 +13,12 @@ RUFF := $(VENV)/bin/ruff
 DATA ?= ../shared/data
 RESULTS ?= results
 PYTEST_ARGS ?=
+# `make test` on pytest-xdist workers: each test file runs whole on one worker, in order (its
+# module fixtures built once), but for the three largest, whose tests are handed out one by one;
+# the files whose tools pick their own DDS domains run first, on one worker together
+# (test/conftest.py). Each worker's ROS tests use their own DDS domains.
+TEST_WORKERS ?= 2
+XDIST := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile,)
 # Wheel-installed ROS lives in the venv prefix; ament_index needs it named. A sourced system
 # ROS already sets AMENT_PREFIX_PATH.
 export AMENT_PREFIX_PATH ?= $(abspath $(VENV))
@@ -44,7 +51,7 @@ demo: setup
 test: setup
 	$(RUFF) check .
 	$(RUFF) format --check .
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 # The edit-test loop: no DDS processes, no colcon build, no slow or seconds-long (heavy) tests.
 test-unit: setup

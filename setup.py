@@ -55,6 +55,8 @@ setup(
         # launch tooling (../shared/ros2-launch, not on the index) needs from the index
         'test': [
             'pytest>=7',
+            # `make test` runs the suite on 2 workers (--dist loadfile; groups: test/conftest.py)
+            'pytest-xdist>=3.5',
             'hypothesis>=6',
             'colcon-core>=0.15',
             'colcon-ros>=0.4',

@@ -1,4 +1,5 @@
-"""Shared fixtures: an isolated ROS 2 environment for tests that start real ROS processes."""
+"""Shared fixtures: an isolated ROS 2 environment for tests that start real ROS processes; the
+test run's threads, DDS domains and xdist scheduling (``make test`` runs two workers)."""
 
 import os
 import pathlib
@@ -12,6 +13,14 @@ import pytest
 
 from pwan_ros.ros.env import isolated_ros_env
 
+# One thread per BLAS / OpenMP pool, in this process and in every process a test starts (they
+# inherit the environment): set before numpy or torch is first imported (nothing imported above
+# loads them). Two xdist workers (and whatever else runs) share the cores; a pool of 2 threads
+# that spin-wait for a busy core made a 4 s non-rigid registration take 28 s. The registrations
+# set torch's threads themselves (``RegistrationConfig.threads``), small_gicp its own.
+for _pool in ('OMP_NUM_THREADS', 'OPENBLAS_NUM_THREADS', 'MKL_NUM_THREADS'):
+    os.environ.setdefault(_pool, '1')
+
 # Wheel-based ROS installs live in the venv prefix; ament_index look-ups need it named.
 # (A sourced system ROS sets AMENT_PREFIX_PATH itself.)
 os.environ.setdefault('AMENT_PREFIX_PATH', sys.prefix)
@@ -24,9 +33,23 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+#: test files that run on one xdist worker together (``make test``: ``--dist loadfile``, each file
+#: whole on one worker, in order): those whose ROS processes pick their own DDS domain in 101..199
+#: (pwan_demo, a launch from a sourced workspace), which two workers could otherwise both pick at
+#: the same time
+SHARED_GROUP = 'tool_domains'
+SHARED_FILES = ('test_demo_e2e.py', 'test_launch_real.py', 'test_replay.py')
+#: the largest test files, whose module fixtures are cheap: their tests are handed to the workers
+#: one by one (a whole file scheduled last would leave the other worker idle for minutes)
+SPLIT_FILES = ('test_core_register.py', 'test_faults_register.py', 'test_odometry_node.py')
+
+
 def pytest_collection_modifyitems(config, items):
     """A test that takes the ``ros_env`` fixture starts ROS processes: it must carry the ``ros``
-    marker, so that ``make test-unit`` (``-m "not ros ..."``) really runs no DDS."""
+    marker, so that ``make test-unit`` (``-m "not ros ..."``) really runs no DDS.
+
+    The files of :data:`SHARED_FILES` (minutes of replays, mostly waiting) run first; the order
+    of the other files and of the tests within a file is kept."""
     unmarked = [
         i.nodeid
         for i in items
@@ -36,6 +59,43 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(
             'tests using ros_env without @pytest.mark.ros: ' + ', '.join(unmarked)
         )
+    items.sort(key=lambda i: i.path.name not in SHARED_FILES)  # stable
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` with the files of :data:`SHARED_FILES` as one scope and each test of
+    :data:`SPLIT_FILES` its own. (xdist's ``loadgroup`` and ``xdist_group`` markers do not group
+    under pytest 9.2: xdist renames ``item._nodeid``, which pytest no longer reads.)"""
+    if config.getvalue('dist') != 'loadfile':
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class FilesAndSharedGroup(LoadFileScheduling):
+        def _split_scope(self, nodeid):
+            path = nodeid.split('::', 1)[0]
+            name = path.rsplit('/', 1)[-1]
+            if name in SHARED_FILES:
+                return SHARED_GROUP
+            return nodeid if name in SPLIT_FILES else path
+
+    return FilesAndSharedGroup(config, log)
+
+
+def test_domain_id() -> int:
+    """A random DDS domain for a test's ROS processes: in 1..100 (tools pick 101..199), and with
+    xdist in this worker's share of it (gw0: 1..50, gw1: 51..100, ...), so that tests running at
+    the same time on two workers never share a domain."""
+    worker = os.environ.get('PYTEST_XDIST_WORKER', '')
+    count = int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', '1') or 1)
+    if not worker.startswith('gw') or count < 2:
+        return random.randint(1, 100)
+    size = 100 // count
+    k = int(worker[2:]) % count
+    return random.randint(1 + k * size, (k + 1) * size)
+
+
+test_domain_id.__test__ = False  # a helper, not a test
 
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -88,7 +148,7 @@ def ros_env(tmp_path):
     """The package's own isolated ROS environment (:func:`pwan_ros.ros.env.isolated_ros_env`):
     its own DDS domain (1..100; tools use 101..199), localhost discovery, LARGE_DATA transports,
     logs in the test's temporary directory."""
-    return isolated_ros_env(tmp_path, domain_id=random.randint(1, 100))
+    return isolated_ros_env(tmp_path, domain_id=test_domain_id())
 
 
 @pytest.fixture
@@ -117,6 +177,27 @@ def unwritable_dir(tmp_path):
     d.chmod(0o555)
     yield d if not os.access(d, os.W_OK) else pathlib.Path('/proc/sys')
     d.chmod(0o755)
+
+
+def cli_main(capfd, name, *args):
+    """The console script ``name``'s ``main(argv)`` (setup.py's entry point) run in this process,
+    as a CompletedProcess (returncode, stdout, stderr; a SystemExit's code, its message on stderr
+    as the interpreter prints it). For what a tool refuses before any work: the same parsing and
+    checks as the executable, without a process start and its imports per case. Tests that are
+    about the process (exit on a signal, a full disk, the umask) run the executable."""
+    from importlib.metadata import entry_points
+
+    (ep,) = [e for e in entry_points(group='console_scripts') if e.name == name]
+    argv = [str(a) for a in args]
+    capfd.readouterr()
+    message = ''
+    try:
+        rc = ep.load()(argv)
+    except SystemExit as exc:
+        rc = exc.code if isinstance(exc.code, int) or exc.code is None else 1
+        message = '' if isinstance(exc.code, int) or exc.code is None else f'{exc.code}\n'
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess([name, *argv], rc or 0, out, err + message)
 
 
 def assert_one_line_failure(proc, code=2, contains=()):

@@ -177,20 +177,38 @@ def test_node_sigint_checkpoints_and_exits_cleanly(tmp_path, ros_env):
 @pytest.mark.ros
 def test_node_ends_within_the_launch_window_after_sigint(tmp_path, ros_env):
     """Nothing subscribes to /diagnostics (a plain ros2 launch): after SIGINT the node
-    checkpoints and exits well within the 5 s ros2 launch gives before SIGTERM (before: it waited
-    5 s for a subscriber, then 1 s more, and launch escalated with an [ERROR])."""
+    checkpoints and exits within the 5 s ros2 launch gives before SIGTERM (before: it waited 5 s
+    for a subscriber, then 1 s more, and launch escalated with an [ERROR]). About 1 s on an idle
+    machine; the bound is launch's window itself: 3 s failed on 2 cores shared with five other
+    busy processes (4.5 s, the original suite on its own)."""
     node = _training(tmp_path, ros_env)
     t0 = time.monotonic()
     node.send_signal(signal.SIGINT)
     rest, _ = node.communicate(timeout=60)
     elapsed = time.monotonic() - t0
     assert node.returncode == 0 and 'interrupted at step' in rest, rest
-    assert elapsed < 3.0, (elapsed, rest)
+    assert elapsed < 5.0, (elapsed, rest)
+
+
+def node_main(ros_env, monkeypatch, capfd, argv):
+    """``pwan_adapt_node``'s ``main`` with ``argv`` (after the program name) in this process, in
+    the test's DDS domain: (exit code, everything it printed, rclpy's log lines included). For
+    what the node refuses before training, where a subprocess adds only seconds of imports."""
+    from pwan_ros.ros import adapt_node
+
+    for key in ('ROS_DOMAIN_ID', 'ROS_AUTOMATIC_DISCOVERY_RANGE', 'FASTDDS_BUILTIN_TRANSPORTS'):
+        monkeypatch.setenv(key, ros_env[key])
+    capfd.readouterr()
+    rc = adapt_node.main([str(NODE), *argv])
+    out, err = capfd.readouterr()
+    return rc, out + err
 
 
 @pytest.mark.ros
-def test_node_rejects_invalid_parameters(tmp_path, ros_env):
-    """All problems are reported at once, before anything is written."""
+def test_node_rejects_invalid_parameters(tmp_path, ros_env, monkeypatch, capfd):
+    """All problems are reported at once, before anything is written. The executable runs for
+    the first set of problems; malformed ROS arguments and an unreadable input through its
+    main(argv) in this process."""
     node = subprocess.run(
         [str(NODE)]
         + _params(
@@ -229,25 +247,13 @@ def test_node_rejects_invalid_parameters(tmp_path, ros_env):
     )
     assert node.returncode == 2 and "'lambda1'" in node.stderr and 'Traceback' not in node.stderr
     assert not (tmp_path / 'out').exists()
-    node = subprocess.run(
-        [str(NODE), '--ros-args', '-p', 'output:='],
-        env=ros_env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert (
-        node.returncode == 2
-        and 'invalid ROS arguments' in node.stderr
-        and 'Traceback' not in node.stderr
-    )
+    rc, text = node_main(ros_env, monkeypatch, capfd, ['--ros-args', '-p', 'output:='])
+    assert rc == 2 and 'invalid ROS arguments' in text and 'Traceback' not in text, text
     # Unreadable input: clear error, nothing written.
     bad = _params(tmp_path, steps=10, unlabelled=str(tmp_path / 'nope.npz'))
-    node = subprocess.run(
-        [str(NODE)] + bad, env=ros_env, capture_output=True, text=True, timeout=60
-    )
-    assert node.returncode == 2 and 'does not exist' in node.stderr
-    assert 'training' not in node.stderr  # nothing announced before the inputs are read
+    rc, text = node_main(ros_env, monkeypatch, capfd, bad)
+    assert rc == 2 and 'does not exist' in text, text
+    assert 'training' not in text  # nothing announced before the inputs are read
     assert not (tmp_path / 'out').exists()
 
 

@@ -166,17 +166,10 @@ def test_nonrigid_is_refused_when_the_pose_it_deforms_is_wrong(turn, prealign, r
     pre-alignment, or without it the result's affine part). In metres (x5, 40 m away), one
     start: a quarter turn is within the pre-alignment's reach and 15 deg within the
     deformation's, and the result is ok; from a turn of 120 deg (150 deg and 60 deg without the
-    pre-alignment) the deformed shape sits wrong (RMS near the blob's size) and the result is
-    refused, with the pose's rival in the reason. The check is local: without the
-    pre-alignment, a 120 deg turn's affine part has no rival within the check's reach (ok,
-    RMS 1.5)."""
-    x = knobbed_blob(400, 0)
-
-    def bend(p):
-        return p + 0.12 * np.stack(
-            (np.sin(2 * p[:, 1]), np.cos(2 * p[:, 2]), np.sin(2 * p[:, 0])), 1
-        )
-
+    pre-alignment) the one start usually lands wrong (RMS near the blob's size), and then the
+    result is refused with the pose's rival in the reason; where it lands right (the optimiser's
+    luck) the result is right (:func:`_right_or_refused`)."""
+    x, bend = knobbed_blob(400, 0), _bend3
     scale, off = 5.0, np.array([40.0, -12.0, 3.0])
     cfg = RegistrationConfig(
         transform='nonrigid', mass_ratio=1.0, seed=0, steps=300, prealign=prealign
@@ -189,8 +182,106 @@ def test_nonrigid_is_refused_when_the_pose_it_deforms_is_wrong(turn, prealign, r
     if right:
         assert res.status == 'ok' and rms < 0.3, (res.reason, rms)
     else:
-        assert rms > 0.8  # the wrong pose the check has to catch
-        assert res.status == 'refused' and 'the pose it deforms' in res.reason
+        _right_or_refused(res, rms)
+
+
+def _right_or_refused(res, rms):
+    """A non-rigid result from one start out of the pre-alignment's or the deformation's reach:
+    where that start lands is the optimiser's luck (another CPU's floating point can land it
+    right), so the guarantee is that an ok result is right; a wrong one is refused for the pose it
+    deforms (built deterministically in test_nonrigid_deforming_a_forced_wrong_pose_is_refused)."""
+    if res.status == 'ok':
+        assert rms < 0.3, (res.reason, rms)
+    else:
+        assert res.status == 'refused' and res.reason, res.status
+        if rms > 0.8:  # the wrong pose the check has to catch
+            assert 'the pose it deforms' in res.reason, (res.reason, rms)
+
+
+def _bend3(p):
+    return p + 0.12 * np.stack((np.sin(2 * p[:, 1]), np.cos(2 * p[:, 2]), np.sin(2 * p[:, 0])), 1)
+
+
+def _bend2(p):
+    return p + 0.1 * np.stack((np.sin(2 * p[:, 1]), np.cos(2 * p[:, 0])), 1)
+
+
+def _rot2(deg):
+    c, s = np.cos(np.radians(deg)), np.sin(np.radians(deg))
+    return np.array([[c, -s], [s, c]])
+
+
+@pytest.mark.parametrize('dim', [3, 2])
+def test_nonrigid_result_is_judged_by_the_pose_it_deforms(dim):
+    """``judged_with_pose`` on the undeformed source at known poses (in metres, x5, 40 m away):
+    the pose of the bent reference is ok; the shape turned away from it (about its centroid,
+    placed on the reference) is refused for the pose it deforms, naming the hint to search
+    orientations. Deterministic: no optimiser decides the pose."""
+    from pwan_ros.core.judging import fit_reference, judged_with_pose
+
+    if dim == 3:
+        x, r, turns = (
+            knobbed_blob(400, 0),
+            rot3(90, 90, 0),
+            [rot3(0, 0, a) for a in (90, 120, 180)],
+        )
+        ref = _bend3(knobbed_blob(400, 1)) @ r.T
+    else:
+        x, r, turns = curve2d(300, 0), _rot2(20), [_rot2(a) for a in (90, 150, -120)]
+        ref = _bend2(curve2d(300, 1)) @ r.T
+    scale, off = 5.0, np.array([40.0, -12.0, 3.0])[:dim]
+    ref = ref * scale + off
+    cfg = RegistrationConfig(transform='nonrigid', mass_ratio=1.0, seed=0)
+    # any result to judge (only its status, reason and timings change): a short rigid fit
+    res = register(x * scale + off, ref, RegistrationConfig(steps=10, self_check=False))
+    right = judged_with_pose(res, (x @ r.T) * scale + off, fit_reference(ref), cfg)
+    assert right.status == 'ok', right.reason
+    for w in turns:
+        posed = (x @ (r @ w).T) * scale
+        posed += ref.mean(0) - posed.mean(0)
+        wrong = judged_with_pose(res, posed, fit_reference(ref), cfg)
+        assert wrong.status == 'refused', w
+        assert wrong.reason.startswith('the self-check refuses the pose it deforms'), wrong.reason
+        assert 'needs starts=24 and prealign' in wrong.reason, wrong.reason
+
+
+@pytest.mark.heavy
+def test_nonrigid_deforming_a_forced_wrong_pose_is_refused(monkeypatch):
+    """End to end with the rigid pre-alignment forced wrong (its result turned 120 deg about the
+    posed source's centroid): the deformation lays the shape onto the reference anyway, and the
+    result is refused for the pose it deforms."""
+    import dataclasses
+
+    from _core_patches import PREALIGN_FIT, original
+
+    prealign_fit = original(PREALIGN_FIT)
+    turn = rot3(0, 120, 0)
+
+    def wrong_prealignment(request, *args, **kwargs):
+        out = prealign_fit(request, *args, **kwargs)
+        if request.config.transform != 'rigid':  # the deformation itself runs as it is
+            return out
+        turned = []
+        for score, res in out:
+            src = np.asarray(request.source, dtype=np.float64)[res.source_valid]
+            c = res.transformed_source.mean(0)
+            t = np.eye(4)
+            t[:3, :3], t[:3, 3] = turn, c - turn @ c
+            t = t @ res.transform
+            moved = src @ t[:3, :3].T + t[:3, 3]
+            turned.append((score, dataclasses.replace(res, transform=t, transformed_source=moved)))
+        return turned
+
+    monkeypatch.setattr(PREALIGN_FIT, wrong_prealignment)
+    x = knobbed_blob(400, 0)
+    r = rot3(90, 90, 0)  # within the pre-alignment's reach: without the patch, ok
+    scale, off = 5.0, np.array([40.0, -12.0, 3.0])
+    cfg = RegistrationConfig(transform='nonrigid', mass_ratio=1.0, seed=0, steps=300)
+    res = register(x * scale + off, (_bend3(knobbed_blob(400, 1)) @ r.T) * scale + off, cfg)
+    moved = (res.transformed_source - off) / scale
+    rms = np.sqrt(np.mean(np.sum((moved - _bend3(x) @ r.T) ** 2, 1)))
+    assert rms > 0.8, rms  # the deformation did not undo the wrong pose
+    assert res.status == 'refused' and 'the pose it deforms' in res.reason, res.reason
 
 
 @pytest.mark.heavy
@@ -224,16 +315,10 @@ def test_distance_type_nonrigid_that_matched_nothing_is_refused():
 def test_two_d_nonrigid_is_refused_when_the_pose_it_deforms_is_wrong(turn, prealign, right):
     """The same in 2-D (the check's rival search runs in the plane): a bent outline in metres
     (x5, 40 m away), one start: 20 deg is within the pre-alignment's reach (ok, RMS 0.09); from
-    150 or -120 deg, or 90 deg without the pre-alignment, the deformed outline sits wrong (RMS
-    about its size) and is refused for the pose it deforms (it was returned ok without a rival
-    search in 2-D)."""
-    x = curve2d(300, 0)
-
-    def bend(p):
-        return p + 0.1 * np.stack((np.sin(2 * p[:, 1]), np.cos(2 * p[:, 0])), 1)
-
-    c, s = np.cos(np.radians(turn)), np.sin(np.radians(turn))
-    r = np.array([[c, -s], [s, c]])
+    150 or -120 deg, or 90 deg without the pre-alignment, the deformed outline usually sits wrong
+    (RMS about its size) and is then refused for the pose it deforms (it was returned ok without
+    a rival search in 2-D); right or refused either way (:func:`_right_or_refused`)."""
+    x, bend, r = curve2d(300, 0), _bend2, _rot2(turn)
     scale, off = 5.0, np.array([40.0, -12.0])
     cfg = RegistrationConfig(
         transform='nonrigid', mass_ratio=1.0, seed=0, steps=300, prealign=prealign
@@ -244,8 +329,7 @@ def test_two_d_nonrigid_is_refused_when_the_pose_it_deforms_is_wrong(turn, preal
     if right:
         assert res.status == 'ok' and rms < 0.3, (res.reason, rms)
     else:
-        assert rms > 0.8
-        assert res.status == 'refused' and 'the pose it deforms' in res.reason
+        _right_or_refused(res, rms)
 
 
 def test_nonrigid_warns_for_its_own_finetune_cap_only():
@@ -454,9 +538,13 @@ def test_auto_device_is_the_cpu_even_with_a_gpu(monkeypatch):
 @pytest.mark.parametrize('divergence', ['mass', 'distance'])
 @pytest.mark.heavy
 def test_multistart_tournament_selects_by_overlap(divergence):
-    """A 120-degree rotation (out of reach from identity) is solved by the coarse-to-fine
-    multi-start (lock-step ensemble); the winner is chosen by the overlap criterion, also with
-    100 % outliers."""
+    """A 120-degree rotation is solved by the coarse-to-fine multi-start (lock-step ensemble);
+    the winner is chosen by the overlap criterion, also with 100 % outliers: it fits at least as
+    well as the identity start alone (which the tournament keeps as a finalist). Whether that
+    start alone reaches a 120-degree turn is the optimiser's luck (measured: 170 deg off here, 1
+    deg off on an Intel Xeon), so it is not asserted either way."""
+    from pwan_ros.core.local.scoring import overlap_score
+
     rot = rot3(0, 0, 120) @ rot3(10, 0, 0)
     src = knobbed_blob(500, 1)
     ref = knobbed_blob(500, 0) @ rot.T + T_TRUE
@@ -467,10 +555,14 @@ def test_multistart_tournament_selects_by_overlap(divergence):
         seed=0, divergence=divergence, global_search=GlobalConfig(confirm_below=0.0)
     )
     single = register(src, ref, local)
-    assert rot_err_deg(single.transform[:3, :3], rot) > 20  # identity start fails
     cfg = RegistrationConfig(seed=0, starts=4, start_steps=40, start_keep=1, divergence=divergence)
     res = register(src, ref, cfg)
-    assert res.start_index > 0
+    # fraction of the source off the reference: 0.39 at the truth, 0.57-0.59 at a wrong turn
+    won, alone = (
+        overlap_score(res.transformed_source, ref),
+        overlap_score(single.transformed_source, ref),
+    )
+    assert won <= alone + 0.02, (won, alone)
     # 500 points per sparse sample: the distance type's fine-tune (h from the outlier-laden
     # reference) settles at ~2 deg here, the mass type at ~0.4 deg (the a9638ec core too)
     assert rot_err_deg(res.transform[:3, :3], rot) < (1.0 if divergence == 'mass' else 3.0)
@@ -497,15 +589,17 @@ def test_tournament_keeps_the_short_stage_pose_of_a_finalist():
 
 
 @pytest.mark.heavy
-def test_tournament_keeps_each_starts_own_pose(monkeypatch):
+def test_tournament_keeps_each_starts_own_pose():
     """Two overlapping parts of a knot of tubes (metres, 6 m across, 69 % of the source on the
     reference), one turned a quarter about z (a start's rotation) and moved 47 m away. The start
-    with the true rotation, translated by votes, is the answer; the m-PWAN short stage (mass 0.8)
-    walks every start away from it, so without the starts' own poses as candidates the tournament
-    ends 120 deg off."""
+    with the true rotation, translated by votes (its own pose), is the answer, and the tournament
+    returns it. Measured: the m-PWAN short stage (mass 0.8) walks every start away from it, so
+    without the starts' own poses as candidates the tournament ended 120 deg off; whether it
+    does is the optimiser's business, so what is checked besides the answer is that the own pose
+    the tournament keeps is the right one (votes, no optimiser)."""
     from pwan_ros.core.local import multistart
     from pwan_ros.core.local.starts import start_rotations
-    from pwan_ros.geometry.se3 import make_transform, rotation_angle
+    from pwan_ros.geometry.se3 import invert, make_transform, rotation_angle
 
     rng = np.random.default_rng(5)
     u, v = rng.uniform(0, 2 * np.pi, (2, 6000))
@@ -517,14 +611,21 @@ def test_tournament_keeps_each_starts_own_pose(monkeypatch):
         + 0.3 * np.stack([np.cos(v), np.sin(v), np.cos(v + u)], 1)
         + rng.normal(0, 0.01, knot.shape)
     )
-    turn = make_transform(start_rotations(3, 4)[1].T, np.array([25.0, -40.0, 3.0]))
+    rots = start_rotations(3, 4)
+    turn = make_transform(rots[1].T, np.array([25.0, -40.0, 3.0]))
     src, ref = knot[knot[:, 0] > -1.5] @ turn[:3, :3].T + turn[:3, 3], knot[knot[:, 0] < 1.5]
     cfg = RegistrationConfig(seed=0, starts=4, start_steps=40, start_keep=1)
     err = turn @ register(src, ref, cfg).transform
     assert np.degrees(rotation_angle(err)) < 0.5 and np.linalg.norm(err[:3, 3]) < 0.05, err
-    monkeypatch.setattr(multistart, 'own_poses', lambda *args: None)
-    err = turn @ register(src, ref, cfg).transform
-    assert np.degrees(rotation_angle(err)) > 20.0
+    # the starts' own poses (solver convention: points @ a + t) on a third of each set: the true
+    # rotation's is within a vote cell of the answer (measured 0.05 m RMS), the others metres off
+    own = multistart.own_poses(src[::3], ref[::3], rots, cfg.seed)
+    truth = invert(turn)
+    off = [
+        np.sqrt(np.mean(np.sum((src @ a + t - (src @ truth[:3, :3].T + truth[:3, 3])) ** 2, 1)))
+        for a, t in own
+    ]
+    assert off[1] < 0.2 and min(off[:1] + off[2:]) > 2.0, off
 
 
 def test_learned_h_respects_the_resolution_floor():
@@ -533,16 +634,17 @@ def test_learned_h_respects_the_resolution_floor():
     there."""
     pts = blob(400, 0)
     spacing = median_spacing(pts)  # no voxel grid, under max_points: the adversarial reference
-    # 100 warm-up updates: enough for the free h to sink (nothing moves, so the run stops early)
+    # 300 warm-up updates: the free h sinks far below the spacing (measured 0.03 x; after 100
+    # updates only 0.82 x, too close to call on another CPU). Nothing moves: the run stops early
     free = register(
         pts,
         pts,
         RegistrationConfig(
-            seed=0, steps=40, warmup_updates=100, potential=PotentialConfig(h_floor=0.0)
+            seed=0, steps=40, warmup_updates=300, potential=PotentialConfig(h_floor=0.0)
         ),
     )
-    floored = register(pts, pts, RegistrationConfig(seed=0, steps=40, warmup_updates=100))
-    assert free.h < 0.95 * spacing
+    floored = register(pts, pts, RegistrationConfig(seed=0, steps=40, warmup_updates=300))
+    assert free.h < 0.5 * spacing, free.h / spacing
     assert floored.h == pytest.approx(spacing, rel=1e-5)
     with pytest.raises(PwanInputError, match='h_floor'):
         PotentialConfig(h_floor=-1.0)

@@ -16,9 +16,21 @@ from pwan_ros.evaluation.run_record import RunRecord
 def test_demo_side_by_side_with_real_node(tmp_path, ros_env):
     out = tmp_path / 'demo'
     # 40 scans (4 s) hold the three stress events; the replay waits for every pose, so a loaded
-    # CI machine answers every scan however long the PWAN recovery takes
+    # CI machine answers every scan however long the PWAN recovery takes (up to 120 s a scan: on
+    # 2 cores shared with 5 other busy processes a recovery took 34 s, past the default 15 s, and
+    # the next scan was dropped)
     proc = subprocess.run(
-        [sys.executable, '-m', 'pwan_ros.cli.demo', '--output', str(out), '--scans', '40'],
+        [
+            sys.executable,
+            '-m',
+            'pwan_ros.cli.demo',
+            '--output',
+            str(out),
+            '--scans',
+            '40',
+            '--wait-for-pose',
+            '120',
+        ],
         env=ros_env,
         capture_output=True,
         text=True,

@@ -64,13 +64,27 @@ def adapt(*args, fsize=None, umask=None, timeout=180):
     )
 
 
+def adapt_main(capfd, *args):
+    """``pwan_adapt``'s ``main(argv)`` in this process, as a CompletedProcess (returncode,
+    stdout, stderr): for checks of what it refuses before any work, where a subprocess adds
+    only seconds of imports (the executable itself runs in the other tests here)."""
+    from pwan_ros.cli.adapt import main
+
+    capfd.readouterr()
+    rc = main([str(a) for a in args])
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(['pwan_adapt', *map(str, args)], rc, out, err)
+
+
 def leftovers(root):
     """Temporaries of atomic writes left anywhere under ``root``."""
     return [p for p in pathlib.Path(root).rglob('*') if p.name.endswith('.tmp')]
 
 
 @pytest.mark.heavy
-def test_bad_inputs_one_line_exit_2(tmp_path, inputs):
+def test_bad_inputs_one_line_exit_2(tmp_path, inputs, capfd):
+    """Unusable inputs, config and output: one line, exit 2, nothing written. The first case runs
+    the pwan_adapt executable, the others its main(argv) in this process."""
     lab, unl = inputs
     (tmp_path / 'empty.npz').write_bytes(b'')
     (tmp_path / 'adir').mkdir()
@@ -94,11 +108,14 @@ def test_bad_inputs_one_line_exit_2(tmp_path, inputs):
             ['adir', 'is a directory'],
         ),
     ]
-    for args, words in cases:
-        proc = adapt(*args, '--output', out, *FAST)
+    for k, (args, words) in enumerate(cases):
+        run = adapt if k == 0 else lambda *a: adapt_main(capfd, *a)
+        proc = run(*args, '--output', out, *FAST)
         assert_one_line_failure(proc, 2, words)
         assert not out.exists()
-    proc = adapt('--labelled', lab, '--unlabelled', unl, '--output', tmp_path / 'afile', *FAST)
+    proc = adapt_main(
+        capfd, '--labelled', lab, '--unlabelled', unl, '--output', tmp_path / 'afile', *FAST
+    )
     assert_one_line_failure(proc, 2, ['afile', 'not a directory'])
 
 

@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import assert_one_line_failure
+from conftest import assert_one_line_failure, cli_main
 from pwan_ros.evaluation.offline import run_offline
 from pwan_ros.evaluation.run_record import RunRecord
 from test_bag_pcd import points, write_pcd
@@ -95,7 +95,10 @@ def test_evaluate_broken_run_records_name_the_file(tmp_path, small_bag):
 
 
 @pytest.mark.heavy
-def test_outputs_are_checked_before_any_work(tmp_path, small_bag, unwritable_dir):
+def test_outputs_are_checked_before_any_work(tmp_path, small_bag, unwritable_dir, capfd):
+    """Each tool refuses an output it cannot write before it works (or waits) on anything: the
+    first check runs the pwan_evaluate executable, the others the tools' main(argv) in this
+    process."""
     (tmp_path / 'afile').write_text('x')
     cases = [
         (
@@ -111,12 +114,14 @@ def test_outputs_are_checked_before_any_work(tmp_path, small_bag, unwritable_dir
         ),
         ('pwan_demo', ['--output'], 'not a directory'),
     ]
-    for name, args, words in cases:
+    for k, (name, args, words) in enumerate(cases):
         t0 = time.monotonic()
-        proc = tool(name, *args, tmp_path / 'afile')
+        proc = (tool if k == 0 else lambda *a: cli_main(capfd, *a))(
+            name, *args, tmp_path / 'afile'
+        )
         assert_one_line_failure(proc, 2, ['afile', words])
         assert time.monotonic() - t0 < 30, f'{name} worked (or waited) before checking --output'
-        proc = tool(name, *args, unwritable_dir / 'out')
+        proc = cli_main(capfd, name, *args, unwritable_dir / 'out')
         assert_one_line_failure(proc, 2, [str(unwritable_dir), 'not writable'])
     assert (tmp_path / 'afile').read_text() == 'x'
 
@@ -151,10 +156,11 @@ def test_evaluate_unusable_estimator_factory_is_one_line(tmp_path, small_bag):
         assert not out.exists()
 
 
-def test_bad_topics_and_scan_counts_are_refused_before_writing(tmp_path):
+def test_bad_topics_and_scan_counts_are_refused_before_writing(tmp_path, capfd):
     """Two message types on one topic, an invalid ROS topic name, an empty or absolute frame id
     (TF cannot use either), an empty output path, a negative --max-scans: one line naming the
-    flag, exit 2, nothing written."""
+    flag, exit 2, nothing written. The first case runs the pwan_sim executable, the others the
+    tools' main(argv) in this process."""
     scans = tmp_path / 'scans'
     scans.mkdir()
     write_pcd(scans / 'scan0.pcd', points(0), 'binary')
@@ -175,11 +181,11 @@ def test_bad_topics_and_scan_counts_are_refused_before_writing(tmp_path):
             '--max-scans -1',
         ),
     ]
-    for name, args, words in cases:
+    for k, (name, args, words) in enumerate(cases):
         extra = ['--scans', '2', '--output', tmp_path / 'bag'] if name == 'pwan_sim' else []
         if name == 'pwan_evaluate':
             extra = ['--output', tmp_path / 'eval']
-        proc = tool(name, *args, *extra)
+        proc = tool(name, *args, *extra) if k == 0 else cli_main(capfd, name, *args, *extra)
         assert_one_line_failure(proc, 2, [words])
         assert entries(tmp_path) == ['poses.tum', 'scans'], name
 

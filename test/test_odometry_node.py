@@ -57,6 +57,33 @@ def stop_node(proc):
     return proc.returncode, out
 
 
+def node_main(ros_env, monkeypatch, capfd, argv, cwd=None):
+    """``pwan_odometry_node``'s ``main`` with ``argv`` (after the program name) in this process,
+    in the test's DDS domain: (exit code, everything it printed, rclpy's C output included). For
+    what the node refuses at start-up (rclpy parses the same arguments, the node runs the same
+    checks): a subprocess would only add seconds of imports. The executable's own exit status
+    and one-line output are checked in a subprocess by test_faults_register's
+    test_node_bad_start_up_one_line_exit_2. A node that accepts ``argv`` fails the test instead
+    of spinning."""
+    from pwan_ros.ros import odometry_node
+
+    class MustRefuse(odometry_node.OdometryNode):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.destroy_node()
+            raise AssertionError(f'pwan_odometry_node accepted {argv}')
+
+    for key in ('ROS_DOMAIN_ID', 'ROS_AUTOMATIC_DISCOVERY_RANGE', 'FASTDDS_BUILTIN_TRANSPORTS'):
+        monkeypatch.setenv(key, ros_env[key])
+    monkeypatch.setattr(odometry_node, 'OdometryNode', MustRefuse)
+    if cwd is not None:
+        monkeypatch.chdir(cwd)
+    capfd.readouterr()
+    rc = odometry_node.main([str(NODE), *argv])
+    out, err = capfd.readouterr()
+    return rc, out + err
+
+
 def drive(env, tmp_path, scenario, *extra, timeout=600):
     out = tmp_path / f'{scenario}.json'
     proc = subprocess.run(
@@ -125,22 +152,21 @@ def test_node_tracks_simulated_scans(tmp_path, ros_env):
 def test_node_deskews_scans_with_point_times(tmp_path, ros_env):
     """A fast drive (10 m/s) whose clouds carry per-point times ('t', Ouster convention): with
     deskew auto (the default) the node motion-compensates every scan once it has a velocity, and
-    tracks; ``-p deskew:=off`` (YAML reads off as a boolean) is accepted and turns it off."""
-    for mode in ('auto', 'off'):
+    tracks; ``-p deskew:=off`` (YAML reads off as a boolean) is accepted and turns it off (a
+    shorter drive: 6 scans)."""
+    for mode, scans in (('auto', 12), ('off', 6)):
         node = start_node(ros_env, f'deskew:={mode}')
         try:
-            res = drive(ros_env, tmp_path, 'sweep', '--scans', '12')
+            res = drive(ros_env, tmp_path, 'sweep', '--scans', str(scans))
         finally:
             rc, log = stop_node(node)
         assert rc == 0 and 'Traceback' not in log, log[-3000:]
         sent = res['sent']
         flags = [res['answers'][str(s['stamp'])]['diag']['values']['deskewed'] for s in sent]
-        assert flags == (['false'] * 2 + ['true'] * 10 if mode == 'auto' else ['false'] * 12), (
-            flags
-        )
+        assert flags == (['false'] * 2 + ['true'] * 10 if mode == 'auto' else ['false'] * 6), flags
         used = {res['answers'][str(s['stamp'])]['diag']['values']['point_times'] for s in sent}
         assert used == ({'used'} if mode == 'auto' else {'off'}), used
-        # relative motion over 10 m (the odom origin is the first scan's mid-sweep pose)
+        # relative motion over 10 m (5 m off; the odom origin is the first scan's mid-sweep pose)
         first, last = sent[1], sent[-1]
         gt = invert(np.array(first['gt'])) @ np.array(last['gt'])
         est = invert(odom_pose(res['answers'][str(first['stamp'])])) @ odom_pose(
@@ -217,16 +243,9 @@ def test_node_survives_bad_input(tmp_path, ros_env):
         ('steps:=50', ['unknown parameter(s): steps']),
     ],
 )
-def test_node_rejects_invalid_parameters(ros_env, param, words):
-    proc = subprocess.run(
-        [str(NODE), '--ros-args', '-p', param],
-        env=ros_env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    text = proc.stdout + proc.stderr
+def test_node_rejects_invalid_parameters(ros_env, monkeypatch, capfd, param, words):
+    rc, text = node_main(ros_env, monkeypatch, capfd, ['--ros-args', '-p', param])
+    assert rc == 2, text
     assert 'Traceback' not in text, text
     for w in words:
         assert w in text, text
@@ -929,22 +948,26 @@ def test_node_ends_promptly_on_each_signal_even_if_started_with_sigint_ignored(t
     import signal
     import time
 
-    for sig, ignored in ((signal.SIGINT, False), (signal.SIGTERM, False), (signal.SIGINT, True)):
+    for k, (sig, ignored) in enumerate(
+        ((signal.SIGINT, False), (signal.SIGTERM, False), (signal.SIGINT, True))
+    ):
         preexec = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignored else None
-        node = start_node(ros_env, preexec_fn=preexec)
+        log = tmp_path / f'node{k}.log'
+        node = start_node(ros_env, preexec_fn=preexec, log=log)
         try:
             if sig == signal.SIGINT and not ignored:
                 res = drive(ros_env, tmp_path, 'sim', '--scans', '3')
                 assert len(res['answers']) == 3
-            else:
-                time.sleep(4.0)
+            else:  # running: its ready line (a fixed sleep could end during a slow start-up)
+                assert wait_for_log(log, 'ready: points=', 90), log.read_text()[-2000:]
             time.sleep(2.0)  # idle
             t0 = time.monotonic()
             node.send_signal(sig)
-            out, _ = node.communicate(timeout=15)
+            node.wait(timeout=15)
         finally:
             if node.poll() is None:
                 node.kill()
+        out = log.read_text()
         assert node.returncode == 0 and 'Traceback' not in out, (sig, ignored, out[-2000:])
         assert time.monotonic() - t0 < 10.0, (sig, ignored)
 
@@ -980,7 +1003,7 @@ def test_invalid_static_transforms_are_named_not_used():
 
 
 @pytest.mark.ros
-def test_node_refuses_what_it_cannot_use_before_spinning(tmp_path, ros_env):
+def test_node_refuses_what_it_cannot_use_before_spinning(tmp_path, ros_env, monkeypatch, capfd):
     """Arguments outside --ros-args (before: ignored, the node ran on its defaults), a reference
     cloud without usable points (all NaN: before, a segfault on the first scan) and a remap rule
     rcl cannot parse (without rcl's C source location) are refused with one line and exit 2."""
@@ -994,11 +1017,8 @@ def test_node_refuses_what_it_cannot_use_before_spinning(tmp_path, ros_env):
         (['--ros-args', '-p', f'reference_cloud:={nan}'], ['reference_cloud', 'usable points']),
         (['--ros-args', '-r', 'points:=9bad'], ["Couldn't parse remap rule: '-r points:=9bad'"]),
     ):
-        proc = subprocess.run(
-            [str(NODE), *argv], env=ros_env, capture_output=True, text=True, timeout=60
-        )
-        text = proc.stdout + proc.stderr
-        assert proc.returncode == 2 and 'Traceback' not in text, (argv, text)
+        rc, text = node_main(ros_env, monkeypatch, capfd, argv)
+        assert rc == 2 and 'Traceback' not in text, (argv, text)
         assert 'arguments.c' not in text and 'error not set' not in text, text  # rcl's C trailer
         for w in words:
             assert w in text, (argv, text)

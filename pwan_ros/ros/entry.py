@@ -15,9 +15,18 @@ def _quiet_exit(signum, frame):
 
 
 def _run(module: str) -> int:
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    stops = {signal.SIGINT, signal.SIGTERM}
+    for sig in stops:
         signal.signal(sig, _quiet_exit)
-    return importlib.import_module(module).main()
+    # a signal during the imports is held until they are done: raised inside an extension
+    # module's initialisation (numpy's C core), SystemExit came out as an ImportError traceback
+    # with status 1
+    signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+    try:
+        node = importlib.import_module(module)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
+    return node.main()
 
 
 def odometry_node() -> int:

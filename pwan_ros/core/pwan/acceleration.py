@@ -35,13 +35,12 @@ MAX_GRAPHS = 64
 
 
 def _compile_errors() -> tuple:
+    """dynamo's errors that make a call run eager. Imported by :class:`Compiled` only: importing
+    torch._dynamo costs a process 1.4 s of CPU, and compile is off unless asked for."""
     import torch._dynamo.exc as exc
 
     names = ('TorchDynamoException', 'FailOnRecompileLimitHit')
     return tuple(getattr(exc, n) for n in names if hasattr(exc, n))
-
-
-_COMPILE_ERRORS = _compile_errors()
 
 
 class Compiled:
@@ -59,13 +58,13 @@ class Compiled:
         cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 4 * MAX_GRAPHS)
         self.fn, self.eager_work = fn, Workspace()
         self.graph = torch.compile(fn, fullgraph=True, mode=mode, dynamic=False, backend=backend)
-        self.failed = False
+        self.failed, self.errors = False, _compile_errors()
 
     def __call__(self, *args, **kwargs):
         if not self.failed:
             try:
                 return self.graph(*args, **kwargs)
-            except _COMPILE_ERRORS as e:  # not compilable: run eager
+            except self.errors as e:  # not compilable: run eager
                 self.failed = True
                 warnings.warn(
                     f'torch.compile of {self.fn.__name__} failed ({type(e).__name__}); '
