@@ -1,6 +1,6 @@
-"""The default mode's own honesty (pwan_ros.core.mass, api.register): the matched mass follows the
-overlap the result shows, uniform outliers do not inflate it, and a pose registered from no init
-that explains little of the source is confirmed by the global search or refused."""
+"""The default mode's own honesty (pwan_ros.core.checks.mass, api.register): the matched mass
+follows the overlap the result shows, uniform outliers do not inflate it, and a pose registered
+from no init that explains little of the source is confirmed by the global search or refused."""
 
 import pathlib
 import sys

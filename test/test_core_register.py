@@ -213,11 +213,12 @@ def _rot2(deg):
 
 @pytest.mark.parametrize('dim', [3, 2])
 def test_nonrigid_result_is_judged_by_the_pose_it_deforms(dim):
-    """``judged_with_pose`` on the undeformed source at known poses (in metres, x5, 40 m away):
+    """``decide.judge`` on the undeformed source at known poses (in metres, x5, 40 m away):
     the pose of the bent reference is ok; the shape turned away from it (about its centroid,
     placed on the reference) is refused for the pose it deforms, naming the hint to search
     orientations. Deterministic: no optimiser decides the pose."""
-    from pwan_ros.core.judging import fit_reference, judged_with_pose
+    from pwan_ros.core.decide import judge
+    from pwan_ros.core.problem import Request
 
     if dim == 3:
         x, r, turns = (
@@ -234,12 +235,13 @@ def test_nonrigid_result_is_judged_by_the_pose_it_deforms(dim):
     cfg = RegistrationConfig(transform='nonrigid', mass_ratio=1.0, seed=0)
     # any result to judge (only its status, reason and timings change): a short rigid fit
     res = register(x * scale + off, ref, RegistrationConfig(steps=10, self_check=False))
-    right = judged_with_pose(res, (x @ r.T) * scale + off, fit_reference(ref), cfg)
+    request = Request(x * scale + off, ref, cfg)
+    right = judge(request, res, (x @ r.T) * scale + off)
     assert right.status == 'ok', right.reason
     for w in turns:
         posed = (x @ (r @ w).T) * scale
         posed += ref.mean(0) - posed.mean(0)
-        wrong = judged_with_pose(res, posed, fit_reference(ref), cfg)
+        wrong = judge(request, res, posed)
         assert wrong.status == 'refused', w
         assert wrong.reason.startswith('the self-check refuses the pose it deforms'), wrong.reason
         assert 'needs starts=24 and prealign' in wrong.reason, wrong.reason
