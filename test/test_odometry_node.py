@@ -176,6 +176,78 @@ def test_node_deskews_scans_with_point_times(tmp_path, ros_env):
 
 
 @pytest.mark.ros
+def test_two_sources_on_points_give_an_error_and_no_resets(tmp_path, ros_env):
+    """Two drivers on ``points`` (frames base_link and second_lidar, interleaved): the node
+    follows the first, skips the second's scans with an ERROR naming both frames (logged at
+    most every 5 s) and never resets; before, every scan restarted it (15 resets in 16 scans)."""
+    node = start_node(ros_env)
+    try:
+        res = drive(ros_env, tmp_path, 'two_sources', '--scans', '6')
+    finally:
+        rc, log = stop_node(node)
+    assert rc == 0 and 'Traceback' not in log, log[-3000:]
+    first = res['sent'][0]
+    for s in res['sent']:
+        ans = res['answers'][str(s['stamp'])]
+        if s['label'] == 'second':
+            assert ans['diag']['level'] == 2 and 'odom' not in ans, ans
+            assert "'second_lidar' while following frame 'base_link'" in ans['diag']['message']
+        else:
+            gt = invert(np.array(first['gt'])) @ np.array(s['gt'])
+            assert np.linalg.norm(odom_pose(ans)[:3, 3] - gt[:3, 3]) < 0.1, s['label']
+            assert int(ans['diag']['values']['resets']) == 0
+    assert log.count('while following frame') == 1  # once per 5 s, not once per scan
+
+
+@pytest.mark.ros
+def test_dropped_scans_raise_over_budget_and_say_what_to_do(tmp_path, ros_env):
+    """Scans arriving faster than ``mode:=pwan`` registers them (8 scans 10 ms apart; a full
+    PWAN registration takes far longer on any machine): the scans dropped meanwhile count in
+    ``over_budget`` and the next answer is a WARN giving the drop rate and the advice (adaptive
+    mode, a GPU); before, over_budget stayed 0 and nothing was said."""
+    node = start_node(ros_env, 'mode:=pwan')
+    try:
+        res = drive(ros_env, tmp_path, 'sim', '--scans', '8', '--burst')
+    finally:
+        rc, log = stop_node(node)
+    assert rc == 0 and 'Traceback' not in log, log[-3000:]
+    values = res['answers'][str(res['sent'][-1]['stamp'])]['diag']['values']
+    assert int(values['scans_dropped']) > 0 and int(values['over_budget']) > 0, values
+    assert int(values['scans_processed']) + int(values['scans_dropped']) == 8, values
+    # the scan during which the others were dropped says so
+    behind = [
+        a['diag']
+        for a in res['answers'].values()
+        if 'slower than the sensor' in a.get('diag', {}).get('message', '')
+    ]
+    assert behind and all(d['level'] == 1 for d in behind), res['answers']
+    assert "use mode 'adaptive', or a GPU" in behind[0]['message']
+    assert 'slower than the sensor' in log
+
+
+@pytest.mark.ros
+def test_integer_values_are_accepted_for_double_parameters(ros_env, monkeypatch):
+    """``-p scan_voxel_size:=1`` (YAML reads an integer) sets the double parameter to 1.0;
+    before, rclpy refused it for its type."""
+    import rclpy
+
+    from pwan_ros.ros.odometry_node import OdometryNode
+
+    for key in ('ROS_DOMAIN_ID', 'ROS_AUTOMATIC_DISCOVERY_RANGE', 'FASTDDS_BUILTIN_TRANSPORTS'):
+        monkeypatch.setenv(key, ros_env[key])
+    rclpy.init(args=['--ros-args', '-p', 'scan_voxel_size:=1', '-p', 'max_speed:=20'])
+    try:
+        node = OdometryNode()
+        try:
+            assert node.config.scan_voxel_size == 1.0 and node.config.max_speed == 20.0
+            assert isinstance(node.config.scan_voxel_size, float)
+        finally:
+            node.destroy_node()
+    finally:
+        rclpy.shutdown()
+
+
+@pytest.mark.ros
 def test_node_survives_bad_input(tmp_path, ros_env):
     node = start_node(ros_env, 'scan_max_points:=4000')
     try:
@@ -187,7 +259,8 @@ def test_node_survives_bad_input(tmp_path, ros_env):
     answers = res['answers']
     by_label = {s['label']: answers.get(str(s['stamp'])) for s in res['sent']}
     labels = ('blank', 'empty', 'no_z', 'all_nan', 'bad_datatype', 'truncated', 'late')
-    for label in labels + ('no_frame', 'odom_frame'):
+    labels += ('no_frame', 'odom_frame', 'time_backwards', 'stamp_zero', 'wrong_byte_order')
+    for label in labels:
         ans = by_label[label]
         assert ans is not None and 'odom' not in ans, label
         assert ans['diag']['level'] == 1, (label, ans)
@@ -208,13 +281,21 @@ def test_node_survives_bad_input(tmp_path, ros_env):
         assert ans is not None and 'odom' in ans, (label, ans)
         assert ans['diag']['values']['path'] in ('init', 'track'), ans
     assert int(by_label['huge']['diag']['values']['num_points']) <= 4000
-    # time going backwards resets the odometry (with a warning in the log)
-    assert by_label['time_backwards']['diag']['values']['path'] == 'init'
-    assert 'time went backwards' in log
-    assert by_label['scan_after_reset']['diag']['values']['path'] == 'track'
-    # a frame change restarts registration but the pose continues from the last one
+    # one scan stamped back in time (5 s, or 0) is skipped; odometry goes on, no reset
+    for label in ('time_backwards', 'stamp_zero'):
+        assert 'skipped as out of order' in by_label[label]['diag']['message'], label
+    assert 'time went backwards' not in log
+    assert by_label['scan_after_glitch']['diag']['values']['path'] == 'track'
+    # a wrong byte-order flag is named as such
+    assert 'is_bigendian is True' in by_label['wrong_byte_order']['diag']['message']
+    # another frame: an ERROR naming both frames until 3 scans in a row, then a frame change,
+    # which restarts registration but continues the pose from the last one
+    for label in ('other_source_1', 'other_source_2'):
+        ans = by_label[label]
+        assert ans['diag']['level'] == 2 and 'odom' not in ans, (label, ans)
+        assert "'other_lidar' while following frame 'base_link'" in ans['diag']['message']
     assert "frame changed from 'base_link' to 'other_lidar'" in log
-    before = odom_pose(by_label['scan_after_reset'])
+    before = odom_pose(by_label['scan_after_glitch'])
     after = odom_pose(by_label['frame_change'])
     assert np.linalg.norm(before[:3, 3] - after[:3, 3]) < 1e-6
     # ... and says so: a WARN naming the change, the carried-over pose with a held covariance
@@ -222,11 +303,11 @@ def test_node_survives_bad_input(tmp_path, ros_env):
     assert diag['level'] == 1 and 'frame changed' in diag['message'], diag
     assert (
         by_label['frame_change']['odom']['covariance_xx']
-        > 10 * by_label['scan_after_reset']['odom']['covariance_xx']
+        > 10 * by_label['scan_after_glitch']['odom']['covariance_xx']
     )
     values = answers[str(res['sent'][-1]['stamp'])]['diag']['values']
-    assert int(values['scans_invalid']) >= 6
-    assert int(values['resets']) == 2
+    assert int(values['scans_invalid']) >= 11
+    assert int(values['resets']) == 1
 
 
 @pytest.mark.ros

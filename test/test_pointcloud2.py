@@ -287,3 +287,54 @@ def test_encode_errors():
         pc2.encode_cloud(np.zeros((4, 3)), np.zeros(4))
     with pytest.raises(PointCloud2Error, match='float32 or float64'):
         pc2.encode_cloud(np.zeros((4, 3)), xyz_dtype=np.int32)
+
+
+def test_a_wrong_byte_order_flag_is_named():
+    """A little-endian cloud flagged big-endian (and the reverse) decodes to NaN and 1e-30..1e38
+    coordinates: check_byte_order says the flag is wrong (before: 'voxel_size too small for a
+    cloud spanning 3e26'); a right flag, a cloud of zeros (no returns) and real far points pass."""
+    rng = np.random.default_rng(0)
+    xyz = rng.normal(0.0, 20.0, (5000, 3)).astype(np.float32)  # metres
+    for big in (False, True):
+        cloud = pc2.create_cloud(Header(frame_id='lidar'), xyz, is_bigendian=big)
+        pc2.check_byte_order(cloud, pc2.read_cloud(cloud).xyz)
+        cloud.is_bigendian = not big
+        with pytest.raises(pc2.PointCloud2Error, match=f'is_bigendian is {not big} but the data'):
+            pc2.check_byte_order(cloud, pc2.read_cloud(cloud).xyz)
+    for ok in (np.zeros((100, 3), np.float32), xyz * 1000.0):  # no returns; 20 km, flag right
+        cloud = pc2.create_cloud(Header(frame_id='lidar'), ok)
+        pc2.check_byte_order(cloud, pc2.read_cloud(cloud).xyz)
+
+
+def test_node_warnings_go_through_its_logger_once():
+    """Python warnings raised while a node runs (numpy, torch, the core) are logged by the node's
+    logger, each text once, not printed raw to stderr."""
+    import warnings
+
+    from pwan_ros.ros.spin import log_warnings
+
+    class Logger:
+        lines = []
+
+        def warning(self, text):
+            self.lines.append(text)
+
+    class Node:
+        logger = Logger()
+
+        def get_logger(self):
+            return self.logger
+
+    node = Node()
+    saved = warnings.showwarning
+    try:
+        log_warnings(node)
+        with warnings.catch_warnings():
+            warnings.simplefilter('always')
+            warnings.showwarning = saved  # catch_warnings restores it: set it inside
+            log_warnings(node)
+            for _ in range(3):
+                warnings.warn('mean of empty slice', RuntimeWarning)
+    finally:
+        warnings.showwarning = saved
+    assert node.logger.lines == ['RuntimeWarning: mean of empty slice']

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import array
 import sys
+import types
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -348,6 +349,50 @@ def read_cloud(cloud: Any, skip_nans: bool = False, dtype: Any = None) -> Decode
     return DecodedCloud(
         xyz=xyz, extras=extras, index=index, height=view.shape[0], width=view.shape[1]
     )
+
+
+#: a point is a plausible measurement when each coordinate is 0 or of magnitude within this
+#: range (m): read in the wrong byte order, float coordinates scatter over 1e-30..1e30 or NaN
+PLAUSIBLE_M = (1e-6, 1e6)
+#: points sampled to judge a cloud's byte order
+BYTE_ORDER_SAMPLE = 1000
+
+
+def _plausible_fraction(xyz: np.ndarray) -> float:
+    """Fraction of the rows of ``xyz`` (k, 3) that are not all zero (no-return points read the
+    same in both byte orders) whose coordinates are each 0 or within :data:`PLAUSIBLE_M`."""
+    with np.errstate(invalid='ignore', over='ignore'):
+        a = np.abs(xyz.astype(np.float64))
+        rows = ~(a == 0).all(axis=1)
+        ok = ((a == 0) | ((a >= PLAUSIBLE_M[0]) & (a <= PLAUSIBLE_M[1]))).all(axis=1)
+    return float(ok[rows].mean()) if rows.any() else 1.0
+
+
+def check_byte_order(cloud: Any, xyz: np.ndarray) -> None:
+    """Raise PointCloud2Error when ``cloud``'s ``is_bigendian`` flag does not match its data:
+    most of its decoded points ``xyz`` (N, 3) are no measurement (NaN, or coordinates outside
+    :data:`PLAUSIBLE_M`) while nearly all are, read in the other byte order. Only the first
+    :data:`BYTE_ORDER_SAMPLE` points are looked at."""
+    k = min(len(xyz), BYTE_ORDER_SAMPLE)
+    if not k or _plausible_fraction(xyz[:k]) >= 0.5:
+        return
+    flipped = types.SimpleNamespace(
+        **{n: getattr(cloud, n) for n in ('height', 'width', 'fields', 'point_step', 'row_step')},
+        data=cloud.data,
+        is_bigendian=not bool(cloud.is_bigendian),
+    )
+    try:
+        other = _xyz_from_view(structured_view(flipped), None)[:k]
+    except PointCloud2Error:
+        return
+    if _plausible_fraction(other) >= 0.9:
+        raise PointCloud2Error(
+            f'is_bigendian is {bool(cloud.is_bigendian)} but the data are '
+            f"{'little' if cloud.is_bigendian else 'big'}-endian: read as flagged, "
+            f'{1 - _plausible_fraction(xyz[:k]):.0%} of the points are NaN or beyond '
+            f"{PLAUSIBLE_M[1]:g} m / below {PLAUSIBLE_M[0]:g} m, byte-swapped they are not (fix "
+            "the driver's is_bigendian flag)"
+        )
 
 
 #: extra fields that are 3-D directions in the cloud's frame (PCL's point normals): a cloud

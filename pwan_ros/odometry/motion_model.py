@@ -41,6 +41,11 @@ class ConstantVelocityModel:
         return self._stamp
 
     @property
+    def period(self) -> Optional[float]:
+        """Seconds between the last two accepted poses while predicting, else None."""
+        return self._dt if self.predicting else None
+
+    @property
     def predicting(self) -> bool:
         """Whether it extrapolates a velocity (two updates since the last hold)."""
         return self._dt is not None and self._dt > 0.0

@@ -2,9 +2,10 @@
 
 :class:`Odometer` wraps :class:`~pwan_ros.odometry.pipeline.OdometryPipeline` with the policy a
 robot sees: ``odom`` is the base pose at the start; a change of the cloud's frame restarts the
-pipeline from the last base pose (odom stays continuous), time going backwards by more than
-:data:`OUT_OF_ORDER_S` (a bag or driver restarted) resets odom to the current pose, a scan
-stamped less than that before the last one, or like the last one, is skipped; the base pose is
+pipeline from the last base pose (odom stays continuous), a timeline that restarted
+(:data:`RESTART_SCANS` scans in a row stamped more than :data:`OUT_OF_ORDER_S` before the last
+one, or the caller saying so: a bag or driver restarted) resets odom to the current pose, any
+other scan stamped before the last one, or like the last one, is skipped; the base pose is
 the sensor pose composed with the static ``T_base_sensor``; the twist is the base-frame velocity
 between accepted scans; the pose covariance comes from the match quality.
 """
@@ -27,6 +28,16 @@ from pwan_ros.odometry.pipeline import OdometryPipeline, ScanError, ScanEstimate
 #: one is skipped as well: the search range and the motion model divide by the time between
 #: scans, so equal stamps let a moved scan pass as standing still (4.5 m off on nuScenes).
 OUT_OF_ORDER_S = 1.0
+#: consecutive scans, in order among themselves, on a timeline more than OUT_OF_ORDER_S before
+#: the last scan after which odometry believes time restarted and resets; fewer are skipped as
+#: invalid (one scan stamped 0 among good ones reset odom to the origin and lost 1.8 m for good)
+RESTART_SCANS = 3
+#: notice keys that are errors (the node logs them and publishes the scan's status as ERROR)
+ERROR_NOTICES = ('time',)
+
+
+class SourceError(ScanError):
+    """A scan from another source than the one followed (another frame on the topic)."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +74,14 @@ class Odometer:
         self._frame: Optional[str] = None
         self._last_stamp: Optional[float] = None
         self._pose_stamp: Optional[float] = None
+        self._rewound: List[float] = []  # consecutive scans stamped well before the last one
+        self._time_restarted = False  # the caller saw the clock go back (time_restarted())
+        self._foreign: List[str] = []  # consecutive scans in a frame other than _frame
+
+    def time_restarted(self) -> None:
+        """The clock went back (``/clock`` of a bag that looped): the next scan stamped before
+        the last one resets odometry at once."""
+        self._time_restarted = True
 
     def update(
         self,
@@ -76,34 +95,18 @@ class Odometer:
         (4, 4) ``T_base_frame``; offsets: (N,) per-point times in seconds from ``stamp`` (deskew).
         Raises :class:`~pwan_ros.odometry.pipeline.ScanError` for a scan that cannot be registered
         (state unchanged except for a restart it triggered)."""
-        notices = []
-        if self._last_stamp is not None and stamp == self._last_stamp:
-            raise ScanError(
-                f'scan stamped {stamp:.6f} s like the last one (a repeated message, or a driver '
-                'that does not stamp its scans): skipped'
-            )
-        if self._last_stamp is not None and 0.0 < self._last_stamp - stamp <= OUT_OF_ORDER_S:
-            raise ScanError(
-                f'scan stamped {(self._last_stamp - stamp) * 1e3:.1f} ms before the last one '
-                '(late, out of order): skipped'
-            )
+        self._check_source(frame)
+        notices = self._check_stamp(stamp)
         if self._frame is not None and frame != self._frame:
             notices.append(
                 (
                     'frame_change',
-                    f"cloud frame changed from '{self._frame}' to '{frame}': "
-                    'restarting registration from the last pose',
+                    f"cloud frame changed from '{self._frame}' to '{frame}' ({RESTART_SCANS} "
+                    'scans in a row): restarting registration from the last pose',
                 )
             )
             self._restart(keep_pose=True)
-        if self._last_stamp is not None and stamp < self._last_stamp:
-            notices.append(
-                (
-                    'time',
-                    f'time went backwards ({stamp:.3f} < {self._last_stamp:.3f} s): '
-                    'resetting odometry',
-                )
-            )
+        if notices and notices[0][0] == 'time':
             self._restart(keep_pose=False)
         self._frame = frame
         est = self.pipeline.process(points, stamp, offsets)
@@ -131,6 +134,64 @@ class Odometer:
             est,
             notices,
         )
+
+    def _check_source(self, frame: str) -> None:
+        """Raise :class:`SourceError` for a scan in another frame than the one followed, until
+        :data:`RESTART_SCANS` in a row are in that frame (then the frame changed: the caller
+        restarts from the last pose); two sources interleaved on one topic never get there."""
+        if self._frame is None or frame == self._frame:
+            self._foreign = []
+            return
+        self._foreign = [f for f in self._foreign if f == frame] + [frame]
+        if len(self._foreign) >= RESTART_SCANS:
+            self._foreign = []
+            return
+        raise SourceError(
+            f"scan in frame '{frame}' while following frame '{self._frame}': two sources on "
+            f"the topic, or the driver's frame changed (odometry follows '{frame}' after "
+            f'{RESTART_SCANS} scans in a row in it); skipped'
+        )
+
+    def _check_stamp(self, stamp: float) -> List[Tuple[str, str]]:
+        """Raise ScanError for a scan stamped like the last one or out of order; ``[('time',
+        why)]`` when the timeline restarted (odometry resets), else []."""
+        last = self._last_stamp
+        if last is None or stamp > last:
+            self._rewound.clear()
+            self._time_restarted = False
+            return []
+        if stamp == last:
+            raise ScanError(
+                f'scan stamped {stamp:.6f} s like the last one (a repeated message, or a driver '
+                'that does not stamp its scans): skipped'
+            )
+        if last - stamp <= OUT_OF_ORDER_S:
+            raise ScanError(
+                f'scan stamped {(last - stamp) * 1e3:.1f} ms before the last one (late, out of '
+                'order): skipped'
+            )
+        if self._rewound and stamp <= self._rewound[-1]:
+            self._rewound.clear()  # not in order among themselves: no timeline
+        self._rewound.append(stamp)
+        if self._time_restarted:
+            why = 'the clock went back'
+        elif len(self._rewound) >= RESTART_SCANS:
+            why = f'{len(self._rewound)} scans in a row on the earlier timeline'
+        else:
+            raise ScanError(
+                f'scan stamped {last - stamp:.3f} s before the last one ({stamp:.3f} < '
+                f'{last:.3f} s): skipped as out of order; odometry resets only when '
+                f'{RESTART_SCANS} scans in a row follow the earlier time'
+            )
+        self._rewound.clear()
+        self._time_restarted = False
+        return [
+            (
+                'time',
+                f'time went backwards ({stamp:.3f} < {last:.3f} s; {why}): the timeline '
+                'restarted (a bag looped, a driver restarted), resetting odometry at this scan',
+            )
+        ]
 
     def _restart(self, keep_pose: bool) -> None:
         """keep_pose: the new pipeline run starts at the last base pose (odom continuous, also

@@ -55,6 +55,13 @@ __all__ = [
 ]
 
 
+#: a scan stamped more than this many periods (the last step between accepted scans) after the
+#: last accepted pose follows a gap (a stamp jump, a driver restart, dropped scans): its tracked
+#: pose is judged by the self-check before it is trusted (a +1 s stamp jump in a corridor was
+#: tracked 2.8 m ahead, accepted)
+GAP_PERIODS = 3.0
+
+
 @dataclass(frozen=True)
 class ScanEstimate:
     """Result of one scan.
@@ -271,17 +278,16 @@ class OdometryPipeline:
         )
         timings['track'] = (time.perf_counter() - t0) * 1e3
         note = self.trust.distrust(tr.quality, self.distance_threshold)
-        if not note and capture > 2.0 * self.distance_threshold:
-            # a gap with no velocity to predict from: a wide search can settle on a pose near the
-            # last one ("no motion" on a road); the self-check judges it before it is trusted
+        gap = self._gap(capture)
+        if not note and gap:
+            # a wide search without a velocity can settle on a pose near the last one ("no
+            # motion" on a road), an extrapolation across a stamp jump slides along a corridor:
+            # the self-check judges the pose before it is trusted
             t1 = time.perf_counter()
             check = check_pose(transform_points(tr.transform, scan.dense), kf.local_map.points)
             timings['check'] = (time.perf_counter() - t1) * 1e3
             if check.status != 'ok':
-                note = (
-                    f'tracking across a {capture:.3g} m gap refused by its self-check: '
-                    f'{check.reason}'
-                )
+                note = f'tracking across {gap} refused by its self-check: {check.reason}'
         if self._scan_index == 1 and kf.is_reference:
             note = 'start-up against the reference cloud' + (f' ({note})' if note else '')
         return Registration(tr.transform, tr.quality, tr.iterations, note=note)
@@ -341,6 +347,17 @@ class OdometryPipeline:
         return Registration(
             result.transform, quality, result.iterations, True, starts=1, aligned_points=aligned
         )
+
+    def _gap(self, capture: float) -> str:
+        """What makes the scan follow a gap ('' if nothing): a search wider than 2h (no velocity
+        to predict from), or a stamp more than :data:`GAP_PERIODS` periods (the last step
+        between accepted scans) after the last accepted pose."""
+        if capture > 2.0 * self.distance_threshold:
+            return f'a {capture:.3g} m gap'
+        period, since = self.motion.period, self._last_stamp - (self.motion.stamp or 0.0)
+        if period and since > GAP_PERIODS * period:
+            return f'a {since:.3g} s gap ({since / period:.0f} periods)'
+        return ''
 
     def _capture_range(self) -> float:
         """How far (m) the scan may lie from the prediction: 2h while a velocity is extrapolated;

@@ -15,15 +15,18 @@ odom_frame) and ``/diagnostics``. Parameters: see :mod:`pwan_ros.odometry.config
 
 from __future__ import annotations
 
+import collections
 import sys
 import threading
 import time
-from typing import Dict, Optional, Tuple
+from typing import Deque, Dict, Optional, Tuple
 
 import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from geometry_msgs.msg import TransformStamped
 from nav_msgs.msg import Odometry
+from rclpy.clock import Clock, ClockType, JumpThreshold
+from rclpy.duration import Duration
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import PointCloud2
@@ -33,7 +36,13 @@ from pwan_ros.geometry.frame_graph import FrameGraph
 from pwan_ros.geometry.se3 import from_quaternion, to_quaternion, transform_points
 from pwan_ros.io import pointcloud2 as pc2
 from pwan_ros.odometry.config import ConfigError, OdometryConfig
-from pwan_ros.odometry.odometer import Odometer, OdometryUpdate
+from pwan_ros.odometry.odometer import (
+    ERROR_NOTICES,
+    OUT_OF_ORDER_S,
+    Odometer,
+    OdometryUpdate,
+    SourceError,
+)
 from pwan_ros.odometry.pipeline import OdometryPipeline, ScanError
 from pwan_ros.odometry.sweep_times import SweepClock
 from pwan_ros.ros.scan_subscription import ScanSubscription
@@ -44,6 +53,9 @@ from pwan_ros.ros.params import declare_config, undeclared
 
 #: diagnostics level of each ScanEstimate.status
 _LEVELS = {'ok': DiagnosticStatus.OK, 'warn': DiagnosticStatus.WARN}
+#: registered scans over whose arrivals (the scan and those dropped before it) the drop rate is
+#: given
+DROP_WINDOW = 20
 #: seconds without a scan after which the node says so (log and /diagnostics WARN, naming the
 #: topic and its publishers), again every that long while the silence lasts
 SILENCE_S = 5.0
@@ -152,8 +164,19 @@ class OdometryNode(Node):
         self._pending: Optional[Tuple[PointCloud2, float]] = None
         self._stop = False
         self.counts = dict.fromkeys(_COUNTS, 0)
+        self._dropped_seen = 0  # counts['dropped'] at the last registered scan
+        self._arrivals: Deque[Tuple[int, int]] = collections.deque(maxlen=DROP_WINDOW)
         self._frame = ''  # the last cloud frame (diagnostics hardware_id)
         self._warned: Dict[str, float] = {}
+        # /clock going back (a bag that looped, use_sim_time): the timeline restarted
+        self._jump = self.get_clock().create_jump_callback(
+            JumpThreshold(
+                min_forward=None,
+                min_backward=Duration(nanoseconds=-int(OUT_OF_ORDER_S * 1e9)),
+                on_clock_change=False,
+            ),
+            post_callback=lambda jump: self.odometer.time_restarted(),
+        )
         self._worker = threading.Thread(target=self._run, name='pwan_odometry_worker', daemon=True)
         self._worker.start()
         self.get_logger().info(
@@ -242,11 +265,17 @@ class OdometryNode(Node):
                 )
             text = f'no scan on {topic} for {seconds:.0f} s: {why}'
             self._warn('silence', text, 0.0)
-            self._publish_diagnostics(
-                self.get_clock().now().to_msg(), DiagnosticStatus.WARN, text, {}
-            )
+            self._publish_diagnostics(self._now(), DiagnosticStatus.WARN, text, {})
         except Exception:  # shutting down
             pass
+
+    def _now(self):
+        """The node's clock as a stamp; the wall clock while sim time has no /clock yet (its
+        time is 0)."""
+        now = self.get_clock().now()
+        if now.nanoseconds == 0:
+            now = Clock(clock_type=ClockType.SYSTEM_TIME).now()
+        return now.to_msg()
 
     def _handle(self, msg: PointCloud2, t_received: float) -> None:
         """One scan: decoded, its frames resolved, registered, and its pose, aligned cloud and
@@ -254,6 +283,7 @@ class OdometryNode(Node):
         stamp = _stamp_seconds(msg.header.stamp)
         try:
             cloud = pc2.read_cloud(msg)
+            pc2.check_byte_order(msg, cloud.xyz)
         except pc2.PointCloud2Error as exc:
             self._skip(
                 msg, 'decode', f'invalid PointCloud2 skipped: {exc}', f'invalid cloud: {exc}'
@@ -263,38 +293,77 @@ class OdometryNode(Node):
         if frames is None:
             return
         frame, base, t_base_sensor = frames
-        self._frame = frame
         times = self.sweep_clock.read(cloud.extras, stamp)
         if times.warning:
             self._warn('deskew', times.warning, 30.0)
         try:
             update = self.odometer.update(cloud.xyz, stamp, frame, t_base_sensor, times.offsets)
+        except SourceError as exc:  # two sources on the topic: an error, said every 5 s
+            self._count(invalid=1)
+            now = time.monotonic()
+            if now - self._warned.get('source', -1e9) >= 5.0:
+                self._warned['source'] = now
+                self.get_logger().error(str(exc))
+            self._publish_diagnostics(msg.header.stamp, DiagnosticStatus.ERROR, str(exc), {})
+            return
         except ScanError as exc:
             self._skip(msg, 'scan', f'scan skipped: {exc}', str(exc))
             return
         finally:
             with self._lock:
                 self.counts['resets'] = self.odometer.resets
+        self._frame = frame
+        errors = [text for key, text in update.notices if key in ERROR_NOTICES]
         for key, text in update.notices:
-            self._warn(key, text, 0.0)
+            if key in ERROR_NOTICES:
+                self.get_logger().error(text)
+            else:
+                self._warn(key, text, 0.0)
         est = update.estimate
+        behind = self._falling_behind()
         self._count(
             processed=1,
             pwan_engaged=int(est.pwan_engaged),
             rejected=int(not est.accepted),
             reanchored=int(est.path == 'reanchor'),
-            over_budget=int(est.over_budget),
+            over_budget=int(est.over_budget or bool(behind)),
         )
         self._publish_pose(msg.header.stamp, base, update)
         self._publish_aligned(msg, cloud, update)
         latency = (time.perf_counter() - t_received) * 1e3
         # a scan that restarted the registration (frame change, time reset) carries its pose over
+        level = DiagnosticStatus.WARN if update.notices or behind else _LEVELS[est.status]
         self._publish_diagnostics(
             msg.header.stamp,
-            DiagnosticStatus.WARN if update.notices else _LEVELS[est.status],
-            '; '.join([text for _, text in update.notices] + [est.message]),
+            DiagnosticStatus.ERROR if errors else level,
+            '; '.join(
+                [text for _, text in update.notices] + [est.message] + [behind] * bool(behind)
+            ),
             self._scan_values(est, latency, times),
         )
+
+    def _falling_behind(self) -> str:
+        """'' unless scans were dropped (replaced while the worker was busy) since the last
+        registered scan: then the drop rate over the last :data:`DROP_WINDOW` arrivals and what
+        to do, also logged (at most every 5 s)."""
+        with self._lock:
+            dropped = self.counts['dropped']
+        new, self._dropped_seen = dropped - self._dropped_seen, dropped
+        self._arrivals.append((new + 1, new))
+        if not new:
+            return ''
+        arrived, lost = (sum(v) for v in zip(*self._arrivals))
+        advice = (
+            "mode 'pwan' runs full PWAN on every scan: use mode 'adaptive', or a GPU (device cuda)"
+            if self.config.mode == 'pwan'
+            else 'lower scan_max_points or raise scan_voxel_size, or use a faster machine'
+        )
+        text = (
+            f'slower than the sensor: {lost} of the last {arrived} scans dropped '
+            f'({lost / arrived:.0%}) while the node was busy; {advice}'
+        )
+        self._warn('behind', text)
+        return text
 
     def _frames(self, msg: PointCloud2):
         """(the cloud's frame, the base frame, T_base_sensor from /tf_static) of a scan, or None

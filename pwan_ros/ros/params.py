@@ -7,7 +7,9 @@ from __future__ import annotations
 from typing import Any, Dict, List
 
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, ParameterType
+from rclpy.exceptions import InvalidParameterTypeException
 from rclpy.node import Node
+from rclpy.parameter import Parameter
 
 from pwan_ros.params import ParamSpec, specs
 
@@ -37,6 +39,8 @@ def descriptor(
     ``_YAML_WORDS``)."""
     d = ParameterDescriptor(name=name, read_only=read_only, type=_TYPES[type(default)])
     if isinstance(default, str) and (_yaml_word(spec, True) or _yaml_word(spec, False)):
+        d.dynamic_typing = True
+    if isinstance(default, float):  # -p scan_voxel_size:=1 arrives as an integer
         d.dynamic_typing = True
     d.description = spec.description + (
         f" (one of: {', '.join(spec.choices)})"
@@ -75,6 +79,17 @@ def undeclared(node: Node) -> List[str]:
     )
 
 
+def _double(node: Node, name: str, value: Any) -> float:
+    """A double parameter's value: an integer is taken as the double it names (``-p
+    scan_voxel_size:=1``); any other type raises InvalidParameterTypeException, as a statically
+    typed parameter would."""
+    if isinstance(value, float):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    raise InvalidParameterTypeException(node.get_parameter(name), Parameter.Type.DOUBLE)
+
+
 def declare_config(node: Node, cls, read_only: bool = False) -> Dict[str, Any]:
     """Declare one ROS parameter per spec'd field of ``cls``; returns ``{name: value}``.
 
@@ -87,5 +102,7 @@ def declare_config(node: Node, cls, read_only: bool = False) -> Dict[str, Any]:
         ).value
         if isinstance(default, str) and isinstance(value, bool) and _yaml_word(spec, value):
             value = _yaml_word(spec, value)  # -p deskew:=off arrives as False
+        if isinstance(default, float):
+            value = _double(node, name, value)
         values[name] = value
     return values

@@ -17,6 +17,7 @@ import re
 import signal
 import sys
 import threading
+import warnings
 from typing import Callable, Optional, Sequence, Tuple, Type
 
 import rclpy
@@ -24,6 +25,20 @@ from rclpy.exceptions import InvalidParameterTypeException, InvalidParameterValu
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 
 from pwan_ros.ros.args import argument_problem
+
+
+def log_warnings(node) -> None:
+    """Python warnings (numpy, torch, the core's RuntimeWarnings) go through ``node``'s logger,
+    each text once, instead of raw to stderr."""
+    seen = set()
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        text = f'{category.__name__}: {message}'
+        if text not in seen:
+            seen.add(text)
+            node.get_logger().warning(text)
+
+    warnings.showwarning = show
 
 
 def spin_node(
@@ -53,6 +68,7 @@ def spin_node(
     }
     try:
         node = make_node()
+        log_warnings(node)
         executor = SingleThreadedExecutor()
         executor.add_node(node)
         while not stop.is_set() and rclpy.ok():

@@ -152,9 +152,29 @@ def bad_messages():
     yield 'huge', pc2.create_cloud(header(scans[2].stamp_ns), big), scans[2].pose
     yield 'scan', cloud(3), scans[3].pose
     yield 'late', cloud(2, stamp=scans[3].stamp_ns - 1_000_000), None  # 1 ms before the last
+    # one corrupt stamp 5 s back, one stamp 0: skipped, odometry goes on (no reset)
     yield 'time_backwards', cloud(1, stamp=scans[1].stamp_ns - 5_000_000_000), None
-    yield 'scan_after_reset', cloud(4), scans[4].pose
+    yield 'stamp_zero', cloud(3, stamp=0), None
+    # the data little-endian, the flag big-endian: named as such
+    swapped = cloud(3, stamp=scans[3].stamp_ns + 50_000_000)
+    swapped.is_bigendian = True
+    yield 'wrong_byte_order', swapped, None
+    yield 'scan_after_glitch', cloud(4), scans[4].pose
+    # another frame: skipped as another source until 3 scans in a row, then followed
+    for i in (1, 2):
+        other = cloud(5, frame='other_lidar', stamp=scans[4].stamp_ns + i * 20_000_000)
+        yield f'other_source_{i}', other, None
     yield 'frame_change', cloud(5, frame='other_lidar'), scans[5].pose
+
+
+def two_source_messages(n):
+    """n simulated scans in 'base_link', each followed 10 ms later by the same scan from a
+    second driver in frame 'second_lidar' (two drivers on one topic)."""
+    for label, msg, pose in sim_messages(n):
+        yield label, msg, pose
+        other = pc2.read_cloud(msg)
+        stamp = msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec + 10_000_000
+        yield 'second', pc2.create_cloud(header(stamp, 'second_lidar'), other.xyz), None
 
 
 class Driver(Node):
@@ -222,13 +242,20 @@ class Driver(Node):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument('--scenario', choices=('sim', 'bad', 'glitch', 'sweep'), required=True)
+    ap.add_argument(
+        '--scenario', choices=('sim', 'bad', 'glitch', 'sweep', 'two_sources'), required=True
+    )
     ap.add_argument(
         '--sensor-qos',
         action='store_true',
         help='publish with the sensor-data QoS profile (best effort), as lidar drivers do',
     )
     ap.add_argument('--scans', type=int, default=12)
+    ap.add_argument(
+        '--burst',
+        action='store_true',
+        help='publish every scan 10 ms apart without waiting, then wait for the last answer',
+    )
     ap.add_argument('--out', required=True)
     ap.add_argument('--timeout', type=float, default=60.0, help='seconds to wait per scan')
     ap.add_argument(
@@ -273,7 +300,25 @@ def main():
             'bad': bad_messages,
             'glitch': lambda: glitch_messages(args.scans),
             'sweep': lambda: sweep_messages(args.scans),
+            'two_sources': lambda: two_source_messages(args.scans),
         }[args.scenario]()
+        if args.burst:  # every scan 10 ms apart, then wait for the last one's answer
+            msgs = list(msgs)
+            for label, msg, pose in msgs:
+                key = Driver.key(msg.header.stamp)
+                node.published.add(key)
+                node.pub.publish(msg)
+                gt = None if pose is None else np.asarray(pose).tolist()
+                sent.append({'label': label, 'stamp': key, 'gt': gt})
+                time.sleep(0.01)
+                rclpy.spin_once(node, timeout_sec=0.0)
+            msgs = []
+            end = time.monotonic() + args.timeout
+            while sent[-1]['stamp'] not in node.answers and time.monotonic() < end:
+                rclpy.spin_once(node, timeout_sec=0.05)
+            t_end = time.monotonic() + 0.5  # its other outputs
+            while time.monotonic() < t_end:
+                rclpy.spin_once(node, timeout_sec=0.05)
         for label, msg, pose in msgs:
             key = Driver.key(msg.header.stamp)
             node.published.add(key)
