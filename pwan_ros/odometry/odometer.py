@@ -129,7 +129,9 @@ class Odometer:
             t_odom_base,
             t_odom_base @ t_base_sensor,
             twist,
-            pose_covariance(est, self.pipeline.distance_threshold, held=bool(notices)),
+            pose_covariance(
+                est, self.pipeline.distance_threshold, held=bool(notices) or est.status == 'warn'
+            ),
             deformed,
             est,
             notices,

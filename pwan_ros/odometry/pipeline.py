@@ -123,6 +123,7 @@ class Registration:
     starts: int = 0
     deviation: Optional[tuple] = None
     aligned_points: Optional[np.ndarray] = None
+    flagged: bool = False  # accepted, but published as WARN with a held pose's covariance
 
 
 class OdometryPipeline:
@@ -259,6 +260,9 @@ class OdometryPipeline:
             reg = self._track(kf, scan, init, timings)
         if reg is None or (reg.note and self.config.mode != 'tracking'):
             reg = self._recover(kf, scan, init, reg, timings)
+            beyond = self._beyond_reach(scan)
+            if beyond and reg.quality.matched_ratio > 0.0:  # not refused: flagged
+                reg = dataclasses.replace(reg, note=f'{reg.note}; {beyond}', flagged=True)
         deviation = _deviation(init, reg.transform) if self.motion.predicting else None
         return dataclasses.replace(reg, deviation=deviation)
 
@@ -346,6 +350,22 @@ class OdometryPipeline:
         aligned = result.transformed_source @ kf.pose[:3, :3].T + kf.pose[:3, 3]
         return Registration(
             result.transform, quality, result.iterations, True, starts=1, aligned_points=aligned
+        )
+
+    def _beyond_reach(self, scan: PreparedScan) -> str:
+        """'' unless the sensor may have moved farther since the last accepted pose (``max_speed``
+        x the time) than its scan reaches (the median range of its points): then the scan may
+        not overlap the map at all, and a pose found there is flagged, not trusted."""
+        if self.motion.stamp is None:
+            return ''
+        since = self._last_stamp - self.motion.stamp
+        reach = float(np.median(np.linalg.norm(scan.dense, axis=1)))
+        if self.config.max_speed * since <= reach:
+            return ''
+        return (
+            f'flagged: in the {since:.3g} s since the last accepted pose the sensor may have '
+            f'moved {self.config.max_speed * since:.3g} m, beyond the reach of its scan '
+            f'({reach:.3g} m median range): the recovered pose is unconfirmed'
         )
 
     def _gap(self, capture: float) -> str:
@@ -457,7 +477,7 @@ class OdometryPipeline:
             aligned_points=reg.aligned_points if accepted else None,
             pwan_starts=reg.starts,
             deskewed=deskewed,
-            status='ok' if accepted and path != 'reanchor' else 'warn',
+            status='ok' if accepted and path != 'reanchor' and not reg.flagged else 'warn',
             over_budget=path != 'pwan' and latency_ms > self.config.time_budget_ms,
         )
 
