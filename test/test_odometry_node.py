@@ -226,21 +226,25 @@ def test_dropped_scans_raise_over_budget_and_say_what_to_do(tmp_path, ros_env):
 
 
 @pytest.mark.ros
-def test_integer_values_are_accepted_for_double_parameters(ros_env, monkeypatch):
+def test_integer_doubles_and_the_stamp_without_clock(ros_env, monkeypatch):
     """``-p scan_voxel_size:=1`` (YAML reads an integer) sets the double parameter to 1.0;
-    before, rclpy refused it for its type."""
+    before, rclpy refused it for its type. Under sim time without /clock the node's own stamps
+    (the no-scan status) come from the wall clock, not 0."""
     import rclpy
 
     from pwan_ros.ros.odometry_node import OdometryNode
 
     for key in ('ROS_DOMAIN_ID', 'ROS_AUTOMATIC_DISCOVERY_RANGE', 'FASTDDS_BUILTIN_TRANSPORTS'):
         monkeypatch.setenv(key, ros_env[key])
-    rclpy.init(args=['--ros-args', '-p', 'scan_voxel_size:=1', '-p', 'max_speed:=20'])
+    args = ['-p', 'scan_voxel_size:=1', '-p', 'max_speed:=20', '-p', 'use_sim_time:=true']
+    rclpy.init(args=['--ros-args', *args])
     try:
         node = OdometryNode()
         try:
             assert node.config.scan_voxel_size == 1.0 and node.config.max_speed == 20.0
             assert isinstance(node.config.scan_voxel_size, float)
+            assert node.get_clock().now().nanoseconds == 0  # sim time, no /clock
+            assert node._now().sec > 1.7e9  # the wall clock
         finally:
             node.destroy_node()
     finally:
