@@ -214,7 +214,8 @@ def test_node_rejects_invalid_parameters(tmp_path, ros_env, monkeypatch, capfd):
         + _params(
             tmp_path,
             steps=10,
-            lambda1=1,
+            lambda1='strong',
+            lambda2=1,  # an integer for a double: taken as 1.0
             gp_weight=-2.0,
             method='dann',
             output=None,
@@ -227,14 +228,14 @@ def test_node_rejects_invalid_parameters(tmp_path, ros_env, monkeypatch, capfd):
     )
     assert node.returncode == 2, node.stderr
     for msg in (
-        "invalid parameter 'lambda1': expects a double (write e.g. 1.0, not 1)",
+        "invalid value 'strong' for parameter 'lambda1': expected a number in [0, 1000000]",
         "invalid parameter 'gp_weight': out of range [0.0, 1000000.0]",
         "invalid value 'dann' for parameter 'method': expected pwan | source_only | wgan",
         "parameter 'output' is required",
         "unknown parameter 'batch_size_'",
     ):
         assert msg in node.stderr, (msg, node.stderr)
-    assert 'Traceback' not in node.stderr
+    assert 'Traceback' not in node.stderr and "'lambda2'" not in node.stderr
     # a declared parameter refused for its type or range is not also called unknown
     assert "unknown parameter 'lambda1'" not in node.stderr
     assert "unknown parameter 'gp_weight'" not in node.stderr

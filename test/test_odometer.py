@@ -280,3 +280,31 @@ def test_a_driver_restart_after_25_m_is_right_or_flagged():
             assert err < 0.5 or (flagged and np.linalg.norm(moved - truth) < 0.2), (k, err)
         if est.accepted:
             last = (up, s)
+
+
+def test_a_bare_corridor_is_flagged_with_its_weak_axis():
+    """A corridor without boxes: nothing pins the pose along the walls. Each tracked scan is
+    flagged (status warn, the weak axis named: x, along the walls) and its covariance is large
+    along that axis only (at least h), from the registration's own constraint; the same
+    corridor with boxes is not flagged (the corridor test above: status ok)."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / 'peers'))
+    import corridor
+
+    odo = Odometer(OdometryPipeline(OdometryConfig(), num_threads=1))
+    boxes = corridor.BOXES
+    try:
+        corridor.BOXES, corridor._SCENE = [], None
+        scans = [corridor.corridor_scan(k)[0] for k in range(4)]
+    finally:
+        corridor.BOXES, corridor._SCENE = boxes, None
+    h = odo.pipeline.distance_threshold
+    for k, xyz in enumerate(scans):
+        up = odo.update(xyz, 1.7e9 + 0.1 * k, 'lidar', np.eye(4))
+        if k == 0:
+            continue
+        est, h = up.estimate, odo.pipeline.distance_threshold
+        assert est.status == 'warn' and est.accepted and est.weak is not None, est.message
+        assert 'pins the pose weakly' in est.message and '(mostly x)' in est.message
+        cov = np.array(up.pose_covariance).reshape(6, 6)
+        assert cov[0, 0] >= 0.99 * h**2 and cov[1, 1] < 0.01 * cov[0, 0], cov[:3, :3]
+        assert cov[2, 2] < 0.01 * cov[0, 0] and not np.isnan(cov).any()

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import small_gicp
 
 from pwan_ros.geometry.se3 import project_rigid, transform_points
+from pwan_ros.odometry.constraint import Constraint
 
 
 @dataclass
@@ -58,13 +60,14 @@ class MatchQuality:
 class TrackResult:
     """transform: (4, 4) T_keyframe_scan (maps scan points into the keyframe's frame).
     quality: match quality at h. iterations: GICP iterations. converged: GICP's flag.
-    time_ms: wall time."""
+    time_ms: wall time. constraint: how firmly the final GICP pass pins the pose."""
 
     transform: np.ndarray
     quality: MatchQuality
     iterations: int
     converged: bool
     time_ms: float
+    constraint: Optional[Constraint] = None
 
 
 def match_quality(
@@ -118,4 +121,5 @@ def track(
         converged = bool(res.converged)
     t = project_rigid(t)
     quality = match_quality(target, source.points, t, h)
-    return TrackResult(t, quality, iterations, converged, (time.perf_counter() - start) * 1e3)
+    elapsed = (time.perf_counter() - start) * 1e3
+    return TrackResult(t, quality, iterations, converged, elapsed, Constraint.of(res.H))

@@ -130,7 +130,10 @@ class Odometer:
             t_odom_base @ t_base_sensor,
             twist,
             pose_covariance(
-                est, self.pipeline.distance_threshold, held=bool(notices) or est.status == 'warn'
+                est,
+                self.pipeline.distance_threshold,
+                held=bool(notices) or (est.status == 'warn' and est.weak is None),
+                rotation=(t_odom_base @ t_base_sensor)[:3, :3],
             ),
             deformed,
             est,
@@ -211,19 +214,26 @@ class Odometer:
             self._last_pose = np.eye(4)
 
 
-def pose_covariance(est: ScanEstimate, h: float, held: bool = False) -> List[float]:
+def pose_covariance(
+    est: ScanEstimate, h: float, held: bool = False, rotation: Optional[np.ndarray] = None
+) -> List[float]:
     """Row-major 6x6 pose covariance from the match quality (a heuristic, see docs/odometry.md):
     position sigma = 10 x median residual / sqrt(matched points) (m), rotation sigma a fifth of it
     (rad); both sigmas x 1e3 (the covariance x 1e6) for a held pose (a rejected scan, or
-    ``held``: one that restarted the registration)."""
+    ``held``: one that restarted the registration). A pose its scan does not pin along an axis
+    (``est.weak``, in the sensor frame; ``rotation``: (3, 3) R_odom_sensor) gets, along that
+    axis, the sigma times the square root of the constraint's condition number, at least h."""
     matched = max(est.matched_ratio * est.num_points, 1.0)
     res = est.median_residual if math.isfinite(est.median_residual) else h
     sigma_t = max(res, 1e-3) / math.sqrt(matched) * 10.0
     sigma_r = sigma_t / 5.0
     if held or not est.accepted:
         sigma_t, sigma_r = sigma_t * 1e3, sigma_r * 1e3
-    cov = [0.0] * 36
-    for i in range(3):
-        cov[7 * i] = sigma_t**2
-        cov[7 * (i + 3)] = sigma_r**2
-    return cov
+    cov = np.zeros((6, 6))
+    cov[:3, :3] = sigma_t**2 * np.eye(3)
+    cov[3:, 3:] = sigma_r**2 * np.eye(3)
+    if est.weak is not None and est.accepted:
+        axis = est.weak.axis if rotation is None else rotation @ est.weak.axis
+        weak = max(sigma_t * math.sqrt(min(est.weak.condition, 1e12)), h)
+        cov[:3, :3] += (weak**2 - sigma_t**2) * np.outer(axis, axis)
+    return cov.ravel().tolist()

@@ -36,6 +36,7 @@ import numpy as np
 
 from pwan_ros.core.checks.verify import check_pose
 from pwan_ros.geometry.se3 import invert, project_rigid, rotation_angle, transform_points
+from pwan_ros.odometry.constraint import Constraint
 from pwan_ros.odometry.config import OdometryConfig
 from pwan_ros.odometry.deskew import deskew, motion_over
 from pwan_ros.odometry.keyframe_tracker import MatchQuality, PreparedCloud, match_quality, track
@@ -76,8 +77,9 @@ class ScanEstimate:
     matched; new_keyframe: this scan became one. deskewed: motion-compensated with per-point times.
     aligned_points: affine / non-rigid modes only,
     (M, 3) deformed scan points in odom_frame (else None). status: the diagnostics level, 'ok',
-    or 'warn' for a rejected or re-anchored scan. over_budget: ``latency_ms`` exceeded
+    or 'warn' for a rejected, re-anchored or flagged scan. over_budget: ``latency_ms`` exceeded
     ``time_budget_ms`` on a path other than 'pwan' (whose budget is ``pwan_time_budget_ms``).
+    weak: the constraint of a tracked pose the scan does not pin along some axis (flagged).
     """
 
     stamp: float
@@ -101,6 +103,7 @@ class ScanEstimate:
     deskewed: bool = False
     status: str = 'ok'
     over_budget: bool = False
+    weak: Optional[Constraint] = None  # an accepted pose its scan does not pin along an axis
 
     @property
     def message(self) -> str:
@@ -124,6 +127,7 @@ class Registration:
     deviation: Optional[tuple] = None
     aligned_points: Optional[np.ndarray] = None
     flagged: bool = False  # accepted, but published as WARN with a held pose's covariance
+    weak: Optional[Constraint] = None  # tracked, but not pinned along an axis: WARN
 
 
 class OdometryPipeline:
@@ -294,7 +298,8 @@ class OdometryPipeline:
                 note = f'tracking across {gap} refused by its self-check: {check.reason}'
         if self._scan_index == 1 and kf.is_reference:
             note = 'start-up against the reference cloud' + (f' ({note})' if note else '')
-        return Registration(tr.transform, tr.quality, tr.iterations, note=note)
+        weak = tr.constraint if tr.constraint is not None and tr.constraint.degenerate else None
+        return Registration(tr.transform, tr.quality, tr.iterations, note=note, weak=weak)
 
     def _recover(
         self,
@@ -454,6 +459,8 @@ class OdometryPipeline:
         path = _PATHS[verdict.action]
         if verdict.action == 'accept' and reg.pwan_engaged:
             path = 'pwan'
+        weak = reg.weak if verdict.action == 'accept' and not reg.pwan_engaged else None
+        reason = '; '.join(r for r in (verdict.reason, weak and weak.describe()) if r)
         latency_ms = (time.perf_counter() - t0) * 1e3
         filt = scan.filtered
         current = self.keyframes.current
@@ -463,7 +470,7 @@ class OdometryPipeline:
             path=path,
             accepted=accepted,
             pwan_engaged=reg.pwan_engaged,
-            reason=verdict.reason,
+            reason=reason,
             matched_ratio=reg.quality.matched_ratio,
             median_residual=reg.quality.median_residual,
             iterations=reg.iterations,
@@ -477,8 +484,11 @@ class OdometryPipeline:
             aligned_points=reg.aligned_points if accepted else None,
             pwan_starts=reg.starts,
             deskewed=deskewed,
-            status='ok' if accepted and path != 'reanchor' and not reg.flagged else 'warn',
+            status='ok'
+            if accepted and path != 'reanchor' and not (reg.flagged or weak)
+            else 'warn',
             over_budget=path != 'pwan' and latency_ms > self.config.time_budget_ms,
+            weak=weak,
         )
 
     # ------------------------------------------------------------------ keyframes

@@ -80,7 +80,7 @@ class AdaptNode(Node):
         except Exception as exc:  # rclpy's exception classes differ between distros
             if 'Type' in type(exc).__name__:
                 kind = {
-                    ParameterType.PARAMETER_DOUBLE: 'a double (write e.g. 1.0, not 1)',
+                    ParameterType.PARAMETER_DOUBLE: 'a double',
                     ParameterType.PARAMETER_INTEGER: 'an integer',
                     ParameterType.PARAMETER_BOOL: 'a bool',
                     ParameterType.PARAMETER_STRING: 'a string',

@@ -29,6 +29,7 @@ import numpy as np
 
 from ..preprocess import voxel_downsample
 from .verify import (
+    coarse_to_fine,
     RIVAL_DISTINCT,
     RIVAL_MARGIN,
     PoseCheck,
@@ -75,18 +76,9 @@ def rigid_inside(
         )
     t = np.eye(4)
     t[:d, :d], t[:d, 3] = start[:d, :d], start[:d, d]
-    for gate in (12.0 * voxel, 6.0 * voxel, 3.0 * voxel, 1.5 * voxel):
-        res = small_gicp.align(
-            target,
-            src,
-            tree,
-            init_T_target_source=t,
-            registration_type=kind,
-            max_correspondence_distance=gate,
-            num_threads=1,
-            max_iterations=30,
-        )
-        t = np.asarray(res.T_target_source, dtype=np.float64)
+    t = coarse_to_fine(
+        target, src, tree, t, kind, (12.0 * voxel, 6.0 * voxel, 3.0 * voxel, 1.5 * voxel)
+    )
     t = _in_plane(t) if d == 2 else t
     if not np.isfinite(t).all():
         t = start

@@ -403,18 +403,7 @@ def _rivals(
         gates = [g]
         while gates[0] * 2.0 <= reach:
             gates.insert(0, gates[0] * 2.0)
-        for gate in gates:
-            res = small_gicp.align(
-                target,
-                source,
-                target_tree,
-                init_T_target_source=t,
-                registration_type=kind,
-                max_correspondence_distance=gate,
-                num_threads=1,
-                max_iterations=30,
-            )
-            t = np.asarray(res.T_target_source, dtype=np.float64)
+        t = coarse_to_fine(target, source, target_tree, t, kind, gates)
         t = t.copy()
         t[:3, 3] += center3 - t[:3, :3] @ center3  # back to the caller's frame
         t = _in_plane(t) if dim == 2 else t
@@ -477,3 +466,24 @@ def _in_plane(t: np.ndarray) -> np.ndarray:
     angle = np.arctan2(t[1, 0] - t[0, 1], t[0, 0] + t[1, 1])
     c, s = np.cos(angle), np.sin(angle)
     return np.array([[c, -s, t[0, 3]], [s, c, t[1, 3]], [0.0, 0.0, 1.0]])
+
+
+def coarse_to_fine(target, source, tree, t: np.ndarray, kind: str, gates) -> np.ndarray:
+    """small_gicp ``kind`` ('GICP' | 'ICP') of the prepared ``source`` to ``target`` (its KD
+    ``tree``) from (4, 4) ``t``, once per correspondence gate of ``gates`` (coarse to fine, 30
+    iterations each, one thread); the (4, 4) ``T_target_source``."""
+    import small_gicp
+
+    for gate in gates:
+        res = small_gicp.align(
+            target,
+            source,
+            tree,
+            init_T_target_source=t,
+            registration_type=kind,
+            max_correspondence_distance=gate,
+            num_threads=1,
+            max_iterations=30,
+        )
+        t = np.asarray(res.T_target_source, dtype=np.float64)
+    return t
