@@ -200,6 +200,27 @@ def test_two_sources_on_points_give_an_error_and_no_resets(tmp_path, ros_env):
 
 
 @pytest.mark.ros
+def test_a_forward_stamp_gap_in_a_corridor_is_right_or_flagged(tmp_path, ros_env):
+    """Over DDS, a corridor drive whose stamps jump 1 s forward while the scans keep their 0.3 m
+    step: every answer after the jump is within 0.1 m of the truth or a WARN (before: 2.5 m
+    ahead with status OK, for good)."""
+    node = start_node(ros_env)
+    try:
+        res = drive(ros_env, tmp_path, 'corridor_gap', '--scans', '8')
+    finally:
+        rc, log = stop_node(node)
+    assert rc == 0 and 'Traceback' not in log, log[-3000:]
+    first = np.array(res['sent'][0]['gt'])
+    for s in res['sent']:
+        ans = res['answers'][str(s['stamp'])]
+        err = np.linalg.norm((invert(first) @ np.array(s['gt']))[:3, 3] - odom_pose(ans)[:3, 3])
+        if s['label'] == 'scan':
+            assert ans['diag']['level'] == 0 and err < 0.05, (err, ans['diag']['message'])
+        else:
+            assert err < 0.1 or ans['diag']['level'] == 1, (err, ans['diag']['message'])
+
+
+@pytest.mark.ros
 def test_dropped_scans_raise_over_budget_and_say_what_to_do(tmp_path, ros_env):
     """Scans arriving faster than ``mode:=pwan`` registers them (5 scans 10 ms apart; a full
     PWAN registration takes far longer on any machine): the scans dropped meanwhile count in
@@ -223,6 +244,28 @@ def test_dropped_scans_raise_over_budget_and_say_what_to_do(tmp_path, ros_env):
     assert behind and all(d['level'] == 1 for d in behind), res['answers']
     assert "use mode 'adaptive', or a GPU" in behind[0]['message']
     assert 'slower than the sensor' in log
+
+
+@pytest.mark.ros
+def test_two_writers_in_one_frame_give_an_error_and_are_not_mixed(tmp_path, ros_env):
+    """Two writers on ``points`` in the same frame (a driver started twice): the node follows
+    the first writer, skips the other's scans with an ERROR saying so, and tracks right."""
+    node = start_node(ros_env)
+    try:
+        res = drive(ros_env, tmp_path, 'two_writers', '--scans', '5')
+    finally:
+        rc, log = stop_node(node)
+    assert rc == 0 and 'Traceback' not in log, log[-3000:]
+    first = np.array(res['sent'][0]['gt'])
+    for s in res['sent']:
+        ans = res['answers'][str(s['stamp'])]
+        if s['label'] == 'writer2':
+            assert ans['diag']['level'] == 2 and 'odom' not in ans, ans
+            assert 'two writers publish on /points' in ans['diag']['message']
+        else:
+            gt = invert(first) @ np.array(s['gt'])
+            assert np.linalg.norm(odom_pose(ans)[:3, 3] - gt[:3, 3]) < 0.1, s['label']
+    assert log.count('two writers publish') == 1
 
 
 @pytest.mark.ros

@@ -141,7 +141,12 @@ class OdometryNode(Node):
         # 'auto': one reliable and one best-effort reader, so that bag players and drivers are both
         # heard from their first scan (see pwan_ros.ros.scan_subscription)
         self.points = ScanSubscription(
-            self, PointCloud2, 'points', cfg.reliability, self._on_points
+            self,
+            PointCloud2,
+            'points',
+            cfg.reliability,
+            self._on_points,
+            other_writer=self._on_other_writer,
         )
         static_qos = QoSProfile(
             depth=100,
@@ -194,6 +199,27 @@ class OdometryNode(Node):
                 self.counts['dropped'] += 1
             self._pending = (msg, time.perf_counter())
             self._wake.notify()
+
+    def _on_other_writer(self, msg: PointCloud2) -> None:
+        """A scan from a second writer on the topic: skipped, an ERROR (every 5 s)."""
+        with self._lock:
+            self.counts['received'] += 1
+        self._source_error(
+            msg,
+            f"two writers publish on {self.points.topic_name} (frame '{msg.header.frame_id}'): "
+            "following the first, skipping the other's scans (a driver started twice, or a "
+            'second sensor on the same topic)',
+        )
+
+    def _source_error(self, msg: PointCloud2, text: str) -> None:
+        """A scan from another source: counted invalid, an ERROR log (at most every 5 s) and an
+        ERROR status."""
+        self._count(invalid=1)
+        now = time.monotonic()
+        if now - self._warned.get('source', -1e9) >= 5.0:
+            self._warned['source'] = now
+            self.get_logger().error(text)
+        self._publish_diagnostics(msg.header.stamp, DiagnosticStatus.ERROR, text, {})
 
     def _warn(self, key: str, text: str, period: float = 5.0) -> None:
         now = time.monotonic()
@@ -299,12 +325,7 @@ class OdometryNode(Node):
         try:
             update = self.odometer.update(cloud.xyz, stamp, frame, t_base_sensor, times.offsets)
         except SourceError as exc:  # two sources on the topic: an error, said every 5 s
-            self._count(invalid=1)
-            now = time.monotonic()
-            if now - self._warned.get('source', -1e9) >= 5.0:
-                self._warned['source'] = now
-                self.get_logger().error(str(exc))
-            self._publish_diagnostics(msg.header.stamp, DiagnosticStatus.ERROR, str(exc), {})
+            self._source_error(msg, str(exc))
             return
         except ScanError as exc:
             self._skip(msg, 'scan', f'scan skipped: {exc}', str(exc))

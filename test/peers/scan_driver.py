@@ -167,6 +167,27 @@ def bad_messages():
     yield 'frame_change', cloud(5, frame='other_lidar'), scans[5].pose
 
 
+def corridor_gap_messages(n):
+    """n corridor scans 0.3 m apart (peers/corridor.py) stamped 10 Hz, the stamps jumping 1 s
+    forward from scan n - 3 on while the scans keep their step."""
+    from corridor import corridor_scan
+
+    for k in range(n):
+        xyz, pose = corridor_scan(k)
+        stamp = 1_700_000_000_000_000_000 + k * 100_000_000 + (k >= n - 3) * 1_000_000_000
+        yield ('gap' if k >= n - 3 else 'scan'), pc2.create_cloud(header(stamp), xyz), pose
+
+
+def two_writer_messages(n):
+    """n simulated scans, each followed 10 ms later by the same scan, same frame, from a second
+    writer on the topic (a driver started twice)."""
+    for label, msg, pose in sim_messages(n):
+        yield label, msg, pose
+        other = pc2.read_cloud(msg)
+        stamp = msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec + 10_000_000
+        yield 'writer2', pc2.create_cloud(header(stamp), other.xyz), None
+
+
 def two_source_messages(n):
     """n simulated scans in 'base_link', each followed 10 ms later by the same scan from a
     second driver in frame 'second_lidar' (two drivers on one topic)."""
@@ -178,7 +199,7 @@ def two_source_messages(n):
 
 
 class Driver(Node):
-    def __init__(self, sensor_qos=False):
+    def __init__(self, sensor_qos=False, second_writer=False):
         super().__init__('scan_driver')
         qos = QoSProfile(depth=5, reliability=ReliabilityPolicy.RELIABLE)
         # a lidar driver publishes with the sensor-data profile (best effort); a bag player
@@ -186,6 +207,8 @@ class Driver(Node):
         self.pub = self.create_publisher(
             PointCloud2, 'points', qos_profile_sensor_data if sensor_qos else qos
         )
+        # a second writer on the same topic (scenario two_writers: messages labelled 'writer2')
+        self.pub2 = self.create_publisher(PointCloud2, 'points', qos) if second_writer else None
         self.answers = {}  # stamp_ns -> {'odom': ..., 'diag': ...}, of the scans published
         self.published = set()  # their stamps (the node's own statuses, e.g. silence, are not)
         self.tf = []
@@ -243,7 +266,9 @@ class Driver(Node):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument(
-        '--scenario', choices=('sim', 'bad', 'glitch', 'sweep', 'two_sources'), required=True
+        '--scenario',
+        choices=('sim', 'bad', 'glitch', 'sweep', 'two_sources', 'two_writers', 'corridor_gap'),
+        required=True,
     )
     ap.add_argument(
         '--sensor-qos',
@@ -266,7 +291,7 @@ def main():
     )
     args = ap.parse_args()
     rclpy.init()
-    node = Driver(args.sensor_qos)
+    node = Driver(args.sensor_qos, second_writer=args.scenario == 'two_writers')
     sent = []
     if args.static_tf:
         parent, child, x, y, z = args.static_tf
@@ -301,6 +326,8 @@ def main():
             'glitch': lambda: glitch_messages(args.scans),
             'sweep': lambda: sweep_messages(args.scans),
             'two_sources': lambda: two_source_messages(args.scans),
+            'corridor_gap': lambda: corridor_gap_messages(args.scans),
+            'two_writers': lambda: two_writer_messages(args.scans),
         }[args.scenario]()
         if args.burst:  # every scan 10 ms apart, then wait for the last one's answer
             msgs = list(msgs)
@@ -322,7 +349,7 @@ def main():
         for label, msg, pose in msgs:
             key = Driver.key(msg.header.stamp)
             node.published.add(key)
-            node.pub.publish(msg)
+            (node.pub2 if label == 'writer2' else node.pub).publish(msg)
             end = time.monotonic() + args.timeout
             while key not in node.answers and time.monotonic() < end:
                 rclpy.spin_once(node, timeout_sec=0.05)
