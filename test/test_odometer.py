@@ -234,41 +234,20 @@ def test_pose_covariance_grows_with_residual_and_for_a_held_pose():
 
 
 @pytest.mark.heavy
-def test_a_stamp_jump_in_a_corridor_is_right_or_flagged():
-    """A corridor (ray-cast 32-beam lidar, walls 4 m apart, boxes along them), scans 0.3 m
-    apart at 10 Hz whose stamps jump 1 s forward while the scans keep their step: the
-    constant-velocity prediction lands 3 m ahead, along the one weakly pinned axis. Every scan
-    after the jump is right (within 0.1 m) or flagged (status warn, not accepted); before, the
-    first was tracked 2.5 m ahead with status ok and the offset stayed for good."""
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / 'peers'))
-    from corridor import corridor_scan
-
-    odo = Odometer(OdometryPipeline(OdometryConfig()))
-    for k in range(9):
-        xyz, truth = corridor_scan(k)
-        up = odo.update(xyz, 1.7e9 + 0.1 * k + (1.0 if k >= 7 else 0.0), 'lidar', np.eye(4))
-        est, err = up.estimate, np.linalg.norm(up.T_odom_sensor[:3, 3] - truth[:3, 3] + (0, 0, 1))
-        if k < 7:
-            assert est.status == 'ok' and err < 0.05, (k, err, est.message)
-        else:
-            assert err < 0.1 or (est.status == 'warn' and not est.accepted), (k, err, est.message)
-
-
-@pytest.mark.heavy
 def test_a_driver_restart_after_25_m_is_right_or_flagged():
     """The driver dies for 7.6 s while the vehicle drives on (25 m along a street): every scan
     after the restart is right (within 0.5 m) or flagged (status warn, a held pose's
     covariance): the sensor may have moved farther than its scan reaches, so a recovered pose
     is unconfirmed. Before, a recovery from the 180 deg yaw start came back ok 25.7 m off."""
-    cfg = SimConfig(scans=86, beams=16, azimuth_steps=720, moving_objects=2, seed=3)
-    scans = [s for k, s in enumerate(simulate(cfg)) if k < 4 or k >= 80]
+    cfg = SimConfig(scans=84, beams=16, azimuth_steps=720, moving_objects=2, seed=3)
+    scans = [s for k, s in enumerate(simulate(cfg)) if k < 3 or k >= 80]
     odo = Odometer(OdometryPipeline(OdometryConfig(), num_threads=1))
     flagged, last = False, None  # a flagged pose seen; the last accepted (update, scan)
     for k, s in enumerate(scans):
         up = odo.update(s.xyz, s.stamp_ns * 1e-9, 'lidar', np.eye(4))
         err = np.linalg.norm(up.T_odom_sensor[:3, 3] - (invert(scans[0].pose) @ s.pose)[:3, 3])
         est = up.estimate
-        if k < 4:
+        if k < 3:
             assert est.status == 'ok' and err < 0.1, (k, err)
         elif est.status == 'warn' and est.accepted:  # flagged: says why, metres of sigma
             assert 'the recovered pose is unconfirmed' in est.message, est.message

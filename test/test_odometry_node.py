@@ -105,6 +105,18 @@ def drive(env, tmp_path, scenario, *extra, timeout=600):
     return json.loads(out.read_text())
 
 
+def scenario(env, tmp_path, name, *extra, params=()):
+    """The node (with ``params``) driven through scenario ``name`` of the scan driver; it must
+    exit 0 without a traceback. Returns (the driver's record, the node's log)."""
+    node = start_node(env, *params)
+    try:
+        res = drive(env, tmp_path, name, *extra)
+    finally:
+        rc, log = stop_node(node)
+    assert rc == 0 and 'Traceback' not in log, log[-3000:]
+    return res, log
+
+
 def odom_pose(ans):
     o = ans['odom']
     return from_quaternion(o['orientation'], o['position'])
@@ -180,12 +192,7 @@ def test_two_sources_on_points_give_an_error_and_no_resets(tmp_path, ros_env):
     """Two drivers on ``points`` (frames base_link and second_lidar, interleaved): the node
     follows the first, skips the second's scans with an ERROR naming both frames (logged at
     most every 5 s) and never resets; before, every scan restarted it (15 resets in 16 scans)."""
-    node = start_node(ros_env)
-    try:
-        res = drive(ros_env, tmp_path, 'two_sources', '--scans', '6')
-    finally:
-        rc, log = stop_node(node)
-    assert rc == 0 and 'Traceback' not in log, log[-3000:]
+    res, log = scenario(ros_env, tmp_path, 'two_sources', '--scans', '6')
     first = res['sent'][0]
     for s in res['sent']:
         ans = res['answers'][str(s['stamp'])]
@@ -204,12 +211,7 @@ def test_a_forward_stamp_gap_in_a_corridor_is_right_or_flagged(tmp_path, ros_env
     """Over DDS, a corridor drive whose stamps jump 1 s forward while the scans keep their 0.3 m
     step: every answer after the jump is within 0.1 m of the truth or a WARN (before: 2.5 m
     ahead with status OK, for good)."""
-    node = start_node(ros_env)
-    try:
-        res = drive(ros_env, tmp_path, 'corridor_gap', '--scans', '8')
-    finally:
-        rc, log = stop_node(node)
-    assert rc == 0 and 'Traceback' not in log, log[-3000:]
+    res, _ = scenario(ros_env, tmp_path, 'corridor_gap', '--scans', '8')
     first = np.array(res['sent'][0]['gt'])
     for s in res['sent']:
         ans = res['answers'][str(s['stamp'])]
@@ -226,12 +228,7 @@ def test_dropped_scans_raise_over_budget_and_say_what_to_do(tmp_path, ros_env):
     PWAN registration takes far longer on any machine): the scans dropped meanwhile count in
     ``over_budget`` and the next answer is a WARN giving the drop rate and the advice (adaptive
     mode, a GPU); before, over_budget stayed 0 and nothing was said."""
-    node = start_node(ros_env, 'mode:=pwan')
-    try:
-        res = drive(ros_env, tmp_path, 'sim', '--scans', '5', '--burst')
-    finally:
-        rc, log = stop_node(node)
-    assert rc == 0 and 'Traceback' not in log, log[-3000:]
+    res, log = scenario(ros_env, tmp_path, 'sim', '--scans', '5', '--burst', params=['mode:=pwan'])
     values = res['answers'][str(res['sent'][-1]['stamp'])]['diag']['values']
     assert int(values['scans_dropped']) > 0 and int(values['over_budget']) > 0, values
     assert int(values['scans_processed']) + int(values['scans_dropped']) == 5, values
@@ -250,12 +247,7 @@ def test_dropped_scans_raise_over_budget_and_say_what_to_do(tmp_path, ros_env):
 def test_two_writers_in_one_frame_give_an_error_and_are_not_mixed(tmp_path, ros_env):
     """Two writers on ``points`` in the same frame (a driver started twice): the node follows
     the first writer, skips the other's scans with an ERROR saying so, and tracks right."""
-    node = start_node(ros_env)
-    try:
-        res = drive(ros_env, tmp_path, 'two_writers', '--scans', '5')
-    finally:
-        rc, log = stop_node(node)
-    assert rc == 0 and 'Traceback' not in log, log[-3000:]
+    res, log = scenario(ros_env, tmp_path, 'two_writers', '--scans', '5')
     first = np.array(res['sent'][0]['gt'])
     for s in res['sent']:
         ans = res['answers'][str(s['stamp'])]

@@ -320,9 +320,7 @@ def _estimate_network(problem: _KRProblem, st: EstimatorSettings, cfg, dev) -> D
     p = problem
     q, r = p.ref.shape[0], p.src.shape[0]
     with thread_scope(st.threads):
-        torch.manual_seed(st.seed)
-        gen = torch.Generator(device='cpu').manual_seed(st.seed)
-        x, y = p.tensors(torch.float32, dev)
+        gen, x, y = _seeded(p, st, dev)
         # mass is in units of the point masses; the normalised problem keeps the same masses
         trainer = PotentialTrainer(p, cfg, dev)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(
@@ -420,9 +418,7 @@ def _estimate_ctransform(
     p = problem
     q, r = p.ref.shape[0], p.src.shape[0]
     with thread_scope(st.threads):
-        torch.manual_seed(st.seed)
-        gen = torch.Generator(device='cpu').manual_seed(st.seed)
-        x, y = p.tensors(torch.float32, dev)
+        gen, x, y = _seeded(p, st, dev)
         net = PotentialNet(p.ref.shape[1], cfg).to(dev)
         params = [prm for n, prm in net.named_parameters() if n != 'h']
         opt = torch.optim.Adam(params, lr=cfg.lr, betas=cfg.betas)
@@ -478,3 +474,12 @@ def _certified(p: _KRProblem, net, dev, iterations: int) -> DiscrepancyEstimate:
     gy = (wv > -hv + tol).to(torch.float64).cpu().numpy()
     gx = (cu < -tol).to(torch.float64).cpu().numpy()
     return _estimate(p, float(val), float(hv), gy, gx, iterations)
+
+
+def _seeded(problem: _KRProblem, st: EstimatorSettings, dev) -> tuple:
+    """Torch's global RNG seeded with ``st.seed``; (a CPU generator seeded alike, the reference
+    and source as float32 tensors on ``dev``)."""
+    torch.manual_seed(st.seed)
+    gen = torch.Generator(device='cpu').manual_seed(st.seed)
+    x, y = problem.tensors(torch.float32, dev)
+    return gen, x, y
