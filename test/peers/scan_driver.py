@@ -178,24 +178,15 @@ def corridor_gap_messages(n):
         yield ('gap' if k >= n - 3 else 'scan'), pc2.create_cloud(header(stamp), xyz), pose
 
 
-def two_writer_messages(n):
-    """n simulated scans, each followed 10 ms later by the same scan, same frame, from a second
-    writer on the topic (a driver started twice)."""
-    for label, msg, pose in sim_messages(n):
-        yield label, msg, pose
+def interleaved_messages(n, label, frame='base_link'):
+    """n simulated scans in 'base_link', each followed 10 ms later by the same scan in ``frame``
+    labelled ``label``: 'second' (a second driver in frame 'second_lidar') or 'writer2' (the
+    driver started twice: the same frame, published by the Driver's second writer)."""
+    for first_label, msg, pose in sim_messages(n):
+        yield first_label, msg, pose
         other = pc2.read_cloud(msg)
         stamp = msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec + 10_000_000
-        yield 'writer2', pc2.create_cloud(header(stamp), other.xyz), None
-
-
-def two_source_messages(n):
-    """n simulated scans in 'base_link', each followed 10 ms later by the same scan from a
-    second driver in frame 'second_lidar' (two drivers on one topic)."""
-    for label, msg, pose in sim_messages(n):
-        yield label, msg, pose
-        other = pc2.read_cloud(msg)
-        stamp = msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec + 10_000_000
-        yield 'second', pc2.create_cloud(header(stamp, 'second_lidar'), other.xyz), None
+        yield label, pc2.create_cloud(header(stamp, frame), other.xyz), None
 
 
 class Driver(Node):
@@ -325,9 +316,9 @@ def main():
             'bad': bad_messages,
             'glitch': lambda: glitch_messages(args.scans),
             'sweep': lambda: sweep_messages(args.scans),
-            'two_sources': lambda: two_source_messages(args.scans),
+            'two_sources': lambda: interleaved_messages(args.scans, 'second', 'second_lidar'),
             'corridor_gap': lambda: corridor_gap_messages(args.scans),
-            'two_writers': lambda: two_writer_messages(args.scans),
+            'two_writers': lambda: interleaved_messages(args.scans, 'writer2'),
         }[args.scenario]()
         if args.burst:  # every scan 10 ms apart, then wait for the last one's answer
             msgs = list(msgs)
