@@ -21,6 +21,8 @@ Arguments (``ros2 launch pwan_ros register.launch.py --show-args``):
   publish_tf    node parameter override, true | false; '' (default) = the params file's value
   device        node parameter override, auto | cpu | cuda | cuda:N; '' (default) = the
                 params file's value
+  mode          node parameter override, adaptive | tracking | pwan (PWAN every scan: the
+                mode for a GPU, device:=cuda); '' (default) = the params file's value
   use_sim_time  true | false; '' (default) = true when ``bagfile`` is given, else the params
                 file's value (applies to the node and rviz2)
   bagfile       rosbag2 to replay: also runs ``ros2 bag play BAGFILE`` once the node says it is
@@ -73,6 +75,7 @@ ARGUMENTS = (
     'odom_frame',
     'publish_tf',
     'device',
+    'mode',
     'use_sim_time',
     'bagfile',
     'rviz',
@@ -179,7 +182,7 @@ def _actions(context):
 
     # only the arguments the user gave override the params file
     overrides = {} if use_sim_time is None else {'use_sim_time': use_sim_time}
-    for name in ('base_frame', 'odom_frame', 'device'):
+    for name in ('base_frame', 'odom_frame', 'device', 'mode'):
         value = _arg(context, name)
         if value:
             overrides[name] = value
@@ -258,6 +261,11 @@ def generate_launch_description():
             ),
             DeclareLaunchArgument(
                 'device', default_value='', description='auto | cpu | cuda | cuda:N' + keep
+            ),
+            DeclareLaunchArgument(
+                'mode',
+                default_value='',
+                description='adaptive | tracking | pwan (PWAN every scan, for a GPU)' + keep,
             ),
             DeclareLaunchArgument(
                 'use_sim_time',

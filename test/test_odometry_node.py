@@ -16,10 +16,10 @@ PEERS = pathlib.Path(__file__).parent / 'peers'
 NODE = pathlib.Path(sys.executable).with_name('pwan_odometry_node')
 
 
-def start_node(env, *params, params_file=None, preexec_fn=None, log=None):
-    """The node in a subprocess; its output to a pipe, or to the file ``log`` (read it while the
-    node runs)."""
-    cmd = [str(NODE), '--ros-args']
+def start_node(env, *params, params_file=None, preexec_fn=None, log=None, command=None):
+    """The node (or ``command``, a list) in a subprocess; its output to a pipe, or to the file
+    ``log`` (read it while the node runs)."""
+    cmd = (command or [str(NODE)]) + ['--ros-args']
     if params_file:
         cmd += ['--params-file', str(params_file)]
     for p in params:
@@ -105,10 +105,11 @@ def drive(env, tmp_path, scenario, *extra, timeout=600):
     return json.loads(out.read_text())
 
 
-def scenario(env, tmp_path, name, *extra, params=()):
-    """The node (with ``params``) driven through scenario ``name`` of the scan driver; it must
-    exit 0 without a traceback. Returns (the driver's record, the node's log)."""
-    node = start_node(env, *params)
+def scenario(env, tmp_path, name, *extra, params=(), command=None):
+    """The node (with ``params``; ``command``: another executable) driven through scenario
+    ``name`` of the scan driver; it must exit 0 without a traceback. Returns (the driver's
+    record, the node's log)."""
+    node = start_node(env, *params, command=command)
     try:
         res = drive(env, tmp_path, name, *extra)
     finally:
@@ -247,6 +248,43 @@ def test_dropped_scans_raise_over_budget_and_say_what_to_do(tmp_path, ros_env):
     assert behind and all(d['level'] == 1 for d in behind), res['answers']
     assert "use mode 'adaptive', or a GPU" in behind[0]['message']
     assert 'slower than the sensor' in log
+
+
+@pytest.mark.ros
+def test_scans_answered_during_a_slow_recovery_and_retracked_after(tmp_path, ros_env):
+    """The node on a machine where a PWAN recovery takes 3 s longer (test/peers): the scans
+    that arrive meanwhile are answered at once with predictions (WARN, covariance inflated,
+    ``scans_predicted``), then re-tracked from the recovered pose: their final estimates on
+    ``~/corrected_odometry`` are right, with the correction in the diagnostics. Before, the
+    worker held every scan until the recovery returned."""
+    slow = [sys.executable, str(PEERS / 'slow_recovery_node.py')]
+    res, log = scenario(
+        ros_env, tmp_path, 'stress', '--scans', '40', '--settle', '0.05', command=slow
+    )
+    first = np.array(res['sent'][0]['gt'])
+    predicted, settled = [], []
+    for s in res['sent']:
+        ans = res['answers'][str(s['stamp'])]
+        live = ans['diags'][0]
+        truth = invert(first) @ np.array(s['gt'])
+        if live['values']['path'] != 'predicted':
+            assert 'corrected' not in ans and live['values']['final'] == 'true', ans
+            continue
+        predicted.append(s['stamp'])
+        assert live['level'] == 1 and ans['odom']['covariance_xx'] > 1.0, live
+        final = ans['diags'][-1]['values']
+        assert final['final'] == 'true' and final['path'] in ('pwan', 'track'), ans['diags']
+        est = from_quaternion(ans['corrected']['orientation'], ans['corrected']['position'])
+        err = invert(truth) @ est
+        assert np.linalg.norm(err[:3, 3]) < 0.1 and np.degrees(rotation_angle(err)) < 1.0
+        settled.append(float(final['correction_deg']))
+    # the scan that needed PWAN, and the scans during its 3 s, answered without waiting for it
+    assert len(predicted) >= 4, [a['diags'][0]['values']['path'] for a in res['answers'].values()]
+    every = [d['values'] for a in res['answers'].values() for d in a['diags']]
+    last = max(every, key=lambda v: (int(v['scans_corrected']), int(v['scans_processed'])))
+    assert int(last['scans_predicted']) == len(predicted) == int(last['scans_corrected'])
+    assert max(settled) > 10.0  # the turn during the blackout: predictions were far off
+    assert int(last['scans_dropped']) == 0
 
 
 @pytest.mark.ros
@@ -761,8 +799,8 @@ def test_launch_defaults_keep_the_params_file_values(fake_share):
     assert _extras(launched) == {}
     # the node-parameter arguments default to '' = keep the file's value
     assert {
-        n: declared[n] for n in ('base_frame', 'odom_frame', 'publish_tf', 'device')
-    } == dict.fromkeys(('base_frame', 'odom_frame', 'publish_tf', 'device'), '')
+        n: declared[n] for n in ('base_frame', 'odom_frame', 'publish_tf', 'device', 'mode')
+    } == dict.fromkeys(('base_frame', 'odom_frame', 'publish_tf', 'device', 'mode'), '')
 
 
 #: a given, non-default value of every launch argument and where it must land
@@ -774,6 +812,7 @@ LAUNCH_CASES = {
     'odom_frame': ('odom_lidar', lambda n, x: _overrides(n) == {'odom_frame': 'odom_lidar'}),
     'publish_tf': ('false', lambda n, x: _overrides(n) == {'publish_tf': False}),
     'device': ('cpu', lambda n, x: _overrides(n) == {'device': 'cpu'}),
+    'mode': ('pwan', lambda n, x: _overrides(n) == {'mode': 'pwan'}),
     'use_sim_time': ('true', lambda n, x: _overrides(n) == {'use_sim_time': True}),
     'bagfile': (
         'my_bag',

@@ -6,8 +6,10 @@ of spurious returns, a sensor blackout during a fast turn, a glitch scan with fa
 objects); (2) run the bag through the node (``--node-cmd``; default the installed
 ``pwan_odometry_node`` with ``config/odometry.yaml`` and ``use_sim_time:=true``) over DDS with
 ``pwan_replay`` (its own DDS domain), recording ``/odometry`` and ``/diagnostics``: (a) the
-default ``adaptive`` mode, and with ``--compare`` (b) the same node with ``mode:=tracking``
-(PWAN recovery off) and (c) KISS-ICP in-process when it is installed; (3) evaluate every run
+default ``adaptive`` mode, and with ``--compare`` (b) the same at the sensor's pace (the replay
+does not wait for poses: a recovery runs off the scan worker, scans meanwhile answered with
+predictions and re-tracked after it), (c) the node with ``mode:=tracking`` (PWAN recovery off)
+and (d) KISS-ICP in-process when it is installed; (3) evaluate every run
 against the bag's ``/ground_truth`` and print one table (ATE, RPE, scans answered, scans where
 PWAN engaged, scans that lost track, median latency). Outputs: ``trajectory.png`` (marks where
 PWAN engaged and where each run lost track), ``trajectory_est.tum`` (run a), ``summary.json``
@@ -78,8 +80,8 @@ class DemoConfig:
     )
     compare: bool = param(
         True,
-        'also run the bag with tracking only (PWAN off) and with KISS-ICP (when '
-        'installed), side by side',
+        'also run the bag at the sensor pace without waiting for poses, with tracking '
+        'only (PWAN off) and with KISS-ICP (when installed), side by side',
     )
 
     def __post_init__(self):
@@ -196,7 +198,7 @@ def _replay_into_node(
                 '--drain-timeout',
                 str(cfg.drain_timeout),
                 '--wait-for-pose',
-                str(cfg.wait_for_pose),
+                str(cfg.wait_for_pose if name != 'sensor_rate' else 0.0),
             ]
             with open(replay_log_path, 'w') as replay_log:
                 replayer = subprocess.Popen(
@@ -275,6 +277,9 @@ def _plan(cfg: DemoConfig, node_cmd: list) -> list:
     if cfg.compare:
         tracking = node_cmd + ['--ros-args', '-p', 'mode:=tracking']
         plan += [
+            # the same node with the replay not waiting for poses: scans at the sensor's pace,
+            # a PWAN recovery off the scan worker answered meanwhile with predictions
+            ('sensor_rate', 'PWAN adaptive, sensor pace', node_cmd),
             ('tracking_only', 'tracking only (PWAN off)', tracking),
             ('kiss_icp', 'KISS-ICP', None),
         ]

@@ -38,15 +38,19 @@ RUN_KEYS = (
     'rpe_trans_pct',
     'rpe_rot_deg_per_m',
     'median_latency_ms',
+    'p95_latency_ms',
     'max_latency_ms',
+    'scans_predicted',
+    'ate_live_rmse_m',
 )
 
 
 @dataclass(frozen=True)
 class RunSummary:
     """One run: ``name`` (JSON key), ``label`` (table/plot), its evaluation (None if skipped), its
-    record, the stamps (s) where it lost track, and ``skipped``: why it did not run ('' if it
-    ran)."""
+    record, the stamps (s) where it lost track, ``skipped``: why it did not run ('' if it
+    ran), and ``live``: the evaluation of the poses published live, where the node answered
+    scans with predictions that final estimates replaced (else None)."""
 
     name: str
     label: str
@@ -54,6 +58,7 @@ class RunSummary:
     run: RunRecord | None
     losses: np.ndarray
     skipped: str = ''
+    live: EvalResult | None = None
 
     def metrics(self) -> dict:
         """The RUN_KEYS of this run (or ``{'skipped': why}``)."""
@@ -72,14 +77,19 @@ class RunSummary:
             'rpe_trans_pct': r.rpe_trans_pct,
             'rpe_rot_deg_per_m': r.rpe_rot_deg_per_m,
             'median_latency_ms': run.median_latency_ms(),
+            'p95_latency_ms': run.latency_percentile_ms(95.0),
             'max_latency_ms': float(max(run.latencies_ms)) if run.latencies_ms else None,
+            'scans_predicted': len(run.predicted_stamps) if run.mode == 'replay' else None,
+            'ate_live_rmse_m': self.live.ate_rmse_m if self.live is not None else r.ate_rmse_m,
         }
 
 
 def summarise_run(name: str, label: str, run: RunRecord, gt: Trajectory) -> RunSummary:
-    """Evaluate ``run`` against ``gt`` (se3-aligned ATE, RPE, track losses)."""
+    """Evaluate ``run`` against ``gt`` (se3-aligned ATE, RPE, track losses; the final estimates,
+    and the live poses where they differ)."""
     result = evaluate(run.estimate, gt)
-    return RunSummary(name, label, result, run, track_losses(result))
+    live = evaluate(run.live_estimate(), gt) if run.live_poses else None
+    return RunSummary(name, label, result, run, track_losses(result), live=live)
 
 
 def skipped_run(name: str, label: str, why: str) -> RunSummary:
@@ -94,10 +104,11 @@ def format_comparison(runs: list[RunSummary]) -> str:
         'answered',
         'PWAN engaged',
         'lost track',
-        'ATE RMSE [m]',
+        'predicted',
+        'ATE RMSE final / live [m]',
         'RPE [%]',
         'RPE [deg/m]',
-        'latency median / max [ms]',
+        'latency median / p95 / max [ms]',
     )
     rows = []
     for r in runs:
@@ -111,10 +122,14 @@ def format_comparison(runs: list[RunSummary]) -> str:
                 f"{m['scans']}/{m['scans_published']}",
                 fmt(m['scans_pwan_engaged'], 'd'),
                 str(m['scans_lost_track']),
-                f"{m['ate_rmse_m']:.3f}",
+                fmt(m['scans_predicted'], 'd'),
+                f"{m['ate_rmse_m']:.3f} / {m['ate_live_rmse_m']:.3f}",
                 fmt(m['rpe_trans_pct'], '.2f'),
                 fmt(m['rpe_rot_deg_per_m'], '.4f'),
-                f"{fmt(m['median_latency_ms'], '.0f')} / {fmt(m['max_latency_ms'], '.0f')}",
+                ' / '.join(
+                    fmt(m[k], '.0f')
+                    for k in ('median_latency_ms', 'p95_latency_ms', 'max_latency_ms')
+                ),
             )
         )
     full = [head] + [row for row in rows if len(row) == len(head)]

@@ -59,6 +59,11 @@ class ReplayConfig:
         'remap renames a topic to it plays that topic as the scans',
     )
     odom_topic: str = param('/odometry', "odometry topic to record; '' = record nothing")
+    corrected_topic: str = param(
+        '/pwan_odometry/corrected_odometry',
+        'topic of the final estimates of scans the node first answered with a prediction '
+        "(during a recovery); they replace those in the trajectory; '' = ignore",
+    )
     diagnostics_topic: str = param(
         '/diagnostics', "diagnostics topic to record; '' = ignore diagnostics"
     )
@@ -140,6 +145,30 @@ class _Recorder:
     rejected_stamps: set = field(default_factory=set)  # ... rejected or re-anchored
     scan_notes: dict = field(default_factory=dict)  # stamp ns -> [path, ratio, message] of those
     last_odom_wall: float = 0.0
+    corrected: dict = field(default_factory=dict)  # stamp ns -> 4x4 final estimate
+    predicted_stamps: set = field(default_factory=set)  # answered live with a prediction
+    final_stamps: set = field(default_factory=set)  # scans whose estimate is final
+    finals_announced: bool = False  # the node says which estimates are final
+
+    def on_corrected(self, msg) -> None:
+        """A final estimate that replaces the prediction published live for its scan."""
+        with self.lock:
+            self.corrected[bag_io.stamp_to_ns(msg.header.stamp)] = bag_io.pose_from_msg(
+                msg.pose.pose
+            )
+            self.last_odom_wall = time.monotonic()
+
+    def settled(self, stamp_ns: int) -> bool:
+        """The scan has its pose, and it is final (or the node does not say)."""
+        with self.lock:
+            if stamp_ns not in self.odom:
+                return False
+            return not self.finals_announced or stamp_ns in self.final_stamps
+
+    def unsettled(self) -> int:
+        """Scans answered with a prediction whose final estimate has not come yet."""
+        with self.lock:
+            return len(self.predicted_stamps - self.final_stamps)
 
     def on_odom(self, msg) -> None:
         """An odometry answer: its pose, and the latency from its scan's publication."""
@@ -165,6 +194,7 @@ class _Recorder:
                 if 'scans_dropped' in values and _float(values['scans_dropped']) is not None:
                     self.node_scans_dropped = int(_float(values['scans_dropped']))
                 ns = bag_io.stamp_to_ns(msg.header.stamp)
+                self._on_final(ns, values)
                 if values.get('pwan_engaged') == 'true':
                     self.pwan_stamps.add(ns)
                 if values.get('path') in ('rejected', 'reanchor'):
@@ -172,6 +202,19 @@ class _Recorder:
                 if ns in self.pwan_stamps or ns in self.rejected_stamps:
                     ratio = _float(values.get('matched_ratio', ''))
                     self.scan_notes[ns] = [values.get('path', ''), ratio, status.message]
+
+    def _on_final(self, ns: int, values: dict) -> None:
+        """(under the lock) whether the node says the scan's estimate is final."""
+        if 'recovering_s' in values:  # a recovery still running: the node is at work
+            self.last_odom_wall = time.monotonic()
+        if 'final' not in values:
+            return
+        self.finals_announced = True
+        if values['final'] == 'true':
+            self.final_stamps.add(ns)
+            self.last_odom_wall = time.monotonic()
+        if values.get('path') == 'predicted':
+            self.predicted_stamps.add(ns)
 
     def answered(self) -> int:
         """Published scans with an odometry answer."""
@@ -182,10 +225,12 @@ class _Recorder:
         """What was recorded, as a :class:`RunRecord`."""
         with self.lock:
             stamps = sorted(self.odom)
+            final = {**self.odom, **{s: p for s, p in self.corrected.items() if s in self.odom}}
             est = Trajectory(
                 np.array(stamps, dtype=np.float64) * 1e-9,
-                np.array([self.odom[s] for s in stamps]).reshape(-1, 4, 4),
+                np.array([final[s] for s in stamps]).reshape(-1, 4, 4),
             )
+            replaced = sorted(set(self.corrected) & set(self.odom))
             return RunRecord(
                 estimate=est,
                 scans_published=n_scans,
@@ -200,6 +245,8 @@ class _Recorder:
                 pwan_stamps=[ns * 1e-9 for ns in sorted(self.pwan_stamps)],
                 rejected_stamps=[ns * 1e-9 for ns in sorted(self.rejected_stamps)],
                 scan_notes=[[ns * 1e-9, *self.scan_notes[ns]] for ns in sorted(self.scan_notes)],
+                predicted_stamps=[ns * 1e-9 for ns in sorted(self.predicted_stamps)],
+                live_poses=[[ns * 1e-9, *self.odom[ns].ravel().tolist()] for ns in replaced],
             )
 
 
@@ -298,6 +345,10 @@ def _replay_on(node, cfg: ReplayConfig, played: list, classes: dict, log) -> Run
         node.create_subscription(
             DiagnosticArray, cfg.diagnostics_topic, rec.on_diag, qos['recorded']
         )
+    if cfg.odom_topic and cfg.corrected_topic:
+        from nav_msgs.msg import Odometry
+
+        node.create_subscription(Odometry, cfg.corrected_topic, rec.on_corrected, qos['recorded'])
     executor = SingleThreadedExecutor()
     executor.add_node(node)
     spinner = threading.Thread(target=executor.spin, daemon=True)
@@ -344,12 +395,15 @@ def _wait_for_node(cfg: ReplayConfig, scan_pub, odom_sub, log) -> None:
 
 
 def _drain(cfg: ReplayConfig, rec: _Recorder, n_scans: int, t_end: float) -> None:
-    """After the last message: wait until every scan has its odometry, or ``drain_timeout``
-    seconds pass without a new one."""
+    """After the last message: wait until every scan has its odometry and every prediction its
+    final estimate, or ``drain_timeout`` seconds pass without a new one."""
     while True:
         with rec.lock:
             last = max(rec.last_odom_wall, t_end)
-        if rec.answered() >= n_scans or time.monotonic() - last > cfg.drain_timeout:
+        done = rec.answered() >= n_scans and not rec.unsettled()
+        if done and rec.predicted_stamps:
+            time.sleep(0.2)  # the corrected poses, on their own topic, beside the diagnostics
+        if done or time.monotonic() - last > cfg.drain_timeout:
             return
         time.sleep(0.05)
 
@@ -402,12 +456,12 @@ def _play(cfg: ReplayConfig, pubs, clock_pub, rec: _Recorder, played) -> dict:
 
 
 def _wait_for_pose(rec: _Recorder, stamp_ns: int, timeout: float) -> float:
-    """Wait until the pose of the scan stamped ``stamp_ns`` was received (or ``timeout`` s);
-    returns the seconds waited."""
+    """Wait until the pose of the scan stamped ``stamp_ns`` was received and is final (a node
+    that answered with a prediction during a recovery says when its final estimate is out), or
+    ``timeout`` s; returns the seconds waited."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
-        with rec.lock:
-            if stamp_ns in rec.odom:
-                break
+        if rec.settled(stamp_ns):
+            break
         time.sleep(0.002)
     return time.monotonic() - t0

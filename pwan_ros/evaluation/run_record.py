@@ -32,6 +32,9 @@ class RunRecord:
         full PWAN ran / the scan was rejected or re-anchored (empty for other estimators).
     scan_notes: for each of those scans, [stamp (s), path, matched ratio, the node's message]
         (why PWAN ran, why it was accepted or rejected), in stamp order.
+    predicted_stamps: scan stamps (s) the node answered live with a prediction (a recovery ran
+        off its scan worker); live_poses: [stamp (s), 16 floats of the (4, 4) pose row-major]
+        of the scans whose live pose ``estimate`` replaced by a final estimate.
     """
 
     estimate: Trajectory
@@ -47,6 +50,19 @@ class RunRecord:
     pwan_stamps: list[float] = field(default_factory=list)
     rejected_stamps: list[float] = field(default_factory=list)
     scan_notes: list[list] = field(default_factory=list)
+    predicted_stamps: list[float] = field(default_factory=list)
+    live_poses: list[list] = field(default_factory=list)
+
+    def live_estimate(self) -> Trajectory:
+        """The trajectory as published live (predictions where the final estimate differs)."""
+        poses = self.estimate.poses.copy()
+        for row in self.live_poses:
+            k = int(np.argmin(np.abs(self.estimate.stamps - row[0])))
+            poses[k] = np.asarray(row[1:], dtype=np.float64).reshape(4, 4)
+        return Trajectory(self.estimate.stamps.copy(), poses)
+
+    def latency_percentile_ms(self, q: float) -> float | None:
+        return float(np.percentile(self.latencies_ms, q)) if self.latencies_ms else None
 
     @property
     def scans(self) -> int:

@@ -112,6 +112,25 @@ class Odometer:
         est = self.pipeline.process(points, stamp, offsets)
         self._last_stamp = stamp
         self._t_base_sensor = t_base_sensor
+        return self._published(est, t_base_sensor, notices)
+
+    def corrections(self) -> List[OdometryUpdate]:
+        """The final estimates of the scans a finished background recovery settled (the scan
+        that started it, then the scans answered with predictions meanwhile, re-tracked), in
+        stamp order; each ``estimate.correction`` is (m, deg) from the pose published live.
+        [] while none finished."""
+        mount = self._t_base_sensor if self._t_base_sensor is not None else np.eye(4)
+        return [
+            self._published(est, mount, [])
+            for outcome in self.pipeline.take_outcomes()
+            for est in outcome.estimates
+        ]
+
+    def _published(
+        self, est: ScanEstimate, t_base_sensor: np.ndarray, notices: List[Tuple[str, str]]
+    ) -> OdometryUpdate:
+        """The scan's estimate in odom_frame, with its twist and covariance."""
+        stamp = est.stamp
         # est.pose: the sensor's motion since the run began, when the base was at _base0
         t_odom_run = self._base0 @ t_base_sensor  # T_odom_sensor at the start of the run
         t_odom_base = project_rigid(t_odom_run @ est.pose @ invert(t_base_sensor))
@@ -121,7 +140,8 @@ class Odometer:
                 delta = invert(self._last_pose) @ t_odom_base
                 dt = stamp - self._pose_stamp
                 twist = (delta[:3, 3] / dt, Rotation.from_matrix(delta[:3, :3]).as_rotvec() / dt)
-            self._last_pose, self._pose_stamp = t_odom_base, stamp
+            if self._pose_stamp is None or stamp > self._pose_stamp:
+                self._last_pose, self._pose_stamp = t_odom_base, stamp
         deformed = None
         if est.aligned_points is not None:
             deformed = est.aligned_points @ t_odom_run[:3, :3].T + t_odom_run[:3, 3]

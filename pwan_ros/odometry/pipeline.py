@@ -27,15 +27,17 @@ state changes), apply the verdict to the state (the one place it changes), build
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from pwan_ros.core.checks.verify import check_pose
 from pwan_ros.geometry.se3 import invert, project_rigid, rotation_angle, transform_points
+from pwan_ros.odometry.background import BackgroundRecovery, KeptScan, RecoveryOutcome
 from pwan_ros.odometry.constraint import Constraint
 from pwan_ros.odometry.config import OdometryConfig
 from pwan_ros.odometry.deskew import deskew, motion_over
@@ -80,6 +82,9 @@ class ScanEstimate:
     or 'warn' for a rejected, re-anchored or flagged scan. over_budget: ``latency_ms`` exceeded
     ``time_budget_ms`` on a path other than 'pwan' (whose budget is ``pwan_time_budget_ms``).
     weak: the constraint of a tracked pose the scan does not pin along some axis (flagged).
+    path 'predicted': answered during a recovery running off the scan worker (``background``)
+    with the constant-velocity prediction (not accepted); its final estimate comes with the
+    recovery's outcome, with ``correction``: (m, deg) from the pose published live.
     """
 
     stamp: float
@@ -104,6 +109,7 @@ class ScanEstimate:
     status: str = 'ok'
     over_budget: bool = False
     weak: Optional[Constraint] = None  # an accepted pose its scan does not pin along an axis
+    correction: Optional[Tuple[float, float]] = None  # (m, deg) from the live pose
 
     @property
     def message(self) -> str:
@@ -128,6 +134,25 @@ class Registration:
     aligned_points: Optional[np.ndarray] = None
     flagged: bool = False  # accepted, but published as WARN with a held pose's covariance
     weak: Optional[Constraint] = None  # tracked, but not pinned along an axis: WARN
+    pending: bool = False  # tracking distrusted, full PWAN to run off the scan worker
+
+
+@dataclass(frozen=True)
+class _Work:
+    """One scan between its stages: stamp (s, the registered instant), header_stamp (s, as
+    given), t_ref (s, the one after the other), deskewed, t0 (perf_counter s at the start),
+    timings (ms), the prepared scan, the keyframe and the prediction init ((4, 4)
+    T_keyframe_scan)."""
+
+    stamp: float
+    header_stamp: float
+    t_ref: float
+    deskewed: bool
+    t0: float
+    timings: Dict[str, float]
+    scan: PreparedScan
+    kf: Optional[Keyframe]
+    init: Optional[np.ndarray]
 
 
 class OdometryPipeline:
@@ -143,9 +168,17 @@ class OdometryPipeline:
         config: OdometryConfig,
         reference_points: Optional[np.ndarray] = None,
         num_threads: int = 2,
+        background: bool = False,
+        on_recovered: Optional[Callable[[], None]] = None,
     ):
         self.config = config
         self.num_threads = num_threads
+        # mode 'adaptive': full-PWAN recoveries off the caller's thread (background.py), the
+        # scans meanwhile answered with predictions; on_recovered() says an outcome is ready
+        self.background = background and config.mode == 'adaptive'
+        self._on_recovered = on_recovered
+        self._recovery: Optional[BackgroundRecovery] = None
+        self._outcomes: List[RecoveryOutcome] = []
         self.motion = ConstantVelocityModel()
         self.pwan = PwanAligner(config)
         self.trust = TrustPolicy(config)
@@ -162,7 +195,11 @@ class OdometryPipeline:
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
         """Forget all state (keyframes, motion, trust history, PWAN warm start); the next scan
-        starts a new odometry. The voxel size, once chosen, is kept."""
+        starts a new odometry. The voxel size, once chosen, is kept; a background recovery is
+        abandoned (its outcome dropped)."""
+        self._abandon_recovery()
+        self._outcomes = []
+        self._catching_up = False  # a background recovery re-tracks its kept scans
         self.motion.reset()
         self.pwan.reset()
         self.trust.reset()
@@ -196,7 +233,51 @@ class OdometryPipeline:
         moved back to ``stamp`` with the velocity. The mid-sweep reference keeps a velocity error
         from shifting the registered cloud, so it cannot feed back into the next velocity (as
         KISS-ICP, which registers mid-sweep). Raises ScanError for a scan that cannot be
-        registered."""
+        registered.
+
+        With ``background``, a scan that arrives while a recovery runs is answered at once with
+        the prediction (path 'predicted') and re-tracked later (:meth:`take_outcomes`)."""
+        if self._recovery is not None:
+            predicted = self._recovery.keep(points, stamp, offsets)
+            if predicted is not None:
+                reason = f'recovering since the scan at {self._recovery.trigger_stamp:.3f} s'
+                return _predicted(stamp, predicted, points, reason, pwan_engaged=False)
+            self._collect()  # caught up: the state is this thread's again
+        return self._register_scan(points, stamp, offsets)
+
+    def take_outcomes(self) -> List[RecoveryOutcome]:
+        """The outcomes of the background recoveries finished since the last call (each once)."""
+        if self._recovery is not None and self._recovery.done:
+            self._collect()
+        outcomes, self._outcomes = self._outcomes, []
+        return outcomes
+
+    @property
+    def recovering(self) -> bool:
+        """A background recovery is running (or its outcome not collected)."""
+        return self._recovery is not None
+
+    def recovery_progress(self) -> Optional[Tuple[float, float, int]]:
+        """(stamp (s) of the scan that started the running background recovery, seconds it has
+        run, scans answered with predictions since), or None."""
+        rec = self._recovery
+        if rec is None:
+            return None
+        return rec.trigger_stamp, time.monotonic() - rec.started, rec.scans_kept
+
+    def wait_recovery(self, timeout: Optional[float] = None) -> None:
+        """Block until a running background recovery is done (tests, offline use)."""
+        if self._recovery is not None:
+            self._recovery.join(timeout)
+
+    def close(self) -> None:
+        """Stop a background recovery (shutdown); the pipeline stays usable."""
+        self._abandon_recovery()
+
+    def _register_scan(
+        self, points: np.ndarray, stamp: float, offsets: Optional[np.ndarray]
+    ) -> ScanEstimate:
+        """:meth:`process` on this thread: deskew, register, and back to ``stamp``."""
         t_ref, deskewed = 0.0, False
         if offsets is not None and self.config.deskew != 'off':
             offsets = np.asarray(offsets, dtype=np.float64)
@@ -207,20 +288,35 @@ class OdometryPipeline:
             velocity = self.motion.velocity()
             if velocity is not None:
                 points, deskewed = deskew(points, offsets - t_ref, velocity), True
-        est = self._process(points, stamp + t_ref, deskewed)
-        if t_ref == 0.0:
+        return self._process(points, stamp, t_ref, deskewed)
+
+    def _to_stamp(self, est: ScanEstimate, work: _Work) -> ScanEstimate:
+        """The estimate of a scan registered ``work.t_ref`` s after its header stamp, moved back
+        to it (the stamp exactly as given)."""
+        if work.t_ref == 0.0:
             return est
         velocity = self.motion.velocity()
-        pose = est.pose if velocity is None else est.pose @ invert(motion_over(velocity, t_ref))
-        return dataclasses.replace(est, stamp=stamp, pose=pose)
+        pose = est.pose
+        if velocity is not None:
+            pose = pose @ invert(motion_over(velocity, work.t_ref))
+        return dataclasses.replace(est, stamp=work.header_stamp, pose=pose)
 
-    def _process(self, points: np.ndarray, stamp: float, deskewed: bool) -> ScanEstimate:
-        t0, timings = time.perf_counter(), {}
+    def _process(self, points: np.ndarray, stamp: float, t_ref: float, deskewed: bool):
+        t0, timings, header_stamp = time.perf_counter(), {}, stamp
+        stamp += t_ref
         scan = self._prepare(points, stamp, timings)  # raises ScanError before any state changes
         kf = self.keyframe or self._reference_keyframe()
         init = self._predict(kf, stamp)
+        work = _Work(stamp, header_stamp, t_ref, deskewed, t0, timings, scan, kf, init)
         verdict = self.trust.screen(kf, len(scan.dense))  # decided before registering, or None
-        reg = _unregistered(verdict) if verdict else self._register(kf, scan, init, timings)
+        reg = _unregistered(verdict) if verdict else self._register(kf, scan, work.init, timings)
+        if reg.pending:
+            return self._defer(work, reg)
+        return self._conclude(work, reg, verdict)
+
+    def _conclude(self, work: _Work, reg: Registration, verdict: Optional[Verdict]):
+        """Judge the registration (unless ``verdict`` was decided before), apply the verdict to
+        the state, and build the scan's estimate."""
         verdict = verdict or self.trust.judge(
             reg.quality,
             reg.note,
@@ -228,8 +324,51 @@ class OdometryPipeline:
             self.distance_threshold,
             deformed=reg.aligned_points is not None,
         )
-        update = self._update(verdict, kf, scan, reg, stamp, timings)
-        return self._estimate(stamp, scan, verdict, reg, update, t0, timings, deskewed)
+        update = self._update(verdict, work.kf, work.scan, reg, work.stamp, work.timings)
+        est = self._estimate(work, verdict, reg, update)
+        return self._to_stamp(est, work)
+
+    def _defer(self, work: _Work, tracked: Registration) -> ScanEstimate:
+        """Start the recovery of this scan off the caller's thread; answer with the prediction."""
+        live = self.motion.predict(work.stamp)
+        est = _predicted(work.stamp, live, work.scan.dense, f'recovering: {tracked.note}')
+        est = self._to_stamp(est, work)
+
+        def recover() -> ScanEstimate:
+            reg = self._recovered(work.kf, work.scan, work.init, tracked, work.timings)
+            return self._conclude(work, reg, None)
+
+        self.pwan.start_job()
+        self._recovery = BackgroundRecovery(
+            recover,
+            self._retrack,
+            copy.deepcopy(self.motion),
+            (est.stamp, est.pose),
+            self._on_recovered,
+        )
+        return est
+
+    def _retrack(self, kept: KeptScan) -> ScanEstimate:
+        """A scan kept during a recovery, registered from the recovered state on the recovery's
+        thread (tracking; full PWAN again, in line, where tracking is distrusted)."""
+        self._catching_up = True
+        try:
+            return self._register_scan(kept.points, kept.stamp, kept.offsets)
+        finally:
+            self._catching_up = False
+
+    def _collect(self) -> None:
+        """The finished background recovery's outcome, kept for :meth:`take_outcomes`."""
+        self._recovery.join()
+        self._outcomes.append(self._recovery.outcome)
+        self._recovery = None
+
+    def _abandon_recovery(self) -> None:
+        if getattr(self, '_recovery', None) is not None:
+            self.pwan.abandon()
+            self._recovery.abandon()
+            self._recovery.join()
+            self._recovery = None
 
     # ------------------------------------------------------------------ stages
     def _prepare(
@@ -262,11 +401,30 @@ class OdometryPipeline:
         reg = None
         if self.config.mode in ('adaptive', 'tracking'):
             reg = self._track(kf, scan, init, timings)
-        if reg is None or (reg.note and self.config.mode != 'tracking'):
-            reg = self._recover(kf, scan, init, reg, timings)
-            beyond = self._beyond_reach(scan)
-            if beyond and reg.quality.matched_ratio > 0.0:  # not refused: flagged
-                reg = dataclasses.replace(reg, note=f'{reg.note}; {beyond}', flagged=True)
+        if reg is not None and (not reg.note or self.config.mode == 'tracking'):
+            return self._with_deviation(reg, init)
+        if reg is not None and self.background and self.motion.pose is not None:
+            if self._catching_up:  # already off the scan worker: recover in line
+                return self._recovered(kf, scan, init, reg, timings)
+            return dataclasses.replace(reg, pending=True)  # off this thread (_defer)
+        return self._recovered(kf, scan, init, reg, timings)
+
+    def _recovered(
+        self,
+        kf: Keyframe,
+        scan: PreparedScan,
+        init: np.ndarray,
+        tracked: Optional[Registration],
+        timings: Dict[str, float],
+    ) -> Registration:
+        """Full PWAN (:meth:`_recover`), flagged when the sensor may have left the scan's reach."""
+        reg = self._recover(kf, scan, init, tracked, timings)
+        beyond = self._beyond_reach(scan)
+        if beyond and reg.quality.matched_ratio > 0.0:  # not refused: flagged
+            reg = dataclasses.replace(reg, note=f'{reg.note}; {beyond}', flagged=True)
+        return self._with_deviation(reg, init)
+
+    def _with_deviation(self, reg: Registration, init: np.ndarray) -> Registration:
         deviation = _deviation(init, reg.transform) if self.motion.predicting else None
         return dataclasses.replace(reg, deviation=deviation)
 
@@ -320,6 +478,7 @@ class OdometryPipeline:
             deadline,
             self.num_threads,
             use_global=self.config.recovery_global and np.isfinite(good),
+            settles=self._settles(init),
         )
         rec = recover(self.pwan, kf.local_map, scan.tracked, init, self.distance_threshold, plan)
         timings['pwan'], timings['polish'] = rec.pwan_ms, rec.polish_ms
@@ -356,6 +515,22 @@ class OdometryPipeline:
         return Registration(
             result.transform, quality, result.iterations, True, starts=1, aligned_points=aligned
         )
+
+    def _settles(self, init: np.ndarray):
+        """What ends a recovery's search early besides a good match: a result that the trust
+        policy would accept as agreeing with the motion prediction (``init``, T_keyframe_scan),
+        while the motion model extrapolates across no gap (a scan flooded with spurious returns
+        matches too few points for a good match at any start; 5 starts took 7 s there). None
+        after a gap: every start is tried."""
+        if not self.motion.predicting or self._gap(self._capture_range()):
+            return None
+        least, h = self.config.min_matched_ratio, self.distance_threshold
+
+        def settles(transform: np.ndarray, quality: MatchQuality) -> bool:
+            deviation = _deviation(init, transform)
+            return quality.matched_ratio >= least and self.trust.agrees_with_motion(deviation, h)
+
+        return settles
 
     def _beyond_reach(self, scan: PreparedScan) -> str:
         """'' unless the sensor may have moved farther since the last accepted pose (``max_speed``
@@ -442,18 +617,11 @@ class OdometryPipeline:
         return pose, new_kf
 
     def _estimate(
-        self,
-        stamp: float,
-        scan: PreparedScan,
-        verdict: Verdict,
-        reg: Registration,
-        update: tuple,
-        t0: float,
-        timings: Dict[str, float],
-        deskewed: bool,
+        self, work: _Work, verdict: Verdict, reg: Registration, update: tuple
     ) -> ScanEstimate:
-        """The scan's :class:`ScanEstimate` (latency from ``t0``, perf_counter seconds); update:
-        (pose, whether it started a keyframe), :meth:`_update`'s."""
+        """The scan's :class:`ScanEstimate` (latency from ``work.t0``); update: (pose, whether it
+        started a keyframe), :meth:`_update`'s."""
+        stamp, scan, timings, deskewed = work.stamp, work.scan, work.timings, work.deskewed
         pose, new_keyframe = update
         accepted = verdict.action != 'reject'  # a re-anchored scan starts a keyframe: accepted
         path = _PATHS[verdict.action]
@@ -461,7 +629,7 @@ class OdometryPipeline:
             path = 'pwan'
         weak = reg.weak if verdict.action == 'accept' and not reg.pwan_engaged else None
         reason = '; '.join(r for r in (verdict.reason, weak and weak.describe()) if r)
-        latency_ms = (time.perf_counter() - t0) * 1e3
+        latency_ms = (time.perf_counter() - work.t0) * 1e3
         filt = scan.filtered
         current = self.keyframes.current
         return ScanEstimate(
@@ -543,3 +711,28 @@ def _unregistered(verdict: Verdict) -> Registration:
     itself, a collapsed scan nothing."""
     quality = _PERFECT if verdict.action in ('init', 'reanchor') else _NOTHING
     return Registration(np.eye(4), quality)
+
+
+def _predicted(
+    stamp: float, pose: np.ndarray, points: np.ndarray, reason: str, pwan_engaged: bool = True
+) -> ScanEstimate:
+    """The live answer for a scan during a background recovery: (4, 4) T_odom_sensor ``pose``
+    predicted, not measured (not accepted, WARN)."""
+    n = int(np.isfinite(np.asarray(points)).all(axis=1).sum())
+    return ScanEstimate(
+        stamp=stamp,
+        pose=np.array(pose, dtype=np.float64),
+        path='predicted',
+        accepted=False,
+        pwan_engaged=pwan_engaged,
+        reason=reason,
+        matched_ratio=0.0,
+        median_residual=float('inf'),
+        iterations=0,
+        num_points=n,
+        num_input=len(points),
+        keyframe=-1,
+        new_keyframe=False,
+        latency_ms=0.0,
+        status='warn',
+    )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 from scipy.spatial.transform import Rotation
@@ -52,7 +52,8 @@ class PwanAligner:
     def __init__(self, config: OdometryConfig):
         self.config = config
         self._state: Optional[dict] = None
-        self._cancel = threading.Event()
+        self._cancel = threading.Event()  # shutdown: every registration from now on
+        self._abandon = threading.Event()  # the running job only (a reset): until start_job()
         self.reference_cache: Optional[ReferenceCache] = ReferenceCache()
 
     def align(
@@ -120,9 +121,20 @@ class PwanAligner:
         (shutdown): they raise :class:`RegistrationCancelled`."""
         self._cancel.set()
 
+    def start_job(self) -> None:
+        """A new recovery starts: an :meth:`abandon` of the previous one no longer applies."""
+        self._abandon.clear()
+
+    def abandon(self) -> None:
+        """Abandon the running registration at its next step (odometry reset during a
+        background recovery); the next :meth:`start_job` lifts it."""
+        self._abandon.set()
+
     def raise_if_cancelled(self) -> None:
         if self._cancel.is_set():
             raise RegistrationCancelled('the PWAN registration was cancelled (shutdown)')
+        if self._abandon.is_set():
+            raise RegistrationCancelled('the PWAN registration was abandoned (odometry reset)')
 
 
 class RegistrationCancelled(RuntimeError):
@@ -158,13 +170,15 @@ class RecoveryPlan:
     z up), stop at the first matching ``good`` (matched ratio) or at ``deadline``
     (time.perf_counter() seconds); the tracker's ``num_threads``; ``use_global``: when no start
     matched ``good`` (a kidnapped robot, a jump far beyond the prediction), a global registration
-    (no initial pose) too."""
+    (no initial pose) too. ``settles(T_keyframe_scan, quality)``: a result that ends the search
+    as a good match does (it agrees with the motion prediction, say); None: none does."""
 
     yaw_starts: int
     good: float
     deadline: float
     num_threads: int = 2
     use_global: bool = False
+    settles: Optional[Callable[[np.ndarray, MatchQuality], bool]] = None
 
 
 class _Search:
@@ -176,6 +190,7 @@ class _Search:
         self.origin = 'prediction'
         self.iterations, self.pwan_ms, self.polish_ms = 0, 0.0, 0.0
         self.starts, self.global_status = 0, ''
+        self.settled = False  # a start's result settled the search (plan.settles)
 
     def offer(self, tracked, origin: str) -> None:
         """A start's tracked result: kept when it matches more of the scan."""
@@ -204,6 +219,7 @@ def recover(
     if (
         plan.use_global
         and search.best.quality.matched_ratio < plan.good
+        and not search.settled
         and time.perf_counter() < plan.deadline
     ):
         _global_start(aligner, keyframe, scan, h, plan, search)
@@ -244,7 +260,11 @@ def _yaw_starts(aligner, keyframe, scan, start: tuple, plan: RecoveryPlan, searc
         search.iterations += result.iterations + tr.iterations
         search.offer(tr, 'prediction' if k == 0 else f'yaw {np.degrees(yaw):.0f} deg')
         search.starts = k + 1
-        if search.best.quality.matched_ratio >= plan.good or time.perf_counter() > plan.deadline:
+        best = search.best
+        search.settled = plan.settles is not None and plan.settles(best.transform, best.quality)
+        if best.quality.matched_ratio >= plan.good or search.settled:
+            break
+        if time.perf_counter() > plan.deadline:
             break
 
 

@@ -56,6 +56,8 @@ _LEVELS = {'ok': DiagnosticStatus.OK, 'warn': DiagnosticStatus.WARN}
 #: registered scans over whose arrivals (the scan and those dropped before it) the drop rate is
 #: given
 DROP_WINDOW = 20
+#: seconds between the statuses of a recovery running off the scan worker
+RECOVERY_BEAT_S = 1.0
 #: seconds without a scan after which the node says so (log and /diagnostics WARN, naming the
 #: topic and its publishers), again every that long while the silence lasts
 SILENCE_S = 5.0
@@ -94,12 +96,15 @@ _COUNTS = (
     'reanchored',
     'resets',
     'over_budget',
+    'predicted',
+    'corrected',
 )
 
 
-def _pipeline(cfg: OdometryConfig) -> OdometryPipeline:
+def _pipeline(cfg: OdometryConfig, on_recovered) -> OdometryPipeline:
     """The node's pipeline, its device and reference cloud checked first (ConfigError: 'cuda'
-    without CUDA fails here, not on every scan; an unreadable or unusable reference cloud)."""
+    without CUDA fails here, not on every scan; an unreadable or unusable reference cloud).
+    Recoveries run off the scan worker; ``on_recovered()`` is called when one finished."""
     from pwan_ros.core.device import resolve_device
     from pwan_ros.core.errors import PwanInputError
 
@@ -116,7 +121,7 @@ def _pipeline(cfg: OdometryConfig) -> OdometryPipeline:
         except Exception as exc:  # unreadable / corrupt file: a configuration error
             raise ConfigError(f"cannot read reference_cloud '{cfg.reference_cloud}': {exc}")
     try:
-        return OdometryPipeline(cfg, reference)
+        return OdometryPipeline(cfg, reference, background=True, on_recovered=on_recovered)
     except ValueError as exc:  # an unusable reference cloud (pipeline.usable_reference)
         raise ConfigError(f"reference_cloud '{cfg.reference_cloud}': {exc}") from None
 
@@ -132,7 +137,12 @@ class OdometryNode(Node):
             raise ConfigError(f'unknown parameter(s): {", ".join(unknown)}')
         self.config = OdometryConfig.from_dict(values)  # raises ConfigError
         cfg = self.config
-        self.pipeline = _pipeline(cfg)
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._recovered = False  # a background recovery finished: its corrections to publish
+        self._beat_at = 0.0  # the next status of a running recovery (time.monotonic())
+        self._live_stamps: Dict[float, object] = {}  # predicted scans: stamp (s) -> header stamp
+        self.pipeline = _pipeline(cfg, self._on_recovered)
         self.odometer = Odometer(self.pipeline)
         self.static_frames = FrameGraph()
         self.invalid_static: Dict[Tuple[str, str], str] = {}  # (parent, child) -> why
@@ -160,12 +170,12 @@ class OdometryNode(Node):
             static_qos,
         )
         self.odom_pub = self.create_publisher(Odometry, 'odometry', 10)
+        # the final estimates of scans answered with predictions during a recovery
+        self.corrected_pub = self.create_publisher(Odometry, '~/corrected_odometry', 100)
         self.cloud_pub = self.create_publisher(PointCloud2, 'aligned_points', 5)
         self.diag_pub = self.create_publisher(DiagnosticArray, '/diagnostics', 10)
         self.tf_pub = self.create_publisher(TFMessage, '/tf', 100) if cfg.publish_tf else None
 
-        self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
         self._pending: Optional[Tuple[PointCloud2, float]] = None
         self._stop = False
         self.counts = dict.fromkeys(_COUNTS, 0)
@@ -198,6 +208,12 @@ class OdometryNode(Node):
             if self._pending is not None:
                 self.counts['dropped'] += 1
             self._pending = (msg, time.perf_counter())
+            self._wake.notify()
+
+    def _on_recovered(self) -> None:
+        """A background recovery finished (its thread): wake the worker to publish it."""
+        with self._lock:
+            self._recovered = True
             self._wake.notify()
 
     def _on_other_writer(self, msg: PointCloud2) -> None:
@@ -233,34 +249,68 @@ class OdometryNode(Node):
         report_at = quiet_since + SILENCE_S
         while True:
             with self._lock:
-                while self._pending is None and not self._stop:
+                while self._pending is None and not self._recovered and not self._stop:
                     self._wake.wait(0.5)
-                    if self._pending is None and time.monotonic() >= report_at:
+                    if self._pending is None and self._due(report_at):
                         break
                 if self._stop:
                     return
                 pending, self._pending = self._pending, None
-            if pending is None:  # silence: say so, and again every SILENCE_S
+                recovered, self._recovered = self._recovered, False
+            if recovered:
+                self._guarded(self._publish_corrections)
+            if pending is None:
                 now = time.monotonic()
-                report_at = now + SILENCE_S
-                self._report_silence(now - quiet_since)
+                if self.pipeline.recovering and now >= self._beat_at:
+                    self._beat_at = now + RECOVERY_BEAT_S
+                    self._guarded(self._report_recovery)
+                if now >= report_at:  # silence: say so, and again every SILENCE_S
+                    report_at = now + SILENCE_S
+                    self._report_silence(now - quiet_since)
                 continue
             msg, t_received = pending
             quiet_since = time.monotonic()
             report_at = quiet_since + SILENCE_S
+            if not self._guarded(lambda: self._handle(msg, t_received), msg.header.stamp):
+                return
+
+    def _due(self, report_at: float) -> bool:
+        """A report is due: the silence's, or the running recovery's (every RECOVERY_BEAT_S)."""
+        now = time.monotonic()
+        return now >= report_at or (self.pipeline.recovering and now >= self._beat_at)
+
+    def _report_recovery(self) -> None:
+        """A WARN status while a recovery runs off the scan worker: since when, for how long,
+        how many scans were answered with predictions meanwhile."""
+        progress = self.pipeline.recovery_progress()
+        if progress is None:
+            return
+        stamp, seconds, kept = progress
+        text = (
+            f'recovering: full PWAN for the scan at {stamp:.3f} s running off the scan worker '
+            f'for {seconds:.1f} s; {kept} scan(s) since answered with predictions, to be '
+            're-tracked when it returns'
+        )
+        values = {'recovering_s': f'{seconds:.1f}', 'scans_waiting': str(kept)}
+        self._publish_diagnostics(self._now(), DiagnosticStatus.WARN, text, values)
+
+    def _guarded(self, work, stamp=None) -> bool:
+        """Run ``work()``; an internal error is counted, logged (every 5 s) and published as an
+        ERROR, never kills the node. False when shutting down (the worker ends)."""
+        try:
+            work()
+        except Exception as exc:  # never let one scan kill the node
+            if self._stop or not self.context.ok():
+                return False  # shutting down: publishers are gone
+            self._count(invalid=1)
+            self._warn('internal', f'scan skipped after an internal error: {exc!r}')
             try:
-                self._handle(msg, t_received)
-            except Exception as exc:  # never let one scan kill the node
-                if self._stop or not self.context.ok():
-                    return  # shutting down: publishers are gone
-                self._count(invalid=1)
-                self._warn('internal', f'scan skipped after an internal error: {exc!r}')
-                try:
-                    self._publish_diagnostics(
-                        msg.header.stamp, DiagnosticStatus.ERROR, f'internal error: {exc}', {}
-                    )
-                except Exception:
-                    pass
+                self._publish_diagnostics(
+                    stamp or self._now(), DiagnosticStatus.ERROR, f'internal error: {exc}', {}
+                )
+            except Exception:
+                pass
+        return True
 
     def _skip(self, msg: PointCloud2, key: str, text: str, status: str) -> None:
         """A scan that cannot be used: counted (``scans_invalid``), a warning (at most every 5 s
@@ -306,6 +356,7 @@ class OdometryNode(Node):
     def _handle(self, msg: PointCloud2, t_received: float) -> None:
         """One scan: decoded, its frames resolved, registered, and its pose, aligned cloud and
         diagnostics published (or skipped with a reason)."""
+        self._publish_corrections()  # a recovery that finished before this scan comes first
         stamp = _stamp_seconds(msg.header.stamp)
         try:
             cloud = pc2.read_cloud(msg)
@@ -348,7 +399,10 @@ class OdometryNode(Node):
             rejected=int(not est.accepted),
             reanchored=int(est.path == 'reanchor'),
             over_budget=int(est.over_budget or bool(behind)),
+            predicted=int(est.path == 'predicted'),
         )
+        if est.path == 'predicted':  # its final estimate comes with the recovery's outcome
+            self._live_stamps[est.stamp] = msg.header.stamp
         self._publish_pose(msg.header.stamp, base, update)
         self._publish_aligned(msg, cloud, update)
         latency = (time.perf_counter() - t_received) * 1e3
@@ -446,6 +500,7 @@ class OdometryNode(Node):
             'accepted': str(est.accepted).lower(),
             'pwan_engaged': str(est.pwan_engaged).lower(),
             'pwan_starts': str(est.pwan_starts),
+            'final': str(est.path != 'predicted').lower(),
             'deskewed': str(est.deskewed).lower(),
             'point_times': times.status,
             'point_times_detail': times.detail,
@@ -469,6 +524,21 @@ class OdometryNode(Node):
 
     # ------------------------------------------------------------------ publishing
     def _publish_pose(self, stamp, base: str, update: OdometryUpdate) -> None:
+        odom = self._odometry_msg(stamp, base, update)
+        self.odom_pub.publish(odom)
+        if self.tf_pub is not None:
+            p = odom.pose.pose
+            tf = TransformStamped()
+            tf.header = odom.header
+            tf.child_frame_id = base
+            tf.transform.translation.x = p.position.x
+            tf.transform.translation.y = p.position.y
+            tf.transform.translation.z = p.position.z
+            tf.transform.rotation = p.orientation
+            self.tf_pub.publish(TFMessage(transforms=[tf]))
+
+    def _odometry_msg(self, stamp, base: str, update: OdometryUpdate) -> Odometry:
+        """The nav_msgs/Odometry of an update: pose, covariance, twist (unknown: -1)."""
         t = update.T_odom_base
         q = to_quaternion(t)
         odom = Odometry()
@@ -486,16 +556,41 @@ class OdometryNode(Node):
             w.x, w.y, w.z = (float(x) for x in ang)
         else:
             odom.twist.covariance = [-1.0 if i % 7 == 0 else 0.0 for i in range(36)]  # unknown
-        self.odom_pub.publish(odom)
-        if self.tf_pub is not None:
-            tf = TransformStamped()
-            tf.header = odom.header
-            tf.child_frame_id = base
-            tf.transform.translation.x = p.position.x
-            tf.transform.translation.y = p.position.y
-            tf.transform.translation.z = p.position.z
-            tf.transform.rotation = p.orientation
-            self.tf_pub.publish(TFMessage(transforms=[tf]))
+        return odom
+
+    def _publish_corrections(self) -> None:
+        """The final estimates of a finished background recovery: for each scan it settled,
+        the re-tracked pose on ``~/corrected_odometry`` (accepted ones; a scan it could not
+        settle keeps its flagged prediction) and its diagnostics (``final``, the correction)."""
+        updates = self.odometer.corrections()
+        base = self.config.base_frame or self._frame
+        for update in updates:
+            est = update.estimate
+            stamp = self._live_stamps.pop(est.stamp, None)
+            if stamp is None:  # (not a scan answered live with a prediction)
+                continue
+            settled = est.accepted and est.path in ('track', 'pwan')
+            if settled:
+                self.corrected_pub.publish(self._odometry_msg(stamp, base, update))
+            self._count(corrected=int(settled), rejected=int(not est.accepted))
+            moved = est.correction or (float('nan'), float('nan'))
+            text = f're-tracked after the recovery: {est.message}; ' + (
+                f'corrected by {moved[0]:.3f} m, {moved[1]:.2f} deg'
+                if settled
+                else 'the prediction stays (flagged)'
+            )
+            values = {
+                'path': est.path,
+                'accepted': str(est.accepted).lower(),
+                'pwan_engaged': str(est.pwan_engaged).lower(),
+                'final': 'true',
+                'matched_ratio': f'{est.matched_ratio:.4f}',
+                'correction_m': f'{moved[0]:.4f}',
+                'correction_deg': f'{moved[1]:.3f}',
+            }
+            self._publish_diagnostics(stamp, _LEVELS[est.status], text, values)
+        if updates and not self.pipeline.recovering:
+            self._live_stamps.clear()  # (scans of an abandoned recovery)
 
     def _publish_aligned(
         self, msg: PointCloud2, cloud: pc2.DecodedCloud, update: OdometryUpdate
@@ -541,6 +636,7 @@ class OdometryNode(Node):
             self._wake.notify()
         self.pipeline.pwan.cancel()  # a running PWAN registration stops at its next step
         self._worker.join(timeout=30.0)
+        self.pipeline.close()  # and a background recovery
         return super().destroy_node()
 
 

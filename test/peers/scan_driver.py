@@ -45,6 +45,14 @@ def sim_messages(n):
         yield 'scan', pc2.create_cloud(header(s.stamp_ns), s.xyz, s.extras), s.pose
 
 
+def stress_messages(n):
+    """The demo's drive (32 beams) with its stress events but the burst of spurious returns: the
+    scans after the blackout's fast turn need full PWAN."""
+    for s in simulate(SimConfig(scans=n, stress=True)):
+        if not s.blackout and s.event != 'burst':
+            yield 'scan', pc2.create_cloud(header(s.stamp_ns), s.xyz, s.extras), s.pose
+
+
 def sweep_messages(n):
     """n scans of a fast drive (10 m/s) whose points carry their time ('t', uint32 ns, Ouster)."""
     for s in simulate(SimConfig(scans=n, sweep=True, speed=10.0, **SIM)):
@@ -205,6 +213,9 @@ class Driver(Node):
         self.tf = []
         self.aligned = []
         self.create_subscription(Odometry, 'odometry', self.on_odom, 50)
+        self.create_subscription(
+            Odometry, '/pwan_odometry/corrected_odometry', self.on_corrected, 50
+        )
         self.create_subscription(DiagnosticArray, '/diagnostics', self.on_diag, 50)
         self.create_subscription(TFMessage, '/tf', self.on_tf, 100)
         self.create_subscription(PointCloud2, 'aligned_points', self.on_aligned, qos)
@@ -225,17 +236,38 @@ class Driver(Node):
             'covariance_xx': msg.pose.covariance[0],
         }
 
+    def on_corrected(self, msg):
+        """The final estimate of a scan first answered with a prediction (a recovery ran)."""
+        if self.key(msg.header.stamp) not in self.published:
+            return
+        p, q = msg.pose.pose.position, msg.pose.pose.orientation
+        self.answers.setdefault(self.key(msg.header.stamp), {})['corrected'] = {
+            'position': [p.x, p.y, p.z],
+            'orientation': [q.x, q.y, q.z, q.w],
+        }
+
     def on_diag(self, msg):
         if self.key(msg.header.stamp) not in self.published:
             return
         st = msg.status[0]
-        self.answers.setdefault(self.key(msg.header.stamp), {})['diag'] = {
+        answer = self.answers.setdefault(self.key(msg.header.stamp), {})
+        answer['diag'] = {
             'level': int.from_bytes(st.level, 'little')
             if isinstance(st.level, bytes)
             else int(st.level),
             'message': st.message,
             'values': {kv.key: kv.value for kv in st.values},
         }
+        answer.setdefault('diags', []).append(answer['diag'])
+
+    def unsettled(self):
+        """Scans answered with a prediction whose final diagnostics have not come yet."""
+        return [
+            k
+            for k, a in self.answers.items()
+            if any(d['values'].get('path') == 'predicted' for d in a.get('diags', []))
+            and not any(d['values'].get('final') == 'true' for d in a['diags'])
+        ]
 
     def on_tf(self, msg):
         for t in msg.transforms:
@@ -258,7 +290,16 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument(
         '--scenario',
-        choices=('sim', 'bad', 'glitch', 'sweep', 'two_sources', 'two_writers', 'corridor_gap'),
+        choices=(
+            'sim',
+            'bad',
+            'glitch',
+            'sweep',
+            'stress',
+            'two_sources',
+            'two_writers',
+            'corridor_gap',
+        ),
         required=True,
     )
     ap.add_argument(
@@ -274,6 +315,9 @@ def main():
     )
     ap.add_argument('--out', required=True)
     ap.add_argument('--timeout', type=float, default=60.0, help='seconds to wait per scan')
+    ap.add_argument(
+        '--settle', type=float, default=0.3, help="seconds for a scan's other outputs to arrive"
+    )
     ap.add_argument(
         '--static-tf',
         nargs=5,
@@ -316,6 +360,7 @@ def main():
             'bad': bad_messages,
             'glitch': lambda: glitch_messages(args.scans),
             'sweep': lambda: sweep_messages(args.scans),
+            'stress': lambda: stress_messages(args.scans),
             'two_sources': lambda: interleaved_messages(args.scans, 'second', 'second_lidar'),
             'corridor_gap': lambda: corridor_gap_messages(args.scans),
             'two_writers': lambda: interleaved_messages(args.scans, 'writer2'),
@@ -344,7 +389,7 @@ def main():
             end = time.monotonic() + args.timeout
             while key not in node.answers and time.monotonic() < end:
                 rclpy.spin_once(node, timeout_sec=0.05)
-            t_end = time.monotonic() + 0.3  # let the other outputs of this scan arrive
+            t_end = time.monotonic() + args.settle  # let the other outputs of this scan arrive
             while time.monotonic() < t_end:
                 rclpy.spin_once(node, timeout_sec=0.05)
             sent.append(
@@ -354,6 +399,12 @@ def main():
                     'gt': None if pose is None else np.asarray(pose).tolist(),
                 }
             )
+        end = time.monotonic() + args.timeout  # the final estimates of predicted scans
+        while node.unsettled() and time.monotonic() < end:
+            rclpy.spin_once(node, timeout_sec=0.05)
+        t_end = time.monotonic() + 0.5
+        while time.monotonic() < t_end:
+            rclpy.spin_once(node, timeout_sec=0.05)
     finally:
         with open(args.out, 'w') as f:
             json.dump(
