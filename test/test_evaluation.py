@@ -335,6 +335,33 @@ def test_cli_estimate_from_recorded_bag(tmp_path, small_bag, capsys):
     assert summary['ate_rmse_m'] < 1e-6
 
 
+def test_cli_recorded_bag_takes_the_corrected_poses(tmp_path, small_bag, capsys):
+    """A bag recorded from the node during a recovery: /odometry holds predictions 2 m off for
+    two scans, /pwan_odometry/corrected_odometry their final poses; the evaluation takes those
+    (``--corrected-topic ''``: the live poses)."""
+    from pwan_ros.io import bags as bag_io
+
+    gt = bag_io.read_trajectory(small_bag, '/ground_truth')
+    off = np.eye(4)
+    off[0, 3] = 2.0
+    with bag_io.BagWriter(tmp_path / 'est_bag') as w:
+        for k, (s, p) in enumerate(zip(gt.stamps, gt.poses)):
+            ns, pose = int(round(s * 1e9)), np.linalg.inv(gt.poses[0]) @ p
+            live = pose @ off if k in (3, 4) else pose
+            w.write('/odometry', ns, bag_io.odometry(ns, live, 'odom', 'base_link'))
+            if k in (3, 4):
+                topic = '/pwan_odometry/corrected_odometry'
+                w.write(topic, ns + 1, bag_io.odometry(ns, pose, 'odom', 'base_link'))
+    ate = {}
+    for corrected in (None, ''):
+        out = tmp_path / f'eval{corrected}'
+        extra = [] if corrected is None else ['--corrected-topic', corrected]
+        argv = ['--est', str(tmp_path / 'est_bag'), '--bag', str(small_bag), '--output', str(out)]
+        assert evaluate_cli.main(argv + extra) == 0, capsys.readouterr().err
+        ate[corrected] = json.loads((out / 'summary.json').read_text())['ate_rmse_m']
+    assert ate[None] < 1e-6 < 0.1 < ate['']
+
+
 def test_track_losses_and_side_by_side_comparison(tmp_path):
     """A run whose pose jumps 0.5 m at one scan and keeps the offset lost track exactly there;
     the comparison table and plot show every run, a skipped one with its reason."""

@@ -67,6 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         '--est-topic', default='/odometry', help='odometry topic when --est is a bag'
     )
+    parser.add_argument(
+        '--corrected-topic',
+        default='/pwan_odometry/corrected_odometry',
+        help='when --est is a bag: final poses that replace those of --est-topic at the same '
+        "stamps (scans first answered with a prediction during a recovery), if recorded; '' = "
+        'ignore',
+    )
     parser.add_argument('--gt-file', help='ground-truth pose file instead of --gt-topic')
     parser.add_argument(
         '--frame', help='child frame of the ground-truth poses (required for /tf topics)'
@@ -143,6 +150,8 @@ def _main(args) -> int:
         est_path = pathlib.Path(args.est)
         if (est_path / 'metadata.yaml').exists():  # a recorded bag, e.g. from ros2 bag record
             est = bag_io.read_trajectory(est_path, args.est_topic)
+            if args.corrected_topic in bag_io.bag_topics(est_path):
+                est = est.replaced_by(bag_io.read_trajectory(est_path, args.corrected_topic))
         else:
             est = read_pose_file(est_path)
         results.append(_evaluate_one(args, cfg, bags[0], output, None, est))
