@@ -81,6 +81,7 @@ class BackgroundRecovery:
         self._last_stamp = self.trigger_stamp
         self._caught_up = False
         self._abandoned = False
+        self._finished = threading.Event()  # the outcome is complete (set before on_done)
         self.started = time.monotonic()
         self.scans_kept = 0  # scans answered with a prediction so far
         self.outcome = RecoveryOutcome()
@@ -107,8 +108,8 @@ class BackgroundRecovery:
 
     @property
     def done(self) -> bool:
-        """The outcome is complete (the thread ended)."""
-        return not self._thread.is_alive()
+        """The outcome is complete (the thread ends at once)."""
+        return self._finished.is_set()
 
     def join(self, timeout: Optional[float] = None) -> None:
         self._thread.join(timeout)
@@ -136,6 +137,7 @@ class BackgroundRecovery:
         finally:
             with self._lock:
                 self._caught_up = True
+            self._finished.set()
             if self._on_done is not None:
                 self._on_done()
 

@@ -338,7 +338,6 @@ class OdometryPipeline:
             reg = self._recovered(work.kf, work.scan, work.init, tracked, work.timings)
             return self._conclude(work, reg, None)
 
-        self.pwan.start_job()
         self._recovery = BackgroundRecovery(
             recover,
             self._retrack,
@@ -369,6 +368,7 @@ class OdometryPipeline:
             self._recovery.abandon()
             self._recovery.join()
             self._recovery = None
+            self.pwan.resume()
 
     # ------------------------------------------------------------------ stages
     def _prepare(

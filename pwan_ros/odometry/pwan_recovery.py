@@ -53,7 +53,7 @@ class PwanAligner:
         self.config = config
         self._state: Optional[dict] = None
         self._cancel = threading.Event()  # shutdown: every registration from now on
-        self._abandon = threading.Event()  # the running job only (a reset): until start_job()
+        self._abandon = threading.Event()  # the running job only (a reset): until resume()
         self.reference_cache: Optional[ReferenceCache] = ReferenceCache()
 
     def align(
@@ -121,14 +121,14 @@ class PwanAligner:
         (shutdown): they raise :class:`RegistrationCancelled`."""
         self._cancel.set()
 
-    def start_job(self) -> None:
-        """A new recovery starts: an :meth:`abandon` of the previous one no longer applies."""
-        self._abandon.clear()
-
     def abandon(self) -> None:
         """Abandon the running registration at its next step (odometry reset during a
-        background recovery); the next :meth:`start_job` lifts it."""
+        background recovery) and every one until :meth:`resume`."""
         self._abandon.set()
+
+    def resume(self) -> None:
+        """The abandoned registration has ended: later ones run again."""
+        self._abandon.clear()
 
     def raise_if_cancelled(self) -> None:
         if self._cancel.is_set():
