@@ -252,7 +252,7 @@ def test_dropped_scans_raise_over_budget_and_say_what_to_do(tmp_path, ros_env):
 
 @pytest.mark.ros
 def test_scans_answered_during_a_slow_recovery_and_retracked_after(tmp_path, ros_env):
-    """The node on a machine where a PWAN recovery takes 3 s longer (test/peers): the scans
+    """The node on a machine where a PWAN recovery takes 2 s longer (test/peers): the scans
     that arrive meanwhile are answered at once with predictions (WARN, covariance inflated,
     ``scans_predicted``), then re-tracked from the recovered pose: their final estimates on
     ``~/corrected_odometry`` are right, with the correction in the diagnostics. Before, the
@@ -278,7 +278,7 @@ def test_scans_answered_during_a_slow_recovery_and_retracked_after(tmp_path, ros
         err = invert(truth) @ est
         assert np.linalg.norm(err[:3, 3]) < 0.1 and np.degrees(rotation_angle(err)) < 1.0
         settled.append(float(final['correction_deg']))
-    # the scan that needed PWAN, and the scans during its 3 s, answered without waiting for it
+    # the scan that needed PWAN, and the scans during its 2 s, answered without waiting for it
     assert len(predicted) >= 4, [a['diags'][0]['values']['path'] for a in res['answers'].values()]
     every = [d['values'] for a in res['answers'].values() for d in a['diags']]
     last = max(every, key=lambda v: (int(v['scans_corrected']), int(v['scans_processed'])))

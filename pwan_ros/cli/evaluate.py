@@ -150,7 +150,8 @@ def _main(args) -> int:
         est_path = pathlib.Path(args.est)
         if (est_path / 'metadata.yaml').exists():  # a recorded bag, e.g. from ros2 bag record
             est = bag_io.read_trajectory(est_path, args.est_topic)
-            if args.corrected_topic in bag_io.bag_topics(est_path):
+            topics = bag_io.bag_topics(est_path)
+            if args.corrected_topic in topics and topics[args.corrected_topic].count:
                 est = est.replaced_by(bag_io.read_trajectory(est_path, args.corrected_topic))
         else:
             est = read_pose_file(est_path)

@@ -148,6 +148,7 @@ class _Recorder:
     corrected: dict = field(default_factory=dict)  # stamp ns -> 4x4 final estimate
     predicted_stamps: set = field(default_factory=set)  # answered live with a prediction
     final_stamps: set = field(default_factory=set)  # scans whose estimate is final
+    awaited: set = field(default_factory=set)  # ... whose final pose is on the corrected topic
     finals_announced: bool = False  # the node says which estimates are final
 
     def on_corrected(self, msg) -> None:
@@ -163,12 +164,17 @@ class _Recorder:
         with self.lock:
             if stamp_ns not in self.odom:
                 return False
-            return not self.finals_announced or stamp_ns in self.final_stamps
+            if not self.finals_announced:
+                return True
+            return stamp_ns in self.final_stamps and (
+                stamp_ns not in self.awaited or stamp_ns in self.corrected
+            )
 
     def unsettled(self) -> int:
         """Scans answered with a prediction whose final estimate has not come yet."""
         with self.lock:
-            return len(self.predicted_stamps - self.final_stamps)
+            missing = self.awaited - set(self.corrected)
+            return len(self.predicted_stamps - self.final_stamps) + len(missing)
 
     def on_odom(self, msg) -> None:
         """An odometry answer: its pose, and the latency from its scan's publication."""
@@ -213,6 +219,8 @@ class _Recorder:
         if values['final'] == 'true':
             self.final_stamps.add(ns)
             self.last_odom_wall = time.monotonic()
+        if values.get('corrected') == 'true':  # its pose comes on the corrected topic
+            self.awaited.add(ns)
         if values.get('path') == 'predicted':
             self.predicted_stamps.add(ns)
 
@@ -401,8 +409,6 @@ def _drain(cfg: ReplayConfig, rec: _Recorder, n_scans: int, t_end: float) -> Non
         with rec.lock:
             last = max(rec.last_odom_wall, t_end)
         done = rec.answered() >= n_scans and not rec.unsettled()
-        if done and rec.predicted_stamps:
-            time.sleep(0.2)  # the corrected poses, on their own topic, beside the diagnostics
         if done or time.monotonic() - last > cfg.drain_timeout:
             return
         time.sleep(0.05)

@@ -24,6 +24,10 @@ from pwan_ros.geometry.se3 import invert, rotation_angle
 from pwan_ros.odometry.motion_model import ConstantVelocityModel
 from pwan_ros.odometry.preprocess import ScanError
 
+#: scans kept for re-tracking at most: past it the oldest keep their predictions (flagged), so
+#: the memory and the lag of a recovery stay bounded when scans come faster than they re-track
+MAX_BACKLOG = 50
+
 
 @dataclass(frozen=True)
 class KeptScan:
@@ -102,6 +106,7 @@ class BackgroundRecovery:
                 )
             pose = self.motion.predict(stamp)
             self._kept.append(KeptScan(points, stamp, offsets, pose))
+            del self._kept[:-MAX_BACKLOG]
             self.scans_kept += 1
             self._last_stamp = stamp
             return pose

@@ -223,6 +223,7 @@ class Odometer:
         when the new cloud frame has another mount); otherwise odom restarts at the current
         pose."""
         self.resets += 1
+        self.pipeline.close()  # a background recovery ends first: it writes the motion model
         last, mount = self.pipeline.motion.pose, self._t_base_sensor
         if not keep_pose:
             self._base0 = np.eye(4)

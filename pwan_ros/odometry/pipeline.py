@@ -175,6 +175,7 @@ class OdometryPipeline:
         self.num_threads = num_threads
         # mode 'adaptive': full-PWAN recoveries off the caller's thread (background.py), the
         # scans meanwhile answered with predictions; on_recovered() says an outcome is ready
+        # (called on the recovery's thread: it must not collect the outcome itself)
         self.background = background and config.mode == 'adaptive'
         self._on_recovered = on_recovered
         self._recovery: Optional[BackgroundRecovery] = None
@@ -363,11 +364,11 @@ class OdometryPipeline:
         self._recovery = None
 
     def _abandon_recovery(self) -> None:
-        if getattr(self, '_recovery', None) is not None:
+        recovery, self._recovery = getattr(self, '_recovery', None), None
+        if recovery is not None:
             self.pwan.abandon()
-            self._recovery.abandon()
-            self._recovery.join()
-            self._recovery = None
+            recovery.abandon()
+            recovery.join()
             self.pwan.resume()
 
     # ------------------------------------------------------------------ stages

@@ -396,13 +396,14 @@ class OdometryNode(Node):
         self._count(
             processed=1,
             pwan_engaged=int(est.pwan_engaged),
-            rejected=int(not est.accepted),
+            rejected=int(not est.accepted and est.path != 'predicted'),
             reanchored=int(est.path == 'reanchor'),
             over_budget=int(est.over_budget or bool(behind)),
             predicted=int(est.path == 'predicted'),
         )
         if est.path == 'predicted':  # its final estimate comes with the recovery's outcome
             self._live_stamps[est.stamp] = msg.header.stamp
+        self._settle_leftovers()  # (a restart by this scan abandoned a recovery)
         self._publish_pose(msg.header.stamp, base, update)
         self._publish_aligned(msg, cloud, update)
         latency = (time.perf_counter() - t_received) * 1e3
@@ -584,13 +585,25 @@ class OdometryNode(Node):
                 'accepted': str(est.accepted).lower(),
                 'pwan_engaged': str(est.pwan_engaged).lower(),
                 'final': 'true',
+                'corrected': str(settled).lower(),
                 'matched_ratio': f'{est.matched_ratio:.4f}',
                 'correction_m': f'{moved[0]:.4f}',
                 'correction_deg': f'{moved[1]:.3f}',
             }
             self._publish_diagnostics(stamp, _LEVELS[est.status], text, values)
-        if updates and not self.pipeline.recovering:
-            self._live_stamps.clear()  # (scans of an abandoned recovery)
+        self._settle_leftovers()
+
+    def _settle_leftovers(self) -> None:
+        """Once no recovery runs, the predicted scans it did not settle (its PWAN failed, a
+        scan it could not use or skipped, a reset abandoned it) keep their predictions as
+        final: a WARN status each says so."""
+        if self.pipeline.recovering:
+            return
+        leftovers, self._live_stamps = self._live_stamps, {}
+        for stamp in leftovers.values():
+            text = 'the recovery did not settle this scan: its prediction stays (flagged)'
+            values = {'path': 'predicted', 'final': 'true', 'corrected': 'false'}
+            self._publish_diagnostics(stamp, DiagnosticStatus.WARN, text, values)
 
     def _publish_aligned(
         self, msg: PointCloud2, cloud: pc2.DecodedCloud, update: OdometryUpdate

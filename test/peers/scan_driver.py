@@ -261,12 +261,15 @@ class Driver(Node):
         answer.setdefault('diags', []).append(answer['diag'])
 
     def unsettled(self):
-        """Scans answered with a prediction whose final diagnostics have not come yet."""
+        """Scans answered with a prediction whose final diagnostics (and corrected pose, when
+        they say there is one) have not come yet."""
         return [
             k
             for k, a in self.answers.items()
             if any(d['values'].get('path') == 'predicted' for d in a.get('diags', []))
             and not any(d['values'].get('final') == 'true' for d in a['diags'])
+            or any(d['values'].get('corrected') == 'true' for d in a.get('diags', []))
+            and 'corrected' not in a
         ]
 
     def on_tf(self, msg):

@@ -1,5 +1,5 @@
 """``pwan_odometry_node`` on a machine where a full-PWAN recovery takes a while: every recovery
-starts ``PWAN_TEST_RECOVERY_DELAY_S`` seconds late (default 3), then runs for real. For the test
+starts ``PWAN_TEST_RECOVERY_DELAY_S`` seconds late (default 2), then runs for real. For the test
 that scans keep being answered while one runs (the node's own code, one delay added)."""
 
 import os
@@ -13,7 +13,7 @@ _real = pipeline.recover
 
 
 def _late(aligner, *args):
-    end = time.monotonic() + float(os.environ.get('PWAN_TEST_RECOVERY_DELAY_S', '3'))
+    end = time.monotonic() + float(os.environ.get('PWAN_TEST_RECOVERY_DELAY_S', '2'))
     while time.monotonic() < end:
         aligner.raise_if_cancelled()  # shutdown still stops it
         time.sleep(0.01)
