@@ -13,6 +13,7 @@ each kept scan, with the size of its correction from what was published live) is
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ import numpy as np
 from pwan_ros.geometry.se3 import invert, rotation_angle
 from pwan_ros.odometry.motion_model import ConstantVelocityModel
 from pwan_ros.odometry.preprocess import ScanError
+from pwan_ros.odometry.pwan_recovery import RegistrationCancelled
 
 #: scans kept for re-tracking at most: past it the oldest keep their predictions (flagged), so
 #: the memory and the lag of a recovery stay bounded when scans come faster than they re-track
@@ -125,8 +127,6 @@ class BackgroundRecovery:
             self._abandoned = True
 
     def _run(self) -> None:
-        from pwan_ros.odometry.pwan_recovery import RegistrationCancelled
-
         try:
             try:
                 self._add(self._recover(), self._trigger_live)
@@ -148,8 +148,6 @@ class BackgroundRecovery:
 
     def _catch_up(self) -> None:
         """Re-track the kept scans, the ones arriving meanwhile too, until none is left."""
-        from pwan_ros.odometry.pwan_recovery import RegistrationCancelled
-
         while True:
             with self._lock:
                 if not self._kept or self._abandoned:
@@ -164,7 +162,5 @@ class BackgroundRecovery:
                 self.outcome.errors.append(f'scan at {kept.stamp:.3f} s: {exc}')
 
     def _add(self, estimate, live: np.ndarray) -> None:
-        import dataclasses
-
         moved = correction(live, estimate.pose)
         self.outcome.estimates.append(dataclasses.replace(estimate, correction=moved))

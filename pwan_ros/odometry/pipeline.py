@@ -310,7 +310,7 @@ class OdometryPipeline:
         init = self._predict(kf, stamp)
         work = _Work(stamp, header_stamp, t_ref, deskewed, t0, timings, scan, kf, init)
         verdict = self.trust.screen(kf, len(scan.dense))  # decided before registering, or None
-        reg = _unregistered(verdict) if verdict else self._register(kf, scan, work.init, timings)
+        reg = _unregistered(verdict) if verdict else self._register(work)
         if reg.pending:
             return self._defer(work, reg)
         return self._conclude(work, reg, verdict)
@@ -336,7 +336,7 @@ class OdometryPipeline:
         est = self._to_stamp(est, work)
 
         def recover() -> ScanEstimate:
-            reg = self._recovered(work.kf, work.scan, work.init, tracked, work.timings)
+            reg = self._recovered(work, tracked)
             return self._conclude(work, reg, None)
 
         self._recovery = BackgroundRecovery(
@@ -391,12 +391,11 @@ class OdometryPipeline:
         """The constant-velocity prediction as (4, 4) T_keyframe_scan; None without a keyframe."""
         return None if kf is None else invert(kf.pose) @ self.motion.predict(stamp)
 
-    def _register(
-        self, kf: Keyframe, scan: PreparedScan, init: np.ndarray, timings: Dict[str, float]
-    ) -> Registration:
-        """Register the scan from the prediction ``init`` (T_keyframe_scan): track, and full PWAN
-        when the trust policy distrusts tracking (or always in mode 'pwan'); a deformation of the
-        scan to the reference cloud in the affine / non-rigid modes. Changes no state."""
+    def _register(self, work: _Work) -> Registration:
+        """Register the scan from the prediction ``work.init`` (T_keyframe_scan): track, and full
+        PWAN when the trust policy distrusts tracking (or always in mode 'pwan'); a deformation
+        of the scan to the reference cloud in the affine / non-rigid modes. Changes no state."""
+        kf, scan, init, timings = work.kf, work.scan, work.init, work.timings
         if self.config.transform != 'rigid':
             return self._deform(kf, scan, init, timings)
         reg = None
@@ -406,24 +405,18 @@ class OdometryPipeline:
             return self._with_deviation(reg, init)
         if reg is not None and self.background and self.motion.pose is not None:
             if self._catching_up:  # already off the scan worker: recover in line
-                return self._recovered(kf, scan, init, reg, timings)
+                return self._recovered(work, reg)
             return dataclasses.replace(reg, pending=True)  # off this thread (_defer)
-        return self._recovered(kf, scan, init, reg, timings)
+        return self._recovered(work, reg)
 
-    def _recovered(
-        self,
-        kf: Keyframe,
-        scan: PreparedScan,
-        init: np.ndarray,
-        tracked: Optional[Registration],
-        timings: Dict[str, float],
-    ) -> Registration:
-        """Full PWAN (:meth:`_recover`), flagged when the sensor may have left the scan's reach."""
-        reg = self._recover(kf, scan, init, tracked, timings)
-        beyond = self._beyond_reach(scan)
+    def _recovered(self, work: _Work, tracked: Optional[Registration]) -> Registration:
+        """Full PWAN (:meth:`_recover`) after ``tracked`` (None in mode 'pwan'), flagged when the
+        sensor may have left the scan's reach."""
+        reg = self._recover(work.kf, work.scan, work.init, tracked, work.timings)
+        beyond = self._beyond_reach(work.scan)
         if beyond and reg.quality.matched_ratio > 0.0:  # not refused: flagged
             reg = dataclasses.replace(reg, note=f'{reg.note}; {beyond}', flagged=True)
-        return self._with_deviation(reg, init)
+        return self._with_deviation(reg, work.init)
 
     def _with_deviation(self, reg: Registration, init: np.ndarray) -> Registration:
         deviation = _deviation(init, reg.transform) if self.motion.predicting else None
