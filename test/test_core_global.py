@@ -630,3 +630,40 @@ def test_ransac_finds_a_pose_held_by_two_percent_of_the_matches(monkeypatch):
     best = _ransac(a, b, matches, 0.15, 20000, 6, np.random.default_rng(0))[0]
     assert best.support >= 11
     assert np.degrees(rotation_angle(invert(pose) @ best.transform)) < 1.0
+
+
+def test_features_do_not_depend_on_where_the_data_lie(street):
+    """FPFH computed about the cloud's mean: the street scan 1e5 m out (map coordinates) gives
+    the features it gives at the origin, but for rounding at the features' radius (before: the
+    normals' covariances lost their digits, 30 % of the features alike); in voxel units, so the
+    units do not matter either (1024 x: bit for bit)."""
+    from pwan_ros.core.global_search.hypotheses import _downsample, _fpfh, _pcd
+
+    voxel, down = _downsample(street[0], 1500)
+    points = np.asarray(down.points)
+    base = _fpfh(_pcd(points), voxel)
+    other = _fpfh(_pcd(points + 1e5), voxel)
+    alike = (np.abs(other - base) < 1e-6 * np.abs(base).max()).all(axis=1)
+    assert alike.mean() > 0.7, alike.mean()
+    np.testing.assert_array_equal(_fpfh(_pcd(points * 1024.0), voxel * 1024.0), base)
+
+
+def test_points_on_surfaces_leave_uniform_outliers_out():
+    """A room's floor and two walls (40000 samples) and 20000 uniform outliers in its box: the
+    points that share a judging voxel keep the walls and drop most outliers (the judging voxel
+    is set by the surfaces), so the features of the surfaces are not blunted by them."""
+    from pwan_ros.core.global_search.hypotheses import on_surfaces
+
+    rng = np.random.default_rng(0)
+    u, v = rng.uniform(0, 3, (2, 40000))
+    walls = np.concatenate(
+        [
+            np.c_[u[:13000], v[:13000], np.zeros(13000)],
+            np.c_[u[13000:26000], np.zeros(13000), 0.75 * v[13000:26000]],
+            np.c_[np.zeros(14000), u[26000:], 0.75 * v[26000:]],
+        ]
+    )
+    outliers = rng.uniform(walls.min(0), walls.max(0), (20000, 3))
+    kept = on_surfaces(np.vstack((walls, outliers)))
+    on_wall = np.isin(kept, walls).all(axis=1)
+    assert on_wall.sum() > 0.95 * len(walls) and (~on_wall).sum() < 0.25 * len(outliers)

@@ -363,3 +363,64 @@ def test_steps_zero_is_not_converged(pair, capsys):
     main([str(sp), str(rp), '--json', '-q', '--steps', '0'])
     out = json.loads(capsys.readouterr().out)
     assert out['converged'] is False
+
+
+def test_init_pose_file_round_trip_in_metres(tmp_path, capsys):
+    """``--init POSE_FILE``: a prior pose 30 m and 150 deg away (the truth 3 deg / 5 cm off, as a
+    4x4 text file) gives the truth, status ok; the ``--json`` that run prints, fed back as the
+    prior, gives the same pose; KITTI's 3x4 rows and .npy read alike."""
+    truth = np.eye(4)
+    truth[:3, :3], truth[:3, 3] = rot3(0, 20, 150), [30.0, -12.0, 4.0]
+    src = 5.0 * knobbed_blob(400, 1)
+    ref = 5.0 * knobbed_blob(400, 0) @ truth[:3, :3].T + truth[:3, 3]
+    sp, rp = tmp_path / 'src.npy', tmp_path / 'ref.npy'
+    np.save(sp, src)
+    np.save(rp, ref)
+    prior = truth.copy()
+    prior[:3, :3] = truth[:3, :3] @ rot3(3, 0, 0)
+    prior[:3, 3] += [0.05, 0.0, 0.0]
+    np.savetxt(tmp_path / 'prior.txt', prior, fmt='%.6f')  # rounded: projected onto a rotation
+    args = [str(sp), str(rp), '--json', '--steps', '150', '--init']
+    rc = main(args + [str(tmp_path / 'prior.txt')])
+    found = json.loads(capsys.readouterr().out)
+    tf = np.array(found['transform'])
+    assert rc == 0 and found['status'] == 'ok', found
+    assert np.abs(tf - truth).max() < 0.02, tf
+    (tmp_path / 'found.json').write_text(json.dumps(found))
+    np.savetxt(tmp_path / 'kitti.txt', tf[:3].reshape(1, 12))
+    np.save(tmp_path / 'found.npy', tf)
+    for name in ('found.json', 'kitti.txt', 'found.npy'):
+        rc = main(args + [str(tmp_path / name)])
+        again = json.loads(capsys.readouterr().out)
+        assert rc == 0 and np.abs(np.array(again['transform']) - tf).max() < 0.01, (name, again)
+
+
+@pytest.mark.parametrize(
+    ('content', 'msg'),
+    [
+        ('1 0 0 0\n0 1 0 0\n0 0', '10 numbers'),
+        ('1 0 0\n0 1 0\n0 0 1', '9 numbers'),
+        ('2 0 0 0 0 1 0 0 0 0 1 0 0 0 0 1', 'not rigid'),
+        ('1 0 0 nan 0 1 0 0 0 0 1 0 0 0 0 1', 'NaN'),
+        ('1 0 0 0 0 1 0 0 0 0 1 0 0 0 1 1', 'last row'),
+        ('one two', 'cannot read a pose'),
+    ],
+)
+def test_a_bad_pose_file_is_one_line(pair, tmp_path, capsys, content, msg):
+    _, sp, rp = pair
+    pose = tmp_path / 'pose.txt'
+    pose.write_text(content)
+    rc = main([str(sp), str(rp), '--quiet', '--steps', '5', '--init', str(pose)])
+    err = capsys.readouterr().err
+    assert rc == 2 and msg in err and 'Traceback' not in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_init_and_global_are_exclusive_and_a_missing_pose_file_is_named(pair, tmp_path, capsys):
+    _, sp, rp = pair
+    pose = tmp_path / 'pose.txt'
+    np.savetxt(pose, np.eye(4))
+    assert main([str(sp), str(rp), '-q', '--global', '--init', str(pose)]) == 2
+    assert 'choose one' in capsys.readouterr().err
+    assert main([str(sp), str(rp), '-q', '--init', str(tmp_path / 'none.txt')]) == 2
+    assert 'none.txt: no such pose file' in capsys.readouterr().err

@@ -34,6 +34,7 @@ ESSENTIAL = (
     'voxel_size',
     'starts',
     'global_init',
+    'init',
     'viewpoints',
     'device',
     'seed',
@@ -107,6 +108,12 @@ def _parser() -> argparse.ArgumentParser:
         action='store_true',
         help="unknown initial pose (3-D rigid): init='global', feature hypotheses chosen and "
         "refined by the partial objective (RegistrationConfig.global_search)",
+    )
+    p.add_argument(
+        '--init',
+        metavar='POSE_FILE',
+        help='a prior pose SRC -> REF to start from: a 4x4 (or its top 3x4) as text, .npy, or '
+        "the .json that --json prints; a refusal that asks for a prior pose is settled by one",
     )
     p.add_argument(
         '--viewpoints',
@@ -245,16 +252,23 @@ def _register(args, config, interrupted) -> tuple:
         )
     if args.viewpoints and not args.global_init:
         raise PwanInputError('--viewpoints needs --global')
+    if args.init and args.global_init:
+        raise PwanInputError('--init gives the pose and --global searches for it: choose one')
     if args.global_init and config.transform != 'rigid':
         raise PwanInputError(
             '--global finds a rigid pose: run it rigidly with --output moved.ply, '
             f'then --transform {config.transform} on moved.ply'
         )
+    init = 'global' if args.global_init else None
+    if args.init:
+        from pwan_ros.io.pose_file import read_pose
+
+        init = read_pose(args.init, src.shape[1], rigid=config.transform == 'rigid')
     res = register(
         src,
         ref,
         config,
-        init='global' if args.global_init else None,
+        init=init,
         should_stop=interrupted,
         viewpoints=args.viewpoints,
     )

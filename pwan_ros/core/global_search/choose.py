@@ -16,12 +16,17 @@ from ..config import GlobalConfig
 from .hypotheses import Hypothesis, pose_distance
 
 __all__ = [
+    'PRIOR_HINT',
     'GlobalOutcome',
     'Scoring',
     'choose',
     'partial_objective_of',
     'translation_constraint',
 ]
+
+
+#: what settles a pose the data leave open
+PRIOR_HINT = 'a prior pose settles it (init; pwan_register --init POSE_FILE)'
 
 
 @dataclass(frozen=True)
@@ -31,7 +36,8 @@ class GlobalOutcome:
     the source within h; ``confidence`` relative margin over the best distinct runner-up (1 when
     there is none); ``status`` 'ok' | 'refused'; ``reason`` why refused; ``candidates`` scored
     [(origin, support, objective, free_space)] in input order (free_space None without
-    viewpoints)."""
+    viewpoints); ``backing``: the most feature inliers of a hypothesis that refined to the
+    winner's pose (within 2 h)."""
 
     result: object
     objective: float
@@ -40,6 +46,7 @@ class GlobalOutcome:
     status: str
     reason: str
     candidates: list
+    backing: int = 0
 
 
 @dataclass(frozen=True)
@@ -126,8 +133,14 @@ def choose(
     order, confidence, runner = _ranked(order, scored, cfg, scoring, tree)
     best = scored[order[0]]
     status, reason = _verdict(best, runner, confidence, cfg, scoring)
+    backing = max(
+        s.hypothesis.support
+        for s in scored
+        if pose_distance(s.result.transform, best.result.transform, scoring.probe)
+        <= 2.0 * scoring.h
+    )
     return GlobalOutcome(
-        best.result, best.objective, best.overlap, confidence, status, reason, cands
+        best.result, best.objective, best.overlap, confidence, status, reason, cands, backing
     )
 
 
@@ -195,13 +208,15 @@ def _verdict(best: _Scored, runner, confidence: float, cfg: GlobalConfig, scorin
         if held < cfg.min_constraint:
             return 'refused', (
                 f'degenerate: the overlap leaves a direction free to slide (constraint '
-                f'{held:.3f} < min_constraint {cfg.min_constraint:.3f}: a plane, a corridor)'
+                f'{held:.3f} < min_constraint {cfg.min_constraint:.3f}: a plane, a corridor); '
+                f'{PRIOR_HINT}'
             )
     if confidence < cfg.min_confidence:
         apart = pose_distance(runner.result.transform, res.transform, scoring.probe)
         return 'refused', (
             f'ambiguous: a pose {apart:.3g} away explains the data almost as well '
-            f'(confidence {confidence:.2f} < min_confidence {cfg.min_confidence:.2f})'
+            f'(confidence {confidence:.2f} < min_confidence {cfg.min_confidence:.2f}); '
+            f'{PRIOR_HINT}'
         )
     return 'ok', ''
 

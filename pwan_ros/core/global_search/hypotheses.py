@@ -19,6 +19,7 @@ import numpy as np
 from scipy.spatial import cKDTree
 from scipy.spatial.distance import cdist
 
+from ..checks.verify import judging_voxel
 from ..config import GlobalConfig
 from ..local.starts import start_rotations
 from ..local.votes import start_translations
@@ -42,8 +43,8 @@ FGR_RUNS = 4
 @dataclass(frozen=True)
 class Hypothesis:
     """A candidate pose: transform (4, 4) source -> reference; support: feature inliers (0 for
-    non-feature candidates); origin: 'ransac' | 'ransac_wide' | 'fgr' | 'kiss_matcher' | 'prior' |
-    'rotation'."""
+    non-feature candidates); origin: 'ransac' | 'ransac_wide' | 'ransac_open3d' |
+    'ransac_surfaces' | 'fgr' | 'kiss_matcher' | 'prior' | 'rotation'."""
 
     transform: np.ndarray
     support: int
@@ -93,6 +94,19 @@ def _downsample(points: np.ndarray, target: int):
     return voxel, down
 
 
+def on_surfaces(points: np.ndarray) -> np.ndarray:
+    """The (k, 3) of ``points`` (n, 3) that share a voxel of the judging voxel
+    (:func:`checks.verify.judging_voxel`: set by the surfaces, which fill a voxel many points to
+    one) with another point; all of them when fewer than 10 do. Uniform outliers rarely share
+    such a voxel (50 % / 100 % of a 3DMatch fragment's points in its box: 9 % / 17 % of them
+    do), nor do a sparse lidar's far returns."""
+    from pwan_ros.geometry.voxels import voxel_grid
+
+    grid = voxel_grid(points, judging_voxel(points), origin=points.min(axis=0))
+    keep = grid.counts[grid.inverse] >= 2
+    return points[keep] if keep.sum() >= 10 else points
+
+
 def voxelised(points: np.ndarray, voxel: float) -> np.ndarray:
     """(k, 3) centroids of the occupied voxels of edge ``voxel`` of (n, 3) points (caller units),
     from Open3D's ``voxel_down_sample`` like the feature clouds: the centroids are those of
@@ -103,19 +117,25 @@ def voxelised(points: np.ndarray, voxel: float) -> np.ndarray:
 
 
 def _fpfh(down, voxel: float) -> np.ndarray:
+    """(n, 33) FPFH features of the Open3D cloud ``down`` (normals from 2 voxels, features from 5),
+    computed in voxel units about the cloud's mean: at map coordinates (1e5 m out) the normals'
+    covariances lost their digits and 70 % of the features changed."""
     o3d = _open3d()
-    down.estimate_normals(o3d.geometry.KDTreeSearchParamHybrid(radius=2.0 * voxel, max_nn=30))
+    points = np.asarray(down.points)
+    local = _pcd((points - points.mean(axis=0)) / voxel)
+    local.estimate_normals(o3d.geometry.KDTreeSearchParamHybrid(radius=2.0, max_nn=30))
     feat = o3d.pipelines.registration.compute_fpfh_feature(
-        down, o3d.geometry.KDTreeSearchParamHybrid(radius=5.0 * voxel, max_nn=100)
+        local, o3d.geometry.KDTreeSearchParamHybrid(radius=5.0, max_nn=100)
     )
     return np.asarray(feat.data).T.copy()
 
 
 def feature_normals(points: np.ndarray, voxel: float) -> np.ndarray:
-    """(n, 3) unit normals of (n, 3) points at ``voxel`` resolution (as the features use)."""
+    """(n, 3) unit normals of (n, 3) points at ``voxel`` resolution (as the features use; in
+    voxel units about their mean)."""
     o3d = _open3d()
-    pcd = _pcd(points)
-    pcd.estimate_normals(o3d.geometry.KDTreeSearchParamHybrid(radius=2.0 * voxel, max_nn=30))
+    pcd = _pcd((points - points.mean(axis=0)) / voxel)
+    pcd.estimate_normals(o3d.geometry.KDTreeSearchParamHybrid(radius=2.0, max_nn=30))
     return np.asarray(pcd.normals)
 
 
@@ -258,7 +278,7 @@ def feature_hypotheses(
     feature voxel size (caller units), ``matches`` the number of mutual feature matches. wide > 0:
     a second RANSAC keeps ``wide`` distinct poses, and those not within 3 inlier distances of a
     first-pass pose follow the first pass's (origin 'ransac_wide')."""
-    o3d = _open3d()
+    _open3d()  # its warnings silenced
     t0 = time.perf_counter()
     vs, ds = _downsample(source, cfg.feature_points)
     vr, dr = _downsample(reference, cfg.feature_points)
@@ -299,27 +319,18 @@ def feature_hypotheses(
             )
             if distinct(h.transform, hyps)
         ]
+    pose = _open3d_ransac(ds, dr, fs, fr, voxel, seed)
+    support = int(_inliers(pose[None], ps[matches[:, 0]], pr[matches[:, 1]], 1.5 * voxel)[0])
+    hyps += [
+        h
+        for h in [Hypothesis(pose, support, 'ransac_open3d')]
+        + _surface_hypotheses(source, reference, voxel, cfg, seed)
+        if distinct(h.transform, hyps)
+    ]
     t2 = time.perf_counter()
-    extra: List[Hypothesis] = []
-    if cfg.fgr:
-        reg = o3d.pipelines.registration
-        fs_o, fr_o = reg.Feature(), reg.Feature()
-        fs_o.data, fr_o.data = fs.T.copy(), fr.T.copy()
-        for run in range(FGR_RUNS):
-            # FGR samples its correspondence tuples with Open3D's global generator: seeded, so the
-            # search is deterministic; a few restarts, because one run finds a hard pair's pose
-            # only sometimes (bunny 180->270 with outliers: 1 of 2 unseeded runs)
-            o3d.utility.random.seed(seed + run)
-            res = reg.registration_fgr_based_on_feature_matching(
-                ds,
-                dr,
-                fs_o,
-                fr_o,
-                reg.FastGlobalRegistrationOption(maximum_correspondence_distance=1.5 * voxel),
-            )
-            pose = np.asarray(res.transformation).copy()
-            if distinct(pose, extra):
-                extra.append(Hypothesis(pose, 0, 'fgr'))
+    extra: List[Hypothesis] = (
+        _fgr_hypotheses(ds, dr, fs, fr, voxel, seed, distinct) if cfg.fgr else []
+    )
     if cfg.kiss_matcher:
         pose = _kiss_matcher(source, reference, voxel)
         if pose is not None:
@@ -327,6 +338,94 @@ def feature_hypotheses(
     extra.append(Hypothesis(np.eye(4), 0, 'prior'))
     timings = {'features': t1 - t0, 'ransac': t2 - t1, 'other_solvers': time.perf_counter() - t2}
     return hyps + extra, voxel, matches.shape[0], timings
+
+
+#: Open3D's feature RANSAC (its tutorial's settings: mutual filter, edge-length and distance
+#: checkers) draws this many samples, stopping early at 0.999 confidence
+OPEN3D_RANSAC_ITERATIONS = 100000
+
+
+def _open3d_ransac(ds, dr, fs, fr, voxel: float, seed: int) -> np.ndarray:
+    """The (4, 4) pose of Open3D's feature
+    RANSAC on the feature clouds ``ds``, ``dr`` and their FPFH features ``fs``, ``fr`` (n, 33),
+    seeded: the answer of the FPFH + RANSAC pipeline users know, among the candidates (its
+    sampling found poses that the length-guided RANSAC missed on real rooms)."""
+    o3d = _open3d()
+    reg = o3d.pipelines.registration
+    fs_o, fr_o = reg.Feature(), reg.Feature()
+    fs_o.data, fr_o.data = fs.T.copy(), fr.T.copy()
+    o3d.utility.random.seed(seed)
+    res = reg.registration_ransac_based_on_feature_matching(
+        ds,
+        dr,
+        fs_o,
+        fr_o,
+        True,
+        1.5 * voxel,
+        reg.TransformationEstimationPointToPoint(False),
+        3,
+        [
+            reg.CorrespondenceCheckerBasedOnEdgeLength(0.9),
+            reg.CorrespondenceCheckerBasedOnDistance(1.5 * voxel),
+        ],
+        reg.RANSACConvergenceCriteria(OPEN3D_RANSAC_ITERATIONS, 0.999),
+    )
+    return np.asarray(res.transformation, dtype=np.float64).copy()
+
+
+def _fgr_hypotheses(ds, dr, fs, fr, voxel: float, seed: int, distinct) -> List[Hypothesis]:
+    """The distinct poses of :data:`FGR_RUNS` seeded runs of Open3D's FGR on the feature clouds
+    ``ds``, ``dr`` and their FPFH features ``fs``, ``fr`` (n, 33); ``distinct(pose, kept)``."""
+    reg = _open3d().pipelines.registration
+    fs_o, fr_o = reg.Feature(), reg.Feature()
+    fs_o.data, fr_o.data = fs.T.copy(), fr.T.copy()
+    out: List[Hypothesis] = []
+    for run in range(FGR_RUNS):
+        # FGR samples its correspondence tuples with Open3D's global generator: seeded, so the
+        # search is deterministic; a few restarts, because one run finds a hard pair's pose
+        # only sometimes (bunny 180->270 with outliers: 1 of 2 unseeded runs)
+        _open3d().utility.random.seed(seed + run)
+        res = reg.registration_fgr_based_on_feature_matching(
+            ds,
+            dr,
+            fs_o,
+            fr_o,
+            reg.FastGlobalRegistrationOption(maximum_correspondence_distance=1.5 * voxel),
+        )
+        pose = np.asarray(res.transformation).copy()
+        if distinct(pose, out):
+            out.append(Hypothesis(pose, 0, 'fgr'))
+    return out
+
+
+#: the features of the points on surfaces alone run too when they need a voxel finer than all
+#: points' by more than this factor (spurious points coarsened it)
+SURFACE_VOXEL_RATIO = 1.25
+
+
+def _surface_hypotheses(source, reference, voxel: float, cfg: GlobalConfig, seed: int) -> list:
+    """RANSAC poses (origin 'ransac_surfaces') from FPFH features of the points on both sets'
+    surfaces (:func:`on_surfaces`), when their feature voxel is more than
+    :data:`SURFACE_VOXEL_RATIO` finer than ``voxel``, that of all points: 50 % uniform outliers
+    in the reference's box made the 3DMatch fragments' feature voxel 3x coarser (6.5 -> 17-23
+    cm) and their features too blunt to match. Else none."""
+    src, ref = on_surfaces(source), on_surfaces(reference)
+    vs, ds = _downsample(src, cfg.feature_points)
+    vr, dr = _downsample(ref, cfg.feature_points)
+    fine = max(vs, vr)
+    if fine * SURFACE_VOXEL_RATIO > voxel:
+        return []
+    if fine != vs:
+        ds = _pcd(src).voxel_down_sample(fine)
+    if fine != vr:
+        dr = _pcd(ref).voxel_down_sample(fine)
+    ps, pr = np.asarray(ds.points), np.asarray(dr.points)
+    matches = _mutual_matches(_fpfh(ds, fine), _fpfh(dr, fine))
+    found = _ransac(
+        ps, pr, matches, 1.5 * fine, cfg.ransac_iterations, cfg.candidates,
+        np.random.default_rng(seed + 2),
+    )  # fmt: skip
+    return [Hypothesis(h.transform, h.support, 'ransac_surfaces') for h in found]
 
 
 def _kiss_matcher(source: np.ndarray, reference: np.ndarray, voxel: float) -> Optional[np.ndarray]:
