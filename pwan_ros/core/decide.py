@@ -87,11 +87,12 @@ def unconvincing(res: RegistrationResult, config) -> bool:
 def confirm(request: Request, res: RegistrationResult) -> RegistrationResult:
     """A result from no init that is :func:`unconvincing`, against the global search's result
     ``g``: the same pose (the source's points within ``RIVAL_DISTINCT`` gates RMS) keeps ``res``
-    as it is; a distinct ``g`` the global search vouches for that fits clearly better (by
-    ``RIVAL_MARGIN`` of the source beyond chance, judged at one voxel) is returned (an affine
-    request: the affine fit from it, judged); a vouched
-    ``res`` that fits clearly better than ``g`` is kept; otherwise, or when the global search
-    refuses, the pose is open and ``res`` is refused. Any other result as it is."""
+    as it is when the global search vouches for it, else refuses it (bunny 180->315 came back ok
+    164 deg off, found by both searches); a distinct ``g`` the global search vouches for that
+    fits clearly better (by ``RIVAL_MARGIN`` of the source beyond chance, judged at one voxel) is
+    returned (an affine request: the affine fit from it, judged); a vouched ``res`` that fits
+    clearly better than ``g`` is kept; otherwise, or when the global search refuses, the pose is
+    open and ``res`` is refused. Any other result as it is."""
     if request.init is not None or not unconvincing(res, request.config):
         return res
     t0 = time.perf_counter()
@@ -111,8 +112,15 @@ def confirm(request: Request, res: RegistrationResult) -> RegistrationResult:
     src = random_subset(src, CHECK_POINTS, np.random.default_rng(request.config.seed))
     diff = res.transform - g.transform
     apart = float(np.sqrt(np.mean(np.sum((src @ diff[:3, :3].T + diff[:3, 3]) ** 2, axis=1))))
-    if apart <= RIVAL_DISTINCT * res.check.gate:
-        return dataclasses.replace(res, timings=timings)
+    if apart <= RIVAL_DISTINCT * res.check.gate:  # the same pose: as the search judges it
+        if g.status == 'ok' or res.status != 'ok':
+            return dataclasses.replace(res, timings=timings)
+        reason = (
+            f'the pose puts {res.check.excess:.0%} of the source on the reference beyond chance, '
+            f'too little to rule out a distant pose, and the global search, which finds it too, '
+            f'cannot vouch for it: {g.reason}'
+        )
+        return dataclasses.replace(res, status='refused', reason=reason, timings=timings)
     return _settled(request, res, g, apart, timings)
 
 

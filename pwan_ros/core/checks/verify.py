@@ -47,7 +47,6 @@ from scipy.spatial.transform import Rotation
 
 from pwan_ros.geometry.voxels import voxel_grid
 
-from ..finetune.gicp import TRANSLATION_EPS_GATES
 from ..nearest import estimate_normals
 from ..preprocess import random_subset, voxel_downsample
 
@@ -472,8 +471,7 @@ def _in_plane(t: np.ndarray) -> np.ndarray:
 def coarse_to_fine(target, source, tree, t: np.ndarray, kind: str, gates) -> np.ndarray:
     """small_gicp ``kind`` ('GICP' | 'ICP') of the prepared ``source`` to ``target`` (its KD
     ``tree``) from (4, 4) ``t``, once per correspondence gate of ``gates`` (coarse to fine, 30
-    iterations each, one thread, converged when a step moves less than
-    :data:`TRANSLATION_EPS_GATES` gates); the (4, 4) ``T_target_source``."""
+    iterations each, one thread); the (4, 4) ``T_target_source``."""
     import small_gicp
 
     for gate in gates:
@@ -486,7 +484,6 @@ def coarse_to_fine(target, source, tree, t: np.ndarray, kind: str, gates) -> np.
             max_correspondence_distance=gate,
             num_threads=1,
             max_iterations=30,
-            translation_epsilon=TRANSLATION_EPS_GATES * gate,
         )
         t = np.asarray(res.T_target_source, dtype=np.float64)
     return t

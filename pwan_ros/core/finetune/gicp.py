@@ -22,7 +22,7 @@ from scipy.spatial import cKDTree
 
 from pwan_ros.geometry.se3 import invert
 
-__all__ = ['PolishResult', 'gicp_polish', 'MAX_POINTS', 'MIN_POINTS', 'TRANSLATION_EPS_GATES']
+__all__ = ['PolishResult', 'gicp_polish', 'MAX_POINTS', 'MIN_POINTS']
 
 #: points of each set the polish uses at most (a random subset beyond)
 MAX_POINTS = 20000
@@ -30,11 +30,6 @@ MAX_POINTS = 20000
 MIN_POINTS = 30
 #: the polished pose must match this much more of the source (fraction) to be kept
 MIN_GAIN = 0.005
-
-#: GICP has converged when an iteration moves the pose by less than this many gates (small_gicp's
-#: default, 1e-3 in the caller's units, is 0.3 gates on the bunny in metres and 0.001 on a
-#: street: the same pair in millimetres converged elsewhere)
-TRANSLATION_EPS_GATES = 0.01
 
 
 @dataclass(frozen=True)
@@ -112,7 +107,6 @@ def gicp_polish(
             max_correspondence_distance=g,
             num_threads=num_threads,
             max_iterations=50,
-            translation_epsilon=TRANSLATION_EPS_GATES * g,
         )
         polished = np.asarray(res.T_target_source, dtype=np.float64)
         iterations += int(res.iterations)
