@@ -1040,7 +1040,7 @@ def test_node_stops_promptly_during_pwan(tmp_path, ros_env):
     try:
         # two scans: the second starts a (deliberately endless) PWAN registration
         drive(ros_env, tmp_path, 'sim', '--scans', '2', '--timeout', '4')
-        time.sleep(2.0)
+        time.sleep(1.0)
         assert node.poll() is None
         t0 = time.monotonic()
         rc, log = stop_node(node)
@@ -1117,7 +1117,7 @@ def test_node_ends_promptly_on_each_signal_even_if_started_with_sigint_ignored(t
                 assert len(res['answers']) == 3
             else:  # running: its ready line (a fixed sleep could end during a slow start-up)
                 assert wait_for_log(log, 'ready: points=', 90), log.read_text()[-2000:]
-            time.sleep(2.0)  # idle
+            time.sleep(1.0)  # idle
             t0 = time.monotonic()
             node.send_signal(sig)
             node.wait(timeout=15)

@@ -218,6 +218,7 @@ def test_pwan_register_flags_are_the_core_fields_with_library_defaults():
             'json',
             'quiet',
             'global_init',
+            'init',
             'viewpoints',
         ):  # register(init=, viewpoints=)
             continue
