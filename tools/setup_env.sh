@@ -68,8 +68,7 @@ fi
 py="$VENV/bin/python"
 # uv installs the same requirements from the same indexes (pip's configuration: index URLs,
 # find-links, constraints) several times faster than pip; pip is the fallback, and PWAN_USE_UV=0
-# forces it. Without --compile-bytecode: Python compiles the modules a run imports (a fraction of
-# torch's) on first use, instead of every file at install time.
+# forces it.
 uv_bin=""
 if [ "${PWAN_USE_UV:-1}" != 0 ]; then
   [ -x "$VENV/bin/uv" ] || "$py" -m pip install -q --disable-pip-version-check uv >/dev/null 2>&1 \
@@ -102,7 +101,7 @@ for line in sys.stdin:
 fi
 pip_install() {
   if [ -n "$uv_bin" ]; then
-    if "$uv_bin" pip install -q --python "$py" "${uv_args[@]}" "$@"; then
+    if "$uv_bin" pip install -q --compile-bytecode --python "$py" "${uv_args[@]}" "$@"; then
       return 0
     fi
     say "uv could not install $*; trying pip"
