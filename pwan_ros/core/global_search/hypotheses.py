@@ -94,6 +94,26 @@ def _downsample(points: np.ndarray, target: int):
     return voxel, down
 
 
+def _feature_clouds(source: np.ndarray, reference: np.ndarray, target: int) -> tuple:
+    """(voxel, source cloud, reference cloud): both sets downsampled at one voxel, the coarser of
+    the two that leave about ``target`` points each (:func:`_downsample`)."""
+    vs, ds = _downsample(source, target)
+    vr, dr = _downsample(reference, target)
+    voxel = max(vs, vr)
+    if voxel != vs:
+        ds = _pcd(source).voxel_down_sample(voxel)
+    if voxel != vr:
+        dr = _pcd(reference).voxel_down_sample(voxel)
+    return voxel, ds, dr
+
+
+def _o3d_features(features: np.ndarray):
+    """Open3D's Feature of (n, 33) FPFH rows."""
+    out = _open3d().pipelines.registration.Feature()
+    out.data = features.T.copy()
+    return out
+
+
 def on_surfaces(points: np.ndarray) -> np.ndarray:
     """The (k, 3) of ``points`` (n, 3) that share a voxel of the judging voxel
     (:func:`checks.verify.judging_voxel`: set by the surfaces, which fill a voxel many points to
@@ -280,13 +300,7 @@ def feature_hypotheses(
     first-pass pose follow the first pass's (origin 'ransac_wide')."""
     _open3d()  # its warnings silenced
     t0 = time.perf_counter()
-    vs, ds = _downsample(source, cfg.feature_points)
-    vr, dr = _downsample(reference, cfg.feature_points)
-    voxel = max(vs, vr)
-    if voxel != vs:
-        ds = _pcd(source).voxel_down_sample(voxel)
-    if voxel != vr:
-        dr = _pcd(reference).voxel_down_sample(voxel)
+    voxel, ds, dr = _feature_clouds(source, reference, cfg.feature_points)
     fs, fr = _fpfh(ds, voxel), _fpfh(dr, voxel)
     ps, pr = np.asarray(ds.points), np.asarray(dr.points)
     t1 = time.perf_counter()
@@ -352,8 +366,7 @@ def _open3d_ransac(ds, dr, fs, fr, voxel: float, seed: int) -> np.ndarray:
     sampling found poses that the length-guided RANSAC missed on real rooms)."""
     o3d = _open3d()
     reg = o3d.pipelines.registration
-    fs_o, fr_o = reg.Feature(), reg.Feature()
-    fs_o.data, fr_o.data = fs.T.copy(), fr.T.copy()
+    fs_o, fr_o = _o3d_features(fs), _o3d_features(fr)
     o3d.utility.random.seed(seed)
     res = reg.registration_ransac_based_on_feature_matching(
         ds,
@@ -377,8 +390,7 @@ def _fgr_hypotheses(ds, dr, fs, fr, voxel: float, seed: int, distinct) -> List[H
     """The distinct poses of :data:`FGR_RUNS` seeded runs of Open3D's FGR on the feature clouds
     ``ds``, ``dr`` and their FPFH features ``fs``, ``fr`` (n, 33); ``distinct(pose, kept)``."""
     reg = _open3d().pipelines.registration
-    fs_o, fr_o = reg.Feature(), reg.Feature()
-    fs_o.data, fr_o.data = fs.T.copy(), fr.T.copy()
+    fs_o, fr_o = _o3d_features(fs), _o3d_features(fr)
     out: List[Hypothesis] = []
     for run in range(FGR_RUNS):
         # FGR samples its correspondence tuples with Open3D's global generator: seeded, so the
@@ -410,15 +422,9 @@ def _surface_hypotheses(source, reference, voxel: float, cfg: GlobalConfig, seed
     in the reference's box made the 3DMatch fragments' feature voxel 3x coarser (6.5 -> 17-23
     cm) and their features too blunt to match. Else none."""
     src, ref = on_surfaces(source), on_surfaces(reference)
-    vs, ds = _downsample(src, cfg.feature_points)
-    vr, dr = _downsample(ref, cfg.feature_points)
-    fine = max(vs, vr)
+    fine, ds, dr = _feature_clouds(src, ref, cfg.feature_points)
     if fine * SURFACE_VOXEL_RATIO > voxel:
         return []
-    if fine != vs:
-        ds = _pcd(src).voxel_down_sample(fine)
-    if fine != vr:
-        dr = _pcd(ref).voxel_down_sample(fine)
     ps, pr = np.asarray(ds.points), np.asarray(dr.points)
     matches = _mutual_matches(_fpfh(ds, fine), _fpfh(dr, fine))
     found = _ransac(
