@@ -14,6 +14,7 @@ with the known correspondences, a floor for any method that is not truly non-rig
 
     python bench/bench_nonrigid.py --data ../shared/data --results results/nonrigid --protocol a
     python bench/bench_nonrigid.py --data ../shared/data --results results/nonrigid --protocol b
+    python bench/bench_nonrigid.py --protocol humans   # SHREC'19 bodies (see bench/humans.py)
 
 ``--unrotate``: the source is first turned by the rotation of its best similarity to the
 reference (known correspondences, all points), so the pair differs by scale, translation and the
@@ -119,13 +120,34 @@ def run_method(method, src, ref, pwan_cfg, baseline=None, baseline_cfg=None, als
     raise SystemExit(f'unknown method {method}')
 
 
+def run_humans(args):
+    import humans
+
+    if args.methods == ['pwan', 'pycpd', 'probreg-cpd', 'oracle-similarity']:
+        args.methods = ['pwan', 'pycpd-b0.3', 'pycpd-b2', 'bcpd']
+    rows, summary = humans.run(args, key_values(args.set))
+    print_table(
+        summary,
+        humans.COLUMNS,
+        f'SHREC19 human bodies, {args.points or 1500} points, {args.runs} draws: '
+        'median MSE (normalised units), right = MSE <= identity / 2',
+    )
+    write_results(args.results, f'bench_nonrigid_humans_{args.points or 1500}', rows, summary)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument('--data', default='../shared/data')
     p.add_argument('--results', default='results/nonrigid')
-    p.add_argument('--protocol', choices=('a', 'b'), default='a')
+    p.add_argument('--protocol', choices=('a', 'b', 'humans'), default='a')
+    p.add_argument(
+        '--pairs', nargs='+', help="humans: pairs as SRC-REF (default: the README's ten)"
+    )
+    p.add_argument(
+        '--variants', nargs='+', help='humans: complete cropped outliers (default: all)'
+    )
     p.add_argument(
         '--shapes', nargs='+', default=['fish', 'bunny', 'monkey'], help='also: armadillo'
     )
@@ -187,6 +209,8 @@ def main(argv=None):
     # (it would take every core: pycpd's CPU seconds were twice its wall time on 2 cores)
     torch.set_num_threads(1)
     threadpool_limits(1)
+    if args.protocol == 'humans':
+        return run_humans(args)
     baseline = None
     if args.baseline:
         from bench_engine import load_core

@@ -97,7 +97,7 @@ def test_bad_input_gives_message_and_nonzero_exit(pair, tmp_path, capsys, args, 
 
 def test_cloud_io_round_trip(tmp_path):
     pts = np.random.default_rng(0).normal(size=(50, 3))
-    for ext in ('.npy', '.ply', '.pcd', '.txt', '.xyz', '.csv'):
+    for ext in ('.npy', '.ply', '.pcd', '.txt', '.xyz', '.csv', '.obj'):
         path = str(tmp_path / ('p' + ext))
         write_points(path, pts)
         np.testing.assert_allclose(read_points(path), pts, atol=1e-6)
@@ -266,7 +266,7 @@ def test_ply_reader_matches_open3d(tmp_path):
     np.testing.assert_array_equal(read_points(ours), pts)
 
 
-@pytest.mark.parametrize('ext', ['.npy', '.ply', '.pcd', '.txt', '.csv', '.xyz'])
+@pytest.mark.parametrize('ext', ['.npy', '.ply', '.pcd', '.txt', '.csv', '.xyz', '.obj'])
 def test_written_points_come_back_exactly_in_map_coordinates(tmp_path, ext):
     """A cloud in UTM-like metres (4.5e6 m north) with millimetre detail: every output format
     returns the doubles it was given (float32 PCD rounded them to 0.25 m, 9-digit text to 1 cm)."""

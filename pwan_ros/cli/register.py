@@ -64,7 +64,8 @@ def _parser() -> argparse.ArgumentParser:
         prog='pwan_register',
         allow_abbrev=False,  # a flag is its field's name, never a prefix of one
         description='Register SRC onto REF with a Partial Wasserstein Adversarial Network (PWAN). '
-        'Files: .ply .pcd .xyz .txt .csv .npy (N x 3 or N x 2; text/ply/pcd may be .gz). '
+        'Files: .ply .pcd .xyz .txt .csv .npy .obj (N x 3 or N x 2; text/ply/pcd may be .gz; '
+        "a mesh's vertices are its points). "
         "Lengths are in the files' units. Every option is a field of "
         'pwan_ros.core.RegistrationConfig (same name, same default); the fields of its sections '
         'are --section.field (--finetune.max-iterations, --potential.hidden A B). --help shows '
@@ -98,7 +99,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         '--output',
         '-o',
-        help='write the transformed source (input order) to .npy/.ply/.pcd/.txt/.xyz/.csv',
+        help='write the transformed source (input order) to .npy/.ply/.pcd/.txt/.xyz/.csv/.obj; '
+        "a mesh source to .ply/.obj keeps its faces (the deformed mesh)",
     )
     p.add_argument('--json', action='store_true', help='print one JSON object on stdout')
     p.add_argument('--quiet', '-q', action='store_true', help='no progress on stderr')
@@ -201,7 +203,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 warnings.simplefilter('always')
                 config = _config(args)
                 _check_output(args)  # before any work
-                src, res = _register(args, config, interrupted)
+                mesh, res = _register(args, config, interrupted)
             if interrupted():
                 raise KeyboardInterrupt
             for w in caught:
@@ -209,9 +211,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             if args.output:
                 if not args.quiet:
                     print(f'[pwan] writing {args.output}', file=sys.stderr)
-                out = np.full(src.shape, np.nan)
+                out = np.full(mesh.vertices.shape, np.nan)
                 out[res.source_valid] = res.transformed_source
-                write_points(args.output, out, interrupted=interrupted)
+                write_points(args.output, out, interrupted, mesh.triangles)
         except PwanInputError as exc:
             print(f'{prog}: error: {exc}', file=sys.stderr)
             return 2
@@ -239,8 +241,12 @@ def _check_output(args) -> None:
 
 
 def _register(args, config, interrupted) -> tuple:
-    """(the source points as read, the registration's result)."""
-    src = read_points(args.source)
+    """(the source as read: its points, and its triangles when a mesh; the registration's
+    result)."""
+    from pwan_ros.io.point_files import read_mesh
+
+    mesh = read_mesh(args.source)
+    src = mesh.vertices
     ref = read_points(args.reference)
     from pwan_ros.core import register
 
@@ -272,7 +278,7 @@ def _register(args, config, interrupted) -> tuple:
         should_stop=interrupted,
         viewpoints=args.viewpoints,
     )
-    return src, res
+    return mesh, res
 
 
 def _summary(res, args, config) -> dict:

@@ -12,7 +12,7 @@ stages, each a function of the caller's :class:`problem.Request` and the result 
    the pose shows.
 3. **confirm** (:func:`decide.confirm`): a pose a local search cannot vouch for, against the
    global search (:mod:`global_search`).
-4. **judge** (:func:`decide.judge`): a deformation judged by the pose it deforms.
+4. **judge** (:func:`decide.judge`): a deformation judged as a deformation (checks.deformation).
 
 The package's layers, each importing only those below it: api -> decide -> global_search ->
 local -> checks -> finetune -> pwan -> config / problem / result (test/test_layout.py).
@@ -112,20 +112,19 @@ def register(
     request = Request(
         source, reference, config, init, potential_state, should_stop, reference_cache
     )
-    res, posed = _fitted(request)
+    res = _fitted(request)
     res = mass_at_overlap(request, res)
     res = confirm(request, res)
-    res = judge(request, res, posed)
+    res = judge(request, res)
     return dataclasses.replace(res, time_s=time.perf_counter() - t0)
 
 
-def _fitted(request: Request) -> tuple:
-    """The fit stage: (result, the pose a deformation starts from (n, d), or None to take the
-    result's affine part)."""
+def _fitted(request: Request) -> RegistrationResult:
+    """The fit stage: a non-rigid one with ``prealign`` deforms from rigid pre-alignment(s)."""
     config = request.config
     if config.transform == 'nonrigid' and config.prealign:
         return deform(request)
-    return fit(request)[0][1], None
+    return fit(request)[0][1]
 
 
 def _global(source, reference, config, init: str, cache, viewpoints) -> RegistrationResult:

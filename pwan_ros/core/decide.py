@@ -1,6 +1,6 @@
 """What a fitted result goes through before it is returned (caller units): the mass refit at the
 overlap its pose shows (:func:`mass_at_overlap`), the global search's confirmation of a pose a
-local search cannot vouch for (:func:`confirm`), and a deformation judged by the pose it deforms
+local search cannot vouch for (:func:`confirm`), and a deformation judged as a deformation
 (:func:`judge`). Each takes the caller's :class:`problem.Request` and a result, and returns a
 result."""
 
@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Optional
 
 import numpy as np
 
-from pwan_ros.geometry.se3 import rotation_angle
-
+from .checks.deformation import measure_deformation
 from .checks.mass import OverlapMass, refit_mass
-from .checks.rival import retake_better_rival
 from .checks.verify import CHECK_POINTS, RIVAL_DISTINCT, RIVAL_MARGIN, check_pose, judging_voxel
 from .errors import PwanInputError
 from .global_search.search import register_global
@@ -24,11 +21,7 @@ from .preprocess import random_subset
 from .problem import Request, fit_reference
 from .result import RegistrationResult
 
-__all__ = ['HINT_TURN_DEG', 'confirm', 'judge', 'mass_at_overlap', 'unconvincing']
-
-#: a refused pose's rival turned at least this far (deg) from it, or no rival, gets the hint to
-#: search orientations (a rival slid along the shape is no orientation out of reach)
-HINT_TURN_DEG = 10.0
+__all__ = ['confirm', 'judge', 'mass_at_overlap', 'unconvincing']
 
 
 def mass_at_overlap(request: Request, res: RegistrationResult) -> RegistrationResult:
@@ -151,26 +144,18 @@ def _settled(request: Request, res, g, apart: float, timings: dict) -> Registrat
     return dataclasses.replace(res, status='refused', reason=reason, timings=timings)
 
 
-def judge(
-    request: Request, res: RegistrationResult, posed: Optional[np.ndarray]
-) -> RegistrationResult:
-    """A non-rigid result judged by the pose it deforms as well (``posed`` (n, d): the source at
-    that pose, the rigid pre-alignment's result, or the source under the result's affine part
-    when None); any other result, or one already refused, as it is.
+def judge(request: Request, res: RegistrationResult) -> RegistrationResult:
+    """A non-rigid result judged as a deformation (:mod:`checks.deformation`); any other result,
+    or one already refused, as it is.
 
-    A deformation can lay a wrongly posed shape onto the reference (its own overlap then looks
-    right), so the result is refused when the self-check refuses that pose. The check's rival
-    search finds a distinct pose of the undeformed shape that fits better or as well; a better
-    fit within ``RIVAL_DISTINCT`` gates is the same pose, judged there. A refused result carries
-    that pose's check. A distance-type result that matched no source point within ``h`` is
-    refused first: its deformation had nothing to fit."""
+    Refused: a distance-type result that matched no source point within ``h`` (its deformation
+    had nothing to fit); one that explains under ``MIN_EXPLAINED`` of the source within the gate;
+    one that turns many neighbourhoods far from its affine part (it makes up for a wrong pose) or
+    tears them apart (scrambled correspondences). Not judged by a rigid rival of the pose it
+    deforms: an articulated shape's rigid pose is ambiguous by nature."""
     config = request.config
     if config.transform != 'nonrigid' or not config.self_check or res.status != 'ok':
         return res
-    if posed is None:  # the pose it deforms: the source under the result's affine part
-        a = res.transform
-        src = np.asarray(request.source, dtype=np.float64)[res.source_valid]
-        posed = src @ a[:-1, :-1].T + a[:-1, -1]
     if config.divergence == 'distance' and res.matched_ratio == 0.0:
         return dataclasses.replace(
             res,
@@ -181,35 +166,18 @@ def judge(
                 "fit (raise distance_threshold to the scans' noise and deformation)"
             ),
         )
-    reference, d = fit_reference(request.reference), posed.shape[1]
     tc = time.perf_counter()
-    verdict = check_pose(posed, reference, seed=config.seed, exact_fit=False)
-
-    def judge_moved(moved):
-        return check_pose(moved, reference, verdict.voxel, seed=config.seed, exact_fit=False)
-
-    # a better rigid fit next to the pose (the fit stopped short of it): the same pose for the
-    # deformation, judged there as the rigid path judges the pose it takes
-    retaken = retake_better_rival(
-        verdict, lambda t: posed @ t[:d, :d].T + t[:d, d], judge_moved, within=RIVAL_DISTINCT
+    src = np.asarray(request.source, dtype=np.float64)[res.source_valid]
+    reference = fit_reference(request.reference)
+    measured = measure_deformation(
+        src, reference, res.transformed_source, res.transform, seed=config.seed
     )
-    if retaken is not None:
-        verdict = retaken[1]
     timings = {**res.timings, 'check': res.timings.get('check', 0.0) + time.perf_counter() - tc}
-    if verdict.status == 'ok':
-        return dataclasses.replace(res, timings=timings)
-    reason = f'the self-check refuses the pose it deforms: {verdict.reason}'
-    if config.starts == 1 and _turned(verdict.rival_transform) >= HINT_TURN_DEG:
+    if measured.status == 'ok':
+        return dataclasses.replace(res, timings=timings, check=measured)
+    reason = f'the self-check refuses the deformation: {measured.reason}'
+    if config.starts == 1:
         reason += ' (an orientation far from the initial one needs starts=24 and prealign)'
     return dataclasses.replace(
-        res, status='refused', reason=reason, timings=timings, check=verdict
+        res, status='refused', reason=reason, timings=timings, check=measured
     )
-
-
-def _turned(rival: Optional[np.ndarray]) -> float:
-    """Rotation angle (deg) of a (d+1, d+1) rival transform; inf without one."""
-    if rival is None:
-        return float('inf')
-    if len(rival) == 3:  # 2-D
-        return float(abs(np.degrees(np.arctan2(rival[1, 0], rival[0, 0]))))
-    return float(np.degrees(rotation_angle(rival)))

@@ -1,9 +1,10 @@
-"""Read and write point files: .npy .ply .pcd .xyz .txt .csv (text/ply/pcd also gzip-compressed).
+"""Read and write point files: .npy .ply .pcd .xyz .txt .csv .obj (text/ply/pcd also gzipped).
 
 Returns / accepts (N, 2) or (N, 3) float64 arrays in the file's units. PCD is read by the
 package's one PCD reader (:mod:`pwan_ros.io.pcd`: every DATA kind, also for bags), PLY by
-plyfile (lazily imported; a truncated payload is refused), text formats through numpy. PLY (by
-plyfile) and PCD are written as Open3D writes them, but a failed write raises.
+plyfile (lazily imported; a truncated payload is refused), OBJ's vertices by
+:mod:`pwan_ros.io.mesh`, text formats through numpy. PLY (by plyfile) and PCD are written as
+Open3D writes them, but a failed write raises; PLY and OBJ with the source's triangles when given.
 Problems raise :class:`pwan_ros.core.errors.PwanInputError` with a readable message.
 """
 
@@ -19,8 +20,8 @@ import numpy as np
 from pwan_ros.io.atomic import OutputError, atomic_path, check_output
 from pwan_ros.core.errors import PwanInputError
 
-READ_EXTENSIONS = ('.npy', '.ply', '.pcd', '.xyz', '.txt', '.csv')
-WRITE_EXTENSIONS = ('.npy', '.ply', '.pcd', '.xyz', '.txt', '.csv')
+READ_EXTENSIONS = ('.npy', '.ply', '.pcd', '.xyz', '.txt', '.csv', '.obj')
+WRITE_EXTENSIONS = ('.npy', '.ply', '.pcd', '.xyz', '.txt', '.csv', '.obj')
 
 
 def _split_ext(path: str):
@@ -57,9 +58,10 @@ def _read_text(data: str, path: str) -> np.ndarray:
     return arr
 
 
-def _read_ply_file(path: str, gz: bool) -> np.ndarray:
+def _read_ply_file(path: str, gz: bool, faces: bool = False):
     """x, y(, z) of the PLY vertices (N, 2|3) float64, read by plyfile: a payload shorter than
-    its header promises is refused (Open3D's reader pads it with zeros and prints to stdout)."""
+    its header promises is refused (Open3D's reader pads it with zeros and prints to stdout).
+    faces: a :class:`~pwan_ros.io.mesh.Mesh` with the file's triangles instead."""
     from plyfile import PlyData, PlyParseError
 
     try:
@@ -80,6 +82,10 @@ def _read_ply_file(path: str, gz: bool) -> np.ndarray:
     pts = np.stack([vertex[c].astype(np.float64) for c in ('x', 'y', 'z') if c in names], axis=1)
     if pts.size == 0:
         raise PwanInputError(f'{path}: no points read (empty PLY file)')
+    if faces:
+        from pwan_ros.io.mesh import Mesh, ply_triangles
+
+        return Mesh(pts, ply_triangles(ply, path, len(pts)))
     return pts
 
 
@@ -98,8 +104,9 @@ def _read_pcd_xyz(path: str) -> np.ndarray:
     return pts
 
 
-def read_points(path: str) -> np.ndarray:
-    """Read an (N, 2|3) point array from ``path`` (format from the extension, optional .gz)."""
+def check_input_path(path) -> str:
+    """``path`` as str when it is a non-empty regular file of a readable extension, else
+    :class:`PwanInputError` with one line."""
     path = os.fspath(path)
     if os.path.isdir(path):
         raise PwanInputError(f'{path}: is a directory, expected a point file')
@@ -107,11 +114,32 @@ def read_points(path: str) -> np.ndarray:
         raise PwanInputError(f'{path}: no such file')
     if os.path.getsize(path) == 0:
         raise PwanInputError(f'{path}: empty file')
-    ext, gz = _split_ext(path)
+    ext, _ = _split_ext(path)
     if ext not in READ_EXTENSIONS:
         raise PwanInputError(
             f'{path}: unsupported extension (use {", ".join(READ_EXTENSIONS)}, optionally .gz)'
         )
+    return path
+
+
+def read_mesh(path: str):
+    """The points of any point file (:func:`read_points`) as a :class:`~pwan_ros.io.mesh.Mesh`,
+    with the triangles of a PLY / OBJ mesh (None for the other formats)."""
+    from pwan_ros.io.mesh import Mesh, read_obj
+
+    path = check_input_path(path)
+    ext, gz = _split_ext(path)
+    if ext == '.ply':
+        return _read_ply_file(path, gz, faces=True)
+    if ext == '.obj' and not gz:
+        return read_obj(path)
+    return Mesh(read_points(path), None)
+
+
+def read_points(path: str) -> np.ndarray:
+    """Read an (N, 2|3) point array from ``path`` (format from the extension, optional .gz)."""
+    path = check_input_path(path)
+    ext, gz = _split_ext(path)
     if ext == '.npy':
         if gz:
             raise PwanInputError(f'{path}: compressed .npy is not supported')
@@ -131,6 +159,12 @@ def read_points(path: str) -> np.ndarray:
         return _read_pcd_xyz(path)
     if ext == '.ply':
         return _read_ply_file(path, gz)
+    if ext == '.obj':
+        if gz:
+            raise PwanInputError(f'{path}: compressed .obj is not supported')
+        from pwan_ros.io.mesh import read_obj
+
+        return read_obj(path).vertices
     try:
         if gz:
             with gzip.open(path, 'rt') as fh:
@@ -181,11 +215,12 @@ def _write_ply(fh, points: np.ndarray) -> None:
     PlyData([PlyElement.describe(rows, 'vertex')], byte_order='<').write(fh)
 
 
-def write_points(path: str, points: np.ndarray, interrupted=None) -> None:
-    """Write (N, 2|3) points to ``path`` (.npy .ply .pcd .xyz .txt .csv by extension), atomically:
-    a temporary sibling renamed into place when complete, so a failure leaves no partial file.
-    interrupted: optional callable; when it returns True after the write, the file is discarded
-    and KeyboardInterrupt raised (a Ctrl-C during the write)."""
+def write_points(path: str, points: np.ndarray, interrupted=None, triangles=None) -> None:
+    """Write (N, 2|3) points to ``path`` (.npy .ply .pcd .xyz .txt .csv .obj by extension),
+    atomically: a temporary sibling renamed into place when complete, so a failure leaves no
+    partial file. triangles: (F, 3) 0-based vertex indices written with them to .ply / .obj (those
+    touching a non-finite point left out). interrupted: optional callable; when it returns True
+    after the write, the file is discarded and KeyboardInterrupt raised (a Ctrl-C during it)."""
     path = check_output_path(path)
     pts = np.asarray(points, dtype=np.float64)
     ext, _ = _split_ext(path)
@@ -194,10 +229,15 @@ def write_points(path: str, points: np.ndarray, interrupted=None) -> None:
             if ext == '.npy':
                 with open(tmp, 'wb') as fh:
                     np.save(fh, pts)
-            elif ext in ('.ply', '.pcd'):
+            elif ext in ('.ply', '.pcd', '.obj'):
                 p3 = pts if pts.shape[1] == 3 else np.hstack((pts, np.zeros((pts.shape[0], 1))))
                 with open(tmp, 'wb') as fh:  # a failed write raises (Open3D's writer does not)
-                    if ext == '.ply':
+                    if ext == '.obj' or (ext == '.ply' and triangles is not None):
+                        from pwan_ros.io.mesh import write_mesh_file
+
+                        tris = np.zeros((0, 3), np.int64) if triangles is None else triangles
+                        write_mesh_file(fh, ext, p3, np.asarray(tris, dtype=np.int64))
+                    elif ext == '.ply':
                         _write_ply(fh, p3)
                     else:
                         fh.write(_pcd_header(len(p3)))

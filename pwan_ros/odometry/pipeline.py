@@ -135,6 +135,7 @@ class Registration:
     flagged: bool = False  # accepted, but published as WARN with a held pose's covariance
     weak: Optional[Constraint] = None  # tracked, but not pinned along an axis: WARN
     pending: bool = False  # tracking distrusted, full PWAN to run off the scan worker
+    refused: str = ''  # a deformation the core's self-check refused: why (rejected, unpublished)
 
 
 @dataclass(frozen=True)
@@ -318,6 +319,8 @@ class OdometryPipeline:
     def _conclude(self, work: _Work, reg: Registration, verdict: Optional[Verdict]):
         """Judge the registration (unless ``verdict`` was decided before), apply the verdict to
         the state, and build the scan's estimate."""
+        if verdict is None and reg.refused:
+            verdict = Verdict('reject', reg.refused)
         verdict = verdict or self.trust.judge(
             reg.quality,
             reg.note,
@@ -495,19 +498,27 @@ class OdometryPipeline:
     def _deform(
         self, kf: Keyframe, scan: PreparedScan, init: np.ndarray, timings: Dict[str, float]
     ) -> Registration:
-        """Affine / non-rigid registration of the scan to the fixed reference (full PWAN)."""
+        """Affine / non-rigid registration of the scan to the fixed reference (full PWAN), judged
+        by the core's self-check (a refused one is rejected)."""
         t0 = time.perf_counter()
         deadline = t0 + self.config.pwan_time_budget_ms * 1e-3
         result = self.pwan.align(
-            scan.dense, kf.local_map.points, init, self.distance_threshold, deadline
+            scan.dense, kf.local_map.points, init, self.distance_threshold, deadline, True
         )
         timings['pwan'] = (time.perf_counter() - t0) * 1e3
         quality = match_quality(
             kf.local_map, result.transformed_source, np.eye(4), self.distance_threshold
         )
         aligned = result.transformed_source @ kf.pose[:3, :3].T + kf.pose[:3, 3]
+        refused = f'the self-check refused the deformation: {result.reason}'
         return Registration(
-            result.transform, quality, result.iterations, True, starts=1, aligned_points=aligned
+            result.transform,
+            quality,
+            result.iterations,
+            True,
+            starts=1,
+            aligned_points=aligned,
+            refused=refused if result.status != 'ok' else '',
         )
 
     def _settles(self, init: np.ndarray):

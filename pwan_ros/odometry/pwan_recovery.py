@@ -63,11 +63,13 @@ class PwanAligner:
         init: np.ndarray,
         h: Optional[float] = None,
         deadline: Optional[float] = None,
+        self_check: bool = False,
     ) -> RegistrationResult:
         """Register source (N, 3) onto reference (M, 3), both metres, from ``init`` (4x4
         T_reference_source). ``deadline`` (time.perf_counter() seconds) ends the adversarial
-        stage early, as does :meth:`cancel`. Returns the core result (``transform`` maps
-        source -> reference)."""
+        stage early, as does :meth:`cancel`. self_check: the core judges its result (a
+        deformation: the pipeline has no judge of its own for one). Returns the core result
+        (``transform`` maps source -> reference; ``status`` 'refused' with a reason)."""
         warm = self._state if self.config.mode == 'pwan' else None
         self.raise_if_cancelled()
 
@@ -81,7 +83,7 @@ class PwanAligner:
         result = register(
             source,
             reference,
-            core_config(self.config, h),
+            core_config(self.config, h).replace(self_check=self_check),
             init=init,
             potential_state=warm,
             should_stop=should_stop,

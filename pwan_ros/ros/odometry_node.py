@@ -610,6 +610,8 @@ class OdometryNode(Node):
     ) -> None:
         if self.cloud_pub.get_subscription_count() == 0:
             return
+        if self.config.transform != 'rigid' and update.deformed_points is None:
+            return  # a rejected (refused) deformation: the scan is not aligned to anything
         header = type(msg.header)()
         header.stamp = msg.header.stamp
         header.frame_id = self.config.odom_frame

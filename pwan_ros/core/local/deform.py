@@ -7,8 +7,6 @@ rank a wrong, symmetric pose first)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
-
 import numpy as np
 
 from ..preprocess import median_spacing, random_subset
@@ -18,7 +16,7 @@ from ..result import RegistrationResult
 from .fit import fit
 from .scoring import distinct_poses, overlap_score
 
-__all__ = ['PREALIGN_GAP', 'Deformed', 'deform', 'deformable_finalists']
+__all__ = ['PREALIGN_GAP', 'deform', 'deformable_finalists']
 
 #: non-rigid prealign: a rigid finalist whose overlap score (fraction of the source off the
 #: reference) is above the best finalist's by more than this is a distinct, worse pose and is not
@@ -27,15 +25,7 @@ __all__ = ['PREALIGN_GAP', 'Deformed', 'deform', 'deformable_finalists']
 PREALIGN_GAP = 0.1
 
 
-class Deformed(NamedTuple):
-    """The deformed result and the pose it deforms: ``posed`` (n, d) the source at the rigid
-    pre-alignment's pose it started from (caller units)."""
-
-    result: RegistrationResult
-    posed: np.ndarray
-
-
-def deform(request: Request) -> Deformed:
+def deform(request: Request) -> RegistrationResult:
     """The rigid pre-alignment(s) of ``request`` (a non-rigid one with ``prealign``), then the
     deformation from each distinct finalist worth deforming (:func:`deformable_finalists`, at
     most ``prealign_keep``); the best by the overlap score. Steps, u and tolerance left None take
@@ -71,8 +61,8 @@ def deform(request: Request) -> Deformed:
             start_index=pre.start_index,
         )
         if best is None or score < best[0]:
-            best = (score, res, pre)
-    return Deformed(best[1], best[2].transformed_source)
+            best = (score, res)
+    return best[1]
 
 
 def deformable_finalists(finalists: list, reference: np.ndarray, seed: int) -> list:
