@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from pwan_ros.geometry.se3 import from_quaternion, invert, rotation_angle
+from pwan_ros.io.point_files import write_points
 
 PEERS = pathlib.Path(__file__).parent / 'peers'
 NODE = pathlib.Path(sys.executable).with_name('pwan_odometry_node')
@@ -159,6 +160,25 @@ def test_node_tracks_simulated_scans(tmp_path, ros_env):
     assert last['frame'] == 'odom'
     assert last['fields'][:5] == ['x', 'y', 'z', 'intensity', 'ring']
     assert last['points'] > 1000
+
+
+@pytest.mark.ros
+def test_a_deformation_the_self_check_refuses_is_not_published_as_aligned(tmp_path, ros_env):
+    """transform nonrigid with a reference cloud: a bent scan of the object is deformed onto it
+    and published; a scan where nothing fits is refused by the core's self-check (the node ran
+    the core without it), answered WARN with the held pose, and no aligned cloud."""
+    sys.path.insert(0, str(PEERS))
+    from scan_driver import deform_object
+
+    write_points(str(tmp_path / 'ref.ply'), deform_object()[0])
+    params = (f'reference_cloud:={tmp_path / "ref.ply"}', 'transform:=nonrigid')
+    res, _ = scenario(ros_env, tmp_path, 'deform', params=params)
+    answers = {s['label']: res['answers'][str(s['stamp'])] for s in res['sent']}
+    aligned = {a['stamp'] for a in res['aligned']}
+    bent, far = res['sent']
+    assert answers['bent']['diag']['level'] == 0 and bent['stamp'] in aligned, answers['bent']
+    assert answers['far']['diag']['level'] == 1 and far['stamp'] not in aligned
+    assert 'the self-check refused the deformation' in answers['far']['diag']['message']
 
 
 @pytest.mark.ros

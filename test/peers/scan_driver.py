@@ -11,6 +11,7 @@ node published is written to a JSON file.
 
 import argparse
 import json
+import pathlib
 import sys
 import time
 
@@ -197,6 +198,26 @@ def interleaved_messages(n, label, frame='base_link'):
         yield label, pc2.create_cloud(header(stamp, frame), other.xyz), None
 
 
+def deform_object():
+    """(reference, scan) of scenario 'deform': a 4 m object 10 m ahead (knobbed blob, metres) and
+    another sample of it, bent."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+    from _core_shapes import knobbed_blob
+
+    ref = knobbed_blob(1500, 0) * 2.0 + np.array([10.0, 0.0, 0.0])
+    src = knobbed_blob(1500, 1) * 2.0 + np.array([10.0, 0.0, 0.0])
+    return ref, src + np.outer(0.15 * np.sin(src[:, 0] - 10.0), [0.0, 0.0, 1.0])
+
+
+def deform_messages():
+    """Scenario 'deform' (the node with reference_cloud = deform_object()'s reference, transform
+    nonrigid): the bent scan ('bent'), then the object 70 m away, where nothing fits ('far')."""
+    _, bent = deform_object()
+    for k, (label, pts) in enumerate((('bent', bent), ('far', bent + [60.0, 40.0, 0.0]))):
+        cloud = pc2.create_cloud(header(1_000_000_000 * (k + 1)), pts.astype(np.float32))
+        yield label, cloud, None
+
+
 class Driver(Node):
     def __init__(self, sensor_qos=False, second_writer=False):
         super().__init__('scan_driver')
@@ -302,6 +323,7 @@ def main():
             'two_sources',
             'two_writers',
             'corridor_gap',
+            'deform',
         ),
         required=True,
     )
@@ -367,6 +389,7 @@ def main():
             'two_sources': lambda: interleaved_messages(args.scans, 'second', 'second_lidar'),
             'corridor_gap': lambda: corridor_gap_messages(args.scans),
             'two_writers': lambda: interleaved_messages(args.scans, 'writer2'),
+            'deform': deform_messages,
         }[args.scenario]()
         if args.burst:  # every scan 10 ms apart, then wait for the last one's answer
             msgs = list(msgs)
