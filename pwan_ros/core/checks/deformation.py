@@ -5,9 +5,10 @@ of the sets' point spacing and in angles:
 
 - ``explained``: the fraction of the deformed source within the gate of the reference (a few
   point spacings), and the same for the source under the affine part alone;
-- ``local turn``: each source point's neighbourhood (its ``NEIGHBOURS`` nearest source points),
-  as the affine part would carry it, against where the deformation puts it: the angle of the best
-  rotation between the two (Kabsch); a fold of a surface is a turn near 180 deg;
+- ``local turn``: the neighbourhood (its ``NEIGHBOURS`` nearest source points) of each source
+  point the deformation lays within the gate (what it claims to match), as the affine part would
+  carry it, against where the deformation puts it: the angle of the best rotation between the two
+  (Kabsch); a fold of a surface is a turn near 180 deg;
 - ``local strain``: what that rotation leaves unexplained, relative to the neighbourhood's size
   (a neighbourhood torn apart or crushed onto a point).
 
@@ -25,8 +26,6 @@ import numpy as np
 from scipy.spatial import cKDTree
 
 NEIGHBOURS = 10
-
-
 #: neighbourhood turned over TURN_DEG from its affine part, torn over TORN_STRAIN (relative)
 TURN_DEG = 45.0
 TORN_STRAIN = 0.5
