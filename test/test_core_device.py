@@ -43,8 +43,10 @@ def test_rigid_on_the_device_agrees_with_the_cpu():
     assert on_dev.converged
 
 
-@pytest.mark.heavy
+@pytest.mark.slow
 def test_eager_and_compiled_steps_agree_on_the_device():
+    """compile='on' (off by default): inductor builds the graphs, 45 s of CPU on a CPU device,
+    so `make test-slow` and bench/device_check.sh (which runs this file whole) run it."""
     src, ref = _device_pair(400)
     compiled = register(src, ref, RegistrationConfig(seed=1, device=DEVICE, compile='on'))
     eager = register(src, ref, RegistrationConfig(seed=1, device=DEVICE))
