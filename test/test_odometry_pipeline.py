@@ -619,3 +619,23 @@ def test_recovery_moves_to_the_self_checks_better_pose(sim_scans, monkeypatch):
     assert rec.check.status == 'ok' and rec.origin == 'self-check rival of the prediction'
     deg, metres = pose_error(rec.transform, truth)
     assert metres < 0.1 and deg < 0.5, (deg, metres)
+
+
+@pytest.mark.heavy
+def test_an_affine_scan_of_the_reference_is_aligned():
+    """transform 'affine' with a reference cloud (a 4 m object 10 m away): a scan of it stretched
+    10 %, sheared and moved comes back accepted with its deformed points on the reference."""
+    from scipy.spatial import cKDTree
+
+    from _core_shapes import knobbed_blob
+
+    centre = np.array([10.0, 0.0, 0.0])
+    ref = knobbed_blob(1500, 0) * 2.0 + centre
+    a = np.array([[1.1, 0.05, 0.0], [0.0, 0.95, 0.0], [0.0, 0.0, 1.0]])
+    scan = (knobbed_blob(1500, 1) * 2.0) @ a.T + centre + [0.3, 0.2, 0.0]
+    config = OdometryConfig(
+        reference_cloud='map.ply', transform='affine', pwan_time_budget_ms=600000.0
+    )
+    est = OdometryPipeline(config, reference_points=ref).process(scan, 0.0)
+    assert est.accepted and est.aligned_points is not None, est.reason
+    assert np.median(cKDTree(ref).query(est.aligned_points)[0]) < 0.1

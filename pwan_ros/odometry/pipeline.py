@@ -498,12 +498,15 @@ class OdometryPipeline:
     def _deform(
         self, kf: Keyframe, scan: PreparedScan, init: np.ndarray, timings: Dict[str, float]
     ) -> Registration:
-        """Affine / non-rigid registration of the scan to the fixed reference (full PWAN), judged
-        by the core's self-check (a refused one is rejected)."""
+        """Affine / non-rigid registration of the scan to the fixed reference (full PWAN); a
+        non-rigid one judged by the core's self-check (a refused one is rejected)."""
         t0 = time.perf_counter()
         deadline = t0 + self.config.pwan_time_budget_ms * 1e-3
+        # a non-rigid result is judged as a deformation (core checks.deformation); the affine
+        # check's held-in-every-direction test needs denser scans than the node registers
+        judged = self.config.transform == 'nonrigid'
         result = self.pwan.align(
-            scan.dense, kf.local_map.points, init, self.distance_threshold, deadline, True
+            scan.dense, kf.local_map.points, init, self.distance_threshold, deadline, judged
         )
         timings['pwan'] = (time.perf_counter() - t0) * 1e3
         quality = match_quality(
