@@ -86,12 +86,22 @@ def small_gicp(src, ref, voxel=0.05):
     return np.asarray(res.T_target_source)
 
 
-def pycpd_deformable(src, ref, w=0.1, beta=2.0, lam=2.0):
+def pycpd_deformable(src, ref, w=0.1, beta=2.0, lam=2.0, iterations=150, tolerance=None):
     from pycpd import DeformableRegistration
 
-    reg = DeformableRegistration(X=ref, Y=src, w=w, beta=beta, alpha=lam, max_iterations=150)
+    kwargs = {} if tolerance is None else {'tolerance': tolerance}
+    reg = DeformableRegistration(
+        X=ref, Y=src, w=w, beta=beta, alpha=lam, max_iterations=iterations, **kwargs
+    )
     ty, _ = reg.register()
     return ty
+
+
+def probreg_bcpd(src, ref, w=0.1, iterations=50):
+    """probreg's BCPD with its defaults but the outlier weight and iteration cap."""
+    from probreg import bcpd
+
+    return bcpd.registration_bcpd(src, ref, w=w, maxiter=iterations).transform(src)
 
 
 def probreg_cpd_deformable(src, ref, w=0.1, beta=2.0, lam=2.0):

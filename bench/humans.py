@@ -77,25 +77,19 @@ class Case:
 
 
 def run_anchor(method, case):
-    """The source moved by an anchor (metres), the anchor run on normalised sets."""
+    """The source moved by an anchor (metres), the anchor run on normalised sets: 'pycpd-bB'
+    (pycpd, beta B, lambda 2, w 0.1, 100 iterations, tolerance 1e-3) or 'bcpd' (probreg, w 0.1,
+    50 iterations)."""
     import anchors
 
     s, r = case.norm(case.src), case.norm(case.ref)
-    if method.startswith('pycpd'):
-        from pycpd import DeformableRegistration
-
-        beta = float(method.split('-b')[1])
-        reg = DeformableRegistration(
-            X=r, Y=s, w=0.1, beta=beta, alpha=2.0, max_iterations=100, tolerance=1e-3
-        )
-        moved, _ = reg.register()
+    if method.startswith('pycpd-b'):
+        beta = float(method[len('pycpd-b') :])
+        moved = anchors.pycpd_deformable(s, r, beta=beta, iterations=100, tolerance=1e-3)
     elif method == 'bcpd':
-        from probreg import bcpd
-
-        tf = bcpd.registration_bcpd(s, r, w=0.1, maxiter=50)
-        moved = tf.transform(s)
+        moved = anchors.probreg_bcpd(s, r)
     else:
-        moved = anchors.pycpd_deformable(s, r)
+        raise SystemExit(f'unknown method {method} (pwan, pycpd-bB, bcpd)')
     return np.asarray(moved) * case.scale + case.centre
 
 

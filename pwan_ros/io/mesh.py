@@ -18,8 +18,6 @@ import numpy as np
 
 from pwan_ros.core.errors import PwanInputError
 
-MESH_EXTENSIONS = ('.ply', '.obj')
-
 
 @dataclass
 class Mesh:

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.spatial import cKDTree
 
+from ..preprocess import median_spacing
+
 NEIGHBOURS = 10
 #: neighbourhood turned over TURN_DEG from its affine part, torn over TORN_STRAIN (relative)
 TURN_DEG = 45.0
@@ -61,8 +63,7 @@ class DeformationCheck:
     reason: str = ''
 
     def as_dict(self) -> dict:
-        out = {k: v for k, v in self.__dict__.items()}
-        return {k: (round(float(v), 6) if isinstance(v, float) else v) for k, v in out.items()}
+        return {k: round(v, 6) if isinstance(v, float) else v for k, v in vars(self).items()}
 
 
 def _batched_kabsch(p: np.ndarray, q: np.ndarray):
@@ -83,10 +84,6 @@ def _batched_kabsch(p: np.ndarray, q: np.ndarray):
     return np.abs(angle), resid / np.maximum(size, 1e-300)
 
 
-def _spacing(points: np.ndarray) -> float:
-    return float(np.median(cKDTree(points).query(points, k=2)[0][:, 1]))
-
-
 def measure_deformation(
     source: np.ndarray,
     reference: np.ndarray,
@@ -101,7 +98,7 @@ def measure_deformation(
     at = np.arange(len(source))
     if len(at) > MEASURED_POINTS:
         at = np.sort(rng.choice(len(at), MEASURED_POINTS, replace=False))
-    gate = GATE_SPACINGS * max(_spacing(source), _spacing(reference))
+    gate = GATE_SPACINGS * max(median_spacing(source), median_spacing(reference))
     posed = source @ affine[:d, :d].T + affine[:d, d]
     tree = cKDTree(reference)
     on = tree.query(deformed[at], distance_upper_bound=gate)[0] <= gate

@@ -21,8 +21,8 @@ then weighs no more than any other surface. The gate is g = 1.5 judging voxels.
 * **No rival pose**. GICP (plane-aware, small_gicp), coarse to fine down to g, from starts
   around the result: moved 8 and 32 gates (``RIVAL_REACH``) along each axis and turned
   ``RIVAL_TURN_DEG`` about each axis, in 3-D further on a source only a few gates across (so
-  that the turned start is distinct; not for a deformed shape's rigid pose, whose rough fit
-  wide turns beat; 2-D: point-to-point ICP in the plane, turned about its normal). A pose the
+  that the turned start is distinct; 2-D: point-to-point ICP in the plane, turned about its
+  normal). A pose the
   data pins down is where those starts return to. Refused, with the rival's shift and overlap,
   when a start ends where more than ``RIVAL_MARGIN`` more of the source lies on the reference
   (the result is not the fit its data shows: a slide, "no motion" kept by a sampling pattern,
@@ -191,17 +191,13 @@ def check_pose(
     max_points: int = CHECK_POINTS,
     rivals: bool = True,
     admissible: Optional[Callable[[np.ndarray], bool]] = None,
-    exact_fit: bool = True,
 ) -> PoseCheck:
     """Check a registration result: ``moved`` (n, d) the source points mapped into the reference
     frame, ``reference`` (m, d), caller units. voxel: the judging voxel (None:
     :func:`judging_voxel` of the reference). rivals: run the rival search (and, in 3-D, the
-    constraint test). exact_fit: the pose is the fit itself (a rigid or affine result): 3-D
-    turned starts as wide as a small source needs and the constraint test (module docstring);
-    False for a deformed shape's rigid pose, whose fit is rough (wide turns found rigid rivals
-    that fit it better: right non-rigid results refused): ``RIVAL_TURN_DEG`` only.
-    admissible: optional test of a rival, given the (d+1, d+1) transform that moves ``moved`` onto
-    it (e.g. the sensors' free space); rivals it rejects do not count. See the module docstring."""
+    constraint test; in 3-D the turned starts are as wide as a small source needs, module
+    docstring). admissible: optional test of a rival, given the (d+1, d+1) transform that moves
+    ``moved`` onto it (e.g. the sensors' free space); rivals it rejects do not count."""
     moved = np.asarray(moved, dtype=np.float64)
     reference = np.asarray(reference, dtype=np.float64)
     voxel = judging_voxel(reference) if voxel is None else float(voxel)
@@ -225,7 +221,7 @@ def check_pose(
     reason = _too_little(j, excess)
     if reason or not rivals:
         return verdict(reason)
-    wide = exact_fit and j.moved.shape[1] == 3
+    wide = j.moved.shape[1] == 3
     if wide and not _flat(j.tree.data, j.gate):
         held = _constraint(j.moved[j.matched], j.tree)
         if held < MIN_HELD:

@@ -103,9 +103,8 @@ def _self_check(prob: Problem, config, total, z, after: str) -> tuple:
     """(transform, moved source, :class:`checks.verify.PoseCheck`) of a result's self-check; a
     rigid result (``after``: 'rival' or 'polish') takes a clearly better pose the check finds next
     to it (GICP from a start around it), judged in turn; an affine one is judged against the
-    rigid pose inside it (:mod:`checks.affine`)."""
-    exact = config.transform != 'nonrigid'  # a deformed shape's fit is rough (check_pose)
-    verdict = check_pose(z, prob.ref_fit, seed=config.seed, exact_fit=exact)
+    rigid pose inside it (:mod:`checks.affine`). (A deformation is judged by decide.judge.)"""
+    verdict = check_pose(z, prob.ref_fit, seed=config.seed)
     if config.transform == 'affine':  # against the rigid pose inside it (checks.affine)
         judged, verdict = judge_affine(prob.src.points, total, prob.ref_fit, verdict, config.seed)
         if judged is not total:
@@ -116,7 +115,7 @@ def _self_check(prob: Problem, config, total, z, after: str) -> tuple:
     d = prob.dim
 
     def judge(moved):
-        return check_pose(moved, prob.ref_fit, verdict.voxel, config.seed, exact_fit=exact)
+        return check_pose(moved, prob.ref_fit, verdict.voxel, config.seed)
 
     retaken = retake_better_rival(verdict, lambda rt: z @ rt[:d, :d].T + rt[:d, d], judge)
     if retaken is None:
