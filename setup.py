@@ -67,9 +67,14 @@ setup(
             # `make test` checks the house style (ruff.toml) first; the formatter's output is only
             # stable within one ruff minor series, so the series that formatted the tree is pinned
             'ruff>=0.17,<0.18',
-        ],
-        'bench': [
+            # the anchor of every evaluation table (`make demo`, pwan_evaluate --offline) and the
+            # fleet evaluation's local Ray (test/test_fleet.py)
             'kiss-icp>=1.0',
+            'ray>=2.40',
+        ],
+        # pwan_evaluate --offline on Ray: sequences in parallel on this machine or a cluster
+        'cluster': ['ray>=2.40'],
+        'bench': [
             'kiss-matcher>=1.0',
             'probreg>=0.3',
             'pycpd>=2.0',

@@ -354,6 +354,7 @@ def test_balm_sequence_to_bag_and_offline_evaluation(tmp_path, capsys):
     assert (
         evaluate_cli.main(
             ['--offline', '--bag', str(bag), '--output', str(out), '--frame', 'lidar']
+            + ['--estimator', 'icp']
         )
         == 0
     )

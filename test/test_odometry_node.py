@@ -1158,7 +1158,6 @@ def test_invalid_static_transforms_are_named_not_used():
     from tf2_msgs.msg import TFMessage
 
     from pwan_ros.geometry.frame_graph import FrameGraph
-    from pwan_ros.ros.odometry_node import _add_static
 
     def tf(q, t):
         m = TransformStamped()
@@ -1169,13 +1168,13 @@ def test_invalid_static_transforms_are_named_not_used():
         return TFMessage(transforms=[m])
 
     graph, invalid = FrameGraph(), {}
-    _add_static(graph, invalid, tf((0.0, 0.0, 0.0, 0.0), (0.0, 0.0, 1.0)))
+    graph.add_message(tf((0.0, 0.0, 0.0, 0.0), (0.0, 0.0, 1.0)), invalid)
     assert graph.lookup('base_link', 'lidar') is None
     assert 'invalid quaternion' in invalid[('base_link', 'lidar')]
-    _add_static(graph, invalid, tf((0.0, 0.0, 0.0, 1.0), (float('nan'), 0.0, 1.0)))
+    graph.add_message(tf((0.0, 0.0, 0.0, 1.0), (float('nan'), 0.0, 1.0)), invalid)
     assert graph.lookup('base_link', 'lidar') is None
     assert 'non-finite translation' in invalid[('base_link', 'lidar')]
-    _add_static(graph, invalid, tf((0.0, 0.0, 0.0, 1.0), (0.0, 0.0, 1.0)))
+    graph.add_message(tf((0.0, 0.0, 0.0, 1.0), (0.0, 0.0, 1.0)), invalid)
     assert graph.lookup('base_link', 'lidar')[2, 3] == 1.0 and not invalid
 
 

@@ -263,3 +263,37 @@ def test_demo_reports_a_node_that_dies(tmp_path, ros_env):
     )
     assert proc.returncode == 2
     assert 'the node exited early (code 3)' in proc.stderr and 'boom' in proc.stderr
+
+
+@pytest.mark.ros
+def test_the_pipeline_offline_gives_the_node_s_poses(tmp_path, ros_env, small_bag):
+    """The real pwan_odometry_node fed by pwan_replay --wait-for-pose, and `pwan_evaluate
+    --offline`'s default estimator (the same pipeline in process) on the same bag: the same pose
+    for every scan (the node's small_gicp runs on 2 threads, whose sums differ in the last bits
+    from run to run; offline runs on 1)."""
+    import numpy as np
+
+    from pwan_ros.evaluation.offline import PipelineOdometry, run_offline
+
+    node = subprocess.Popen(
+        demo.default_node_command(), env=ros_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    try:
+        out = tmp_path / 'run'
+        proc = subprocess.run(
+            replay_cmd(small_bag, out, '--wait-for-pose', '30', '--drain-timeout', '5'),
+            env=ros_env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        node.terminate()
+        log = node.communicate(timeout=30)[0].decode()
+    assert proc.returncode == 0, proc.stderr[-3000:] + log[-3000:]
+    live = RunRecord.load(out / 'run.json').estimate
+    offline = run_offline(small_bag, PipelineOdometry()).estimate
+    assert len(live) == len(offline) == 6
+    np.testing.assert_array_equal(live.stamps, offline.stamps)
+    np.testing.assert_allclose(live.poses, offline.poses, rtol=0, atol=1e-6)
+    assert np.linalg.norm(offline.poses[-1, :3, 3]) > 0.5  # it moved: a real comparison

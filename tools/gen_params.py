@@ -42,6 +42,7 @@ def _tables():
     from pwan_ros.odometry.config import OdometryConfig
     from pwan_ros.cli.demo import DemoConfig
     from pwan_ros.evaluation.lidar_sim import SimConfig
+    from pwan_ros.evaluation.fleet import OfflineConfig
     from pwan_ros.evaluation.metrics import EvalConfig
     from pwan_ros.evaluation.pcd_to_bag import ConvertConfig
     from pwan_ros.evaluation.replay import ReplayConfig
@@ -60,6 +61,7 @@ def _tables():
         ('docs/evaluation.md', 'pcd2bag'): markdown_table(ConvertConfig),
         ('docs/evaluation.md', 'replay'): markdown_table(ReplayConfig),
         ('docs/evaluation.md', 'evaluate'): markdown_table(EvalConfig),
+        ('docs/evaluation.md', 'offline'): markdown_table(OfflineConfig),
         ('docs/evaluation.md', 'demo'): markdown_table(DemoConfig),
     }
 

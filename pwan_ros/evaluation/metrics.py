@@ -21,7 +21,7 @@ CLI (writes ``summary.json``, ``trajectory_est.tum``, ``trajectory.png`` into ``
     pwan_evaluate --run OUT/run.json --bag BAG                  # after pwan_replay
     pwan_evaluate --est est.tum --gt-file gt.txt                # two pose files
     pwan_evaluate --est recorded_bag --bag BAG                  # /odometry from ros2 bag record
-    pwan_evaluate --offline --bag BAG [BAG ...] [--estimator icp|module:factory]
+    pwan_evaluate --offline --bag BAG... | --kitti SEQ... [--estimator pwan,kiss_icp,...]
     options: --topic /points --gt-topic /ground_truth --frame base_link --align se3 --json
 """
 

@@ -1,14 +1,16 @@
-"""Offline runs: feed a bag's scans to an in-process estimator (no DDS), for batch evaluation.
+"""Offline runs: feed a sequence's scans to an in-process estimator (no DDS), for batch evaluation.
 
 An *estimator* is any callable ``estimate(points_xyz, stamp) -> pose``:
 ``points_xyz`` (N, 3) float array in the scan's frame (metres, NaNs removed), ``stamp`` the
 scan's header stamp in seconds; ``pose`` the 4x4 ``T_odom_base`` of that scan (REP-105; the
 first scan is usually identity), or ``None`` to skip (counted as dropped).
 
-``load_estimator(spec)``: ``'icp'`` is the built-in baseline below (Open3D point-to-plane
-scan-to-scan ICP with a constant-velocity guess); ``'kiss_icp'`` is KISS-ICP's Python pipeline
-(``pip install kiss-icp``, optional); ``'package.module:factory'`` imports ``factory`` and calls
-it without arguments to obtain the estimator.
+``load_estimator(spec)``: ``'pwan'`` is the product's odometry (:class:`PipelineOdometry`: the
+node's pipeline with the node's parameters, in process); ``'icp'`` is the built-in baseline
+below (Open3D point-to-plane scan-to-scan ICP with a constant-velocity guess); ``'kiss_icp'`` is
+KISS-ICP's Python pipeline (installed by the setup; ``pip install kiss-icp``);
+``'package.module:factory'`` imports ``factory`` and calls it without arguments to obtain the
+estimator.
 """
 
 from __future__ import annotations
@@ -20,9 +22,8 @@ from typing import Callable
 
 import numpy as np
 
-from pwan_ros.io import bags as bag_io
-from pwan_ros.io.pointcloud2 import read_xyz
 from pwan_ros.evaluation.run_record import RunRecord
+from pwan_ros.evaluation.sequences import Scan, SequenceSource
 from pwan_ros.io.trajectory import Trajectory
 from pwan_ros.params import POINTS_TOPIC
 
@@ -30,6 +31,7 @@ __all__ = [
     'Estimator',
     'IcpOdometry',
     'KissIcpOdometry',
+    'PipelineOdometry',
     'kiss_icp_available',
     'load_estimator',
     'run_offline',
@@ -92,9 +94,11 @@ class KissIcpOdometry:
     """KISS-ICP (Vizzo et al. 2023, its Python package, default configuration): scan-to-local-map
     point-to-point ICP with an adaptive threshold. ``max_range`` (m) as KISS-ICP's own setting
     (its voxel size follows as max_range / 100). Scans carry no per-point times here, so it
-    runs without deskewing. Raises ImportError with the install line when kiss-icp is missing."""
+    runs without deskewing. ``num_threads``: its registration's threads (0 = all cores, its
+    default; 1 makes a run reproducible to the last bit). Raises ImportError with the install
+    line when kiss-icp is missing."""
 
-    def __init__(self, max_range: float = 100.0):
+    def __init__(self, max_range: float = 100.0, num_threads: int = 0):
         try:
             from kiss_icp.config import KISSConfig
             from kiss_icp.kiss_icp import KissICP
@@ -104,12 +108,69 @@ class KissIcpOdometry:
         cfg.data.max_range = float(max_range)
         cfg.data.deskew = False
         cfg.mapping.voxel_size = cfg.data.max_range / 100.0  # what KISS-ICP's own pipeline sets
+        cfg.registration.max_num_threads = int(num_threads)
+        self.max_range = float(max_range)
         self._odometry = KissICP(cfg)
 
     def __call__(self, xyz: np.ndarray, stamp: float) -> np.ndarray:
         pts = np.asarray(xyz, dtype=np.float64)
         self._odometry.register_frame(pts, np.zeros(len(pts)))
         return np.asarray(self._odometry.last_pose, dtype=np.float64).copy()
+
+
+class PipelineOdometry:
+    """The product's odometry in process: the node's :class:`~pwan_ros.odometry.odometer.Odometer`
+    over :class:`~pwan_ros.odometry.pipeline.OdometryPipeline` with the node's parameters
+    (``config``), per-point times read as the node reads them, the base frame through the
+    sequence's static transforms. Recoveries run on the caller's thread (as the node's when the
+    replay waits for each pose). ``num_threads``: small_gicp's threads; 1 (default) makes a run
+    bit-reproducible. Returns ``T_odom_base`` of each scan (the held pose of a rejected one), or
+    None for a scan the node skips."""
+
+    takes_scans = True  # run_offline hands it whole Scans and the sequence's static frames
+
+    def __init__(self, config=None, num_threads: int = 1):
+        from pwan_ros.odometry.config import OdometryConfig
+        from pwan_ros.odometry.odometer import Odometer
+        from pwan_ros.odometry.pipeline import OdometryPipeline
+        from pwan_ros.odometry.sweep_times import SweepClock
+
+        self.config = config or OdometryConfig()
+        reference = None
+        if self.config.reference_cloud:
+            from pwan_ros.io.point_files import read_points
+
+            reference = read_points(self.config.reference_cloud)
+        pipeline = OdometryPipeline(self.config, reference, num_threads=num_threads)
+        self.odometer = Odometer(pipeline)
+        self.sweep_clock = SweepClock(self.config.deskew)
+        self.frames = None
+
+    def use_frames(self, frames) -> None:
+        """The sequence's static transforms (a FrameGraph)."""
+        self.frames = frames
+
+    def process_scan(self, scan: Scan) -> np.ndarray | None:
+        from pwan_ros.odometry.pipeline import ScanError
+
+        base = self.config.base_frame or scan.frame
+        t_base_sensor = self.frames.lookup(base, scan.frame) if self.frames else None
+        if t_base_sensor is None:
+            if base != scan.frame:
+                raise ValueError(f"no static transform {base} <- {scan.frame} (/tf_static)")
+            t_base_sensor = np.eye(4)
+        times = self.sweep_clock.read(scan.extras, scan.stamp)
+        try:
+            update = self.odometer.update(
+                scan.xyz, scan.stamp, scan.frame, t_base_sensor, times.offsets
+            )
+        except ScanError:  # the node skips it (and says why)
+            return None
+        return update.T_odom_base
+
+    def __call__(self, xyz: np.ndarray, stamp: float) -> np.ndarray | None:
+        frame = self.config.base_frame or 'base_link'
+        return self.process_scan(Scan(xyz, stamp, np.zeros(len(xyz), dtype=[]), frame))
 
 
 def kiss_icp_available() -> bool:
@@ -119,8 +180,11 @@ def kiss_icp_available() -> bool:
     return importlib.util.find_spec('kiss_icp') is not None
 
 
-def load_estimator(spec: str) -> Estimator:
-    """'icp', 'kiss_icp' or 'module:factory' (factory() returns the estimator callable)."""
+def load_estimator(spec: str, config=None) -> Estimator:
+    """'pwan' (with ``config``, an OdometryConfig), 'icp', 'kiss_icp' or 'module:factory'
+    (factory() returns the estimator callable)."""
+    if spec == 'pwan':
+        return PipelineOdometry(config)
     if spec == 'icp':
         return IcpOdometry()
     if spec == 'kiss_icp':
@@ -131,7 +195,8 @@ def load_estimator(spec: str) -> Estimator:
     module, sep, attr = spec.partition(':')
     if not sep or not module or not attr:
         raise ValueError(
-            f"--estimator must be 'icp', 'kiss_icp' or 'package.module:factory', got {spec!r}"
+            f"--estimator must be 'pwan', 'icp', 'kiss_icp' or 'package.module:factory', got "
+            f'{spec!r}'
         )
     try:
         factory = getattr(importlib.import_module(module), attr)
@@ -163,34 +228,30 @@ def _callable_with(obj, n_args: int) -> bool:
 
 
 def run_offline(
-    bag, estimate: Estimator, topic: str = POINTS_TOPIC, max_scans: int | None = None
+    source, estimate: Estimator, topic: str = POINTS_TOPIC, max_scans: int | None = None
 ) -> RunRecord:
-    """Run ``estimate`` on every scan of ``topic`` in ``bag`` (in order); latency = estimate() wall
-    time."""
+    """Run ``estimate`` on every scan of ``source`` (a SequenceSource, or a bag path read on
+    ``topic``) in order; latency = the estimator's wall time per scan."""
+    if not isinstance(source, SequenceSource):
+        source = SequenceSource('bag', str(source), topic=topic)
+    if getattr(estimate, 'takes_scans', False):
+        estimate.use_frames(source.static_frames())
     stamps, poses, latencies = [], [], []
     published = 0
     t_start = time.perf_counter()
-    for _, msg in bag_io.iter_decoded(bag, topic, [bag_io.CLOUD_TYPE]):
+    for scan in source.scans():
         if max_scans is not None and published >= max_scans:
             break
         published += 1
-        stamp = bag_io.stamp_to_ns(msg.header.stamp) * 1e-9
-        xyz = read_xyz(msg, skip_nans=True)
         t0 = time.perf_counter()
-        try:
-            pose = estimate(xyz, stamp)
-        except Exception as e:  # one line naming the scan, not the estimator's traceback
-            raise ValueError(
-                f'the estimator failed on scan {published} (stamp {stamp:.6f} s, {len(xyz)} '
-                f'points): {type(e).__name__}: {e}'
-            ) from e
+        pose = _estimated(estimate, scan, published)
         latencies.append((time.perf_counter() - t0) * 1e3)
         if pose is None:
             continue
         pose = np.asarray(pose, dtype=np.float64)
         if pose.shape != (4, 4):
             raise ValueError(f'estimator returned shape {pose.shape}, expected (4, 4)')
-        stamps.append(stamp)
+        stamps.append(scan.stamp)
         poses.append(pose)
     est = Trajectory.from_unsorted(
         np.array(stamps, dtype=np.float64), np.array(poses).reshape(-1, 4, 4)
@@ -201,6 +262,21 @@ def run_offline(
         latencies_ms=latencies,
         mode='offline',
         wall_s=time.perf_counter() - t_start,
-        bag=str(bag),
-        topic=topic,
+        bag=source.path,
+        topic=source.topic if source.kind == 'bag' else '',
     )
+
+
+def _estimated(estimate: Estimator, scan: Scan, k: int):
+    """The estimator's pose of scan number ``k`` (1-based); its failure as one line naming the
+    scan, not the estimator's traceback."""
+    try:
+        if getattr(estimate, 'takes_scans', False):
+            return estimate.process_scan(scan)
+        xyz = scan.xyz[np.isfinite(scan.xyz).all(axis=1)]
+        return estimate(xyz, scan.stamp)
+    except Exception as e:
+        raise ValueError(
+            f'the estimator failed on scan {k} (stamp {scan.stamp:.6f} s, {len(scan.xyz)} '
+            f'points): {type(e).__name__}: {e}'
+        ) from e

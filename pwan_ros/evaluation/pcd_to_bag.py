@@ -16,42 +16,18 @@ file name as the 0-based pose index (``full26.pcd.gz`` -> pose 26, the BALM conv
 
 from __future__ import annotations
 
-import fnmatch
 import pathlib
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
 from pwan_ros.io import bags as bag_io
-from pwan_ros.io.pcd import read_pcd
-from pwan_ros.io.pointcloud2 import EncodedCloud, encode_cloud
-from pwan_ros.io.trajectory import Trajectory, detect_pose_format, read_pose_file
+from pwan_ros.io.scan_folder import ScanFolder, read_scan_file
 from pwan_ros.params import POINTS_TOPIC, REQUIRED, check, param
 
 __all__ = ['ConvertConfig', 'ConvertResult', 'convert']
 
 MAX_STAMP_S = 2**31  # builtin_interfaces/Time: int32 seconds, no negative times
-SCAN_EXTENSIONS = ('.pcd', '.pcd.gz', '.npy')
-
-
-def read_npy(path: pathlib.Path) -> EncodedCloud:
-    """A ``.npy`` scan (N, 3) or (N, 4+) of numbers: x y z (metres) [intensity], as the payload
-    of a PointCloud2 (float32 fields); never unpickled. Raises ValueError naming the file."""
-    try:
-        a = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as exc:
-        raise ValueError(f'{path}: not a readable .npy array ({exc})') from None
-    if a.ndim != 2 or a.shape[1] < 3 or not np.issubdtype(a.dtype, np.number):
-        raise ValueError(
-            f'{path}: a scan is an (N, 3) or (N, 4+) array of numbers (x y z [intensity]), '
-            f'got {a.dtype} {a.shape}'
-        )
-    extras = None
-    if a.shape[1] >= 4:
-        extras = np.empty(len(a), dtype=[('intensity', np.float32)])
-        extras['intensity'] = a[:, 3]
-    return encode_cloud(a[:, :3].astype(np.float32), extras)
 
 
 @dataclass(frozen=True)
@@ -106,36 +82,17 @@ class ConvertResult:
     duration_s: float
 
 
-def _poses(cfg: ConvertConfig) -> Trajectory:
-    fmt = detect_pose_format(cfg.poses) if cfg.pose_format == 'auto' else cfg.pose_format
-    # a repeated TUM stamp is refused: it would silently drop a pose and shift the indices
-    traj = read_pose_file(cfg.poses, fmt)
-    if not traj.stamped:  # KITTI, plain 4x4 blocks: the scans' rate gives the stamps
-        return Trajectory(cfg.start_time + traj.stamps / cfg.rate_hz, traj.poses)
-    return traj
-
-
-def _natural(path: pathlib.Path) -> list:
-    """Sort key of a file name with its digit runs compared as numbers: scan2 before scan10 (a
-    plain sort put scan10 second and paired it with pose 2)."""
-    return [
-        (0, int(t), '') if t.isdigit() else (1, 0, t.lower())
-        for t in re.split(r'(\d+)', path.name)
-    ]
-
-
-def _index(name: str) -> int:
-    found = re.findall(r'\d+', name)
-    if not found:
-        raise ValueError(f'--match name-index: no number in file name {name!r}')
-    return int(found[-1])
+def _folder(cfg: ConvertConfig) -> ScanFolder:
+    return ScanFolder(
+        cfg.scans, cfg.poses, cfg.pose_format, cfg.match, cfg.pattern, cfg.rate_hz, cfg.start_time
+    )
 
 
 def convert(cfg: ConvertConfig, log=print) -> ConvertResult:
     """Write the bag; raises ValueError/PcdError/TrajectoryError/BagError with the problem."""
-    files = _scan_files(cfg)
-    traj = _poses(cfg)
-    pairs = _paired(cfg, files, traj, log)
+    folder = _folder(cfg)
+    traj = folder.trajectory()
+    pairs = folder.pairs(traj, log)
     for path, k in pairs:
         if not 0.0 <= traj.stamps[k] < MAX_STAMP_S:
             raise ValueError(
@@ -150,51 +107,6 @@ def convert(cfg: ConvertConfig, log=print) -> ConvertResult:
         mean_points=float(np.mean(n_points)),
         duration_s=float(duration),
     )
-
-
-def _scan_files(cfg: ConvertConfig) -> list:
-    """The scan files of ``cfg.scans`` matching ``cfg.pattern``, in natural order (numbers in
-    names compared as numbers)."""
-    folder = pathlib.Path(cfg.scans)
-    if not folder.is_dir():
-        raise ValueError(f'scan folder {folder} does not exist')
-    files = sorted(  # extensions in any case: a camera card's FULL26.PCD too
-        (
-            p
-            for p in folder.iterdir()
-            if fnmatch.fnmatch(p.name.lower(), cfg.pattern.lower())
-            and p.name.lower().endswith(SCAN_EXTENSIONS)
-            and p.is_file()
-        ),
-        key=_natural,
-    )
-    if not files:
-        raise ValueError(f'no .pcd/.pcd.gz/.npy files matching {cfg.pattern!r} in {folder}')
-    return files
-
-
-def _paired(cfg: ConvertConfig, files: list, traj, log) -> list:
-    """[(scan file, pose index)] by ``cfg.match``: in order, or by the number in each name."""
-    if cfg.match == 'order':
-        if len(files) > len(traj):
-            raise ValueError(f'{len(files)} scans but only {len(traj)} poses in {cfg.poses}')
-        if len(files) < len(traj):
-            log(
-                f'warning: {len(files)} scans for {len(traj)} poses in {cfg.poses} (--match '
-                f'order pairs them with the first {len(files)} poses)'
-            )
-        return list(zip(files, range(len(files))))
-    pairs = sorted(((f, _index(f.name)) for f in files), key=lambda p: p[1])
-    bad = [f.name for f, k in pairs if k >= len(traj)]
-    if bad:
-        raise ValueError(f'{bad[0]}: pose index beyond the {len(traj)} poses in {cfg.poses}')
-    for (a, i), (b, j) in zip(pairs, pairs[1:]):
-        if i == j:
-            raise ValueError(
-                f'{a.name} and {b.name} both map to pose {i} of {cfg.poses} (--match '
-                'name-index): one scan per pose'
-            )
-    return pairs
 
 
 def _write(cfg: ConvertConfig, pairs: list, traj, log) -> list:
@@ -215,7 +127,7 @@ def _write(cfg: ConvertConfig, pairs: list, traj, log) -> list:
             while next_clock <= stamp_ns:
                 writer.write('/clock', next_clock, bag_io.clock(next_clock))
                 next_clock += clock_step
-            enc = read_npy(path) if path.name.lower().endswith('.npy') else read_pcd(path)
+            enc = read_scan_file(path)
             msg = cloud_cls(
                 header=bag_io.header(stamp_ns, cfg.frame_id),
                 height=enc.height,

@@ -7,7 +7,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from pwan_ros.geometry.se3 import invert
+from pwan_ros.geometry.se3 import from_quaternion, invert
 
 
 class FrameGraph:
@@ -26,6 +26,24 @@ class FrameGraph:
             self._edges[(parent.lstrip('/'), child.lstrip('/'))] = np.asarray(
                 t_parent_child, dtype=np.float64
             )
+
+    def add_message(self, msg, invalid: Dict[Tuple[str, str], str]) -> None:
+        """Record the transforms of a /tf_static message (tf2_msgs/TFMessage, from rclpy or a
+        bag); an invalid one (zero or non-finite quaternion, non-finite translation) is skipped
+        and its reason kept in ``invalid`` under (parent, child), for the warning of the scans
+        that need it."""
+        for t in msg.transforms:
+            r, tr = t.transform.rotation, t.transform.translation
+            key = (t.header.frame_id.lstrip('/'), t.child_frame_id.lstrip('/'))
+            try:
+                if not np.isfinite([tr.x, tr.y, tr.z]).all():
+                    raise ValueError(f'non-finite translation {[tr.x, tr.y, tr.z]}')
+                m = from_quaternion((r.x, r.y, r.z, r.w), (tr.x, tr.y, tr.z))
+            except ValueError as exc:
+                invalid[key] = str(exc)
+                continue
+            invalid.pop(key, None)
+            self.add(t.header.frame_id, t.child_frame_id, m)
 
     def lookup(self, target: str, source: str) -> Optional[np.ndarray]:
         """(4, 4) ``T_target_source`` (maps points in ``source`` into ``target``), or None if no

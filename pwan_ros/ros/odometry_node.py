@@ -33,7 +33,7 @@ from sensor_msgs.msg import PointCloud2
 from tf2_msgs.msg import TFMessage
 
 from pwan_ros.geometry.frame_graph import FrameGraph
-from pwan_ros.geometry.se3 import from_quaternion, to_quaternion, transform_points
+from pwan_ros.geometry.se3 import to_quaternion, transform_points
 from pwan_ros.io import pointcloud2 as pc2
 from pwan_ros.odometry.config import ConfigError, OdometryConfig
 from pwan_ros.odometry.odometer import (
@@ -65,24 +65,6 @@ SILENCE_S = 5.0
 
 def _stamp_seconds(stamp) -> float:
     return stamp.sec + stamp.nanosec * 1e-9
-
-
-def _add_static(graph: FrameGraph, invalid: Dict[Tuple[str, str], str], msg: TFMessage) -> None:
-    """Record the transforms of a /tf_static message; an invalid one (zero or non-finite
-    quaternion, non-finite translation) is skipped and its reason kept in ``invalid`` under
-    (parent, child), for the warning of the scans that need it."""
-    for t in msg.transforms:
-        r, tr = t.transform.rotation, t.transform.translation
-        key = (t.header.frame_id.lstrip('/'), t.child_frame_id.lstrip('/'))
-        try:
-            if not np.isfinite([tr.x, tr.y, tr.z]).all():
-                raise ValueError(f'non-finite translation {[tr.x, tr.y, tr.z]}')
-            m = from_quaternion((r.x, r.y, r.z, r.w), (tr.x, tr.y, tr.z))
-        except ValueError as exc:
-            invalid[key] = str(exc)
-            continue
-        invalid.pop(key, None)
-        graph.add(t.header.frame_id, t.child_frame_id, m)
 
 
 #: the scan counters of the diagnostics
@@ -166,7 +148,7 @@ class OdometryNode(Node):
         self.create_subscription(
             TFMessage,
             '/tf_static',
-            lambda m: _add_static(self.static_frames, self.invalid_static, m),
+            lambda m: self.static_frames.add_message(m, self.invalid_static),
             static_qos,
         )
         self.odom_pub = self.create_publisher(Odometry, 'odometry', 10)
