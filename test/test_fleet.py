@@ -272,3 +272,28 @@ def test_without_ray_the_runs_go_one_after_another(tmp_path, sim_kitti, monkeypa
         ValueError, match=r"--address needs Ray: pip install 'pwan_ros\[cluster\]'"
     ):
         run_tasks(tasks, address='auto', log=said.append)
+
+
+@pytest.mark.heavy
+def test_a_shared_sequence_as_a_kitti_folder_gives_the_same_run(tmp_path, capfd):
+    """The real nuScenes scans as a KITTI folder (float32 .bin, times.txt, calib Tr, poses in
+    camera 0's frame) and as the .npy folder they ship in: the same poses and metrics."""
+    nus = DATA / 'nuscenes_keyframes'
+    lidar = read_kitti(nus / 'poses.txt').poses[:6]
+    scans = [np.load(nus / 'scans' / f'{k:06d}.npy') for k in range(6)]
+    seq = tmp_path / 'nus_kitti'
+    write_kitti(seq, [np.c_[s, np.zeros(len(s))] for s in scans], 0.5 * np.arange(6), lidar)
+    as_kitti, out_k = alone(capfd, tmp_path, 'kitti', ['--kitti', seq])
+    as_npy, out_n = alone(
+        capfd,
+        tmp_path,
+        'npy',
+        ['--scans', nus / 'scans', '--poses', nus / 'poses.txt', '--rate-hz', '2'],
+    )
+    for key in ('ate_rmse_m', 'rpe_trans_m', 'rpe_rot_deg', 'path_length_m'):
+        assert as_kitti[key] == pytest.approx(as_npy[key], rel=1e-6), key
+    np.testing.assert_allclose(
+        read_tum(out_k / 'trajectory_est.tum').poses,
+        read_tum(out_n / 'trajectory_est.tum').poses,
+        atol=1e-9,
+    )
