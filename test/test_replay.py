@@ -265,35 +265,62 @@ def test_demo_reports_a_node_that_dies(tmp_path, ros_env):
     assert 'the node exited early (code 3)' in proc.stderr and 'boom' in proc.stderr
 
 
-@pytest.mark.ros
-def test_the_pipeline_offline_gives_the_node_s_poses(tmp_path, ros_env, small_bag):
-    """The real pwan_odometry_node fed by pwan_replay --wait-for-pose, and `pwan_evaluate
-    --offline`'s default estimator (the same pipeline in process) on the same bag: the same pose
-    for every scan (the node's small_gicp runs on 2 threads, whose sums differ in the last bits
-    from run to run; offline runs on 1)."""
-    import numpy as np
-
+def node_and_offline(tmp_path, ros_env, bag):
+    """The real pwan_odometry_node (``num_threads:=1``) fed ``bag`` by pwan_replay
+    --wait-for-pose, and `pwan_evaluate --offline`'s default estimator (the same pipeline in
+    process, the same parameters): (the node's run, the offline trajectory)."""
     from pwan_ros.evaluation.offline import PipelineOdometry, run_offline
+    from pwan_ros.odometry.config import OdometryConfig
 
-    node = subprocess.Popen(
-        demo.default_node_command(), env=ros_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
+    cmd = demo.default_node_command() + ['-p', 'num_threads:=1']
+    node = subprocess.Popen(cmd, env=ros_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         out = tmp_path / 'run'
         proc = subprocess.run(
-            replay_cmd(small_bag, out, '--wait-for-pose', '30', '--drain-timeout', '5'),
+            replay_cmd(bag, out, '--wait-for-pose', '60', '--drain-timeout', '5'),
             env=ros_env,
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=600,
         )
     finally:
         node.terminate()
         log = node.communicate(timeout=30)[0].decode()
     assert proc.returncode == 0, proc.stderr[-3000:] + log[-3000:]
-    live = RunRecord.load(out / 'run.json').estimate
-    offline = run_offline(small_bag, PipelineOdometry()).estimate
-    assert len(live) == len(offline) == 6
-    np.testing.assert_array_equal(live.stamps, offline.stamps)
-    np.testing.assert_allclose(live.poses, offline.poses, rtol=0, atol=1e-6)
+    offline = run_offline(bag, PipelineOdometry(OdometryConfig(num_threads=1))).estimate
+    return RunRecord.load(out / 'run.json'), offline
+
+
+def assert_same_poses(live, offline):
+    import numpy as np
+
+    np.testing.assert_allclose(live.stamps, offline.stamps, rtol=0, atol=1e-6)
+    # the node sends each pose as a quaternion: equal to its rounding
+    np.testing.assert_allclose(live.poses, offline.poses, rtol=0, atol=1e-8)
+
+
+@pytest.mark.ros
+def test_the_pipeline_offline_gives_the_node_s_poses(tmp_path, ros_env, small_bag):
+    """`pwan_evaluate --offline`'s default estimator and the node under --wait-for-pose, both
+    on one thread: the same pose for every scan, to the last bits."""
+    import numpy as np
+
+    run, offline = node_and_offline(tmp_path, ros_env, small_bag)
+    assert len(run.estimate) == len(offline) == 6
+    assert_same_poses(run.estimate, offline)
     assert np.linalg.norm(offline.poses[-1, :3, 3]) > 0.5  # it moved: a real comparison
+
+
+@pytest.mark.slow
+@pytest.mark.ros
+def test_the_pipeline_offline_gives_the_node_s_poses_through_a_recovery(tmp_path, ros_env):
+    """The same over the demo's drive (a burst of spurious returns, a blackout in a fast turn):
+    the node recovers with full PWAN off its scan worker, offline in line; the final poses of
+    every scan are the same."""
+    from pwan_ros.evaluation.lidar_sim import SimConfig, write_sim_bag
+
+    bag = tmp_path / 'stress_bag'
+    write_sim_bag(bag, SimConfig(scans=80, stress=True))
+    run, offline = node_and_offline(tmp_path, ros_env, bag)
+    assert run.pwan_stamps and len(run.estimate) == len(offline) == 71
+    assert_same_poses(run.estimate, offline)

@@ -176,7 +176,8 @@ def _run(task: Task, out: pathlib.Path) -> dict:
 
     method = task.method
     if method.estimator == 'pwan':
-        config = odometry_config(task.params, method.variant)
+        # one thread: a task has one CPU, and its numbers are then the same alone or in a fleet
+        config = odometry_config(task.params, method.variant).replace(num_threads=1)
         estimator = load_estimator('pwan', config)
         exact = {'pwan_odometry': {'ros__parameters': _plain(config.to_dict())}}
     elif method.estimator == 'kiss_icp':

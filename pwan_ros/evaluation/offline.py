@@ -123,13 +123,13 @@ class PipelineOdometry:
     over :class:`~pwan_ros.odometry.pipeline.OdometryPipeline` with the node's parameters
     (``config``), per-point times read as the node reads them, the base frame through the
     sequence's static transforms. Recoveries run on the caller's thread (as the node's when the
-    replay waits for each pose). ``num_threads``: small_gicp's threads; 1 (default) makes a run
-    bit-reproducible. Returns ``T_odom_base`` of each scan (the held pose of a rejected one), or
-    None for a scan the node skips."""
+    replay waits for each pose). With ``config.num_threads`` 1 (the fleet's) a run is
+    reproducible to the last bit. Returns ``T_odom_base`` of each scan (the held pose of a
+    rejected one), or None for a scan the node skips."""
 
     takes_scans = True  # run_offline hands it whole Scans and the sequence's static frames
 
-    def __init__(self, config=None, num_threads: int = 1):
+    def __init__(self, config=None):
         from pwan_ros.odometry.config import OdometryConfig
         from pwan_ros.odometry.odometer import Odometer
         from pwan_ros.odometry.pipeline import OdometryPipeline
@@ -141,7 +141,7 @@ class PipelineOdometry:
             from pwan_ros.io.point_files import read_points
 
             reference = read_points(self.config.reference_cloud)
-        pipeline = OdometryPipeline(self.config, reference, num_threads=num_threads)
+        pipeline = OdometryPipeline(self.config, reference)
         self.odometer = Odometer(pipeline)
         self.sweep_clock = SweepClock(self.config.deskew)
         self.frames = None

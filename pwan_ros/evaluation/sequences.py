@@ -26,7 +26,7 @@ import numpy as np
 
 from pwan_ros.geometry.frame_graph import FrameGraph
 from pwan_ros.io import bags as bag_io
-from pwan_ros.io.pointcloud2 import read_cloud
+from pwan_ros.io.pointcloud2 import read_cloud, stamp_seconds
 from pwan_ros.io.scan_folder import ScanFolder, read_scan_file
 from pwan_ros.io.trajectory import Trajectory, TrajectoryError, read_kitti, read_pose_file
 from pwan_ros.params import POINTS_TOPIC
@@ -136,7 +136,7 @@ class SequenceSource:
     def _bag_scans(self) -> Iterator[Scan]:
         for _, msg in bag_io.iter_decoded(self.path, self.topic, [bag_io.CLOUD_TYPE]):
             cloud = read_cloud(msg)
-            stamp = bag_io.stamp_to_ns(msg.header.stamp) * 1e-9
+            stamp = stamp_seconds(msg.header.stamp)  # as the node: the same motion model
             yield Scan(cloud.xyz, stamp, cloud.extras, msg.header.frame_id.lstrip('/'))
 
     def _folder(self) -> ScanFolder:

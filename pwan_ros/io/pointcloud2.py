@@ -332,6 +332,13 @@ def read_xyz(cloud: Any, skip_nans: bool = False, dtype: Any = None) -> np.ndarr
     return xyz
 
 
+def stamp_seconds(stamp) -> float:
+    """A header stamp (builtin_interfaces/Time, rclpy or rosbags) in seconds, as the odometry
+    reads it: ``sec + nanosec * 1e-9`` (other roundings of the same stamp differ in the last
+    bits, and the motion model divides by the time between scans)."""
+    return stamp.sec + stamp.nanosec * 1e-9
+
+
 def read_cloud(cloud: Any, skip_nans: bool = False, dtype: Any = None) -> DecodedCloud:
     """xyz plus every other field (carried as ``extras``) of a cloud; see :class:`DecodedCloud`.
 

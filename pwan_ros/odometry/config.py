@@ -124,6 +124,15 @@ class OdometryConfig:
         fmt='device',
     )
     seed: int = param(0, 'random seed of PWAN and of the point subsets', 0, 2**31 - 1)
+    num_threads: int = param(
+        0,
+        "CPU threads of the registration, small_gicp's (tracking, maps) and PWAN's; 0 = "
+        'automatic: small_gicp 2 (31 against 47 ms a nuScenes scan), PWAN 1 on up to 2 cores, '
+        'else half the cores, at most 4; 1 = results reproducible to the last bit (parallel sums '
+        'differ in the last bits from run to run, which odometry can grow to centimetres)',
+        0,
+        256,
+    )
     compile: str = param('auto', _CORE_COMPILE.description, choices=_CORE_COMPILE.choices)
     min_range: float = param(
         0.1,

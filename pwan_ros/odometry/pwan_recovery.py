@@ -40,6 +40,7 @@ def core_config(cfg: OdometryConfig, h: Optional[float] = None) -> RegistrationC
         device=cfg.device,
         seed=cfg.seed,
         compile=cfg.compile,
+        threads=cfg.num_threads,
         self_check=False,
     )  # the pipeline judges the tracked result of a recovery itself (recover())
 

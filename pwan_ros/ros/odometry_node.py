@@ -63,10 +63,6 @@ RECOVERY_BEAT_S = 1.0
 SILENCE_S = 5.0
 
 
-def _stamp_seconds(stamp) -> float:
-    return stamp.sec + stamp.nanosec * 1e-9
-
-
 #: the scan counters of the diagnostics
 _COUNTS = (
     'received',
@@ -339,7 +335,7 @@ class OdometryNode(Node):
         """One scan: decoded, its frames resolved, registered, and its pose, aligned cloud and
         diagnostics published (or skipped with a reason)."""
         self._publish_corrections()  # a recovery that finished before this scan comes first
-        stamp = _stamp_seconds(msg.header.stamp)
+        stamp = pc2.stamp_seconds(msg.header.stamp)
         try:
             cloud = pc2.read_cloud(msg)
             pc2.check_byte_order(msg, cloud.xyz)
