@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from conftest import assert_one_line_failure, cli_main
-from pwan_ros.evaluation.fleet import Method, Task, run_task
+from pwan_ros.evaluation.fleet import Task, run_task
+from pwan_ros.evaluation.methods import Method
 from pwan_ros.evaluation.lidar_sim import SimConfig, simulate
 from pwan_ros.evaluation.sequences import SequenceSource, write_kitti_sequence
 from pwan_ros.geometry.se3 import invert
@@ -86,15 +87,28 @@ def test_a_kitti_sequence_reads_in_the_lidar_frame(sim_kitti, tmp_path):
 
 
 def test_bad_fleet_inputs_are_one_line(tmp_path, capfd, sim_kitti):
-    """A variant the odometry does not have, a --scans folder without its pose file, a KITTI
-    folder without scans: one line, exit 2, nothing written."""
+    """Checked before any run: a variant the odometry does not have or of the wrong type, a
+    variant without pwan, an estimator twice or unknown, a --scans folder without its pose file,
+    a KITTI folder without scans or with a pose missing, a sequence twice, one --gt-file for two
+    sequences: one line, exit 2, nothing written."""
     folder = sim_kitti[0][0]
     out = tmp_path / 'out'
+    short = tmp_path / 'short'
+    write_kitti(short, [np.zeros((5, 4))] * 3, [0.0, 0.1, 0.2], [np.eye(4)] * 3)
+    (short / 'poses.txt').write_text((short / 'poses.txt').read_text().split('\n', 1)[1])
+    two = ['--kitti', folder, sim_kitti[0][1]]
     for args, words in (
         (['--kitti', folder, '--variant', 'no_such_param=1'], 'no_such_param'),
         (['--kitti', folder, '--variant', 'scan_voxel_size'], 'expected name=value'),
+        (['--kitti', folder, '--variant', 'scan_voxel_size=[1'], "'[1' is not a float"),
+        (['--kitti', folder, '--variant', 'seed=2', '--estimator', 'icp'], 'add pwan'),
+        (['--kitti', folder, '--estimator', 'pwan,pwan'], 'each once'),
+        (['--kitti', folder, '--estimator', 'pwan,bogus'], 'module:factory'),
         (['--scans', folder], '1 --scans folders but 0 --poses files'),
         (['--kitti', tmp_path], 'no velodyne/*.bin scans'),
+        (['--kitti', folder, folder], 'given twice'),
+        ([*two, '--gt-file', folder.parent.parent / 'poses' / '00.txt'], 'give one'),
+        ([*two, short], 'poses.txt: 2 poses for 3 scans'),
     ):
         proc = cli_main(capfd, 'pwan_evaluate', '--offline', *args, '--output', out)
         assert_one_line_failure(proc, 2, [words])
@@ -159,8 +173,12 @@ def test_sequences_in_parallel_on_ray_equal_each_run_alone(tmp_path, capfd, sim_
                 rtol=0,
                 atol=1e-9,
             )
+            # the KITTI file in the pose file's convention: camera 0's for a KITTI sequence
             kitti = read_kitti(fleet / 'trajectory_est.kitti').poses
-            np.testing.assert_allclose(kitti, read_tum(fleet / 'trajectory_est.tum').poses)
+            tum = read_tum(fleet / 'trajectory_est.tum').poses
+            if name == '00':
+                tum = TR_00 @ tum @ np.linalg.inv(TR_00)
+            np.testing.assert_allclose(kitti, tum, atol=1e-9)
     # the exact parameters of a pwan run: a ROS 2 parameter file the node takes
     params = yaml.safe_load((out / '00' / 'pwan' / 'config.yaml').read_text())
     assert params['pwan_odometry']['ros__parameters']['mode'] == 'adaptive'
@@ -199,12 +217,13 @@ def test_sequences_in_parallel_on_ray_equal_each_run_alone(tmp_path, capfd, sim_
 
 @pytest.mark.heavy
 def test_variants_and_the_params_file_reach_the_pipeline(tmp_path, capfd, sim_kitti):
-    """--params (the node's parameter file) and each --variant make their own run of the
-    pipeline; the run's config.yaml holds the exact parameters it ran with."""
+    """--params (the node's parameter file, its node among others) and each --variant make
+    their own run of the pipeline beside the plain one; values read as their parameter's type
+    (deskew=off stays the text 'off'; 5e-1 a number); a folder name safe from a value with '/';
+    the run's config.yaml holds the exact parameters it ran with."""
     params = tmp_path / 'node.yaml'
-    params.write_text(
-        yaml.safe_dump({'pwan_odometry': {'ros__parameters': {'mode': 'tracking', 'seed': 3}}})
-    )
+    mine = {'ros__parameters': {'mode': 'tracking', 'seed': 3}}
+    params.write_text(yaml.safe_dump({'pwan_odometry': mine, 'other': {'ros__parameters': {}}}))
     out = tmp_path / 'out'
     proc = cli_main(
         capfd,
@@ -217,7 +236,9 @@ def test_variants_and_the_params_file_reach_the_pipeline(tmp_path, capfd, sim_ki
         '--variant',
         'scan_voxel_size=0.3',
         '--variant',
-        'scan_voxel_size=0.6,local_map_keyframes=2',
+        'scan_voxel_size=6e-1,local_map_keyframes=2,deskew=off',
+        '--variant',
+        'odom_frame=../up',
         '--max-scans',
         '4',
         '--workers',
@@ -226,17 +247,26 @@ def test_variants_and_the_params_file_reach_the_pipeline(tmp_path, capfd, sim_ki
         out,
     )
     assert proc.returncode == 0, proc.stderr
-    labels = ['pwan[scan_voxel_size=0.3]', 'pwan[scan_voxel_size=0.6,local_map_keyframes=2]']
-    for label, voxel in zip(labels, (0.3, 0.6)):
-        ran = yaml.safe_load((out / label / 'config.yaml').read_text())
+    labels = [
+        'pwan',
+        'pwan[scan_voxel_size=0.3]',
+        'pwan[scan_voxel_size=0.6,local_map_keyframes=2,deskew=off]',
+        'pwan[odom_frame=../up]',
+    ]
+    folders = labels[:3] + ['pwan[odom_frame=.._up]']
+    for folder, voxel in zip(folders, (0.0, 0.3, 0.6, 0.0)):
+        ran = yaml.safe_load((out / '00' / folder / 'config.yaml').read_text())
         values = ran['pwan_odometry']['ros__parameters']
         assert (values['mode'], values['seed'], values['scan_voxel_size']) == (
             'tracking',
             3,
             voxel,
         )
-        assert json.loads((out / label / 'summary.json').read_text())['scans'] == 4
-    assert json.loads((out / 'aggregate.json').read_text())['means'][1]['method'] == labels[1]
+        assert json.loads((out / '00' / folder / 'summary.json').read_text())['scans'] == 4
+        assert values['deskew'] == ('off' if voxel == 0.6 else 'auto')
+    assert values['odom_frame'] == '../up' and not (tmp_path / 'up]').exists()
+    agg = json.loads((out / 'aggregate.json').read_text())
+    assert [m['method'] for m in agg['means']] == labels
 
 
 def test_the_pipeline_offline_reads_the_node_s_frames(tmp_path, small_bag):
@@ -255,7 +285,7 @@ def test_the_pipeline_offline_reads_the_node_s_frames(tmp_path, small_bag):
 def test_without_ray_the_runs_go_one_after_another(tmp_path, sim_kitti, monkeypatch):
     """Ray is an optional extra: without it, --workers 2 says so once and runs the tasks in
     this process, in order; --address without Ray is refused."""
-    from pwan_ros.evaluation.fleet import run_tasks
+    from pwan_ros.evaluation.parallel import run_tasks
 
     monkeypatch.setitem(sys.modules, 'ray', None)  # as if not installed
     tasks = [
@@ -297,3 +327,37 @@ def test_a_shared_sequence_as_a_kitti_folder_gives_the_same_run(tmp_path, capfd)
         read_tum(out_n / 'trajectory_est.tum').poses,
         atol=1e-9,
     )
+
+
+def test_resume_keeps_only_the_same_run_and_a_failed_run_leaves_no_folder(tmp_path, sim_kitti):
+    """--resume keeps a folder whose summary names the same sequence, method and scan limit; a
+    changed limit or a broken summary runs again; a fleet task that fails leaves no folder (an
+    earlier complete one stays until a run replaces it)."""
+    from pwan_ros.evaluation.parallel import run_tasks
+
+    def tasks(max_scans, seqs=sim_kitti[0]):
+        return [
+            Task(
+                SequenceSource('kitti', str(f)),
+                Method('pwan'),
+                str(tmp_path / 'out' / f.name),
+                max_scans=max_scans,
+                owned=True,
+            )
+            for f in seqs
+        ]
+
+    said = []
+    assert all(r.ok for r in run_tasks(tasks(3), workers=1, log=said.append))
+    (tmp_path / 'out' / '01' / 'summary.json').write_text('{}')
+    again = run_tasks(tasks(3), workers=1, resume=True, log=said.append)
+    assert [r.resumed for r in again] == [True, False] and again[1].ok
+    longer = run_tasks(tasks(4), workers=1, resume=True, log=said.append)
+    assert [r.resumed for r in longer] == [False, False]
+    assert [r.summary['scans'] for r in longer] == [4, 4]
+    broken = tmp_path / 'broken'
+    write_kitti(broken, [np.zeros((5, 4))] * 2, [0.0, 0.1], [np.eye(4)] * 2)
+    (broken / 'velodyne' / '000001.bin').write_bytes(b'\0' * 7)
+    (failed,) = run_tasks(tasks(0, [broken]), workers=1, log=said.append)
+    assert not failed.ok and 'not a KITTI scan' in failed.error
+    assert sorted(p.name for p in (tmp_path / 'out').iterdir()) == ['00', '01']

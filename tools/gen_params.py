@@ -42,7 +42,7 @@ def _tables():
     from pwan_ros.odometry.config import OdometryConfig
     from pwan_ros.cli.demo import DemoConfig
     from pwan_ros.evaluation.lidar_sim import SimConfig
-    from pwan_ros.evaluation.fleet import OfflineConfig
+    from pwan_ros.evaluation.methods import OfflineConfig
     from pwan_ros.evaluation.metrics import EvalConfig
     from pwan_ros.evaluation.pcd_to_bag import ConvertConfig
     from pwan_ros.evaluation.replay import ReplayConfig

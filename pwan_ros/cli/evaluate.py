@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import pathlib
@@ -12,7 +11,7 @@ import sys
 
 from pwan_ros.cli.args import add_config_arguments, config_from_args, run_cli
 from pwan_ros.evaluation import metrics as _metrics
-from pwan_ros.evaluation.fleet import OfflineConfig
+from pwan_ros.evaluation.methods import OfflineConfig
 from pwan_ros.evaluation.metrics import (
     EvalConfig,
     EvaluationError,
@@ -143,7 +142,9 @@ def _main(args) -> int:
     output = pathlib.Path(args.output)
     results = []
     if args.offline:
-        return _offline(args, cfg, output)
+        from pwan_ros.cli.evaluate_offline import offline_main
+
+        return offline_main(args, cfg, output, _print_results)
     if args.run:
         run = RunRecord.load(args.run)
         if bags[0] and run.bag and not _same_path(bags[0], run.bag):
@@ -180,99 +181,6 @@ def _print_results(args, results) -> None:
             print(f"trajectory: {summary['trajectory_tum']}\nplot: {summary['plot_png']}")
         # with --json stdout is the JSON alone (a parser reads it whole)
         print(f'summary: {path}', file=sys.stderr if args.json else sys.stdout)
-
-
-def _offline(args, cfg: EvalConfig, output: pathlib.Path) -> int:
-    """--offline: every (sequence, estimator) as a task (pwan_ros.evaluation.fleet); one task
-    writes into --output, several into --output/SEQUENCE[/METHOD] plus the aggregate."""
-    from pwan_ros.evaluation import aggregate as agg_mod
-    from pwan_ros.evaluation.fleet import run_task, run_tasks
-
-    offline = config_from_args(OfflineConfig, args)
-    tasks = _tasks(args, offline, cfg, output)
-    if len(tasks) == 1:
-        summary = run_task(tasks[0], raise_errors=True).summary
-        _print_results(args, [(summary, output / 'summary.json')])
-        return 0
-    results = run_tasks(tasks, offline.workers, offline.address, offline.resume, log=_log)
-    agg = agg_mod.aggregate(results)
-    path = agg_mod.write_aggregate(agg, output)
-    print(json.dumps(agg, indent=2) if args.json else agg_mod.format_aggregate(agg))
-    print(f'aggregate: {path}', file=sys.stderr if args.json else sys.stdout)
-    for f in agg['failed']:
-        print(
-            f"pwan_evaluate: {f['sequence']} / {f['method']} failed: {f['error']}", file=sys.stderr
-        )
-    return 1 if agg['failed'] else 0
-
-
-def _log(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
-def _tasks(args, offline: OfflineConfig, cfg: EvalConfig, output: pathlib.Path) -> list:
-    """The (sequence, method) tasks of the command line, every input checked first."""
-    from pwan_ros.evaluation.fleet import Method, Task, odometry_config, read_params
-
-    sources = _sources(args, offline.rate_hz)
-    params = read_params(offline.params) if offline.params else {}
-    variants = [_variant(text) for text in args.variant] or [()]
-    for variant in variants:  # a bad name or value: one line before any work
-        odometry_config(params, variant)
-    methods = [
-        Method(e, v) for e in offline.estimator for v in (variants if e == 'pwan' else [()])
-    ]
-    tasks = []
-    for src in sources:
-        for m in methods:
-            folder = output
-            if len(sources) > 1:
-                folder = folder / src.name
-            if len(methods) > 1:
-                folder = folder / m.label
-            tasks.append(Task(src, m, str(folder), params, cfg, args.max_scans))
-    return tasks
-
-
-def _variant(text: str) -> tuple:
-    """'name=value[,name=value]' -> ((name, value), ...), values read as YAML scalars."""
-    import yaml
-
-    pairs = []
-    for item in text.split(','):
-        name, sep, value = item.partition('=')
-        if not sep or not name.strip():
-            raise ValueError(f'--variant {text!r}: expected name=value[,name=value]')
-        pairs.append((name.strip(), yaml.safe_load(value)))
-    return tuple(pairs)
-
-
-def _sources(args, rate_hz: float) -> list:
-    """The sequences of --bag / --kitti / --scans + --poses, with unique names."""
-    from pwan_ros.evaluation.sequences import SequenceSource
-
-    if len(args.scans) != len(args.poses):
-        raise EvaluationError(
-            f'{len(args.scans)} --scans folders but {len(args.poses)} --poses files (one each)'
-        )
-    gt = dict(gt_topic=args.gt_topic, gt_frame=args.frame, gt_parent=args.parent_frame)
-    sources = [
-        SequenceSource('bag', b, poses=args.gt_file or '', topic=args.topic, **gt)
-        for b in args.bag or []
-    ]
-    sources += [SequenceSource('kitti', k, poses=args.gt_file or '') for k in args.kitti]
-    sources += [
-        SequenceSource('folder', d, poses=p, rate_hz=rate_hz)
-        for d, p in zip(args.scans, args.poses)
-    ]
-    if not sources:
-        raise EvaluationError('--offline needs sequences: --bag, --kitti or --scans with --poses')
-    seen: dict = {}
-    for k, src in enumerate(sources):
-        n = seen[src.name] = seen.get(src.name, 0) + 1
-        if n > 1:
-            sources[k] = dataclasses.replace(src, name=f'{src.name}-{n}')
-    return sources
 
 
 if __name__ == '__main__':

@@ -32,7 +32,8 @@ COLUMNS = (
 def aggregate(results: list) -> dict:
     """{'rows': [...], 'means': [...], 'failed': [...]} of TaskResults: a row per finished run
     (sequence, method, the COLUMNS' keys, scans, scans_published), the mean of each column per
-    method over its runs that measured it (``runs``: how many finished), the failed runs."""
+    method (``runs``: its finished runs; the metrics over the ``measured`` ones, those with
+    ground truth), the failed runs. Compare means only over the same sequences (no failure)."""
     rows = []
     for r in results:
         if r.ok:
@@ -44,9 +45,11 @@ def aggregate(results: list) -> dict:
     means = []
     for method in dict.fromkeys(r['method'] for r in rows):
         mine = [r for r in rows if r['method'] == method]
-        mean = {'method': method, 'runs': len(mine)}
+        measured = [r for r in mine if r['ate_rmse_m'] is not None]
+        mean = {'method': method, 'runs': len(mine), 'measured': len(measured)}
         for _, key, _ in COLUMNS:
-            values = [r[key] for r in mine if r[key] is not None]
+            values = [r[key] for r in (mine if key == 'median_latency_ms' else measured)]
+            values = [v for v in values if v is not None]
             mean[key] = float(np.mean(values)) if values else None
         mean['scans'] = sum(r['scans'] for r in mine)
         mean['scans_published'] = sum(r['scans_published'] for r in mine)
@@ -69,8 +72,15 @@ def format_aggregate(agg: dict) -> str:
     for row in agg['rows']:
         lines.append('| ' + ' | '.join(cells(row, row['sequence'])) + ' |')
     for mean in agg['means']:
-        lines.append('| ' + ' | '.join(cells(mean, f"**mean** ({mean['runs']} runs)")) + ' |')
-    lines += [f"FAILED {f['sequence']} / {f['method']}: {f['error']}" for f in agg['failed']]
+        runs = (
+            f"{mean['measured']} of {mean['runs']} runs"
+            if mean['measured'] < mean['runs']
+            else f"{mean['runs']} runs"
+        )
+        lines.append('| ' + ' | '.join(cells(mean, f'**mean** ({runs})')) + ' |')
+    if agg['failed']:
+        lines.append('')
+        lines += [f"FAILED {f['sequence']} / {f['method']}: {f['error']}" for f in agg['failed']]
     return '\n'.join(lines)
 
 

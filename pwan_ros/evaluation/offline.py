@@ -153,7 +153,14 @@ class PipelineOdometry:
     def process_scan(self, scan: Scan) -> np.ndarray | None:
         from pwan_ros.odometry.pipeline import ScanError
 
+        if not scan.frame:  # the node skips a cloud without a frame
+            return None
         base = self.config.base_frame or scan.frame
+        if base == self.config.odom_frame.lstrip('/'):
+            raise ValueError(
+                f"the cloud's frame '{scan.frame}' is odom_frame: set base_frame, or odom_frame "
+                'to another name'
+            )
         t_base_sensor = self.frames.lookup(base, scan.frame) if self.frames else None
         if t_base_sensor is None:
             if base != scan.frame:
@@ -243,6 +250,8 @@ def run_offline(
         if max_scans is not None and published >= max_scans:
             break
         published += 1
+        if scan.invalid:  # a cloud the node skips: no pose
+            continue
         t0 = time.perf_counter()
         pose = _estimated(estimate, scan, published)
         latencies.append((time.perf_counter() - t0) * 1e3)

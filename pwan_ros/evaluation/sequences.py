@@ -18,6 +18,7 @@ and reads it: :meth:`~SequenceSource.scans` yields :class:`Scan` in stamp order,
 
 from __future__ import annotations
 
+import os
 import pathlib
 from dataclasses import dataclass
 from typing import Iterator, Optional
@@ -26,7 +27,7 @@ import numpy as np
 
 from pwan_ros.geometry.frame_graph import FrameGraph
 from pwan_ros.io import bags as bag_io
-from pwan_ros.io.pointcloud2 import read_cloud, stamp_seconds
+from pwan_ros.io.pointcloud2 import PointCloud2Error, check_byte_order, read_cloud, stamp_seconds
 from pwan_ros.io.scan_folder import ScanFolder, read_scan_file
 from pwan_ros.io.trajectory import Trajectory, TrajectoryError, read_kitti, read_pose_file
 from pwan_ros.params import POINTS_TOPIC
@@ -45,12 +46,15 @@ class SequenceError(ValueError):
 @dataclass(frozen=True)
 class Scan:
     """One scan. xyz: (N, 3) in ``frame`` (metres, NaN rows possible); stamp: seconds;
-    extras: (N,) structured array of the other fields (intensity, per-point time, ...)."""
+    extras: (N,) structured array of the other fields (intensity, per-point time, ...);
+    invalid: why a cloud that could not be decoded is skipped (xyz then empty), as the node
+    skips it."""
 
     xyz: np.ndarray
     stamp: float
     extras: np.ndarray
     frame: str
+    invalid: str = ''
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,10 @@ class SequenceSource:
             raise SequenceError(f'sequence kind {self.kind!r}: expected one of {", ".join(KINDS)}')
         if self.kind == 'folder' and not self.poses:
             raise SequenceError(f'{self.path}: a scan folder needs a pose file (--poses)')
+        # absolute: Ray workers run in their own folders (and on other machines)
+        object.__setattr__(self, 'path', os.path.abspath(self.path))
+        if self.poses:
+            object.__setattr__(self, 'poses', os.path.abspath(self.poses))
         if not self.name:
             object.__setattr__(self, 'name', self._default_name())
 
@@ -100,6 +108,24 @@ class SequenceSource:
             traj = folder.trajectory()
             for path, k in folder.pairs(traj, log=lambda _: None):
                 yield _scan(read_scan_file(path), float(traj.stamps[k]), FOLDER_FRAME)
+
+    def check(self) -> None:
+        """Read what a run needs besides the scans (raises SequenceError / BagError naming the
+        problem): the scans are there, and the ground truth when the sequence has one."""
+        if self.count() < 2:
+            raise SequenceError(f'{self.path}: fewer than 2 scans')
+        if self.kind == 'kitti':
+            self._kitti_times(self.count())
+        self.ground_truth()
+
+    def in_pose_file_frame(self, poses: np.ndarray) -> np.ndarray:
+        """Estimated sensor poses (N, 4, 4), the first the identity, in the convention of the
+        sequence's pose file: a KITTI sequence's are camera 0's (``Tr @ P @ inv(Tr)``, what
+        KITTI's devkit compares), the others' the sensor's."""
+        if self.kind != 'kitti':
+            return poses
+        tr = kitti_calibration(pathlib.Path(self.path) / 'calib.txt')
+        return tr @ poses @ np.linalg.inv(tr)
 
     def count(self) -> int:
         """Scans in the sequence (without reading them)."""
@@ -135,9 +161,16 @@ class SequenceSource:
     # ------------------------------------------------------------------ kinds
     def _bag_scans(self) -> Iterator[Scan]:
         for _, msg in bag_io.iter_decoded(self.path, self.topic, [bag_io.CLOUD_TYPE]):
-            cloud = read_cloud(msg)
             stamp = stamp_seconds(msg.header.stamp)  # as the node: the same motion model
-            yield Scan(cloud.xyz, stamp, cloud.extras, msg.header.frame_id.lstrip('/'))
+            frame = msg.header.frame_id.lstrip('/')
+            try:
+                cloud = read_cloud(msg)
+                check_byte_order(msg, cloud.xyz)
+            except PointCloud2Error as exc:  # the node skips such a cloud
+                empty = np.zeros((0, 3))
+                yield Scan(empty, stamp, np.zeros(0, dtype=[]), frame, f'invalid cloud: {exc}')
+                continue
+            yield Scan(cloud.xyz, stamp, cloud.extras, frame)
 
     def _folder(self) -> ScanFolder:
         return ScanFolder(self.path, self.poses, rate_hz=self.rate_hz)
