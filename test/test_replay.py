@@ -306,15 +306,20 @@ def assert_same_poses(live, offline):
 
 
 @pytest.mark.ros
-def test_the_pipeline_offline_gives_the_node_s_poses(tmp_path, ros_env, small_bag):
+def test_the_pipeline_offline_gives_the_node_s_poses(tmp_path, ros_env):
     """`pwan_evaluate --offline`'s default estimator and the node under --wait-for-pose, both
-    on one thread: the same pose for every scan (to the rounding of the node's quaternions)."""
+    on one thread, on a drive whose clouds carry per-point times (both deskew): the same pose
+    for every scan (to the rounding of the node's quaternions)."""
     import numpy as np
 
-    run, offline = node_and_offline(tmp_path, ros_env, small_bag)
-    assert len(run.estimate) == len(offline) == 6
+    from simbag import make_small_bag
+
+    bag = make_small_bag(tmp_path / 'sweep_bag', scans=8, sweep=True, speed=8.0)
+    run, offline = node_and_offline(tmp_path, ros_env, bag)
+    assert len(run.estimate) == len(offline) == 8
+    assert run.diagnostics_last['deskewed'] == 'true'
     assert_same_poses(run.estimate, offline)
-    assert np.linalg.norm(offline.poses[-1, :3, 3]) > 0.5  # it moved: a real comparison
+    assert np.linalg.norm(offline.poses[-1, :3, 3]) > 5.0  # it moved: a real comparison
 
 
 @pytest.mark.slow
