@@ -65,7 +65,7 @@ def _on_ray(tasks: list, index: list, workers: int, address: str, log) -> dict:
         num_cpus=None if address else workers,
         include_dashboard=False,
         log_to_driver=False,
-        logging_level=logging.WARNING,
+        logging_level=logging.ERROR,  # not its notes (auth tokens, a local instance started)
     )
     try:
         cpus = int(ray.cluster_resources().get('CPU', 0))
