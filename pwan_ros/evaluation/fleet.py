@@ -86,27 +86,13 @@ def complete(task: Task) -> Optional[dict]:
     return summary if same else None
 
 
-@contextlib.contextmanager
-def _one_torch_thread():
-    """One torch thread while a task runs (tasks share the cores)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def run_task(task: Task, raise_errors: bool = False) -> TaskResult:
     """Run one task (in this process) and write its folder; a failure is returned (or raised,
     with ``raise_errors``)."""
     out = pathlib.Path(task.output)
     result = TaskResult(task.source.name, task.method.label, str(out))
     try:
-        with _one_torch_thread():
-            result.summary = _run(task, out)
+        result.summary = _run(task, out)
     except Exception as exc:  # one line, the other tasks go on
         if raise_errors:
             raise

@@ -133,6 +133,7 @@ class PipelineOdometry:
         from pwan_ros.odometry.config import OdometryConfig
         from pwan_ros.odometry.odometer import Odometer
         from pwan_ros.odometry.pipeline import OdometryPipeline
+        from pwan_ros.geometry.frame_graph import FrameGraph
         from pwan_ros.odometry.sweep_times import SweepClock
 
         self.config = config or OdometryConfig()
@@ -144,32 +145,30 @@ class PipelineOdometry:
         pipeline = OdometryPipeline(self.config, reference)
         self.odometer = Odometer(pipeline)
         self.sweep_clock = SweepClock(self.config.deskew)
-        self.frames = None
+        self.frames = FrameGraph()
 
     def use_frames(self, frames) -> None:
         """The sequence's static transforms (a FrameGraph)."""
         self.frames = frames
 
     def process_scan(self, scan: Scan) -> np.ndarray | None:
+        from pwan_ros.odometry.odometer import sensor_mount
         from pwan_ros.odometry.pipeline import ScanError
 
-        if not scan.frame:  # the node skips a cloud without a frame
-            return None
-        base = self.config.base_frame or scan.frame
-        if base == self.config.odom_frame.lstrip('/'):
-            raise ValueError(
-                f"the cloud's frame '{scan.frame}' is odom_frame: set base_frame, or odom_frame "
-                'to another name'
-            )
-        t_base_sensor = self.frames.lookup(base, scan.frame) if self.frames else None
-        if t_base_sensor is None:
-            if base != scan.frame:
-                raise ValueError(f"no static transform {base} <- {scan.frame} (/tf_static)")
-            t_base_sensor = np.eye(4)
+        cfg = self.config
+        mount = sensor_mount(cfg.base_frame, cfg.odom_frame, scan.frame, self.frames, {})
+        if mount.skip is not None:
+            if not scan.frame:  # the node skips a cloud without a frame
+                return None
+            # the sequence's /tf_static is complete: no later scan can be used either
+            if mount.skip[0] == 'tf':
+                base = cfg.base_frame or scan.frame
+                raise ValueError(f'no static transform {base} <- {scan.frame} (/tf_static)')
+            raise ValueError(mount.skip[1].removesuffix('; scan skipped'))
         times = self.sweep_clock.read(scan.extras, scan.stamp)
         try:
             update = self.odometer.update(
-                scan.xyz, scan.stamp, scan.frame, t_base_sensor, times.offsets
+                scan.xyz, scan.stamp, scan.frame, mount.t_base_sensor, times.offsets
             )
         except ScanError:  # the node skips it (and says why)
             return None

@@ -36,6 +36,46 @@ RESTART_SCANS = 3
 ERROR_NOTICES = ('time',)
 
 
+@dataclass(frozen=True)
+class Mount:
+    """Where a cloud's frame sits on the robot: ``base`` (the frame the odometry reports) and
+    ``t_base_sensor`` (4, 4), or ``skip`` = (key, message, short reason) when the scan cannot be
+    used (no frame, the base is odom_frame, no or an invalid static transform)."""
+
+    base: str = ''
+    t_base_sensor: Optional[np.ndarray] = None
+    skip: Optional[Tuple[str, str, str]] = None
+
+
+def sensor_mount(base_frame: str, odom_frame: str, frame: str, graph, invalid: dict) -> Mount:
+    """The :class:`Mount` of a cloud in ``frame`` for the ``base_frame`` / ``odom_frame``
+    parameters, from the static transforms ``graph`` (a FrameGraph) and the reasons of the
+    invalid ones (``invalid``: (parent, child) -> why)."""
+    frame = frame.lstrip('/')
+    if not frame:
+        return Mount(
+            skip=('frame', 'PointCloud2 without header.frame_id skipped', 'cloud without frame_id')
+        )
+    base = base_frame or frame
+    if base == odom_frame.lstrip('/'):
+        text = (
+            f"the cloud's frame '{frame}' is odom_frame: set base_frame, or odom_frame to "
+            'another name (the pose is odom_frame -> base frame); scan skipped'
+        )
+        return Mount(skip=('frame', text, f"cloud frame '{frame}' is odom_frame"))
+    t_base_sensor = graph.lookup(base, frame)
+    if t_base_sensor is not None:
+        return Mount(base, t_base_sensor)
+    why = next(
+        (f'{a} -> {b}: {r}' for (a, b), r in invalid.items() if {a, b} & {base, frame}), None
+    )
+    if why:
+        text = f'invalid static transform on /tf_static ({why}), ignored; scan skipped'
+        return Mount(skip=('tf', text, f'invalid static transform {why}'))
+    text = f'no static transform {base} -> {frame} on /tf_static yet; scan skipped'
+    return Mount(skip=('tf', text, f'missing static transform {base} -> {frame}'))
+
+
 class SourceError(ScanError):
     """A scan from another source than the one followed (another frame on the topic)."""
 

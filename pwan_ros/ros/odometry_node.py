@@ -42,6 +42,7 @@ from pwan_ros.odometry.odometer import (
     Odometer,
     OdometryUpdate,
     SourceError,
+    sensor_mount,
 )
 from pwan_ros.odometry.pipeline import OdometryPipeline, ScanError
 from pwan_ros.odometry.sweep_times import SweepClock
@@ -421,54 +422,16 @@ class OdometryNode(Node):
 
     def _frames(self, msg: PointCloud2):
         """(the cloud's frame, the base frame, T_base_sensor from /tf_static) of a scan, or None
-        when it is skipped (no frame, the base is odom_frame, no or an invalid static
-        transform)."""
+        when it is skipped (:func:`~pwan_ros.odometry.odometer.sensor_mount` says why)."""
         cfg = self.config
         frame = msg.header.frame_id.lstrip('/')
-        if not frame:
-            self._skip(
-                msg,
-                'frame',
-                'PointCloud2 without header.frame_id skipped',
-                'cloud without frame_id',
-            )
-            return None
-        base = cfg.base_frame or frame
-        if base == cfg.odom_frame.lstrip('/'):
-            self._skip(
-                msg,
-                'frame',
-                f"the cloud's frame '{frame}' is odom_frame: set base_frame, or odom_frame to "
-                'another name (the pose is odom_frame -> base frame); scan skipped',
-                f"cloud frame '{frame}' is odom_frame",
-            )
-            return None
-        t_base_sensor = self.static_frames.lookup(base, frame)
-        if t_base_sensor is not None:
-            return frame, base, t_base_sensor
-        why = next(
-            (
-                f'{a} -> {b}: {r}'
-                for (a, b), r in self.invalid_static.items()
-                if {a, b} & {base, frame}
-            ),
-            None,
+        mount = sensor_mount(
+            cfg.base_frame, cfg.odom_frame, frame, self.static_frames, self.invalid_static
         )
-        if why:
-            self._skip(
-                msg,
-                'tf',
-                f'invalid static transform on /tf_static ({why}), ignored; scan skipped',
-                f'invalid static transform {why}',
-            )
-        else:
-            self._skip(
-                msg,
-                'tf',
-                f'no static transform {base} -> {frame} on /tf_static yet; scan skipped',
-                f'missing static transform {base} -> {frame}',
-            )
-        return None
+        if mount.skip is not None:
+            self._skip(msg, *mount.skip)
+            return None
+        return frame, mount.base, mount.t_base_sensor
 
     def _scan_values(self, est, latency: float, times) -> dict:
         """The diagnostics key values of a registered scan."""
