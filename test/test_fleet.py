@@ -164,7 +164,8 @@ def test_sequences_in_parallel_on_ray_equal_each_run_alone(tmp_path, capfd, sim_
             summary, folder = alone(capfd, tmp_path, name, args, estimator)
             row = rows[(name, estimator)]
             for key in ('ate_rmse_m', 'rpe_trans_m', 'rpe_rot_deg', 'rpe_trans_pct'):
-                assert row[key] == pytest.approx(summary[key], rel=1e-9, abs=1e-12), (name, key)
+                same = summary[key] is None or row[key] == pytest.approx(summary[key], rel=1e-9)
+                assert same and (row[key] is None) == (summary[key] is None), (name, key)
             assert row['scans'] == summary['scans'] == 6
             fleet = out / name / estimator
             np.testing.assert_allclose(

@@ -150,22 +150,40 @@ def test_replay_without_subscriber_fails_clearly(tmp_path, ros_env, small_bag):
 
 
 class FakePub:
-    def __init__(self, log, name):
-        self.log, self.name = log, name
+    def __init__(self, log, name, clock=time):
+        self.log, self.name, self.clock = log, name, clock
 
     def publish(self, msg):
-        self.log.append((self.name, time.monotonic(), msg))
+        self.log.append((self.name, self.clock.monotonic(), msg))
 
 
-def test_pacing_follows_bag_time_and_rate(small_bag):
+class FakeClock:
+    """``time`` for the replay's pacing: sleeping advances it exactly (a busy machine, another
+    test's processes on the same cores, cannot delay a publication)."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_pacing_follows_bag_time_and_rate(small_bag, monkeypatch):
     """Messages leave at bag time / rate; generated /clock ticks are monotonic and end at each scan
-    stamp."""
+    stamp (on the replay's clock)."""
+    from pwan_ros.evaluation import replay
+
+    clock = FakeClock()
+    monkeypatch.setattr(replay, 'time', clock)
     log = []
     cfg = ReplayConfig(
         bag=str(small_bag), topics=('/points', '/ground_truth'), rate=2.0, clock_hz=50.0
     )
-    pubs = {t: FakePub(log, t) for t in cfg.topics}
-    counts = _play(cfg, pubs, FakePub(log, '/clock'), _Recorder(), list(cfg.topics))
+    pubs = {t: FakePub(log, t, clock) for t in cfg.topics}
+    counts = _play(cfg, pubs, FakePub(log, '/clock', clock), _Recorder(), list(cfg.topics))
     assert counts == {'/points': 6, '/ground_truth': 6}
     scans = [(t, raw) for name, t, raw in log if name == '/points']
     t0 = scans[0][0]
@@ -267,10 +285,11 @@ def test_demo_reports_a_node_that_dies(tmp_path, ros_env):
 
 def node_and_offline(tmp_path, ros_env, bag, one_cpu=False):
     """The real pwan_odometry_node (``num_threads:=1``) fed ``bag`` by pwan_replay
-    --wait-for-pose, and `pwan_evaluate --offline` (its default estimator: the same pipeline in
-    process, the same parameters file): (the node's run, the offline trajectory). ``one_cpu``:
-    both on one CPU (``taskset``), so that the thread pools of the global search's libraries
-    (TBB, OpenMP) have one thread and give the same candidates."""
+    --wait-for-pose, and `pwan_evaluate --offline`'s default estimator (the same pipeline in
+    process, the same parameters): (the node's run, the offline trajectory). ``one_cpu``: both
+    on one CPU (``taskset``; offline through `pwan_evaluate --offline --params`), so that the
+    thread pools of the global search's libraries (TBB, OpenMP) have one thread and give the
+    same candidates."""
     from pwan_ros.io.trajectory import read_tum
 
     pin = ['taskset', '-c', '0'] if one_cpu else []
@@ -289,6 +308,12 @@ def node_and_offline(tmp_path, ros_env, bag, one_cpu=False):
         node.terminate()
         log = node.communicate(timeout=30)[0].decode()
     assert proc.returncode == 0, proc.stderr[-3000:] + log[-3000:]
+    if not one_cpu:  # in this process (a second process only to pin it to one CPU)
+        from pwan_ros.evaluation.offline import PipelineOdometry, run_offline
+        from pwan_ros.odometry.config import OdometryConfig
+
+        offline = run_offline(bag, PipelineOdometry(OdometryConfig(num_threads=1))).estimate
+        return RunRecord.load(out / 'run.json'), offline
     params = pathlib.Path(__file__).parents[1] / 'config' / 'odometry.yaml'
     evaluate = [str(pathlib.Path(sys.executable).with_name('pwan_evaluate')), '--offline']
     evaluate += ['--bag', str(bag), '--params', str(params), '--output', str(tmp_path / 'off')]
