@@ -9,6 +9,7 @@ from scipy.spatial.transform import Rotation
 from pwan_ros.odometry.keyframe_tracker import PreparedCloud, track
 from pwan_ros.evaluation.lidar_sim import SimConfig, simulate
 from pwan_ros.odometry.motion_model import ConstantVelocityModel
+from pwan_ros.core import RegistrationConfig
 from pwan_ros.odometry.config import ConfigError, OdometryConfig
 from pwan_ros.odometry.scan_filter import (
     automatic_voxel_size,
@@ -603,7 +604,7 @@ def test_recovery_moves_to_the_self_checks_better_pose(sim_scans, monkeypatch):
     truth = invert(s0.pose) @ s1.pose
     slid = truth @ make_transform(np.eye(3), np.array([3.0, 0.0, 0.0]))
     aligner = SimpleNamespace(
-        align=lambda *a: SimpleNamespace(transform=slid, iterations=0),
+        align=lambda *a, **k: SimpleNamespace(transform=slid, iterations=0),
         raise_if_cancelled=lambda: None,
     )
     real_track, calls = pwan_recovery.track, []
@@ -639,3 +640,67 @@ def test_an_affine_scan_of_the_reference_is_aligned():
     est = OdometryPipeline(config, reference_points=ref).process(scan, 0.0)
     assert est.accepted and est.aligned_points is not None, est.reason
     assert np.median(cKDTree(ref).query(est.aligned_points)[0]) < 0.1
+
+
+def test_the_close_schedule_is_the_tail_of_the_full_one():
+    """A start tracking trusts enters the learning-rate schedule where the rate is
+    CLOSE_LR_FRACTION of the first (the same decay per step and final rate), with
+    CLOSE_UPDATES potential updates a step."""
+    from pwan_ros.odometry.pwan_recovery import CLOSE_LR_FRACTION, CLOSE_UPDATES, close_schedule
+
+    full = RegistrationConfig(steps=400)
+    short = close_schedule(full)
+
+    def rates(c):
+        decay = (c.lr_transform_final / c.lr_transform) ** (1.0 / (c.steps - 1))
+        return c.lr_transform * decay ** np.arange(c.steps)
+
+    assert short.lr_transform == pytest.approx(full.lr_transform * CLOSE_LR_FRACTION)
+    assert short.steps < full.steps and short.potential_updates == CLOSE_UPDATES
+    np.testing.assert_allclose(rates(short), rates(full)[-short.steps :], rtol=0.02)
+
+
+@pytest.mark.heavy
+def test_pwan_mode_starts_from_a_trusted_track(sim_scans, monkeypatch):
+    """mode='pwan': where tracking trusts its pose, PWAN starts there (with the previous scan's
+    network) on the short schedule and, keeping that pose, is vouched for by tracking's trust (no
+    self-check, as a tracked pose in mode 'adaptive'); a scan tracking distrusts runs the full
+    schedule from the prediction and is judged by the self-check. Every pose is right."""
+    from pwan_ros.odometry import pwan_recovery
+
+    runs, checks = [], []
+    real_register, real_check = pwan_recovery.register, pwan_recovery.check_pose
+
+    def register(source, reference, config, **kwargs):
+        runs.append((config, kwargs['potential_state'] is not None))
+        return real_register(source, reference, config, **kwargs)
+
+    def check_pose(*args, **kwargs):
+        checks.append(len(runs))
+        return real_check(*args, **kwargs)
+
+    monkeypatch.setattr(pwan_recovery, 'register', register)
+    monkeypatch.setattr(pwan_recovery, 'check_pose', check_pose)
+    pipe = OdometryPipeline(OdometryConfig(mode='pwan', pwan_time_budget_ms=600000.0))
+    real_distrust = pipe.trust.distrust
+    scans = sim_scans[:5]
+    for k, s in enumerate(scans):
+        distrusted = k == 4  # the last scan: tracking distrusts its pose, whatever it is
+        monkeypatch.setattr(
+            pipe.trust,
+            'distrust',
+            (lambda q, h: 'distrusted by the test') if distrusted else real_distrust,
+        )
+        before = len(runs)
+        est = pipe.process(s.xyz.astype(float), s.stamp_ns * 1e-9)
+        deg, metres = pose_error(invert(scans[0].pose) @ s.pose, est.pose)
+        assert est.accepted and deg < 0.5 and metres < 0.1, (k, est.reason, deg, metres)
+        if k < 2:
+            continue  # the first scan defines odom; the second has no velocity yet
+        ((config, warm),) = runs[before:]
+        if distrusted:
+            assert config.lr_transform == RegistrationConfig().lr_transform and warm
+            assert checks and checks[-1] == len(runs), 'a distrusted start was not judged'
+        else:
+            assert config.lr_transform < RegistrationConfig().lr_transform and warm
+            assert not checks or checks[-1] < len(runs), 'a kept trusted pose was re-judged'

@@ -8,7 +8,8 @@ the sensor in the odometry frame. Two paths produce poses:
   keyframes (:mod:`pwan_ros.odometry.keyframes`), kept until the next keyframe.
 * ``pwan``: full PWAN (:mod:`pwan_ros.odometry.pwan_recovery`), used in ``mode='adaptive'`` at
   start-up against a reference cloud and whenever the trust policy (:mod:`pwan_ros.odometry.trust`)
-  distrusts tracking, and in ``mode='pwan'`` for every scan. Its result re-initialises tracking.
+  distrusts tracking, and in ``mode='pwan'`` for every scan (from the tracked pose when tracking
+  trusts it). Its result re-initialises tracking.
   ``mode='tracking'`` never runs it (the baseline of the demo: what PWAN recovers).
 
 A registration that matches too little is rejected — unless it agrees with the motion
@@ -47,7 +48,7 @@ from pwan_ros.odometry.motion_model import ConstantVelocityModel
 from pwan_ros.odometry.preprocess import MIN_POINTS, PreparedScan, ScanError, ScanPreparer
 from pwan_ros.odometry.pwan_recovery import PwanAligner, RecoveryPlan, recover
 from pwan_ros.odometry.scan_filter import filter_scan
-from pwan_ros.odometry.trust import TrustPolicy, Verdict
+from pwan_ros.odometry.trust import AGREEMENT_FLOOR_DEG, AGREEMENT_FLOOR_H, TrustPolicy, Verdict
 
 __all__ = [
     'OdometryPipeline',
@@ -404,20 +405,20 @@ class OdometryPipeline:
         kf, scan, init, timings = work.kf, work.scan, work.init, work.timings
         if self.config.transform != 'rigid':
             return self._deform(kf, scan, init, timings)
-        reg = None
-        if self.config.mode in ('adaptive', 'tracking'):
-            reg = self._track(kf, scan, init, timings)
-        if reg is not None and (not reg.note or self.config.mode == 'tracking'):
+        # mode 'pwan' tracks too: a pose tracking trusts is where PWAN starts, on a short
+        # schedule (RecoveryPlan.close); PWAN's result is the answer
+        reg = self._track(kf, scan, init, timings)
+        if self.config.mode != 'pwan' and (not reg.note or self.config.mode == 'tracking'):
             return self._with_deviation(reg, init)
-        if reg is not None and self.background and self.motion.pose is not None:
+        if self.background and self.motion.pose is not None:
             if self._catching_up:  # already off the scan worker: recover in line
                 return self._recovered(work, reg)
             return dataclasses.replace(reg, pending=True)  # off this thread (_defer)
         return self._recovered(work, reg)
 
-    def _recovered(self, work: _Work, tracked: Optional[Registration]) -> Registration:
-        """Full PWAN (:meth:`_recover`) after ``tracked`` (None in mode 'pwan'), flagged when the
-        sensor may have left the scan's reach."""
+    def _recovered(self, work: _Work, tracked: Registration) -> Registration:
+        """Full PWAN (:meth:`_recover`) after ``tracked``, flagged when the sensor may have left
+        the scan's reach."""
         reg = self._recover(work.kf, work.scan, work.init, tracked, work.timings)
         beyond = self._beyond_reach(work.scan)
         if beyond and reg.quality.matched_ratio > 0.0:  # not refused: flagged
@@ -464,12 +465,17 @@ class OdometryPipeline:
         kf: Keyframe,
         scan: PreparedScan,
         init: np.ndarray,
-        tracked: Optional[Registration],
+        tracked: Registration,
         timings: Dict[str, float],
     ) -> Registration:
-        """Full PWAN (multi-start, global when lost); the better of it and ``tracked`` (None in
-        mode 'pwan') by matched ratio wins. A recovery its self-check refuses matches nothing."""
-        note = tracked.note if tracked else 'mode pwan'
+        """Full PWAN (multi-start, global when lost); the better of it and ``tracked`` by matched
+        ratio wins. A recovery its self-check refuses matches nothing. Mode 'pwan': PWAN's result
+        is the answer; it starts from ``tracked`` on a short schedule when tracking trusts it
+        (close), else from the prediction ``init``."""
+        pwan_mode = self.config.mode == 'pwan'
+        close = pwan_mode and not tracked.note
+        start = tracked.transform if close else init
+        note = 'mode pwan' if pwan_mode else tracked.note
         deadline = time.perf_counter() + self.config.pwan_time_budget_ms * 1e-3
         good = self.trust.good_match()  # infinite without a history: then no global search either
         plan = RecoveryPlan(
@@ -479,16 +485,17 @@ class OdometryPipeline:
             self.num_threads,
             use_global=self.config.recovery_global and np.isfinite(good),
             settles=self._settles(init),
+            close=_agreeing(start, self.distance_threshold) if close else None,
         )
-        rec = recover(self.pwan, kf.local_map, scan.tracked, init, self.distance_threshold, plan)
+        rec = recover(self.pwan, kf.local_map, scan.tracked, start, self.distance_threshold, plan)
         timings['pwan'], timings['polish'] = rec.pwan_ms, rec.polish_ms
-        iterations = rec.iterations + (tracked.iterations if tracked else 0)
+        iterations = rec.iterations + tracked.iterations
         if rec.check is not None and rec.check.status != 'ok':
             # the recovery cannot vouch for its pose: nothing of this scan is accepted
             note += f'; recovery refused by its self-check: {rec.check.reason}'
             return Registration(rec.transform, _NOTHING, iterations, True, note, rec.starts)
         best = tracked
-        if tracked is None or rec.quality.matched_ratio >= tracked.quality.matched_ratio:
+        if pwan_mode or rec.quality.matched_ratio >= tracked.quality.matched_ratio:
             best = Registration(rec.transform, rec.quality)
             if rec.origin == 'global':
                 note += '; recovered by global registration (no initial pose)'
@@ -702,6 +709,18 @@ def usable_reference(points: np.ndarray, voxel_size: float = 0.0) -> np.ndarray:
             f'({len(ref)} finite of {len(points)}), need {MIN_POINTS}'
         )
     return ref
+
+
+def _agreeing(start: np.ndarray, h: float):
+    """Whether a (4, 4) T_keyframe_scan is ``start`` to within the floors of the trust policy's
+    agreement test (a twentieth of the distance threshold ``h``, a quarter degree): the same
+    basin, polished to the same pose."""
+
+    def agrees(transform: np.ndarray) -> bool:
+        metres, degrees = _deviation(start, transform)
+        return metres <= AGREEMENT_FLOOR_H * h and degrees <= AGREEMENT_FLOOR_DEG
+
+    return agrees
 
 
 def _deviation(predicted: np.ndarray, registered: np.ndarray) -> tuple:

@@ -2,9 +2,10 @@
 multi-start recovery.
 
 Builds the core's RegistrationConfig once from the node parameters (same names), caps the
-point sets at ``pwan_max_points``, warm-starts from the motion prediction and — in
-``mode='pwan'`` — from the previous scan's potential network weights, and keeps the keyframe's
-search structures (k-d tree, normals) while the keyframe stays (:class:`ReferenceCache`).
+point sets at ``pwan_max_points``, warm-starts from the motion prediction (``mode='pwan'``: from
+a pose tracking trusts, on the tail of the schedule, :func:`close_schedule`) and from the previous
+scan's potential network weights (``mode='pwan'``), and keeps the keyframe's search structures
+(k-d tree, normals) while the keyframe stays (:class:`ReferenceCache`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,35 @@ def core_config(cfg: OdometryConfig, h: Optional[float] = None) -> RegistrationC
     )  # the pipeline judges the tracked result of a recovery itself (recover())
 
 
+#: mode 'pwan', a start that tracking trusts: the adversarial stage enters its learning-rate
+#: schedule where the rate has decayed to this fraction. With Adam every step moves the transform
+#: by about the learning rate whatever the gradient, so the start of the schedule sets how far a
+#: run travels (the full one: tens of degrees, a scan's length in the normalised frame), and the
+#: motion test ends a run only once the rate has decayed (~300 of 400 steps on BALM). From a
+#: start within tracking's reach the rest of the schedule travels about its gate h (BALM: h 0.5 m
+#: in a 12.7 m scale, 0.039 normalised; (5e-4 - 1e-4) / (1 - decay) = 0.035).
+CLOSE_LR_FRACTION = 0.05
+#: potential updates per transform step from such a start: the network is the previous scan's,
+#: trained on nearly the same discrepancy, and the transform moves a twentieth as far per step as
+#: at the full schedule's start, so one update keeps up with it (BALM, nuScenes: the same errors
+#: as with 3, docs/benchmarks.md)
+CLOSE_UPDATES = 1
+
+
+def close_schedule(config: RegistrationConfig) -> RegistrationConfig:
+    """``config`` (resolved steps) entered at the step where its learning rate is
+    :data:`CLOSE_LR_FRACTION` of the first (the same decay per step and final rate, fewer steps),
+    with :data:`CLOSE_UPDATES` potential updates per step."""
+    config = config.resolved()
+    decay = np.log(config.lr_transform_final / config.lr_transform) / max(config.steps - 1, 1)
+    skipped = min(int(round(np.log(CLOSE_LR_FRACTION) / decay)), config.steps - 1)
+    return config.replace(
+        steps=config.steps - skipped,
+        lr_transform=config.lr_transform * CLOSE_LR_FRACTION,
+        potential_updates=min(CLOSE_UPDATES, config.potential_updates),
+    )
+
+
 class PwanAligner:
     """Runs PWAN between two clouds in metres; keeps the potential for warm starts and the
     reference's prepared search structures (``reference_cache``; None = rebuild them every call)
@@ -65,11 +95,13 @@ class PwanAligner:
         h: Optional[float] = None,
         deadline: Optional[float] = None,
         self_check: bool = False,
+        close: bool = False,
     ) -> RegistrationResult:
         """Register source (N, 3) onto reference (M, 3), both metres, from ``init`` (4x4
         T_reference_source). ``deadline`` (time.perf_counter() seconds) ends the adversarial
         stage early, as does :meth:`cancel`. self_check: the core judges its result (a
-        deformation: the pipeline has no judge of its own for one). Returns the core result
+        deformation: the pipeline has no judge of its own for one). close: ``init`` is a pose
+        tracking trusts: the short schedule (:func:`close_schedule`). Returns the core result
         (``transform`` maps source -> reference; ``status`` 'refused' with a reason)."""
         warm = self._state if self.config.mode == 'pwan' else None
         self.raise_if_cancelled()
@@ -81,10 +113,11 @@ class PwanAligner:
         # the cache compares the keyframe's points by value: a new keyframe replaces the entry
         cache = self.reference_cache
         kwargs = {} if cache is None else {'reference_cache': cache}
+        config = core_config(self.config, h).replace(self_check=self_check)
         result = register(
             source,
             reference,
-            core_config(self.config, h).replace(self_check=self_check),
+            close_schedule(config) if close else config,
             init=init,
             potential_state=warm,
             should_stop=should_stop,
@@ -174,7 +207,11 @@ class RecoveryPlan:
     (time.perf_counter() seconds); the tracker's ``num_threads``; ``use_global``: when no start
     matched ``good`` (a kidnapped robot, a jump far beyond the prediction), a global registration
     (no initial pose) too. ``settles(T_keyframe_scan, quality)``: a result that ends the search
-    as a good match does (it agrees with the motion prediction, say); None: none does."""
+    as a good match does (it agrees with the motion prediction, say); None: none does. ``close``
+    (None: not so): the first start is a pose tracking trusts; PWAN runs from it on the short
+    schedule (:func:`close_schedule`), and ``close(T_keyframe_scan)`` says whether a result still
+    agrees with it: then tracking's trust vouches for it (as for a tracked pose in mode
+    'adaptive') and the self-check does not run."""
 
     yaw_starts: int
     good: float
@@ -182,6 +219,7 @@ class RecoveryPlan:
     num_threads: int = 2
     use_global: bool = False
     settles: Optional[Callable[[np.ndarray, MatchQuality], bool]] = None
+    close: Optional[Callable[[np.ndarray], bool]] = None
 
 
 class _Search:
@@ -228,7 +266,9 @@ def recover(
         _global_start(aligner, keyframe, scan, h, plan, search)
     aligner.raise_if_cancelled()
     t1 = time.perf_counter()
-    check = _judged(keyframe, scan, h, plan, search)
+    check = None
+    if not _kept_close(plan, search):
+        check = _judged(keyframe, scan, h, plan, search)
     search.polish_ms += (time.perf_counter() - t1) * 1e3
     best = search.best
     return Recovery(
@@ -255,7 +295,8 @@ def _yaw_starts(aligner, keyframe, scan, start: tuple, plan: RecoveryPlan, searc
             Rotation.from_rotvec([0.0, 0.0, yaw]).as_matrix(), np.zeros(3)
         )
         t0 = time.perf_counter()
-        result = aligner.align(scan.points, keyframe.points, turned, h, plan.deadline)
+        close = plan.close is not None and k == 0
+        result = aligner.align(scan.points, keyframe.points, turned, h, plan.deadline, close=close)
         t1 = time.perf_counter()
         tr = track(keyframe, scan, result.transform, h, num_threads=plan.num_threads)
         search.pwan_ms += (t1 - t0) * 1e3
@@ -269,6 +310,16 @@ def _yaw_starts(aligner, keyframe, scan, start: tuple, plan: RecoveryPlan, searc
             break
         if time.perf_counter() > plan.deadline:
             break
+
+
+def _kept_close(plan: RecoveryPlan, search: _Search) -> bool:
+    """Whether the result is the first start's, a pose tracking trusts, and still agrees with
+    it (``plan.close``)."""
+    return (
+        plan.close is not None
+        and search.origin == 'prediction'
+        and plan.close(search.best.transform)
+    )
 
 
 def _global_start(aligner, keyframe, scan, h: float, plan: RecoveryPlan, search: _Search):
