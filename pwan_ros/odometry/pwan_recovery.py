@@ -187,7 +187,7 @@ class Recovery:
     clearly better pose next to it and the result was polished from there; global_status: the
     global registration's status ('' if it did not run); check: the core's self-check of the
     result (:func:`pwan_ros.core.checks.verify.check_pose`, scan against keyframe): a recovery it
-    refuses must not be accepted."""
+    refuses must not be accepted; None where it did not run (``RecoveryPlan.close``)."""
 
     transform: np.ndarray
     quality: MatchQuality
