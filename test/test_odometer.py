@@ -261,15 +261,17 @@ def test_a_driver_restart_after_25_m_is_right_or_flagged():
             last = (up, s)
 
 
-def test_a_bare_corridor_is_flagged_with_its_weak_axis():
+@pytest.mark.parametrize('mode', ['adaptive', 'pwan'])
+def test_a_bare_corridor_is_flagged_with_its_weak_axis(mode):
     """A corridor without boxes: nothing pins the pose along the walls. Each tracked scan is
     flagged (status warn, the weak axis named: x, along the walls) and its covariance is large
     along that axis only (at least h), from the registration's own constraint; the same
-    corridor with boxes is not flagged (the corridor test above: status ok)."""
+    corridor with boxes is not flagged (the corridor test above: status ok). Mode 'pwan': PWAN
+    from the tracked pose, kept, carries tracking's weak axis (it was published ok)."""
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / 'peers'))
     import corridor
 
-    odo = Odometer(OdometryPipeline(OdometryConfig(), num_threads=1))
+    odo = Odometer(OdometryPipeline(OdometryConfig(mode=mode), num_threads=1))
     boxes = corridor.BOXES
     try:
         corridor.BOXES, corridor._SCENE = [], None

@@ -644,20 +644,61 @@ def test_an_affine_scan_of_the_reference_is_aligned():
 
 def test_the_close_schedule_is_the_tail_of_the_full_one():
     """A start tracking trusts enters the learning-rate schedule where the rate is
-    CLOSE_LR_FRACTION of the first (the same decay per step and final rate), with
-    CLOSE_UPDATES potential updates a step."""
+    CLOSE_LR_FRACTION of the first: its rates are the full schedule's last ones, as Alg. 1 draws
+    them, with CLOSE_UPDATES potential updates a step and no fine-tune (the pipeline tracks from
+    it). A schedule of one rate (one step, or a flat one) keeps its steps."""
     from pwan_ros.odometry.pwan_recovery import CLOSE_LR_FRACTION, CLOSE_UPDATES, close_schedule
+
+    def rates(c):  # as run_alg1 computes them
+        decay = (c.lr_transform_final / c.lr_transform) ** (1.0 / max(c.steps - 1, 1))
+        return c.lr_transform * decay ** np.arange(c.steps)
 
     full = RegistrationConfig(steps=400)
     short = close_schedule(full)
-
-    def rates(c):
-        decay = (c.lr_transform_final / c.lr_transform) ** (1.0 / (c.steps - 1))
-        return c.lr_transform * decay ** np.arange(c.steps)
-
-    assert short.lr_transform == pytest.approx(full.lr_transform * CLOSE_LR_FRACTION)
+    assert short.lr_transform == pytest.approx(full.lr_transform * CLOSE_LR_FRACTION, rel=0.01)
     assert short.steps < full.steps and short.potential_updates == CLOSE_UPDATES
-    np.testing.assert_allclose(rates(short), rates(full)[-short.steps :], rtol=0.02)
+    assert not short.finetune.enabled and not short.finetune.polish  # tracking polishes
+    np.testing.assert_allclose(rates(short), rates(full)[-short.steps :], rtol=1e-9)
+    for one_rate in (RegistrationConfig(steps=1), RegistrationConfig(lr_transform_final=1e-2)):
+        out = close_schedule(one_rate)
+        assert (out.steps, out.lr_transform) == (one_rate.resolved().steps, 1e-2)
+
+
+def test_a_trusted_start_left_or_outdone_is_judged(sim_scans, monkeypatch):
+    """RecoveryPlan.close vouches only for the first start's result that still agrees with the
+    trusted pose: a result 3 m away from it, or a yaw start's that wins, is judged by the
+    self-check."""
+    from types import SimpleNamespace
+
+    from pwan_ros.odometry import pwan_recovery
+    from pwan_ros.odometry.pipeline import _agreeing
+
+    s0, s1 = sim_scans[0], sim_scans[1]
+    kf = PreparedCloud.build(filter_scan(s0.xyz.astype(float), 0.5, 10000).points)
+    scan = PreparedCloud.build(filter_scan(s1.xyz.astype(float), 0.5, 10000).points)
+    truth = invert(s0.pose) @ s1.pose
+    slid = truth @ make_transform(np.eye(3), np.array([3.0, 0.0, 0.0]))
+    real_track = pwan_recovery.track
+    # the polish stays where PWAN left it (one iteration), so the test decides where that is
+    monkeypatch.setattr(
+        pwan_recovery, 'track', lambda *a, **k: real_track(*a, **dict(k, max_iterations=1))
+    )
+
+    def recovered(results, yaw_starts=1):
+        poses = iter(results)
+        aligner = SimpleNamespace(
+            align=lambda *a, **k: SimpleNamespace(transform=next(poses), iterations=0),
+            raise_if_cancelled=lambda: None,
+        )
+        plan = pwan_recovery.RecoveryPlan(
+            yaw_starts, float('inf'), float('inf'), close=_agreeing(truth, 1.0)
+        )
+        return pwan_recovery.recover(aligner, kf, scan, truth, 1.0, plan)
+
+    assert recovered([truth]).check is None  # kept: vouched for by tracking's trust
+    assert recovered([slid]).check is not None  # left the trusted pose
+    outdone = recovered([slid, truth], yaw_starts=2)
+    assert outdone.origin.startswith('yaw') and outdone.check is not None
 
 
 @pytest.mark.heavy

@@ -47,7 +47,7 @@ class OdometryConfig:
         'adaptive',
         'adaptive: fast partial tracking against a keyframe, full PWAN when tracking is lost or '
         'untrustworthy; pwan: full PWAN on every scan, from the tracked pose on a short '
-        'schedule where tracking trusts it (0.3-0.6 s a scan on a CPU); '
+        'schedule where tracking trusts it (0.2-0.5 s such a scan on a CPU); '
         'tracking: tracking only, PWAN never runs (a baseline that shows what PWAN recovers)',
         choices=MODES,
     )

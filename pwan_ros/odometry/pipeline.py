@@ -503,7 +503,11 @@ class OdometryPipeline:
                 note += f'; recovered from the {rec.origin} start'
         elif rec.global_status == 'refused':
             note += '; global registration refused'
-        return Registration(best.transform, best.quality, iterations, True, note, rec.starts)
+        # a kept trusted start is vouched for as its tracked pose is: with its weak axis, if any
+        weak = tracked.weak if pwan_mode and rec.check is None else None
+        return Registration(
+            best.transform, best.quality, iterations, True, note, rec.starts, weak=weak
+        )
 
     def _deform(
         self, kf: Keyframe, scan: PreparedScan, init: np.ndarray, timings: Dict[str, float]
@@ -645,7 +649,7 @@ class OdometryPipeline:
         path = _PATHS[verdict.action]
         if verdict.action == 'accept' and reg.pwan_engaged:
             path = 'pwan'
-        weak = reg.weak if verdict.action == 'accept' and not reg.pwan_engaged else None
+        weak = reg.weak if verdict.action == 'accept' else None
         reason = '; '.join(r for r in (verdict.reason, weak and weak.describe()) if r)
         latency_ms = (time.perf_counter() - work.t0) * 1e3
         filt = scan.filtered
