@@ -60,16 +60,14 @@ CLOSE_LR_FRACTION = 0.05
 #: at the full schedule's start, so one update keeps up with it (BALM, nuScenes: the same errors
 #: as with 3, docs/benchmarks.md)
 CLOSE_UPDATES = 1
-# From such a start the core's fine-tune and GICP polish are left out: the pipeline polishes every
-# PWAN start by tracking, which minimises the same partial objective (pairs within h) with GICP
-# (BALM 333 -> 204 ms a scan, errors the same or lower; nuScenes the same)
 
 
 def close_schedule(config: RegistrationConfig) -> RegistrationConfig:
     """``config`` (resolved steps) entered at the step where its learning rate is
     :data:`CLOSE_LR_FRACTION` of the first (the same decay per step and final rate, fewer steps),
-    with :data:`CLOSE_UPDATES` potential updates per step and no fine-tune (the caller tracks from
-    the result)."""
+    with :data:`CLOSE_UPDATES` potential updates per step and no fine-tune or GICP polish: the
+    pipeline tracks from every PWAN start, minimising the same partial objective (pairs within h)
+    with GICP (BALM 333 -> 204 ms a scan, errors the same or lower; nuScenes the same)."""
     config = config.resolved()
     config = config.replace(
         potential_updates=min(CLOSE_UPDATES, config.potential_updates),
