@@ -667,3 +667,60 @@ def test_points_on_surfaces_leave_uniform_outliers_out():
     kept = on_surfaces(np.vstack((walls, outliers)))
     on_wall = np.isin(kept, walls).all(axis=1)
     assert on_wall.sum() > 0.95 * len(walls) and (~on_wall).sum() < 0.25 * len(outliers)
+
+
+def _conjugated(pose: np.ndarray, scale: float, shift: float) -> np.ndarray:
+    """``pose`` (4, 4) of the sets x -> scale x + shift, back in the sets' own units."""
+    frame = np.diag([scale, scale, scale, 1.0])
+    frame[:3, 3] = shift
+    return np.linalg.inv(frame) @ pose @ frame
+
+
+def test_a_runner_up_short_of_the_winners_fit_is_the_same_pose(street):
+    """Two candidates 3 gates along x and 2 deg off the truth (distinct as they are: before, the
+    search called such a pair ambiguous, 'a pose 0.251 away explains the data almost as well',
+    on a room it had right) are fitted to one pose: no runner-up, the truth chosen, and the same
+    overlap beyond chance and pose for the street x10 and 1e5 m out."""
+    from types import SimpleNamespace
+
+    from pwan_ros.core.checks.overlap import OverlapJudge
+    from pwan_ros.core.checks.verify import judging_voxel
+    from pwan_ros.core.config import GlobalConfig
+    from pwan_ros.core.global_search.choose import Scoring, choose
+    from pwan_ros.core.global_search.hypotheses import Hypothesis, pose_distance, voxelised
+
+    src, ref, truth, _ = street
+    outcomes = []
+    for scale, shift in ((1.0, 0.0), (10.0, 0.0), (1.0, 1e5)):
+        s, r = src * scale + shift, ref * scale + shift
+        judge = OverlapJudge(s, r, judging_voxel(r))
+        t = _conjugated(truth, 1.0 / scale, -shift / scale)  # the truth of the moved sets
+        judge.excess(t)  # prepares the sets: the gate is known from here on
+        g = judge.gate
+        slid = t.copy()
+        slid[0, 3] += 3.0 * g
+        rot, c = Rotation.from_rotvec([0, 0, np.radians(2.0)]).as_matrix(), s.mean(axis=0)
+        turned = t @ make_transform(rot, c - rot @ c)  # about the source's middle
+        probe = voxelised(s, 2.0 * g)
+        assert pose_distance(slid, turned, probe) > 2.0 * g  # distinct as they are
+        hyps = [Hypothesis(slid, 20, 'ransac'), Hypothesis(turned, 15, 'ransac')]
+        out = choose(
+            hyps, GlobalConfig(), lambda init: SimpleNamespace(transform=init),
+            Scoring(judge, voxelised(r, 2.0 * g), probe, 3.0 * g),
+        )  # fmt: skip
+        assert out.status == 'ok' and out.confidence == 1.0, out.reason
+        assert pose_distance(out.transform, t, probe) < 0.5 * g
+        outcomes.append((judge.excess(out.transform), _conjugated(out.transform, scale, shift)))
+    for excess, pose in outcomes[1:]:
+        assert abs(excess - outcomes[0][0]) < 0.01
+        assert pose_distance(pose, outcomes[0][1], src) < 0.02  # metres
+
+
+def test_a_winner_explaining_little_must_lead_by_a_share_of_the_source():
+    """The confidence is the winner's lead over its runner-up in overlap beyond chance, as a
+    share of what the winner explains, or of confirm_below when it explains less."""
+    from pwan_ros.core.global_search.choose import _lead
+
+    assert _lead(0.8, 0.6, 0.5) == pytest.approx(0.25)  # 20 % of the source: a quarter of 80 %
+    assert _lead(0.3, 0.25, 0.5) == pytest.approx(0.1)  # 5 % of the source, judged against 50 %
+    assert _lead(0.3, 0.4, 0.5) == 0.0 and _lead(0.0, 0.0, 0.0) == 0.0

@@ -263,8 +263,9 @@ class GlobalConfig:
     )
     min_confidence: float = param(
         0.2,
-        'refuse when the best distinct runner-up scores within this relative margin '
-        'of the winner (ambiguous)',
+        'refuse when the best distinct runner-up comes within this share of what the '
+        'winner puts on the reference beyond chance (or of confirm_below, when the winner '
+        'explains less): ambiguous',
         0.0,
         1.0,
     )
@@ -288,7 +289,8 @@ class GlobalConfig:
         'a rigid 3-D result registered from no init (init None) that puts less than this '
         'fraction of the source on the reference beyond chance is confirmed by the global '
         'search: kept when it agrees or fits clearly better, refused when the two searches '
-        'leave the pose open (0: never)',
+        'leave the pose open (0: never); the global search asks a winner explaining less to '
+        'lead its runner-up by min_confidence of this',
         0.0,
         1.0,
     )

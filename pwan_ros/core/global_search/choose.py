@@ -1,7 +1,8 @@
-"""Choosing among the global search's candidate poses (caller units): each refined, scored by
-PWAN's partial objective, and the winner refused when the data cannot vouch for it (no overlap,
-a direction free to slide, an ambiguous runner-up, every candidate contradicting the sensors'
-free space). See :mod:`search` for the whole search."""
+"""Choosing among the global search's candidate poses (caller units): each refined by PWAN's
+fine-tune, taken to its fit and ranked by the overlap beyond chance the self-check measures, and
+the winner refused when the data cannot vouch for it (no overlap, a direction free to slide, an
+ambiguous runner-up, every candidate contradicting the sensors' free space). See :mod:`search`
+for the whole search."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Callable, List, NamedTuple, Optional
 import numpy as np
 from scipy.spatial import cKDTree
 
-from ..checks.verify import MAX_CHANCE
+from ..checks.overlap import OverlapJudge
+from ..checks.verify import RIVAL_DISTINCT
 from ..config import GlobalConfig
 from .hypotheses import Hypothesis, pose_distance
 
@@ -31,38 +33,39 @@ PRIOR_HINT = 'a prior pose settles it (init; pwan_register --init POSE_FILE)'
 
 @dataclass(frozen=True)
 class GlobalOutcome:
-    """The chosen pose and how it was chosen: ``result`` the winner's refinement
-    (RegistrationResult); ``objective`` its partial objective in [-1, 0]; ``overlap`` fraction of
-    the source within h; ``confidence`` relative margin over the best distinct runner-up (1 when
-    there is none); ``status`` 'ok' | 'refused'; ``reason`` why refused; ``candidates`` scored
-    [(origin, support, objective, free_space)] in input order (free_space None without
-    viewpoints); ``backing``: the most feature inliers of a hypothesis that refined to the
-    winner's pose (within 2 h)."""
+    """The chosen pose and how it was chosen: ``result`` the winner's refinement on subsets
+    (RegistrationResult), ``transform`` (4, 4) its fit (:meth:`OverlapJudge.fitted`);
+    ``objective`` the fit's partial objective in [-1, 0]; ``overlap`` fraction of the source
+    within h; ``confidence`` relative margin in overlap beyond chance over the best distinct
+    runner-up (1 when there is none); ``status`` 'ok' | 'refused'; ``reason`` why refused;
+    ``candidates`` scored [(origin, support, objective, free_space)] in input order (free_space
+    None without viewpoints)."""
 
     result: object
+    transform: np.ndarray
     objective: float
     overlap: float
     confidence: float
     status: str
     reason: str
     candidates: list
-    backing: int = 0
 
 
 @dataclass(frozen=True)
 class Scoring:
-    """How :func:`choose` scores a candidate: ``reference`` (m, 3) and source ``probe`` points
-    (n, 3) (both voxelised), the threshold ``h``; ``normals``: the reference's unit normals (m, 3)
-    for the constraint test (None: no test); ``free_space``: None or ``f(transform) -> fraction``
-    (:func:`checks.free_space.contradiction`); ``judge``: None or ``f(transform) -> excess``
-    (:func:`checks.verify.check_pose`'s overlap beyond chance at the judging voxel)."""
+    """How :func:`choose` scores a candidate: ``judge`` fits a pose and measures its overlap
+    beyond chance (:class:`checks.overlap.OverlapJudge`); ``reference`` (m, 3) and source
+    ``probe`` points (n, 3) (both voxelised), the threshold ``h`` of the partial objective;
+    ``normals``: the reference's unit normals (m, 3) for the constraint test (None: no test);
+    ``free_space``: None or ``f(transform) -> fraction``
+    (:func:`checks.free_space.contradiction`)."""
 
+    judge: OverlapJudge
     reference: np.ndarray
     probe: np.ndarray
     h: float
     normals: Optional[np.ndarray] = None
     free_space: Optional[Callable] = None
-    judge: Optional[Callable] = None
 
     def moved(self, transform: np.ndarray) -> np.ndarray:
         """The probe points moved by ``transform`` (4, 4)."""
@@ -72,7 +75,9 @@ class Scoring:
 class _Scored(NamedTuple):
     objective: float
     overlap: float
+    excess: float
     result: object
+    transform: np.ndarray
     hypothesis: Hypothesis
     seen_through: Optional[float]
 
@@ -102,21 +107,23 @@ def translation_constraint(
 def choose(
     hyps: List[Hypothesis], cfg: GlobalConfig, refine_fn: Callable, scoring: Scoring
 ) -> GlobalOutcome:
-    """Refine every hypothesis with ``refine_fn(init) -> RegistrationResult`` (the fine-tune,
-    distance type), score it by the partial objective of ``scoring``, and pick the winner (see
-    :mod:`search` for the refusal rules). Candidates above ``cfg.max_free_space`` contradict what
-    the sensors saw and cannot win. Where spurious points (uniform outliers) put a reference
-    point within h of most places (more than ``MAX_CHANCE`` of random places in the source's
-    box), every pose scores near chance at the feature voxel and only the surfaces at the
-    judging voxel still tell poses apart: the :data:`JUDGED` best distinct candidates by the
-    objective are then ranked again by the judge, and the confidence is the winner's margin in
-    it over the best distinct runner-up."""
+    """Refine every hypothesis with ``refine_fn(init) -> RegistrationResult`` (PWAN's fine-tune,
+    distance type, on subsets), take it to the fit its data show nearby and rank it by the
+    self-check's overlap beyond chance (``scoring.judge``, :class:`checks.overlap.OverlapJudge`),
+    and pick the winner (see :mod:`search` for the refusal rules). Candidates above
+    ``cfg.max_free_space`` contradict what the sensors saw and cannot win. The confidence is the
+    winner's lead in that overlap over the best runner-up still distinct once both are fitted
+    (the source's points moved by more than ``RIVAL_DISTINCT`` gates RMS; a runner-up the
+    fine-tune left a few gates short of the winner's fit is the same pose, not a rival), as a
+    share of what the winner explains (:func:`_lead`; without viewpoints, of at least
+    ``confirm_below``)."""
     tree = cKDTree(scoring.reference)
-    scored = [_score(hyp, refine_fn, scoring, tree) for hyp in hyps]
+    fits: list = []
+    scored = [_score(hyp, refine_fn, scoring, tree, fits) for hyp in hyps]
     cands = [
         (s.hypothesis.origin, s.hypothesis.support, s.objective, s.seen_through) for s in scored
     ]
-    order = sorted(range(len(scored)), key=lambda k: scored[k].objective)
+    order = sorted(range(len(scored)), key=lambda k: (-scored[k].excess, scored[k].objective))
     if scoring.free_space is not None:
         order_ok = [k for k in order if scored[k].seen_through <= cfg.max_free_space]
         if not order_ok:
@@ -127,75 +134,54 @@ def choose(
                 f'(least: {least:.0%} > max_free_space {cfg.max_free_space:.0%})'
             )
             return GlobalOutcome(
-                best.result, best.objective, best.overlap, 0.0, 'refused', reason, cands
-            )
+                best.result, best.transform, best.objective, best.overlap, 0.0, 'refused',
+                reason, cands,
+            )  # fmt: skip
         order = order_ok
-    order, confidence, runner = _ranked(order, scored, cfg, scoring, tree)
     best = scored[order[0]]
-    status, reason = _verdict(best, runner, confidence, cfg, scoring)
-    backing = max(
-        s.hypothesis.support
-        for s in scored
-        if pose_distance(s.result.transform, best.result.transform, scoring.probe)
-        <= 2.0 * scoring.h
-    )
-    return GlobalOutcome(
-        best.result, best.objective, best.overlap, confidence, status, reason, cands, backing
-    )
-
-
-def _score(hyp: Hypothesis, refine_fn, scoring: Scoring, tree: cKDTree) -> _Scored:
-    """A hypothesis refined and scored."""
-    res = refine_fn(hyp.transform)
-    obj, overlap = partial_objective_of(scoring.moved(res.transform), tree, scoring.h)
-    seen = None if scoring.free_space is None else scoring.free_space(res.transform)
-    return _Scored(obj, overlap, res, hyp, seen)
-
-
-def _ranked(order: list, scored: list, cfg: GlobalConfig, scoring: Scoring, tree) -> tuple:
-    """(the order, the winner's confidence, the best distinct runner-up or None). Random places
-    in the box the best-scored source occupies: how often they lie within h of the reference
-    (chance) and their objective. Spurious reference points (uniform outliers, clutter) lower
-    every pose's objective alike, by that objective; where most places lie within h, the
-    objective at the feature voxel cannot tell poses apart and the judge ranks."""
-    h, judge, probe = scoring.h, scoring.judge, scoring.probe
-    moved = scoring.moved(scored[order[0]].result.transform)
-    places = np.random.default_rng(0).uniform(moved.min(axis=0), moved.max(axis=0), moved.shape)
-    chance_objective, chance = partial_objective_of(places, tree, h)
-    judged = judge is not None and chance > MAX_CHANCE
-    if judged:
-        order, excess = _judged(order, scored, judge, probe, h)
-    best = scored[order[0]]
-    res = best.result
+    distinct = RIVAL_DISTINCT * scoring.judge.gate
     runner = next(
         (
-            k
+            scored[k]
             for k in order[1:]
-            if pose_distance(scored[k].result.transform, res.transform, probe) > 2.0 * h
+            if pose_distance(scored[k].transform, best.transform, scoring.probe) > distinct
         ),
         None,
     )
-    if runner is None:
-        confidence = 1.0
-    elif judged:  # the margin in overlap beyond chance at the judging voxel
-        confidence = _margin(excess[order[0]], excess.get(runner, 0.0))
-    else:
-        # the margin relative to the objective the winner explains beyond chance; or, where
-        # that is small (outliers near the surfaces), the margin the judge sees: ambiguous only
-        # when neither scale tells the two poses apart
-        confidence = _margin(
-            chance_objective - best.objective, chance_objective - scored[runner].objective
-        )
-        if judge is not None and confidence < cfg.min_confidence:
-            confidence = max(
-                confidence, _margin(judge(res.transform), judge(scored[runner].result.transform))
-            )
-    return order, confidence, None if runner is None else scored[runner]
+    # with the sensors' viewpoints a pose the search missed must also agree with what they saw
+    # free (and the search keeps WIDE_FACTOR x the poses): the winner's own share suffices
+    floor = cfg.confirm_below if scoring.free_space is None else 0.0
+    confidence = 1.0 if runner is None else _lead(best.excess, runner.excess, floor)
+    status, reason = _verdict(best, runner, confidence, cfg, scoring)
+    return GlobalOutcome(
+        best.result, best.transform, best.objective, best.overlap, confidence, status, reason,
+        cands,
+    )  # fmt: skip
+
+
+def _score(hyp: Hypothesis, refine_fn, scoring: Scoring, tree: cKDTree, fits: list) -> _Scored:
+    """A hypothesis refined, fitted and scored. fits: [(refined transform, Judged)] so far; a
+    refinement within one gate (RMS) of one of them shares its fit (FGR's seeded runs and RANSAC's
+    poses often refine to one pose)."""
+    res = refine_fn(hyp.transform)
+    fit = next(
+        (
+            done
+            for t, done in fits
+            if pose_distance(t, res.transform, scoring.probe) <= scoring.judge.gate
+        ),
+        None,
+    )
+    if fit is None:
+        fit = scoring.judge.fitted(res.transform)
+        fits.append((res.transform, fit))
+    obj, overlap = partial_objective_of(scoring.moved(fit.transform), tree, scoring.h)
+    seen = None if scoring.free_space is None else scoring.free_space(fit.transform)
+    return _Scored(obj, overlap, fit.excess, res, fit.transform, hyp, seen)
 
 
 def _verdict(best: _Scored, runner, confidence: float, cfg: GlobalConfig, scoring: Scoring):
     """(status, reason) of the winner: no overlap, a direction free to slide, or ambiguous."""
-    res = best.result
     if best.overlap < cfg.min_overlap:
         return 'refused', (
             f'best pose puts {best.overlap:.0%} of the source on the reference '
@@ -203,7 +189,7 @@ def _verdict(best: _Scored, runner, confidence: float, cfg: GlobalConfig, scorin
         )
     if scoring.normals is not None:
         held = translation_constraint(
-            scoring.moved(res.transform), scoring.reference, scoring.normals, scoring.h
+            scoring.moved(best.transform), scoring.reference, scoring.normals, scoring.h
         )
         if held < cfg.min_constraint:
             return 'refused', (
@@ -212,37 +198,22 @@ def _verdict(best: _Scored, runner, confidence: float, cfg: GlobalConfig, scorin
                 f'{PRIOR_HINT}'
             )
     if confidence < cfg.min_confidence:
-        apart = pose_distance(runner.result.transform, res.transform, scoring.probe)
+        apart = pose_distance(runner.transform, best.transform, scoring.probe)
         return 'refused', (
-            f'ambiguous: a pose {apart:.3g} away explains the data almost as well '
-            f'(confidence {confidence:.2f} < min_confidence {cfg.min_confidence:.2f}); '
-            f'{PRIOR_HINT}'
+            f'ambiguous: a pose {apart:.3g} away puts {runner.excess:.0%} of the source on the '
+            f'reference beyond chance against {best.excess:.0%} (confidence {confidence:.2f} < '
+            f'min_confidence {cfg.min_confidence:.2f}); {PRIOR_HINT}'
         )
     return 'ok', ''
 
 
-def _margin(best: float, runner: float) -> float:
-    """(best - runner) / best in [0, 1] for scores where higher is better; 1 when best <= 0."""
-    return 1.0 if best <= 0 else float(np.clip((best - runner) / best, 0.0, 1.0))
-
-
-#: candidates (best by the objective, distinct poses) ranked again by the judge
-JUDGED = 6
-
-
-def _judged(order: list, scored: list, judge, probe: np.ndarray, h: float) -> tuple:
-    """``order`` (candidate indices, best objective first) with its first :data:`JUDGED`
-    distinct poses ranked by ``judge`` (highest excess first), then the rest; and {index: excess}
-    of the judged."""
-    judged, rest = [], []
-    for k in order:
-        t = scored[k].result.transform
-        if len(judged) < JUDGED and all(
-            pose_distance(scored[j].result.transform, t, probe) > 2.0 * h for j in judged
-        ):
-            judged.append(k)
-        else:
-            rest.append(k)
-    excess = {k: judge(scored[k].result.transform) for k in judged}
-    judged.sort(key=lambda k: -excess[k])  # stable: ties keep the objective's order
-    return judged + rest, excess
+def _lead(best: float, runner: float, floor: float) -> float:
+    """The winner's lead in overlap beyond chance over the runner-up, as a share of what the
+    winner explains, or of ``floor`` (``confirm_below``) when it explains less, in [0, 1]: a
+    winner that puts little of the source on the reference leaves room for a pose the search
+    missed, so it must lead by the same share of the source as one explaining ``floor`` (a
+    room at 100 % outliers: a pose 88 deg off explaining 30 % led its runner-up by 5 % of the
+    source; the right poses of real rooms and streets by 10 % or more). ``floor`` 0: the
+    winner's own share."""
+    scale = max(best, floor)
+    return 0.0 if scale <= 0 else float(np.clip((best - runner) / scale, 0.0, 1.0))

@@ -1,5 +1,5 @@
-"""Registration from an unknown initial pose: feature hypotheses, chosen and refined by PWAN's
-partial objective (``register(..., init='global')``).
+"""Registration from an unknown initial pose: feature hypotheses, refined by PWAN's fine-tune and
+chosen by the overlap beyond chance they show (``register(..., init='global')``).
 
 1. **Hypotheses.** FPFH features (Open3D) on both sets voxel-downsampled to about
    ``feature_points`` points; mutual nearest neighbours in feature space; a vectorised RANSAC
@@ -8,24 +8,25 @@ partial objective (``register(..., init='global')``).
    installed; the caller's prior (identity) is always a candidate. When the features are weak,
    PWAN's rotation starts join, each translated by votes (:mod:`local.votes`), not by the
    centroids.
-2. **Chosen by PWAN's partial objective.** Each candidate is refined by the fine-tune stage
-   (eq. fine_tune, distance type at h = 2 x the reference spacing: it needs no overlap guess)
-   and scored by the distance-type primal objective of the nearest-neighbour plan,
-   ``mean_j min(d_j - h, 0) / h`` in [-1, 0] (lower = more of the source lies on the reference).
-   Feature support only proposes; the partial objective decides, so a pose that RANSAC ranks
-   low (features broken by outliers) still wins when it explains the geometry.
+2. **Chosen by the overlap beyond chance.** Each candidate is refined by PWAN's fine-tune
+   (eq. fine_tune, distance type at h = 2 x the reference spacing: it needs no overlap guess) on
+   subsets, then taken to the fit its data show nearby by GICP coarse to fine at the judging
+   voxel (:class:`checks.overlap.OverlapJudge`) and ranked by the fraction of the source it puts
+   on the reference's surfaces beyond chance (uniform outliers rarely share a voxel, and chance
+   is measured at random places in the moved source's box): the measure the self-check judges
+   every result by. Feature support only proposes, so a pose that RANSAC ranks low (features
+   broken by outliers) still wins when it explains the geometry; and a candidate the subsets'
+   fine-tune left a few gates short of the truth is ranked at its fit.
 3. **Refusal.** ``overlap`` = fraction of the source within h at the winner. The confidence is
-   the margin of the winner's objective over the best *distinct* runner-up, relative to the
-   objective the winner explains beyond chance (random places in the source's box score the
-   chance level, which uniform outliers raise for every pose alike). Where most random places
-   lie within h, the objective cannot tell poses apart: the best candidates are ranked, and
-   the margin taken, by the self-check's overlap beyond chance at the judging voxel; elsewhere
-   a small objective margin is looked at again with it (ambiguous only when neither tells the
-   two poses apart). When the
-   overlap is below ``min_overlap``, the matched reference normals leave a direction free
+   the winner's lead in overlap beyond chance over the best runner-up still distinct at its fit
+   (points moved by more than ``RIVAL_DISTINCT`` gates RMS), as a share of what the winner
+   explains, or, without viewpoints, of ``confirm_below`` when it explains less (it leaves room
+   for a pose the search missed). When
+   the overlap is below ``min_overlap``, the matched reference normals leave a direction free
    (:func:`translation_constraint` below ``min_constraint``: a plane, a corridor) or the margin
    is below ``min_confidence`` (two different poses explain the data almost equally: a symmetric
-   object) the result is ``status='refused'`` with the reason, instead of a confident wrong pose.
+   object, a room's repeated structure, or a search that missed the truth) the result is
+   ``status='refused'`` with the reason, instead of a confident wrong pose.
 4. **The winner's fine-tune** on the dense sets: the distance type as it is; the mass type with
    the mass estimated at the winner (:mod:`checks.mass`), again while the estimate shrinks. Then
    the self-check (:mod:`checks.verify`), which may retake a better rival next to the winner.
@@ -46,7 +47,8 @@ from scipy.spatial import cKDTree
 from ..checks.free_space import FreeSpace, contradiction, supported
 from ..checks.mass import OverlapMass, refit_mass
 from ..checks.rival import retake_better_rival
-from ..checks.verify import CHECK_POINTS, check_pose, judging_voxel
+from ..checks.overlap import OverlapJudge
+from ..checks.verify import check_pose, judging_voxel
 from ..config import GlobalConfig, RegistrationConfig
 from ..errors import PwanInputError
 from ..local.from_pose import fit_from_pose
@@ -103,15 +105,15 @@ def register_global(request: Request, viewpoints=None) -> RegistrationResult:
     h = config.distance_threshold or 2.0 * median_spacing(
         ref_f[rng.choice(len(ref_f), min(20000, len(ref_f)), replace=False)]
     )
-    judge = _judge(src_f, ref_f, rng, config.seed)
+    judge = OverlapJudge(src_f, ref_f, judging_voxel(ref_f), config.seed)
     t1 = time.perf_counter()
     scoring = Scoring(
+        judge,
         cands.vr,
         cands.vs,
         1.5 * cands.voxel,
         feature_normals(cands.vr, cands.voxel),
         cands.seen_through,
-        judge,
     )
     with warnings.catch_warnings():  # the candidates' refinements are capped on purpose
         warnings.filterwarnings('ignore', message='the fine-tune stopped', category=RuntimeWarning)
@@ -132,8 +134,6 @@ def register_global(request: Request, viewpoints=None) -> RegistrationResult:
             status, reason = check.status, check.reason
             if check.rival_transform is not None or 'free to slide' in reason:
                 reason = f'{reason}; {PRIOR_HINT}'
-        elif status == 'ok':
-            status, reason = _backed(check, out.backing, config.global_search)
     overlap = result.matched_ratio if config.divergence == 'distance' else out.overlap
     return dataclasses.replace(
         result,
@@ -148,25 +148,6 @@ def register_global(request: Request, viewpoints=None) -> RegistrationResult:
             {'origin': o, 'support': sup, 'objective': obj, 'free_space': fs}
             for o, sup, obj, fs in out.candidates
         ],
-    )
-
-
-def _backed(check, backing: int, cfg: GlobalConfig) -> tuple:
-    """(status, reason) of a winner the self-check passed: refused when neither the geometry nor
-    the features vouch for it. The geometry does when the pose puts at least ``confirm_below``
-    of the source on the reference beyond chance (the bar a local result clears without the
-    global search); the features do when a hypothesis with ``weak_support`` inliers or more
-    refined to it. Otherwise the search may have missed a pose that fits better: none of its
-    hypotheses was backed by the features (a 3DMatch room with 100 % outliers came back ok 91
-    deg off explaining 27 % of the source; the truth explains 63 %), or a repeated structure
-    fits about as well."""
-    if check.excess >= cfg.confirm_below or backing >= cfg.weak_support:
-        return 'ok', ''
-    return 'refused', (
-        f'the pose puts {check.excess:.0%} of the source on the reference beyond chance (< '
-        f'confirm_below {cfg.confirm_below:.0%}) and at most {backing} feature matches back it '
-        f'(< weak_support {cfg.weak_support}): a pose the search missed may fit better; '
-        f'{PRIOR_HINT}, as do the sensors\' viewpoints'
     )
 
 
@@ -238,22 +219,6 @@ def _seen_hypotheses(hyps, vs, vr, voxel, seen_through, cfg: GlobalConfig) -> li
     ]
 
 
-def _judge(src_f, ref_f, rng, seed: int) -> Callable:
-    """f(transform) -> the overlap beyond chance with the reference's surfaces at the judging
-    voxel (:mod:`checks.verify`), on a subset of the dense source; the voxel is computed at the
-    first call (most searches never ask the judge)."""
-    judged_source = src_f[rng.choice(len(src_f), min(CHECK_POINTS, len(src_f)), replace=False)]
-    judge_voxel = []
-
-    def judge(t):
-        if not judge_voxel:
-            judge_voxel.append(judging_voxel(ref_f))
-        moved = judged_source @ t[:3, :3].T + t[:3, 3]
-        return check_pose(moved, ref_f, voxel=judge_voxel[0], seed=seed, rivals=False).excess
-
-    return judge
-
-
 class _Final(NamedTuple):
     """The winner's dense refinement and how to refine again (``refit(init) -> result``)."""
 
@@ -272,7 +237,7 @@ def _winner_refined(request: Request, out: GlobalOutcome, dist_cfg, cands, rng, 
     meter = mass = None
     if config.divergence == 'mass':
         meter = OverlapMass(*sets, cands.voxel, rng, out.overlap, config.seed)
-        mass = meter(out.result.transform)
+        mass = meter(out.transform)
         final_cfg = config.replace(transform='rigid', mass=None, mass_ratio=mass)
     if out.status != 'ok':
         capped = min(final_cfg.finetune.max_iterations, config.start_finetune_iterations)
@@ -284,7 +249,7 @@ def _winner_refined(request: Request, out: GlobalOutcome, dist_cfg, cands, rng, 
     def refit(init, cfg=final_cfg):
         return fit_from_pose(request.with_(config=cfg, init=init), take_rival=True)
 
-    final = refit(out.result.transform)
+    final = refit(out.transform)
     if meter is not None and out.status == 'ok':
         final = refit_mass(
             final, mass, meter, lambda t, m: refit(t, final_cfg.replace(mass_ratio=m))
