@@ -239,7 +239,10 @@ class GlobalConfig:
         1_000_000,
     )
     candidates: int = param(
-        6, 'distinct RANSAC poses refined and scored by the partial objective', 1, 100
+        6,
+        'distinct RANSAC poses refined, fitted and ranked by their overlap beyond chance',
+        1,
+        100,
     )
     ransac_iterations: int = param(
         20000,

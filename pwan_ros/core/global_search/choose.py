@@ -161,8 +161,8 @@ def choose(
 
 def _score(hyp: Hypothesis, refine_fn, scoring: Scoring, tree: cKDTree, fits: list) -> _Scored:
     """A hypothesis refined, fitted and scored. fits: [(refined transform, Judged)] so far; a
-    refinement within one gate (RMS) of one of them shares its fit (FGR's seeded runs and RANSAC's
-    poses often refine to one pose)."""
+    refinement within one gate (RMS) of one of them shares its fit (hypotheses that refine to
+    one pose are fitted once)."""
     res = refine_fn(hyp.transform)
     fit = next(
         (
