@@ -199,10 +199,15 @@ def _verdict(best: _Scored, runner, confidence: float, cfg: GlobalConfig, scorin
             )
     if confidence < cfg.min_confidence:
         apart = pose_distance(runner.transform, best.transform, scoring.probe)
+        little = (
+            ' (little overlap, or a pose the search missed)'
+            if best.excess < cfg.confirm_below and scoring.free_space is None
+            else ''
+        )
         return 'refused', (
-            f'ambiguous: a pose {apart:.3g} away puts {runner.excess:.0%} of the source on the '
-            f'reference beyond chance against {best.excess:.0%} (confidence {confidence:.2f} < '
-            f'min_confidence {cfg.min_confidence:.2f}); {PRIOR_HINT}'
+            f'ambiguous: the best pose puts {best.excess:.0%} of the source on the reference '
+            f'beyond chance{little}, a pose {apart:.3g} away {runner.excess:.0%} (confidence '
+            f'{confidence:.2f} < min_confidence {cfg.min_confidence:.2f}); {PRIOR_HINT}'
         )
     return 'ok', ''
 
