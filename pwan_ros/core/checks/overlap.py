@@ -17,10 +17,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from scipy.spatial import cKDTree
 
 from ..preprocess import voxel_downsample
-from .verify import CHECK_POINTS, _judged, _surface, coarse_to_fine
+from .verify import CHECK_POINTS, _judged, coarse_to_fine
 
 __all__ = ['REACH', 'Judged', 'OverlapJudge']
 
@@ -94,8 +93,8 @@ class OverlapJudge:
         if len(points) > CHECK_POINTS:
             pick = np.random.default_rng(self._seed).choice(len(points), CHECK_POINTS, False)
             points = points[pick]
-        surfaces = _surface(self._reference, self._voxel)
-        self._points, self._tree = points, cKDTree(surfaces)
+        surfaces = j.tree.data  # the reference's surfaces at that voxel
+        self._points, self._tree = points, j.tree
         self._source_center, self._target_center = points.mean(axis=0), surfaces.mean(axis=0)
         self._cloud = small_gicp.PointCloud(np.ascontiguousarray(points - self._source_center))
         self._target = small_gicp.PointCloud(np.ascontiguousarray(surfaces - self._target_center))

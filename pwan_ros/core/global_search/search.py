@@ -105,7 +105,8 @@ def register_global(request: Request, viewpoints=None) -> RegistrationResult:
     h = config.distance_threshold or 2.0 * median_spacing(
         ref_f[rng.choice(len(ref_f), min(20000, len(ref_f)), replace=False)]
     )
-    judge = OverlapJudge(src_f, ref_f, judging_voxel(ref_f), config.seed)
+    voxel = judging_voxel(ref_f)
+    judge = OverlapJudge(src_f, ref_f, voxel, config.seed)
     t1 = time.perf_counter()
     scoring = Scoring(
         judge,
@@ -129,7 +130,7 @@ def register_global(request: Request, viewpoints=None) -> RegistrationResult:
     timings = {**cands.timings, 'choose': t2 - t1, 'finetune': time.perf_counter() - t2}
     status, reason, check, result = out.status, out.reason, None, final.result
     if config.self_check:
-        result, check = _judged(request, final, ref_f, cands.seen_through)
+        result, check = _judged(request, final, (ref_f, voxel), cands.seen_through)
         if status == 'ok' and check.status != 'ok':
             status, reason = check.status, check.reason
             if check.rival_transform is not None or 'free to slide' in reason:
@@ -257,11 +258,13 @@ def _winner_refined(request: Request, out: GlobalOutcome, dist_cfg, cands, rng, 
     return _Final(final, refit)
 
 
-def _judged(request: Request, final: _Final, ref_f, seen_through) -> tuple:
+def _judged(request: Request, final: _Final, reference, seen_through) -> tuple:
     """(the final result, its self-check); a clearly better pose next to the winner (hypotheses
     broken by outliers can all miss the truth and leave the winner a partial fit) is refined
     from there and judged in its place. With viewpoints, a rival pose that puts either cloud
-    where the other sensor saw free space is no rival."""
+    where the other sensor saw free space is no rival. reference: (the finite reference points
+    (m, 3), its judging voxel)."""
+    ref_f, voxel = reference
     seed = request.config.seed
     max_free = request.config.global_search.max_free_space
 
@@ -272,7 +275,7 @@ def _judged(request: Request, final: _Final, ref_f, seen_through) -> tuple:
             def admissible(t):
                 return seen_through(t @ res.transform) <= max_free
 
-        return check_pose(res.transformed_source, ref_f, seed=seed, admissible=admissible)
+        return check_pose(res.transformed_source, ref_f, voxel, seed, admissible=admissible)
 
     result = final.result
     check = judge(result)
