@@ -13,6 +13,10 @@ PREALIGN_FIT = 'pwan_ros.core.local.deform.fit'
 #: rotations)
 FEATURE_HYPOTHESES = 'pwan_ros.core.global_search.search.feature_hypotheses'
 ROTATION_HYPOTHESES = 'pwan_ros.core.global_search.search.rotation_hypotheses'
+#: the global search's choice among its candidates -> GlobalOutcome (its verdict)
+GLOBAL_CHOOSE = 'pwan_ros.core.global_search.search.choose'
+#: the self-check's rival search (GICP from starts around a pose)
+RIVAL_SEARCH = 'pwan_ros.core.checks.verify._rivals'
 
 
 def original(name: str):

@@ -263,6 +263,38 @@ def test_room_refused_when_only_turned_poses_are_offered(room_views, monkeypatch
     assert 'where the other sensor saw free space' in res.reason, res.reason
 
 
+def test_a_refusal_of_the_search_stands_and_is_only_measured(street, monkeypatch):
+    """A winner the search refuses (here: forced) stays refused with the search's reason; the
+    self-check measures its overlap but runs no rival search (before: 3-9 s of rival GICP on
+    every refused 3DMatch pair, and a retaken rival moved a right best guess 1 m off). The same
+    pair accepted runs it."""
+    import dataclasses
+
+    from _core_patches import GLOBAL_CHOOSE, RIVAL_SEARCH, original
+
+    choose, rivals, searched = original(GLOBAL_CHOOSE), original(RIVAL_SEARCH), []
+
+    def counted(*args, **kwargs):
+        searched.append(1)
+        return rivals(*args, **kwargs)
+
+    def refused(*args, **kwargs):
+        out = choose(*args, **kwargs)
+        return dataclasses.replace(out, status='refused', reason='ambiguous: forced')
+
+    monkeypatch.setattr(RIVAL_SEARCH, counted)
+    src, ref, gt, _ = street
+    res = register(src, ref, RegistrationConfig(), init='global')
+    assert res.status == 'ok' and searched, res.reason
+    searched.clear()
+    monkeypatch.setattr(GLOBAL_CHOOSE, refused)
+    res = register(src, ref, RegistrationConfig(), init='global')
+    assert res.status == 'refused' and res.reason == 'ambiguous: forced'
+    assert res.check.excess > 0.2 and not searched, res.check
+    err = res.transform @ invert(gt)
+    assert np.degrees(rotation_angle(err)) < 0.5 and np.linalg.norm(err[:3, 3]) < 0.15, err
+
+
 def test_viewpoints_input_errors(street):
     src, ref, _, _ = street
     with pytest.raises(PwanInputError, match="init='global' only"):

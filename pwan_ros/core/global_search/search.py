@@ -130,7 +130,8 @@ def register_global(request: Request, viewpoints=None) -> RegistrationResult:
     timings = {**cands.timings, 'choose': t2 - t1, 'finetune': time.perf_counter() - t2}
     status, reason, check, result = out.status, out.reason, None, final.result
     if config.self_check:
-        result, check = _judged(request, final, (ref_f, voxel), cands.seen_through)
+        searched = out.status == 'ok'  # a refusal stands: its best guess is only measured
+        result, check = _judged(request, final, (ref_f, voxel), cands.seen_through, searched)
         if status == 'ok' and check.status != 'ok':
             status, reason = check.status, check.reason
             if check.rival_transform is not None or 'free to slide' in reason:
@@ -258,12 +259,12 @@ def _winner_refined(request: Request, out: GlobalOutcome, dist_cfg, cands, rng, 
     return _Final(final, refit)
 
 
-def _judged(request: Request, final: _Final, reference, seen_through) -> tuple:
+def _judged(request: Request, final: _Final, reference, seen_through, rivals: bool) -> tuple:
     """(the final result, its self-check); a clearly better pose next to the winner (hypotheses
     broken by outliers can all miss the truth and leave the winner a partial fit) is refined
     from there and judged in its place. With viewpoints, a rival pose that puts either cloud
     where the other sensor saw free space is no rival. reference: (the finite reference points
-    (m, 3), its judging voxel)."""
+    (m, 3), its judging voxel); rivals: False: the overlap only (no rival search, no retake)."""
     ref_f, voxel = reference
     seed = request.config.seed
     max_free = request.config.global_search.max_free_space
@@ -275,10 +276,14 @@ def _judged(request: Request, final: _Final, reference, seen_through) -> tuple:
             def admissible(t):
                 return seen_through(t @ res.transform) <= max_free
 
-        return check_pose(res.transformed_source, ref_f, voxel, seed, admissible=admissible)
+        return check_pose(
+            res.transformed_source, ref_f, voxel, seed, rivals=rivals, admissible=admissible
+        )
 
     result = final.result
     check = judge(result)
+    if not rivals:
+        return result, check
     retaken = retake_better_rival(check, lambda rt: final.refit(rt @ result.transform), judge)
     if retaken is not None:
         result, check = retaken
