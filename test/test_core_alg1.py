@@ -41,10 +41,14 @@ def _net(count=2, hidden=(32, 32), seed=1):
 @pytest.mark.parametrize('hidden', [(32, 32), (16, 8)])
 def test_potential_gradient_equals_autograd_with_double_backward(closed_form, hidden):
     """The update's gradient (KR objective + penalty at random points, summed over 3 starts)
-    against PotentialNet + autograd with create_graph=True, start by start."""
+    against PotentialNet + autograd with create_graph=True, start by start. The weights are
+    scaled so that the penalty is active at some of its points and not at others (at the
+    initialisation |grad g| < 0.2 everywhere: the penalty, the tangent rows' pass, would be 0)."""
     torch.manual_seed(0)
     s = 3
     net = _net(s, hidden)
+    with torch.no_grad():
+        net.theta.mul_(2.5)
     xb = torch.randn(1, 40, 3).expand(s, -1, -1)
     zb = torch.randn(s, 30, 3) * 1.5
     coef = torch.tensor([40 / 30, (20 - 30) / 30])
@@ -67,7 +71,12 @@ def test_potential_gradient_equals_autograd_with_double_backward(closed_form, hi
         # closed form: h = max |g| (no gradient; the maximiser itself counts as inside the clip)
         h = torch.maximum(gx.max(), gy.max()).detach() + 1e-4 if closed_form else ref.h
         val = coef[0] * (-gx).mean() + torch.minimum(gy, h).mean() + coef[1] * h
-        loss = -val + 10.0 * gradient_penalty(ref, torch.cat((xb[i], zb[i]))[gi])
+        gp = gradient_penalty(ref, torch.cat((xb[i], zb[i]))[gi])
+        xg = torch.cat((xb[i], zb[i]))[gi].requires_grad_(True)
+        (slope,) = torch.autograd.grad(ref.raw(xg).sum(), xg)
+        steep = (slope.pow(2).sum(1) > 1.0).float().mean()
+        assert 0.0 < steep < 1.0 and gp > 0  # the penalty counts at some points, not all
+        loss = -val + 10.0 * gp
         loss.backward()
         for k, lin in enumerate([ref.l1, ref.l2, ref.l3, ref.l4, ref.l5]):
             torch.testing.assert_close(gw[k][i], lin.weight.grad.T, rtol=1e-4, atol=2e-5)
