@@ -334,3 +334,37 @@ def test_an_affine_result_that_squeezes_the_shape_is_refused(street):
     t, check = judge_affine(src, flat, ref, check_pose(flattened, ref), 0)
     err = invert(truth) @ t
     assert check.status == 'ok' and np.linalg.norm(err[:3, 3]) < 0.05
+
+
+def test_gicp_stops_at_the_same_pose_in_any_unit(street):
+    """The check's GICP (rival search, the global search's candidate fits) stops at a share of
+    its gate: the street pair in km, m and mm, started 2 deg and 0.3 m off, reaches one pose
+    (before: small_gicp's default stop, 1e-3 in the caller's unit, was half the scan in km and
+    ended after the first step)."""
+    import small_gicp
+
+    from pwan_ros.core.checks.verify import coarse_to_fine
+
+    src, ref, _ = street
+    src, ref = src[::4] - ref.mean(axis=0), ref - ref.mean(axis=0)  # about the reference's mean
+    off = np.eye(4)
+    off[:3, :3] = Rotation.from_euler('z', 2.0, degrees=True).as_matrix()
+    off[:3, 3] = (0.3, -0.2, 0.0)
+    poses = []
+    for scale in (1e-3, 1.0, 1e3):
+        target = small_gicp.PointCloud(np.ascontiguousarray(ref * scale))
+        tree = small_gicp.KdTree(target, num_threads=1)
+        source = small_gicp.PointCloud(np.ascontiguousarray(src * scale))
+        small_gicp.estimate_covariances(target, tree, num_neighbors=10, num_threads=1)
+        small_gicp.estimate_covariances(
+            source, small_gicp.KdTree(source, num_threads=1), num_neighbors=10, num_threads=1
+        )
+        start = off.copy()
+        start[:3, 3] *= scale
+        g = 0.5 * scale
+        t = coarse_to_fine(target, source, tree, start, 'GICP', [4 * g, 2 * g, g])
+        t[:3, 3] /= scale
+        poses.append(t)
+    for t in (poses[0], poses[2]):
+        assert np.degrees(rotation_angle(t[:3, :3] @ poses[1][:3, :3].T)) < 0.01
+        assert np.linalg.norm(t[:3, 3] - poses[1][:3, 3]) < 1e-3

@@ -91,6 +91,11 @@ MIN_HELD = 11
 MIN_JUDGED = 11
 #: source points used by the check (a random subset of the voxelised moved source)
 CHECK_POINTS = 4000
+#: GICP (the rival search, a candidate's fit) has converged when a step shifts the source by under
+#: this fraction of the finest gate, at every level (small_gicp's default, 1e-3, is in the
+#: caller's unit: half the scan in km); it creeps along a weakly held direction, so a coarser stop
+#: leaves it short (a corridor held by one box: 1 % of each level's gate stopped 0.8 m off)
+CONVERGED_GATES = 0.003
 #: the judging voxel leaves at most this many voxels with two or more reference points
 #: (:func:`judging_voxel`)
 JUDGE_POINTS = 10000
@@ -467,7 +472,9 @@ def _in_plane(t: np.ndarray) -> np.ndarray:
 def coarse_to_fine(target, source, tree, t: np.ndarray, kind: str, gates) -> np.ndarray:
     """small_gicp ``kind`` ('GICP' | 'ICP') of the prepared ``source`` to ``target`` (its KD
     ``tree``) from (4, 4) ``t``, once per correspondence gate of ``gates`` (coarse to fine, 30
-    iterations each, one thread); the (4, 4) ``T_target_source``."""
+    iterations each, one thread, converged when a step moves the source by under
+    ``CONVERGED_GATES`` of the finest gate: the same stop in any unit); the (4, 4)
+    ``T_target_source``."""
     import small_gicp
 
     for gate in gates:
@@ -480,6 +487,7 @@ def coarse_to_fine(target, source, tree, t: np.ndarray, kind: str, gates) -> np.
             max_correspondence_distance=gate,
             num_threads=1,
             max_iterations=30,
+            translation_epsilon=CONVERGED_GATES * min(gates),
         )
         t = np.asarray(res.T_target_source, dtype=np.float64)
     return t
