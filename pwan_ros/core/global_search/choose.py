@@ -33,15 +33,14 @@ PRIOR_HINT = 'a prior pose settles it (init; pwan_register --init POSE_FILE)'
 
 @dataclass(frozen=True)
 class GlobalOutcome:
-    """The chosen pose and how it was chosen: ``result`` the winner's refinement on subsets
-    (RegistrationResult), ``transform`` (4, 4) its fit (:meth:`OverlapJudge.fitted`);
+    """The chosen pose and how it was chosen: ``transform`` (4, 4) the winner's fit
+    (:meth:`OverlapJudge.fitted`);
     ``objective`` the fit's partial objective in [-1, 0]; ``overlap`` fraction of the source
     within h; ``confidence`` relative margin in overlap beyond chance over the best distinct
     runner-up (1 when there is none); ``status`` 'ok' | 'refused'; ``reason`` why refused;
     ``candidates`` scored [(origin, support, objective, free_space)] in input order (free_space
     None without viewpoints)."""
 
-    result: object
     transform: np.ndarray
     objective: float
     overlap: float
@@ -76,7 +75,6 @@ class _Scored(NamedTuple):
     objective: float
     overlap: float
     excess: float
-    result: object
     transform: np.ndarray
     hypothesis: Hypothesis
     seen_through: Optional[float]
@@ -134,8 +132,7 @@ def choose(
                 f'(least: {least:.0%} > max_free_space {cfg.max_free_space:.0%})'
             )
             return GlobalOutcome(
-                best.result, best.transform, best.objective, best.overlap, 0.0, 'refused',
-                reason, cands,
+                best.transform, best.objective, best.overlap, 0.0, 'refused', reason, cands,
             )  # fmt: skip
         order = order_ok
     best = scored[order[0]]
@@ -154,8 +151,7 @@ def choose(
     confidence = 1.0 if runner is None else _lead(best.excess, runner.excess, floor)
     status, reason = _verdict(best, runner, confidence, cfg, scoring)
     return GlobalOutcome(
-        best.result, best.transform, best.objective, best.overlap, confidence, status, reason,
-        cands,
+        best.transform, best.objective, best.overlap, confidence, status, reason, cands,
     )  # fmt: skip
 
 
@@ -177,7 +173,7 @@ def _score(hyp: Hypothesis, refine_fn, scoring: Scoring, tree: cKDTree, fits: li
         fits.append((res.transform, fit))
     obj, overlap = partial_objective_of(scoring.moved(fit.transform), tree, scoring.h)
     seen = None if scoring.free_space is None else scoring.free_space(fit.transform)
-    return _Scored(obj, overlap, fit.excess, res, fit.transform, hyp, seen)
+    return _Scored(obj, overlap, fit.excess, fit.transform, hyp, seen)
 
 
 def _verdict(best: _Scored, runner, confidence: float, cfg: GlobalConfig, scoring: Scoring):
