@@ -368,3 +368,62 @@ def test_gicp_stops_at_the_same_pose_in_any_unit(street):
     for t in (poses[0], poses[2]):
         assert np.degrees(rotation_angle(t[:3, :3] @ poses[1][:3, :3].T)) < 0.01
         assert np.linalg.norm(t[:3, 3] - poses[1][:3, 3]) < 1e-3
+
+
+def test_gicp_starts_that_meet_share_the_rest_of_their_path(street):
+    """Starts of one source that a level begins within MERGE_GATES finest gates of each other end
+    where the first ended, without running GICP again; a start further away runs its own path
+    (the rival search and the global search's candidate fits: most of their starts return to one
+    pose). The RMS distance between two poses comes from the points' second moments."""
+    import small_gicp
+
+    from pwan_ros.core.checks.verify import MERGE_GATES, GicpPaths, coarse_to_fine
+
+    src, ref, _ = street
+    src, ref = (
+        np.ascontiguousarray(src[::4] - ref.mean(0)),
+        np.ascontiguousarray(ref - ref.mean(0)),
+    )
+    target = small_gicp.PointCloud(ref)
+    tree = small_gicp.KdTree(target, num_threads=1)
+    source = small_gicp.PointCloud(src)
+    small_gicp.estimate_covariances(target, tree, num_neighbors=10, num_threads=1)
+    small_gicp.estimate_covariances(
+        source, small_gicp.KdTree(source, num_threads=1), num_neighbors=10, num_threads=1
+    )
+    paths = GicpPaths(src)
+    off = np.eye(4)
+    off[:3, :3] = Rotation.from_euler('z', 2.0, degrees=True).as_matrix()
+    off[:3, 3] = (0.3, -0.2, 0.0)
+    near, far = off.copy(), off.copy()
+    near[0, 3] += 0.5 * MERGE_GATES * 0.5  # half the merge distance (finest gate 0.5 m)
+    far[0, 3] += 3.0 * MERGE_GATES * 0.5
+    assert paths.apart(off, near) == pytest.approx(0.5 * MERGE_GATES * 0.5)
+    turned = np.eye(4)
+    turned[:3, :3] = Rotation.from_euler('xyz', (3.0, -2.0, 5.0), degrees=True).as_matrix()
+    turned[:3, 3] = (0.1, 0.2, -0.3)
+    brute = np.sqrt((((moved(src, turned) - moved(src, off)) ** 2).sum(1)).mean())
+    assert paths.apart(turned, off) == pytest.approx(brute, rel=1e-9)
+
+    calls = []
+    align = small_gicp.align
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs['max_correspondence_distance'])
+        return align(*args, **kwargs)
+
+    gates = [2.0, 1.0, 0.5]
+    try:
+        small_gicp.align = counted
+        first = coarse_to_fine(target, source, tree, off, 'GICP', gates, paths)
+        assert len(calls) == 3
+        again = coarse_to_fine(target, source, tree, near, 'GICP', gates, paths)
+        assert len(calls) == 3 and np.array_equal(again, first)  # the first's path, not rerun
+        alone = coarse_to_fine(target, source, tree, far, 'GICP', gates, paths)
+        assert calls[3] == 2.0  # its own first level ...
+    finally:
+        small_gicp.align = align
+    # ... to the same fit (the street is pinned down)
+    assert np.linalg.norm(alone[:3, 3] - first[:3, 3]) < 0.05
+    own = coarse_to_fine(target, source, tree, near, 'GICP', gates)  # no paths: GICP from there
+    assert np.linalg.norm(own[:3, 3] - first[:3, 3]) < 0.05

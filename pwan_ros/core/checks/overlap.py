@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..preprocess import voxel_downsample
-from .verify import CHECK_POINTS, _judged, coarse_to_fine
+from .verify import CHECK_POINTS, GicpPaths, _judged, coarse_to_fine
 
 __all__ = ['REACH', 'Judged', 'OverlapJudge']
 
@@ -73,7 +73,13 @@ class OverlapJudge:
         start[:3, 3] = start[:3, :3] @ cs + start[:3, 3] - cr  # about both means
         g = self.gate
         t = coarse_to_fine(
-            self._target, self._cloud, self._target_tree, start, 'GICP', [REACH * g, 2 * g, g]
+            self._target,
+            self._cloud,
+            self._target_tree,
+            start,
+            'GICP',
+            [REACH * g, 2 * g, g],
+            self._paths,
         ).copy()
         t[:3, 3] = t[:3, 3] - t[:3, :3] @ cs + cr
         if not np.isfinite(t).all():
@@ -96,7 +102,9 @@ class OverlapJudge:
         surfaces = j.tree.data  # the reference's surfaces at that voxel
         self._points, self._tree = points, j.tree
         self._source_center, self._target_center = points.mean(axis=0), surfaces.mean(axis=0)
-        self._cloud = small_gicp.PointCloud(np.ascontiguousarray(points - self._source_center))
+        centred = np.ascontiguousarray(points - self._source_center)
+        self._cloud = small_gicp.PointCloud(centred)
+        self._paths = GicpPaths(centred)  # candidates that meet share the rest of their fit
         self._target = small_gicp.PointCloud(np.ascontiguousarray(surfaces - self._target_center))
         self._target_tree = small_gicp.KdTree(self._target, num_threads=1)
         for cloud, tree in (

@@ -96,6 +96,10 @@ CHECK_POINTS = 4000
 #: caller's unit: half the scan in km); it creeps along a weakly held direction, so a coarser stop
 #: leaves it short (a corridor held by one box: 1 % of each level's gate stopped 0.8 m off)
 CONVERGED_GATES = 0.003
+#: GICP starts of one source that a level begins within this many finest gates of each other
+#: (RMS) end where the first ended (:class:`GicpPaths`): far below a gate, so both have the same
+#: correspondences and fixed point, and above the stop's own spread (CONVERGED_GATES)
+MERGE_GATES = 0.1
 #: the judging voxel leaves at most this many voxels with two or more reference points
 #: (:func:`judging_voxel`)
 JUDGE_POINTS = 10000
@@ -374,7 +378,9 @@ def _rivals(
     center3 = _in_space(center[None])[0]
     target = small_gicp.PointCloud(_in_space(reference_tree.data) - center3)
     target_tree = small_gicp.KdTree(target, num_threads=1)
-    source = small_gicp.PointCloud(_in_space(moved) - center3)
+    source_points = _in_space(moved) - center3
+    source = small_gicp.PointCloud(source_points)
+    paths = GicpPaths(source_points)
     if kind == 'GICP':
         small_gicp.estimate_covariances(target, target_tree, num_neighbors=10, num_threads=1)
         small_gicp.estimate_covariances(
@@ -404,7 +410,7 @@ def _rivals(
         gates = [g]
         while gates[0] * 2.0 <= reach:
             gates.insert(0, gates[0] * 2.0)
-        t = coarse_to_fine(target, source, target_tree, t, kind, gates)
+        t = coarse_to_fine(target, source, target_tree, t, kind, gates, paths)
         t = t.copy()
         t[:3, 3] += center3 - t[:3, :3] @ center3  # back to the caller's frame
         t = _in_plane(t) if dim == 2 else t
@@ -469,25 +475,69 @@ def _in_plane(t: np.ndarray) -> np.ndarray:
     return np.array([[c, -s, t[0, 3]], [s, c, t[1, 3]], [0.0, 0.0, 1.0]])
 
 
-def coarse_to_fine(target, source, tree, t: np.ndarray, kind: str, gates) -> np.ndarray:
+class GicpPaths:
+    """The coarse-to-fine GICP levels run so far on one prepared source (its points ``points``
+    (n, 3), as the GICP source cloud holds them): a start within ``MERGE_GATES`` finest gates
+    (RMS over those points) of a start the same level already ran continues as that one did.
+    Starts that return to one pose (most of a rival search's, the global search's candidates of
+    one fit) then share the rest of their path instead of each converging to it again."""
+
+    def __init__(self, points: np.ndarray):
+        hom = np.hstack((points, np.ones((len(points), 1))))
+        self._moments = hom.T @ hom / max(len(points), 1)  # (4, 4) second moments
+        self._ran: dict = {}  # gate -> [(start, end)]
+
+    def apart(self, a: np.ndarray, b: np.ndarray) -> float:
+        """RMS distance between the points moved by (4, 4) ``a`` and by ``b``."""
+        d = (a - b)[:3]
+        return float(np.sqrt(max(np.trace(d @ self._moments @ d.T), 0.0)))
+
+    def level(self, gate: float, start: np.ndarray, finest: float, run: Callable) -> np.ndarray:
+        """The end of level ``gate`` from ``start``: ``run(start)``, or the end of an earlier
+        start of this level within ``MERGE_GATES`` x ``finest``."""
+        ran = self._ran.setdefault(gate, [])
+        near = MERGE_GATES * finest
+        for begun, end in ran:
+            if self.apart(begun, start) <= near:
+                return end.copy()
+        end = run(start)
+        ran.append((start, end.copy()))
+        return end
+
+
+def coarse_to_fine(
+    target, source, tree, t: np.ndarray, kind: str, gates, paths: Optional[GicpPaths] = None
+) -> np.ndarray:
     """small_gicp ``kind`` ('GICP' | 'ICP') of the prepared ``source`` to ``target`` (its KD
     ``tree``) from (4, 4) ``t``, once per correspondence gate of ``gates`` (coarse to fine, 30
     iterations each, one thread, converged when a step moves the source by under
     ``CONVERGED_GATES`` of the finest gate: the same stop in any unit); the (4, 4)
-    ``T_target_source``."""
+    ``T_target_source``. paths: the levels already run on this source (:class:`GicpPaths`),
+    shared by starts that meet."""
     import small_gicp
 
+    finest = min(gates)
+
+    def run(gate):
+        def level(start):
+            res = small_gicp.align(
+                target,
+                source,
+                tree,
+                init_T_target_source=start,
+                registration_type=kind,
+                max_correspondence_distance=gate,
+                num_threads=1,
+                max_iterations=30,
+                translation_epsilon=CONVERGED_GATES * finest,
+            )
+            return np.asarray(res.T_target_source, dtype=np.float64)
+
+        return level
+
     for gate in gates:
-        res = small_gicp.align(
-            target,
-            source,
-            tree,
-            init_T_target_source=t,
-            registration_type=kind,
-            max_correspondence_distance=gate,
-            num_threads=1,
-            max_iterations=30,
-            translation_epsilon=CONVERGED_GATES * min(gates),
-        )
-        t = np.asarray(res.T_target_source, dtype=np.float64)
+        if paths is None:
+            t = run(gate)(t)
+        else:
+            t = paths.level(gate, np.asarray(t, dtype=np.float64), finest, run(gate))
     return t
