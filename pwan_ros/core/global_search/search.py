@@ -29,7 +29,8 @@ chosen by the overlap beyond chance they show (``register(..., init='global')``)
    ``status='refused'`` with the reason, instead of a confident wrong pose.
 4. **The winner's fine-tune** on the dense sets: the distance type as it is; the mass type with
    the mass estimated at the winner (:mod:`checks.mass`), again while the estimate shrinks. Then
-   the self-check (:mod:`checks.verify`), which may retake a better rival next to the winner.
+   the self-check (:mod:`checks.verify`), which may retake a better rival next to the winner. A
+   refused winner stands: it is measured at its fit (no fine-tune, no rival search).
 
 Frames: caller units; every pose maps source -> reference (T_reference_source).
 """
@@ -53,7 +54,8 @@ from ..config import GlobalConfig, RegistrationConfig
 from ..errors import PwanInputError
 from ..local.from_pose import fit_from_pose
 from ..preprocess import check_rank, median_spacing
-from ..problem import Request
+from ..problem import Request, fit_reference, threshold
+from ..reference_cache import ReferenceCache
 from ..result import RegistrationResult
 from .choose import PRIOR_HINT, GlobalOutcome, Scoring, choose, partial_objective_of
 from .hypotheses import ROTATION_KEEP, feature_hypotheses, feature_normals, rotation_hypotheses
@@ -102,6 +104,10 @@ def register_global(request: Request, viewpoints=None) -> RegistrationResult:
             dist_cfg.finetune, max_points=cap, max_iterations=config.start_finetune_iterations
         ),
     )
+    # every candidate is refined against the same reference subset: its threshold, search
+    # structure and normals are built once
+    small = small.replace(distance_threshold=threshold(small, fit_reference(sub_r)))
+    sub_cache = ReferenceCache()
     h = config.distance_threshold or 2.0 * median_spacing(
         ref_f[rng.choice(len(ref_f), min(20000, len(ref_f)), replace=False)]
     )
@@ -121,7 +127,9 @@ def register_global(request: Request, viewpoints=None) -> RegistrationResult:
         out = choose(
             cands.hyps,
             config.global_search,
-            lambda init: fit_from_pose(Request(sub_s, sub_r, small, init), take_rival=True),
+            lambda init: fit_from_pose(
+                Request(sub_s, sub_r, small, init, cache=sub_cache), take_rival=True
+            ),
             scoring,
         )
     t2 = time.perf_counter()
@@ -232,8 +240,8 @@ def _winner_refined(request: Request, out: GlobalOutcome, dist_cfg, cands, rng, 
     """The winner's fine-tune on the dense sets in the configured divergence (distance type:
     ``dist_cfg``); the mass type at the mass its overlap shows (capped by the candidates'
     overlap), again while that shrinks (the candidate was refined on subsets, a few degrees off
-    on a hard pair). A refused winner is a best guess only: the candidates' iteration cap.
-    sets: the finite source and reference points (n, 3), (m, 3)."""
+    on a hard pair). A refused winner is a best guess only, measured at its fit as it is (no
+    dense fine-tune). sets: the finite source and reference points (n, 3), (m, 3)."""
     config = request.config
     final_cfg = dist_cfg
     meter = mass = None
@@ -241,17 +249,12 @@ def _winner_refined(request: Request, out: GlobalOutcome, dist_cfg, cands, rng, 
         meter = OverlapMass(*sets, cands.voxel, rng, out.overlap, config.seed)
         mass = meter(out.transform)
         final_cfg = config.replace(transform='rigid', mass=None, mass_ratio=mass)
-    if out.status != 'ok':
-        capped = min(final_cfg.finetune.max_iterations, config.start_finetune_iterations)
-        final_cfg = final_cfg.replace(
-            finetune=dataclasses.replace(final_cfg.finetune, max_iterations=capped)
-        )
     final_cfg = final_cfg.replace(self_check=False)  # judged by the caller, with the viewpoints
 
-    def refit(init, cfg=final_cfg):
-        return fit_from_pose(request.with_(config=cfg, init=init), take_rival=True)
+    def refit(init, cfg=final_cfg, iterations=None):
+        return fit_from_pose(request.with_(config=cfg, init=init), True, iterations)
 
-    final = refit(out.transform)
+    final = refit(out.transform, iterations=None if out.status == 'ok' else 0)
     if meter is not None and out.status == 'ok':
         final = refit_mass(
             final, mass, meter, lambda t, m: refit(t, final_cfg.replace(mass_ratio=m))

@@ -4,6 +4,7 @@ search's refinements, and the refit of :func:`decide.mass_at_overlap`)."""
 from __future__ import annotations
 
 import time
+from typing import Optional
 
 import numpy as np
 import torch
@@ -19,10 +20,14 @@ from .assemble import assemble, prepared_reference
 __all__ = ['fit_from_pose']
 
 
-def fit_from_pose(request: Request, take_rival: bool) -> RegistrationResult:
+def fit_from_pose(
+    request: Request, take_rival: bool, iterations: Optional[int] = None
+) -> RegistrationResult:
     """The fine-tune of ``request`` from its ``init`` at the configured mass (identity when
     None: the input frames are trusted, never re-centred); ``take_rival``: a rigid 3-D result
-    takes a clearly better pose its self-check finds next to it (and is judged there)."""
+    takes a clearly better pose its self-check finds next to it (and is judged there).
+    iterations: the fine-tune's cap (None: ``finetune.max_iterations``; 0: the result at
+    ``init`` as it is, measured only)."""
     t0 = time.perf_counter()
     config = request.config
     prob = prepare(request.source, request.reference, config, request.init)
@@ -36,7 +41,9 @@ def fit_from_pose(request: Request, take_rival: bool) -> RegistrationResult:
     prep = prepared_reference(prob, request.cache)
     data = finetune_data(prob, config, rng, prep, search_device(config.finetune.nn, dev))
     start = (np.eye(d), np.zeros(d), None)
-    out = finetune_stage(prob, config, data, start, h_caller, warn=True)
+    out = finetune_stage(
+        prob, config, data, start, h_caller, warn=iterations != 0, max_iterations=iterations
+    )
     timings = {'preprocess': t1 - t0, 'finetune': time.perf_counter() - t1}
     return assemble(
         prob,
