@@ -501,7 +501,7 @@ class GicpPaths:
             if self.apart(begun, start) <= near:
                 return end.copy()
         end = run(start)
-        ran.append((start, end.copy()))
+        ran.append((start.copy(), end.copy()))
         return end
 
 
