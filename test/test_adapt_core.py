@@ -455,6 +455,8 @@ def test_safeguard_deploys_the_selected_snapshot(tmp_path):
 # ---------------------------------------------------------------------------- runner + CLI
 @pytest.mark.heavy
 def test_cli_outputs_torchscript_and_resume(tmp_path, capsys):
+    """pwan_adapt's main(argv) in this process (the executable's run to the end, its outputs'
+    permissions: test_faults_adapt's test_outputs_follow_the_umask)."""
     lp, up = write_pair(tmp_path)
     out = tmp_path / 'out'
     args = [
@@ -485,9 +487,11 @@ def test_cli_outputs_torchscript_and_resume(tmp_path, capsys):
         '--threads',
         '1',
     ]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    summary = json.loads(proc.stdout)
+    capsys.readouterr()
+    rc = adapt_main(args[1:])
+    out_text, err_text = capsys.readouterr()
+    assert rc == 0, err_text
+    summary = json.loads(out_text)
     assert summary['completed'] and summary['steps_done'] == 120 and summary['num_classes'] == 6
     assert summary['class_names'] == [f'c{i}' for i in range(6)]
     pred = np.load(summary['predictions_path'])

@@ -207,8 +207,8 @@ def node_main(ros_env, monkeypatch, capfd, argv):
 @pytest.mark.ros
 def test_node_rejects_invalid_parameters(tmp_path, ros_env, monkeypatch, capfd):
     """All problems are reported at once, before anything is written. The executable runs for
-    the first set of problems; malformed ROS arguments and an unreadable input through its
-    main(argv) in this process."""
+    the first set of problems; a negative weight, malformed ROS arguments and an unreadable input
+    through its main(argv) in this process."""
     node = subprocess.run(
         [str(NODE)]
         + _params(
@@ -239,14 +239,8 @@ def test_node_rejects_invalid_parameters(tmp_path, ros_env, monkeypatch, capfd):
     # a declared parameter refused for its type or range is not also called unknown
     assert "unknown parameter 'lambda1'" not in node.stderr
     assert "unknown parameter 'gp_weight'" not in node.stderr
-    node = subprocess.run(
-        [str(NODE)] + _params(tmp_path, steps=10, lambda1=-2.0),
-        env=ros_env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert node.returncode == 2 and "'lambda1'" in node.stderr and 'Traceback' not in node.stderr
+    rc, text = node_main(ros_env, monkeypatch, capfd, _params(tmp_path, steps=10, lambda1=-2.0))
+    assert rc == 2 and "'lambda1'" in text and 'Traceback' not in text, text
     assert not (tmp_path / 'out').exists()
     rc, text = node_main(ros_env, monkeypatch, capfd, ['--ros-args', '-p', 'output:='])
     assert rc == 2 and 'invalid ROS arguments' in text and 'Traceback' not in text, text

@@ -268,17 +268,44 @@ def test_node_publishes_the_predictions_of_deploy(run_dir, ros_env, monkeypatch)
     assert 'received 8, classified 6, skipped 2, dropped 0' in log, log
 
 
+def node_main(ros_env, monkeypatch, capfd, argv):
+    """The classifier node's ``main`` with ``argv`` in this process, in the test's DDS domain,
+    as a CompletedProcess (rclpy's C output included): for what it refuses at start-up. A node
+    that accepts ``argv`` fails the test instead of spinning."""
+    from pwan_ros.ros import classifier_node
+
+    class MustRefuse(classifier_node.ClassifierNode):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.destroy_node()
+            raise AssertionError(f'pwan_classifier_node accepted {argv}')
+
+    for key in ('ROS_DOMAIN_ID', 'ROS_AUTOMATIC_DISCOVERY_RANGE', 'FASTDDS_BUILTIN_TRANSPORTS'):
+        monkeypatch.setenv(key, ros_env[key])
+    monkeypatch.setattr(classifier_node, 'ClassifierNode', MustRefuse)
+    capfd.readouterr()
+    rc = classifier_node.main(['pwan_classifier_node', *argv])
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(argv, rc, out, err)
+
+
 @pytest.mark.ros
-def test_node_without_a_usable_model_exits_2_with_one_line(tmp_path, ros_env):
-    for params, words in [
-        (['model:=' + str(tmp_path / 'missing.ts')], ('pwan_classifier', 'does not exist')),
-        (['device:=cpu'], ("parameter 'model' is required",)),
-        (['modle:=x.ts'], ('unknown parameter(s): modle',)),
-    ]:
-        args = [a for p in params for a in ('-p', p)]
-        proc = subprocess.run(
-            NODE + ['--ros-args'] + args, env=ros_env, capture_output=True, text=True, timeout=60
-        )
+def test_node_without_a_usable_model_exits_2_with_one_line(tmp_path, ros_env, monkeypatch, capfd):
+    """The executable for the first case, its main(argv) in this process for the others."""
+    for k, (params, words) in enumerate(
+        [
+            (['model:=' + str(tmp_path / 'missing.ts')], ('pwan_classifier', 'does not exist')),
+            (['device:=cpu'], ("parameter 'model' is required",)),
+            (['modle:=x.ts'], ('unknown parameter(s): modle',)),
+        ]
+    ):
+        args = ['--ros-args'] + [a for p in params for a in ('-p', p)]
+        if k == 0:
+            proc = subprocess.run(
+                NODE + args, env=ros_env, capture_output=True, text=True, timeout=60
+            )
+        else:
+            proc = node_main(ros_env, monkeypatch, capfd, args)
         assert_one_line_failure(proc, 2, words)
         assert 'ready' not in proc.stdout + proc.stderr
 

@@ -106,9 +106,10 @@ def test_global_input_errors(street):
 
 
 def test_cli_global_reports_status_and_exit_codes(street, tmp_path, capfd):
-    """pwan_register --global: a found pose is status ok, exit 0, JSON on stdout (its main(argv)
-    in this process); a refused one exits 3 with the verdict as the last stderr line (the
-    executable)."""
+    """pwan_register --global (its main(argv) in this process): a found pose is status ok, exit 0,
+    JSON on stdout; a refused one exits 3 with the verdict as the last stderr line (the
+    executable's exit 3: test_cli_global_on_a_plane_with_viewpoints_refuses_with_json_only_on_
+    stdout)."""
     from pwan_ros.cli.register import main
 
     src, ref, gt, other = street
@@ -116,36 +117,23 @@ def test_cli_global_reports_status_and_exit_codes(street, tmp_path, capfd):
         np.save(tmp_path / name, arr)
 
     def run(s):
-        return subprocess.run(
-            [
-                sys.executable,
-                '-m',
-                'pwan_ros.cli.register',
-                str(tmp_path / s),
-                str(tmp_path / 'ref.npy'),
-                '--global',
-                '--json',
-                '--quiet',
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
+        capfd.readouterr()
+        code = main(
+            [str(tmp_path / s), str(tmp_path / 'ref.npy'), '--global', '--json', '--quiet']
         )
+        stdout, stderr = capfd.readouterr()
+        return code, stdout, stderr
 
-    capfd.readouterr()
-    code = main(
-        [str(tmp_path / 'src.npy'), str(tmp_path / 'ref.npy'), '--global', '--json', '--quiet']
-    )
-    stdout, stderr = capfd.readouterr()
+    code, stdout, stderr = run('src.npy')
     assert code == 0, stderr
     out = json.loads(stdout)
     assert out['status'] == 'ok' and out['overlap'] > 0.2
     np.testing.assert_allclose(np.array(out['transform'])[:3, 3], gt[:3, 3], atol=0.1)
-    refused = run('other.npy')
-    assert refused.returncode == 3 and json.loads(refused.stdout)['status'] == 'refused'
+    code, stdout, stderr = run('other.npy')
+    assert code == 3 and json.loads(stdout)['status'] == 'refused'
     # warnings (e.g. a fine-tune cut at its cap) may come first; the verdict is the last line
-    lines = refused.stderr.strip().splitlines()
-    assert lines[-1].startswith('pwan_register: refused:') and 'Traceback' not in refused.stderr
+    lines = stderr.strip().splitlines()
+    assert lines[-1].startswith('pwan_register: refused:') and 'Traceback' not in stderr
     assert all(ln.startswith('pwan_register: ') for ln in lines)
 
 
@@ -318,24 +306,20 @@ def test_viewpoints_input_errors(street):
             register(src, ref, RegistrationConfig(), init='global', viewpoints=bad)
 
 
-def test_cli_viewpoints_needs_global(street, tmp_path):
+def test_cli_viewpoints_needs_global(street, tmp_path, capfd):
+    from conftest import cli_main
+
     src, ref, _, _ = street
     np.save(tmp_path / 'src.npy', src)
     np.save(tmp_path / 'ref.npy', ref)
-    out = subprocess.run(
-        [
-            sys.executable,
-            '-m',
-            'pwan_ros.cli.register',
-            str(tmp_path / 'src.npy'),
-            str(tmp_path / 'ref.npy'),
-            '--viewpoints',
-            'origin',
-            '--quiet',
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    out = cli_main(
+        capfd,
+        'pwan_register',
+        tmp_path / 'src.npy',
+        tmp_path / 'ref.npy',
+        '--viewpoints',
+        'origin',
+        '--quiet',
     )
     assert (
         out.returncode == 2

@@ -80,8 +80,9 @@ def test_nonrigid_recovers_smooth_deformation():
     disp = 0.15 * np.stack((np.sin(2 * x[:, 1]), np.cos(2 * x[:, 0])), 1)
     ref = x + disp
     ref_o = np.vstack((ref, rng.uniform(ref.min(0), ref.max(0), size=(60, 2))))
+    # 300 steps: 0.23x `before` for seeds 0-2 (600 steps: 0.23-0.27x, measured)
     res = register(
-        x, ref_o, RegistrationConfig(transform='nonrigid', mass_ratio=1.0, seed=0, steps=600)
+        x, ref_o, RegistrationConfig(transform='nonrigid', mass_ratio=1.0, seed=0, steps=300)
     )
     before = np.mean(np.sum((x - ref) ** 2, 1))
     after = np.mean(np.sum((res.transformed_source - ref) ** 2, 1))
@@ -113,16 +114,16 @@ def test_nonrigid_mass_survives_capping_only_the_reference():
     """A reference of 200 true points and 200 uniform outliers in metres, capped at 250 points
     (``max_points``) while the 200-point source is not: the matched mass (all of the source) is
     half of the reference, not all of its sample, so the deformation does not follow the
-    outliers. Measured: 0.41x the error before (0.31x uncapped); matching the reference's
-    sample as a whole (the core before :func:`sample_masses`) ended at 1.6x, worse than no
-    registration."""
+    outliers. Measured: 0.21x the error before for seeds 0-2 (600 steps: 0.21-0.32x; earlier
+    cores 0.41x, 0.31x uncapped); matching the reference's sample as a whole (the core before
+    :func:`sample_masses`) ended at 1.6x, worse than no registration."""
     rng = np.random.default_rng(0)
     x = curve2d(200, 0)
     ref = x + 0.15 * np.stack((np.sin(2 * x[:, 1]), np.cos(2 * x[:, 0])), 1)
     scale, offset = 4.0, np.array([120.0, -35.0])  # metres
     out = rng.uniform(ref.min(0), ref.max(0), size=(200, 2))
     cfg = RegistrationConfig(
-        transform='nonrigid', mass_ratio=1.0, seed=0, steps=600, max_points=250
+        transform='nonrigid', mass_ratio=1.0, seed=0, steps=300, max_points=250
     )
     res = register(x * scale + offset, np.vstack((ref, out)) * scale + offset, cfg)
     moved = (res.transformed_source - offset) / scale
@@ -159,7 +160,6 @@ def test_nonrigid_multistart_compares_deformed_finalists():
         ((90, 90, 0), True, True),
         ((0, 120, 0), True, False),
         ((0, 0, 15), False, True),
-        ((150, 0, 60), False, False),
     ],
 )
 def test_nonrigid_is_refused_when_the_pose_it_deforms_is_wrong(turn, prealign, right):
@@ -167,10 +167,12 @@ def test_nonrigid_is_refused_when_the_pose_it_deforms_is_wrong(turn, prealign, r
     own overlap looks right: a non-rigid result is judged by how it bends the source against its
     affine part (checks.deformation). In metres (x5, 40 m away), one
     start: a quarter turn is within the pre-alignment's reach and 15 deg within the
-    deformation's, and the result is ok; from a turn of 120 deg (150 deg and 60 deg without the
-    pre-alignment) the one start usually lands wrong (RMS near the blob's size), and then the
-    result is refused (its neighbourhoods turned or torn); where it lands right (the optimiser's
-    luck) the result is right (:func:`_right_or_refused`)."""
+    deformation's, and the result is ok; from a turn of 120 deg the one start usually lands wrong
+    (RMS near the blob's size), and then the result is refused (its neighbourhoods turned or
+    torn); where it lands right (the optimiser's luck) the result is right
+    (:func:`_right_or_refused`). A wrong start without the pre-alignment: the 2-D test's 90 deg
+    case; a forced wrong pose, refused whatever the optimiser does:
+    test_nonrigid_deforming_a_forced_wrong_pose_is_refused."""
     x, bend = knobbed_blob(400, 0), _bend3
     scale, off = 5.0, np.array([40.0, -12.0, 3.0])
     cfg = RegistrationConfig(
@@ -318,12 +320,12 @@ def test_distance_type_nonrigid_that_matched_nothing_is_refused():
 @pytest.mark.heavy
 @pytest.mark.parametrize(
     'turn,prealign,right',
-    [(20, True, True), (150, True, False), (-120, True, False), (90, False, False)],
+    [(20, True, True), (150, True, False), (90, False, False)],
 )
 def test_two_d_nonrigid_is_refused_when_the_pose_it_deforms_is_wrong(turn, prealign, right):
     """The same in 2-D (neighbourhood turns in the plane): a bent outline in metres
     (x5, 40 m away), one start: 20 deg is within the pre-alignment's reach (ok, RMS 0.09); from
-    150 or -120 deg, or 90 deg without the pre-alignment, the deformed outline usually sits wrong
+    150 deg, or 90 deg without the pre-alignment, the deformed outline usually sits wrong
     (RMS about its size) and is then refused; right or refused either way
     (:func:`_right_or_refused`)."""
     x, bend, r = curve2d(300, 0), _bend2, _rot2(turn)
@@ -423,7 +425,7 @@ def test_per_transform_defaults():
     rigid = RegistrationConfig().resolved()
     nonrigid = RegistrationConfig(transform='nonrigid').resolved()
     assert (rigid.steps, rigid.potential_updates, rigid.tolerance) == (200, 3, 0.1)
-    assert (nonrigid.steps, nonrigid.potential_updates, nonrigid.tolerance) == (1000, 10, 0.03)
+    assert (nonrigid.steps, nonrigid.potential_updates, nonrigid.tolerance) == (1000, 5, 0.03)
     assert RegistrationConfig(transform='nonrigid', steps=50).resolved().steps == 50
     assert RegistrationConfig(starts=24).resolved().steps == 600  # multi-start schedule
     assert RegistrationConfig(starts=24, steps=100).resolved().steps == 100

@@ -39,6 +39,8 @@ def test_demo_side_by_side_with_real_node(tmp_path, ros_env):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
     assert lines[-1] == f'summary: {out / "summary.json"}'
+    assert f'trajectory: {out / "trajectory_est.tum"}' in lines, lines[-5:]
+    assert f'plot: {out / "trajectory.png"}' in lines, lines[-5:]
     table = next(i for i, ln in enumerate(lines) if ln.startswith('run ') and 'PWAN engaged' in ln)
     rows = [ln.split('  ')[0].strip() for ln in lines[table + 2 : table + 6]]
     assert rows == [
@@ -97,6 +99,8 @@ def test_demo_side_by_side_with_real_node(tmp_path, ros_env):
         'far glitch',
     ]
     assert (out / 'trajectory.png').stat().st_size > 20_000
+    assert summary['trajectory_tum'] == str(out / 'trajectory_est.tum')
+    assert (out / 'trajectory_est.tum').stat().st_size > 0
     for name in ('adaptive', 'sensor_rate', 'tracking_only'):
         log = (out / 'logs' / f'{name}.node.log').read_text()
         assert 'Traceback' not in log, log[-3000:]

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import assert_one_line_failure
+from conftest import assert_one_line_failure, cli_main
 from pwan_ros.adaptation import save_npz
 from pwan_ros.evaluation.lidar_sim import SimConfig, write_sim_bag
 from test_adapt_core import gaussian_domains
@@ -119,25 +119,34 @@ def test_bad_inputs_one_line_exit_2(tmp_path, inputs, capfd):
     assert_one_line_failure(proc, 2, ['afile', 'not a directory'])
 
 
-def test_label_beyond_the_class_names_is_refused(tmp_path, inputs):
-    """A label >= len(class_names) is a careless-user error, not an extra unnamed class."""
+def test_label_beyond_the_class_names_is_refused(tmp_path, inputs, capfd):
+    """A label >= len(class_names) is a careless-user error, not an extra unnamed class
+    (pwan_adapt's main(argv) in this process)."""
     from test_adapt_core import gaussian_domains as domains
 
     xl, yl, _, _ = domains(0)
     save_npz(tmp_path / 'named.npz', xl, yl, [f'c{i}' for i in range(5)])  # labels 0..5, 5 names
     out = tmp_path / 'out'
-    proc = adapt(
-        '--labelled', tmp_path / 'named.npz', '--unlabelled', inputs[1], '--output', out, *FAST
+    proc = adapt_main(
+        capfd,
+        '--labelled',
+        tmp_path / 'named.npz',
+        '--unlabelled',
+        inputs[1],
+        '--output',
+        out,
+        *FAST,
     )
     assert_one_line_failure(proc, 2, ['named.npz', 'label 5 out of range for 5 class_names'])
     assert not out.exists()
 
 
-def test_stray_labels_and_float64_beyond_float32_are_one_line(tmp_path, inputs):
+def test_stray_labels_and_float64_beyond_float32_are_one_line(tmp_path, inputs, capfd):
     """A stray label of 2**40 is refused at once (it hung the split before the labels were
-    checked, SIGTERM ignored); a missing class list is short, with the 1-based hint where it
-    fits; a float64 feature beyond float32's range is refused (it trained a NaN model that was
-    deployed as 'adapted')."""
+    checked, SIGTERM ignored: the executable, under a timeout); a missing class list is short,
+    with the 1-based hint where it fits; a float64 feature beyond float32's range is refused (it
+    trained a NaN model that was deployed as 'adapted'): pwan_adapt's main(argv) in this
+    process."""
     import numpy as np
 
     xl, yl, _, _ = gaussian_domains(0)
@@ -159,18 +168,10 @@ def test_stray_labels_and_float64_beyond_float32_are_one_line(tmp_path, inputs):
         ('one', ['1 class(es) [0] have no rows', 'labels 1-based?']),
         ('big', ['feature 1e+300 at row 3, column 7 is beyond the float32 range']),
     ]
-    for name, words in cases:
+    for k, (name, words) in enumerate(cases):
         out = tmp_path / f'out_{name}'
-        proc = adapt(
-            '--labelled',
-            tmp_path / f'{name}.npz',
-            '--unlabelled',
-            inputs[1],
-            '--output',
-            out,
-            *FAST,
-            timeout=60,
-        )
+        args = ['--labelled', tmp_path / f'{name}.npz', '--unlabelled', inputs[1], '--output', out]
+        proc = adapt(*args, *FAST, timeout=60) if k == 0 else adapt_main(capfd, *args, *FAST)
         assert_one_line_failure(proc, 2, [f'{name}.npz', *words])
         assert len(proc.stderr) < 400 and not out.exists()
 
@@ -205,9 +206,10 @@ def test_unlabelled_class_names_take_the_labelled_ids():
             check_pair(*pair(*args))
 
 
-def test_pickled_arrays_are_refused_in_every_member(tmp_path, inputs):
+def test_pickled_arrays_are_refused_in_every_member(tmp_path, inputs, capfd):
     """An object array (loading it would unpickle, i.e. run code) in class_names, as in labels,
-    is bad input: one line naming the file and the array, in --labelled and in --check."""
+    is bad input: one line naming the file and the array, in --labelled (the executable) and in
+    --check (pwan_adapt's main(argv) in this process)."""
     import numpy as np
 
     from test_adapt_core import gaussian_domains as domains
@@ -218,11 +220,14 @@ def test_pickled_arrays_are_refused_in_every_member(tmp_path, inputs):
     np.savez(evil, features=xl, labels=yl, class_names=names)
     out = tmp_path / 'out'
     lab, unl = inputs
-    for args in (
-        ['--labelled', evil, '--unlabelled', unl],
-        ['--labelled', lab, '--unlabelled', unl, '--check', evil],
+    for k, args in enumerate(
+        (
+            ['--labelled', evil, '--unlabelled', unl],
+            ['--labelled', lab, '--unlabelled', unl, '--check', evil],
+        )
     ):
-        proc = adapt(*args, '--output', out, *FAST)
+        run = adapt if k == 0 else lambda *a: adapt_main(capfd, *a)
+        proc = run(*args, '--output', out, *FAST)
         assert_one_line_failure(proc, 2, ['evil.npz', 'class_names unreadable'])
         assert not out.exists()
 
@@ -266,50 +271,42 @@ def points_bag(tmp_path_factory):
     return bag
 
 
+def adapt_import(*args):
+    return subprocess.run(
+        [str(BIN / 'pwan_adapt_import'), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 @pytest.mark.heavy
-def test_import_wrong_message_type_names_it(tmp_path, points_bag):
+def test_import_wrong_message_type_names_it(tmp_path, points_bag, capfd):
+    """The pwan_adapt_import executable for the first topic, its main(argv) in this process for
+    the second."""
     out = tmp_path / 'f.npz'
-    for topic, words in [
-        ('/points', ['/points', 'sensor_msgs/msg/PointCloud2', 'raw bytes']),
-        ('/ground_truth', ['/ground_truth', "no field 'data'"]),
-    ]:
-        proc = subprocess.run(
-            [
-                str(BIN / 'pwan_adapt_import'),
-                str(points_bag),
-                '--features-topic',
-                topic,
-                '--output',
-                str(out),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+    for k, (topic, words) in enumerate(
+        [
+            ('/points', ['/points', 'sensor_msgs/msg/PointCloud2', 'raw bytes']),
+            ('/ground_truth', ['/ground_truth', "no field 'data'"]),
+        ]
+    ):
+        args = [points_bag, '--features-topic', topic, '--output', out]
+        proc = adapt_import(*args) if k == 0 else cli_main(capfd, 'pwan_adapt_import', *args)
         assert_one_line_failure(proc, 2, words)
         assert not out.exists()
 
 
-@pytest.mark.heavy
-def test_import_checks_the_output_before_reading(tmp_path, points_bag, unwritable_dir):
+def test_import_checks_the_output_before_reading(tmp_path, points_bag, unwritable_dir, capfd):
+    """pwan_adapt_import's main(argv) in this process (the executable's one line and exit status:
+    test_import_wrong_message_type_names_it)."""
     (tmp_path / 'adir').mkdir()
     for out, words in [
         (unwritable_dir / 'f.npz', ['not writable']),
         (tmp_path / 'adir', ['is a directory']),
     ]:
-        proc = subprocess.run(
-            [
-                str(BIN / 'pwan_adapt_import'),
-                str(points_bag),
-                '--features-topic',
-                '/points',
-                '--output',
-                str(out),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        args = [points_bag, '--features-topic', '/points', '--output', out]
+        proc = cli_main(capfd, 'pwan_adapt_import', *args)
         assert_one_line_failure(proc, 2, [str(out), *words])  # the output, not the wrong topic
 
 

@@ -47,7 +47,9 @@ def entries(directory):
 
 
 @pytest.mark.heavy
-def test_evaluate_broken_run_records_name_the_file(tmp_path, small_bag):
+def test_evaluate_broken_run_records_name_the_file(tmp_path, small_bag, capfd):
+    """A run record that cannot be evaluated: one line naming the file, exit 2, no output. The
+    first case runs the pwan_evaluate executable, the others its main(argv) in this process."""
     good = RunRecord.load(
         run_offline(small_bag, lambda xyz, stamp: np.eye(4), max_scans=2).save(tmp_path / 'good')
     )
@@ -70,18 +72,18 @@ def test_evaluate_broken_run_records_name_the_file(tmp_path, small_bag):
         ),
         'adir': (None, 'is a directory'),
     }
-    for name, (text, words) in cases.items():
+    for k, (name, (text, words)) in enumerate(cases.items()):
         path = tmp_path / 'good' / name if name == 'orphan.json' else tmp_path / name
         if text is not None:
             path.write_text(text)
-        proc = tool(
-            'pwan_evaluate', '--run', path, '--bag', small_bag, '--output', tmp_path / 'out'
-        )
+        args = ['--run', path, '--bag', small_bag, '--output', tmp_path / 'out']
+        proc = tool('pwan_evaluate', *args) if k == 0 else cli_main(capfd, 'pwan_evaluate', *args)
         assert_one_line_failure(proc, 2, [str(path), words])
         assert not (tmp_path / 'out').exists()
     # a record evaluated against another bag's ground truth: said, then done
     shutil.copytree(small_bag, tmp_path / 'other_bag')
-    proc = tool(
+    proc = cli_main(
+        capfd,
         'pwan_evaluate',
         '--run',
         tmp_path / 'good' / 'run.json',
@@ -126,32 +128,37 @@ def test_outputs_are_checked_before_any_work(tmp_path, small_bag, unwritable_dir
     assert (tmp_path / 'afile').read_text() == 'x'
 
 
-def test_a_file_that_is_no_bag_is_one_line(tmp_path):
-    """A --bag of no known storage format (rosbags refuses it while opening) is bad input."""
+def test_a_file_that_is_no_bag_is_one_line(tmp_path, capfd):
+    """A --bag of no known storage format (rosbags refuses it while opening) is bad input (the
+    pwan_evaluate executable; pwan_replay's main(argv) in this process)."""
     notbag = tmp_path / 'some_file.txt'
     notbag.write_text('x\n')
-    for name, args in [
-        ('pwan_evaluate', ['--offline', '--bag', notbag, '--json']),
-        ('pwan_replay', ['--bag', notbag, '--output', tmp_path / 'out']),
-    ]:
-        proc = tool(name, *args)
+    for k, (name, args) in enumerate(
+        [
+            ('pwan_evaluate', ['--offline', '--bag', notbag, '--json']),
+            ('pwan_replay', ['--bag', notbag, '--output', tmp_path / 'out']),
+        ]
+    ):
+        proc = tool(name, *args) if k == 0 else cli_main(capfd, name, *args)
         assert_one_line_failure(proc, 2, ['some_file.txt', 'Unrecognized storage format'])
     assert entries(tmp_path) == ['some_file.txt']
 
 
 @pytest.mark.heavy
-def test_evaluate_unusable_estimator_factory_is_one_line(tmp_path, small_bag):
+def test_evaluate_unusable_estimator_factory_is_one_line(tmp_path, small_bag, capfd):
     """--estimator module:factory: a factory that needs arguments, or whose result is no
-    estimate(points_xyz, stamp) callable, is bad input, refused before any output."""
+    estimate(points_xyz, stamp) callable, is bad input, refused before any output (the
+    executable for the first, its main(argv) in this process for the others)."""
     out = tmp_path / 'out'
-    for spec, words in [
-        ('os:system', 'not a factory callable without arguments'),
-        ('os.path:sep', 'not a factory callable without arguments'),
-        ('os:getcwd', 'getcwd() returned str, not an estimator'),
-    ]:
-        proc = tool(
-            'pwan_evaluate', '--offline', '--bag', small_bag, '--estimator', spec, '--output', out
-        )
+    for k, (spec, words) in enumerate(
+        [
+            ('os:system', 'not a factory callable without arguments'),
+            ('os.path:sep', 'not a factory callable without arguments'),
+            ('os:getcwd', 'getcwd() returned str, not an estimator'),
+        ]
+    ):
+        args = ['--offline', '--bag', small_bag, '--estimator', spec, '--output', out]
+        proc = tool('pwan_evaluate', *args) if k == 0 else cli_main(capfd, 'pwan_evaluate', *args)
         assert_one_line_failure(proc, 2, [spec, words])
         assert not out.exists()
 

@@ -374,29 +374,59 @@ def _file_size_limit(nbytes):
     return limit
 
 
+#: pwan_register's main(argv) (its console script's) once per output format given, in one process:
+#: each run's exit code and what it wrote to the file descriptors 1 and 2, as JSON on stdout
+_EACH_FORMAT = """
+import json, os, sys, tempfile
+from pwan_ros.cli.register import main
+
+runs = {}
+for ext in sys.argv[1:]:
+    sys.stdout.flush(), sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        os.dup2(out.fileno(), 1), os.dup2(err.fileno(), 2)
+        try:
+            rc = main(['a.txt', 'b.txt', '-q', '--json', '-o', 'out' + ext, '--steps', '30'])
+        except SystemExit as exc:
+            rc = exc.code
+        finally:
+            sys.stdout.flush(), sys.stderr.flush()
+            os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+        out.seek(0), err.seek(0)
+        runs[ext] = [rc, out.read().decode(), err.read().decode()]
+print(json.dumps(runs))
+"""
+
+
 @pytest.mark.heavy
 def test_cli_full_disk_exit_2_and_no_partial_output(tmp_path):
     """An output that does not fit (20 KB left): every format exits 2 with one line, stdout empty
-    under --json, and no file (Open3D's PLY/PCD writer reported success and left it truncated)."""
+    under --json, and no file (Open3D's PLY/PCD writer reported success and left it truncated).
+    The four formats in one process on the limited disk (the console script's main(argv) each;
+    imports are most of a run)."""
     from _core_shapes import blob
 
     np.savetxt(tmp_path / 'a.txt', blob(2000, 1))
     np.savetxt(tmp_path / 'b.txt', blob(2000, 0) + [0.1, 0.0, 0.0])
-    for ext in ('.ply', '.pcd', '.npy', '.txt'):
-        p = subprocess.run(
-            [str(BIN / 'pwan_register'), 'a.txt', 'b.txt', '-q', '--json', '-o', 'out' + ext]
-            + ['--steps', '30'],
-            capture_output=True,
-            text=True,
-            cwd=tmp_path,
-            timeout=120,
-            preexec_fn=_file_size_limit(20_000),
-        )
-        assert p.returncode == 2 and p.stdout == '', (ext, p.returncode, p.stdout, p.stderr)
-        ours = [ln for ln in p.stderr.splitlines() if ln.startswith('pwan_register:')]
-        assert ours == [p.stderr.splitlines()[-1]] and 'Traceback' not in p.stderr, p.stderr
-        assert ours[0].startswith(f'pwan_register: error: out{ext}: cannot write'), p.stderr
-        assert sorted(f.name for f in tmp_path.iterdir()) == ['a.txt', 'b.txt'], ext
+    formats = ('.ply', '.pcd', '.npy', '.txt')
+    p = subprocess.run(
+        [sys.executable, '-c', _EACH_FORMAT, *formats],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+        preexec_fn=_file_size_limit(20_000),
+    )
+    assert p.returncode == 0 and 'Traceback' not in p.stderr, p.stderr[-3000:]
+    runs = json.loads(p.stdout)
+    assert sorted(runs) == sorted(formats), runs
+    for ext, (rc, stdout, stderr) in runs.items():
+        assert rc == 2 and stdout == '', (ext, rc, stdout, stderr)
+        ours = [ln for ln in stderr.splitlines() if ln.startswith('pwan_register:')]
+        assert ours == [stderr.splitlines()[-1]] and 'Traceback' not in stderr, stderr
+        assert ours[0].startswith(f'pwan_register: error: out{ext}: cannot write'), stderr
+    assert sorted(f.name for f in tmp_path.iterdir()) == ['a.txt', 'b.txt']
 
 
 def _interrupt(tmp_path, src, ref, out, wait_for):
@@ -626,10 +656,12 @@ def test_node_hears_a_best_effort_driver_and_survives_glitches(tmp_path, ros_env
 
     node = start_node(ros_env)
     try:
-        res = drive(ros_env, tmp_path, 'glitch', '--scans', '9', '--sensor-qos')
+        # 7 scans: the far glitch is scan 4, the collapsed scan 6 (scan_driver.glitch_messages)
+        res = drive(ros_env, tmp_path, 'glitch', '--scans', '7', '--sensor-qos')
     finally:
         rc, log = stop_node(node)
     assert rc == 0 and 'Traceback' not in log, log[-3000:]
+    assert {'far_glitch', 'collapsed'} <= {s['label'] for s in res['sent']}
     gt0 = np.array(res['sent'][0]['gt'])
     for s in res['sent']:
         ans = res['answers'].get(str(s['stamp']))

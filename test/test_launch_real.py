@@ -157,14 +157,10 @@ def stop_launch(launch, log):
 
 @pytest.mark.ros
 @pytest.mark.build
-def test_register_launch_answers_a_replayed_bag(tmp_path, launch_env):
-    bag = tmp_path / 'bag'
-    subprocess.run(
-        [str(BIN / 'pwan_sim'), '--output', str(bag), '--scans', '6'],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+def test_register_launch_answers_a_replayed_bag(tmp_path, launch_env, small_bag):
+    """The simulated bag of 6 scans (conftest's small_bag: made in this process; pwan_sim itself
+    writes bags in test_faults_eval) replayed into the launched node."""
+    bag = small_bag
     log = tmp_path / 'launch.log'
     launch = start_launch(
         launch_env,

@@ -117,7 +117,11 @@ def test_replay_ends_quietly_on_a_signal(tmp_path, ros_env, small_bag):
 
 
 @pytest.mark.ros
-def test_replay_without_subscriber_fails_clearly(tmp_path, ros_env, small_bag):
+def test_replay_without_subscriber_fails_clearly(tmp_path, ros_env, small_bag, capfd):
+    """No subscriber: exit 2 naming the topic (the executable); a topic the bag lacks, refused
+    before any DDS, through its main(argv) in this process."""
+    from conftest import cli_main
+
     proc = subprocess.run(
         replay_cmd(small_bag, tmp_path / 'run', '--startup-timeout', '2'),
         env=ros_env,
@@ -127,12 +131,15 @@ def test_replay_without_subscriber_fails_clearly(tmp_path, ros_env, small_bag):
     )
     assert proc.returncode == 2
     assert "no subscriber on '/points' after 2 s" in proc.stderr
-    proc = subprocess.run(
-        replay_cmd(small_bag, tmp_path / 'run', '--points-topic', '/velodyne_points'),
-        env=ros_env,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    proc = cli_main(
+        capfd,
+        'pwan_replay',
+        '--bag',
+        small_bag,
+        '--output',
+        tmp_path / 'run',
+        '--points-topic',
+        '/velodyne_points',
     )
     assert proc.returncode == 2 and "has no topic '/velodyne_points'" in proc.stderr
     # a remap onto the scan topic names the bag's scans (the docs' --remap
@@ -221,6 +228,21 @@ def test_demo_bag_is_cached(tmp_path):
         demo._sim_config(demo.DemoConfig(output=str(tmp_path), scans=8))
 
 
+def test_demo_plan_without_compare_is_the_one_node(tmp_path):
+    """--no-compare runs the given node alone; the default adds the sensor-pace, tracking-only
+    and KISS-ICP runs (test_demo_e2e runs them all)."""
+    node = ['my_node', '--ros-args']
+    alone = demo._plan(demo.DemoConfig(output=str(tmp_path), compare=False), node)
+    assert alone == [('adaptive', 'PWAN adaptive (default)', node)]
+    plan = demo._plan(demo.DemoConfig(output=str(tmp_path)), node)
+    assert [p[0] for p in plan] == ['adaptive', 'sensor_rate', 'tracking_only', 'kiss_icp']
+    assert plan[2][2] == node + ['--ros-args', '-p', 'mode:=tracking'] and plan[3][2] is None
+
+
+# covered fast by test_demo_e2e (the demo end to end with the real node: summary, trajectory,
+# plot), test_demo_reports_a_node_that_dies (--node-cmd, --no-stress), test_replay_into_node_and_
+# evaluate (the stand-in's answers evaluated) and test_demo_plan_without_compare_is_the_one_node
+@pytest.mark.slow
 @pytest.mark.ros
 def test_demo_end_to_end_with_stand_in_node(tmp_path, ros_env):
     node_cmd = f'{sys.executable} {ECHO} --ros-args -p use_sim_time:=true'

@@ -1,17 +1,23 @@
 """Drives a running ``pwan_odometry_node`` over DDS in lock-step and records what it answers.
 
 For each scan of a scenario it publishes a PointCloud2 on ``points``, then waits until the
-node answers that scan (an Odometry or a DiagnosticArray carrying the scan's stamp) before
-publishing the next, so results do not depend on the speed of the machine. Everything the
-node published is written to a JSON file.
+node has answered that scan (its DiagnosticArray carrying the scan's stamp: the node publishes
+it for every scan, after the scan's pose, TF and aligned cloud) before publishing the next, so
+results do not depend on the speed of the machine. Everything the node published is written to a
+JSON file (the driver keeps listening while it publishes, and 0.5 s after the last scan).
 
   python scan_driver.py --scenario sim --scans 12 --out result.json
   python scan_driver.py --scenario bad --out result.json
+
+The scenarios' scans are simulated here, or read from ``--messages FILE``, written beforehand
+by :func:`save_messages` (test_odometry_node's ``drive`` makes them in the test's process, where
+the simulator is already imported: the simulator's imports take seconds of every driver's start).
 """
 
 import argparse
 import json
 import pathlib
+import base64
 import sys
 import time
 
@@ -21,6 +27,7 @@ from diagnostic_msgs.msg import DiagnosticArray
 from nav_msgs.msg import Odometry
 from rclpy.node import Node
 from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
+from rclpy.serialization import deserialize_message, serialize_message
 from sensor_msgs.msg import PointCloud2, PointField
 from std_msgs.msg import Header
 from geometry_msgs.msg import TransformStamped
@@ -28,7 +35,6 @@ from rclpy.qos import DurabilityPolicy
 from tf2_msgs.msg import TFMessage
 
 from pwan_ros.io import pointcloud2 as pc2
-from pwan_ros.evaluation.lidar_sim import SimConfig, simulate
 
 SIM = dict(beams=16, azimuth_steps=720, moving_objects=2, seed=3)
 
@@ -42,6 +48,8 @@ def header(stamp_ns, frame='base_link'):
 
 def sim_messages(n):
     """(label, message, ground-truth pose) for n simulated scans."""
+    from pwan_ros.evaluation.lidar_sim import SimConfig, simulate
+
     for s in simulate(SimConfig(scans=n, **SIM)):
         yield 'scan', pc2.create_cloud(header(s.stamp_ns), s.xyz, s.extras), s.pose
 
@@ -49,6 +57,8 @@ def sim_messages(n):
 def stress_messages(n):
     """The demo's drive (32 beams) with its stress events but the burst of spurious returns: the
     scans after the blackout's fast turn need full PWAN."""
+    from pwan_ros.evaluation.lidar_sim import SimConfig, simulate
+
     for s in simulate(SimConfig(scans=n, stress=True)):
         if not s.blackout and s.event != 'burst':
             yield 'scan', pc2.create_cloud(header(s.stamp_ns), s.xyz, s.extras), s.pose
@@ -56,6 +66,8 @@ def stress_messages(n):
 
 def sweep_messages(n):
     """n scans of a fast drive (10 m/s) whose points carry their time ('t', uint32 ns, Ouster)."""
+    from pwan_ros.evaluation.lidar_sim import SimConfig, simulate
+
     for s in simulate(SimConfig(scans=n, sweep=True, speed=10.0, **SIM)):
         yield 'scan', pc2.create_cloud(header(s.stamp_ns), s.xyz, s.extras), s.pose
 
@@ -63,6 +75,8 @@ def sweep_messages(n):
 def glitch_messages(n):
     """Simulated scans; scan 4 carries 10 extra points at 1e19-3e38 m (a driver glitch) and scan 6
     keeps only an eighth of its returns (a half-delivered scan)."""
+    from pwan_ros.evaluation.lidar_sim import SimConfig, simulate
+
     rng = np.random.default_rng(0)
     for k, s in enumerate(simulate(SimConfig(scans=n, **SIM))):
         xyz, extras = s.xyz, s.extras
@@ -85,6 +99,8 @@ def glitch_messages(n):
 
 def bad_messages():
     """Valid scans interleaved with every kind of bad input the node must survive."""
+    from pwan_ros.evaluation.lidar_sim import SimConfig, simulate
+
     scans = list(simulate(SimConfig(scans=6, **SIM)))
 
     def cloud(k, frame='base_link', stamp=None):
@@ -218,6 +234,58 @@ def deform_messages():
         yield label, cloud, None
 
 
+SCENARIOS = (
+    'sim',
+    'bad',
+    'glitch',
+    'sweep',
+    'stress',
+    'two_sources',
+    'two_writers',
+    'corridor_gap',
+    'deform',
+)
+
+
+def messages(scenario, scans):
+    """(label, message, ground-truth pose or None) of each scan of ``scenario``, in order."""
+    return {
+        'sim': lambda: sim_messages(scans),
+        'bad': bad_messages,
+        'glitch': lambda: glitch_messages(scans),
+        'sweep': lambda: sweep_messages(scans),
+        'stress': lambda: stress_messages(scans),
+        'two_sources': lambda: interleaved_messages(scans, 'second', 'second_lidar'),
+        'corridor_gap': lambda: corridor_gap_messages(scans),
+        'two_writers': lambda: interleaved_messages(scans, 'writer2'),
+        'deform': deform_messages,
+    }[scenario]()
+
+
+def save_messages(path, msgs):
+    """Write (label, message, pose) triples for ``--messages``: JSON, each message CDR-serialised
+    in base64."""
+    rows = [
+        (
+            label,
+            base64.b64encode(serialize_message(msg)).decode('ascii'),
+            None if pose is None else np.asarray(pose).tolist(),
+        )
+        for label, msg, pose in msgs
+    ]
+    pathlib.Path(path).write_text(json.dumps(rows))
+
+
+def load_messages(path):
+    """The (label, PointCloud2, pose) triples :func:`save_messages` wrote (JSON: nothing in it
+    executes)."""
+    rows = json.loads(pathlib.Path(path).read_text())
+    return [
+        (label, deserialize_message(base64.b64decode(raw), PointCloud2), pose)
+        for label, raw, pose in rows
+    ]
+
+
 class Driver(Node):
     def __init__(self, sensor_qos=False, second_writer=False):
         super().__init__('scan_driver')
@@ -312,20 +380,10 @@ class Driver(Node):
 
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument('--scenario', choices=SCENARIOS, required=True)
     ap.add_argument(
-        '--scenario',
-        choices=(
-            'sim',
-            'bad',
-            'glitch',
-            'sweep',
-            'stress',
-            'two_sources',
-            'two_writers',
-            'corridor_gap',
-            'deform',
-        ),
-        required=True,
+        '--messages',
+        help="the scenario's scans from this file (save_messages) instead of simulating them",
     )
     ap.add_argument(
         '--sensor-qos',
@@ -341,7 +399,10 @@ def main():
     ap.add_argument('--out', required=True)
     ap.add_argument('--timeout', type=float, default=60.0, help='seconds to wait per scan')
     ap.add_argument(
-        '--settle', type=float, default=0.3, help="seconds for a scan's other outputs to arrive"
+        '--settle',
+        type=float,
+        default=0.05,
+        help="seconds to listen after a scan's diagnostics before the next scan",
     )
     ap.add_argument(
         '--static-tf',
@@ -380,17 +441,9 @@ def main():
             print('pwan_odometry_node did not subscribe to points', file=sys.stderr)
             sys.exit(3)
         time.sleep(0.5)
-        msgs = {
-            'sim': lambda: sim_messages(args.scans),
-            'bad': bad_messages,
-            'glitch': lambda: glitch_messages(args.scans),
-            'sweep': lambda: sweep_messages(args.scans),
-            'stress': lambda: stress_messages(args.scans),
-            'two_sources': lambda: interleaved_messages(args.scans, 'second', 'second_lidar'),
-            'corridor_gap': lambda: corridor_gap_messages(args.scans),
-            'two_writers': lambda: interleaved_messages(args.scans, 'writer2'),
-            'deform': deform_messages,
-        }[args.scenario]()
+        msgs = (
+            load_messages(args.messages) if args.messages else messages(args.scenario, args.scans)
+        )
         if args.burst:  # every scan 10 ms apart, then wait for the last one's answer
             msgs = list(msgs)
             for label, msg, pose in msgs:
@@ -413,9 +466,9 @@ def main():
             node.published.add(key)
             (node.pub2 if label == 'writer2' else node.pub).publish(msg)
             end = time.monotonic() + args.timeout
-            while key not in node.answers and time.monotonic() < end:
+            while 'diag' not in node.answers.get(key, {}) and time.monotonic() < end:
                 rclpy.spin_once(node, timeout_sec=0.05)
-            t_end = time.monotonic() + args.settle  # let the other outputs of this scan arrive
+            t_end = time.monotonic() + args.settle  # the scan's other outputs, sent before
             while time.monotonic() < t_end:
                 rclpy.spin_once(node, timeout_sec=0.05)
             sent.append(
