@@ -125,7 +125,13 @@ def run_humans(args):
 
     if args.methods == ['pwan', 'pycpd', 'probreg-cpd', 'oracle-similarity']:
         args.methods = ['pwan', 'pycpd-b0.3', 'pycpd-b2', 'bcpd']
-    rows, summary = humans.run(args, key_values(args.set))
+    also = key_values(args.also)
+    if also:  # m-PWAN with these overrides, next to the defaults on the same draws
+        args.methods.insert(
+            args.methods.index('pwan') + 1 if 'pwan' in args.methods else 0,
+            'pwan[' + ','.join(args.also) + ']',
+        )
+    rows, summary = humans.run(args, key_values(args.set), also)
     print_table(
         summary,
         humans.COLUMNS,

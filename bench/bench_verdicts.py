@@ -23,7 +23,7 @@ from scipy.spatial.transform import Rotation
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_nonrigid as bn  # noqa: E402
 import humans  # noqa: E402
-from common import Timer, print_table, write_results  # noqa: E402
+from common import Timer, key_values, print_table, write_results  # noqa: E402
 
 from pwan_ros.core import RegistrationConfig, register  # noqa: E402
 
@@ -99,19 +99,25 @@ def main(argv=None):
     p.add_argument('--data', default='../shared/data')
     p.add_argument('--results', default='results/verdicts')
     p.add_argument('--only', nargs='+', help='cases whose name starts with one of these')
+    p.add_argument(
+        '--set', nargs='*', default=[], help='configuration overrides KEY=VALUE (YAML values)'
+    )
     args = p.parse_args(argv)
     import torch
     from threadpoolctl import threadpool_limits
 
     torch.set_num_threads(1)
     threadpool_limits(1)
+    overrides = key_values(args.set)
     rows = []
     for name, src, ref, cfg, mse, identity in (*body_cases(args.data), *bcpd_cases(args.data)):
         if args.only and not name.startswith(tuple(args.only)):
             continue
         with Timer() as tm:
             res = register(
-                src, ref, RegistrationConfig.from_dict({'transform': 'nonrigid', **cfg})
+                src,
+                ref,
+                RegistrationConfig.from_dict({'transform': 'nonrigid', **cfg, **overrides}),
             )
         moved = np.full(src.shape, np.nan)
         moved[res.source_valid] = res.transformed_source

@@ -104,8 +104,9 @@ def run_pwan(case, overrides):
     return moved, res.status, float(res.time_s)
 
 
-def run(args, overrides):
-    """Every pair x variant x draw, each method; rows and the median summary."""
+def run(args, overrides, also=None):
+    """Every pair x variant x draw, each method ('pwan[...]': m-PWAN with ``also`` over
+    ``overrides``); rows and the median summary."""
     from common import Timer
 
     rows, summary = [], []
@@ -118,8 +119,9 @@ def run(args, overrides):
                 for m in args.methods:
                     status = ''
                     with Timer() as tm:
-                        if m == 'pwan':
-                            moved, status, t = run_pwan(case, overrides)
+                        if m.startswith('pwan'):
+                            extra = also if m.startswith('pwan[') else {}
+                            moved, status, t = run_pwan(case, {**overrides, **extra})
                         else:
                             moved = run_anchor(m, case)
                     err = case.mse(moved)
@@ -132,7 +134,7 @@ def run(args, overrides):
                         'mse': err,
                         'right': err <= 0.5 * case.identity_mse,
                         'status': status,
-                        'time_s': t if m == 'pwan' else tm.s,
+                        'time_s': t if m.startswith('pwan') else tm.s,
                     }
                     rows.append(row)
                     per[m].append(row)
@@ -147,7 +149,7 @@ def run(args, overrides):
 
 def _summarise(pair, variant, per):
     med = {m: float(np.median([r['mse'] for r in rs])) for m, rs in per.items()}
-    anchors_ = [v for m, v in med.items() if m != 'pwan']
+    anchors_ = [v for m, v in med.items() if not m.startswith('pwan')]
     best = min(anchors_) if anchors_ else float('nan')
     out = []
     for m, rs in per.items():
@@ -161,14 +163,18 @@ def _summarise(pair, variant, per):
                 'x_best_anchor': med[m] / best if best > 0 else float('nan'),
                 'time_s': float(np.median([r['time_s'] for r in rs])),
                 'right': sum(r['right'] for r in rs),
-                'refused': sum(r['status'] == 'refused' for r in rs) if m == 'pwan' else '-',
+                'refused': (
+                    sum(r['status'] == 'refused' for r in rs) if m.startswith('pwan') else '-'
+                ),
                 'refused_right': (
                     sum(r['status'] == 'refused' and r['right'] for r in rs)
-                    if m == 'pwan'
+                    if m.startswith('pwan')
                     else '-'
                 ),
                 'ok_wrong': (
-                    sum(r['status'] == 'ok' and not r['right'] for r in rs) if m == 'pwan' else '-'
+                    sum(r['status'] == 'ok' and not r['right'] for r in rs)
+                    if m.startswith('pwan')
+                    else '-'
                 ),
             }
         )
