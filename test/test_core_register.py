@@ -436,8 +436,9 @@ def test_per_transform_defaults():
 def test_nonrigid_schedule_is_shorter_when_the_mass_covers_the_whole_source():
     """Non-rigid m-PWAN with ``steps`` left None: 300 transform steps when the mass matches every
     source point (outliers in the reference only) and the soft stage also runs CPD from the
-    start, else 1000; given ``steps`` are kept. A tolerance of 1e-12 runs every step (blob in
-    metres, 40 m away, 50 % outliers)."""
+    start, else 1000; given ``steps`` are kept; ``potential_updates`` left None: 10 on the short
+    schedule, else 5. A tolerance of 1e-12 runs every step (blob in metres, 40 m away,
+    50 % outliers)."""
     rng = np.random.default_rng(3)
     src = blob(80, 0) * 2.0 + np.array([40.0, -12.0, 3.0])
     ref = src + 0.05 * np.sin(src[:, [1, 2, 0]])
@@ -462,6 +463,12 @@ def test_nonrigid_schedule_is_shorter_when_the_mass_covers_the_whole_source():
         res = register(src, ref, RegistrationConfig(**quick, **extra))
         steps[name] = res.iterations
     assert steps == {'whole': 300, 'part': 1000, 'given': 450, 'no cpd from the start': 1000}
+    # potential_updates left None: 10 a step on the short schedule, else the default 5
+    updates = {}
+    for name, extra in (('whole', {}), ('given', {'steps': 40})):
+        cfg = {**quick, 'potential_updates': None, 'mass': 80.0, 'finetune': soft, **extra}
+        updates[name] = register(src, ref, RegistrationConfig(**cfg)).potential_updates
+    assert updates == {'whole': 300 * 10, 'given': 40 * 5}
 
 
 def test_affine_recovers_scaling():

@@ -27,10 +27,11 @@ NN_MODES = ('auto', 'kdtree', 'torch')
 #: defaults of the fields left None, per transform: (steps, potential_updates, tolerance). The
 #: non-rigid transform has r x d more parameters, moves more slowly per step and needs a more
 #: accurate potential (measured on the bcpd pairs with 120 % outliers: 200 steps / u=3 left the
-#: MSE at 1.2-2.8x the similarity oracle, 1000 / u=10 / tolerance 0.03 at 0.2-1.1x). u=5 (WGAN-GP's
-#: critic count) is enough once the soft stage ends the fine-tune: against u=10 the same MSE in 21
-#: of 24 cells (SHREC'19 bodies complete / cropped / outliers, bcpd (a) 0.2 / 1.2, (b) 0.7 / 1),
-#: lower in 2, 8 % higher in 1, the same 78 verdicts (bench_verdicts.py), in 0.55-0.75x the time.
+#: MSE at 1.2-2.8x the similarity oracle, 1000 / u=10 / tolerance 0.03 at 0.2-1.1x). On the full
+#: 1000-step schedule u=5 (5000 critic updates, WGAN-GP's critic count) is enough: against u=10 the
+#: same MSE on 12 of 12 SHREC'19 body cells (the soft stage's CPD from the pre-aligned pose wins
+#: there) in 0.7x the time (median 20.4 -> 14.5 s, one thread), the same 78 verdicts
+#: (bench_verdicts.py); the short schedule keeps u=10 (:data:`NONRIGID_MATCHED_UPDATES`).
 TRANSFORM_DEFAULTS = {
     'rigid': (200, 3, 0.1),
     'affine': (200, 3, 0.1),
@@ -49,6 +50,10 @@ TRANSFORM_DEFAULTS = {
 #: (``finetune.soft_from_start``), the second route to the deformation: the adversarial field
 #: polished alone is worse after 300 steps (monkey, 20 % outliers: 0.0048 against 6e-6).
 NONRIGID_MATCHED_STEPS = 300
+#: potential updates u of that short schedule (``potential_updates`` left None): its 300 steps
+#: keep u=10, 3000 critic updates, the long schedule's 5000 at u=5 (bcpd bunny, 1500 points,
+#: 120 % outliers, 3 draws: u=5 on 300 steps left the median MSE 5.7x higher)
+NONRIGID_MATCHED_UPDATES = 10
 
 #: default potential widths per transform (``potential.hidden`` None), chosen by benchmark: (16,
 #: 16) solves the bunny tournament as (32, 32) did (6 of 8 pairs clean and with 100 % outliers,
@@ -371,7 +376,8 @@ class RegistrationConfig:
     )
     potential_updates: Optional[int] = param(
         None,
-        'potential-network updates u per transform update; None = 3 rigid / affine, 5 nonrigid',
+        'potential-network updates u per transform update; None = 3 rigid / affine, 5 nonrigid '
+        '(10 on its 300-step schedule)',
         1,
     )
     warmup_updates: Optional[int] = param(

@@ -13,7 +13,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..config import NONRIGID_MATCHED_STEPS, RegistrationConfig
+from ..config import NONRIGID_MATCHED_STEPS, NONRIGID_MATCHED_UPDATES, RegistrationConfig
 from ..device import resolve_device, thread_scope
 from ..errors import PwanInputError
 from ..nearest import search_device
@@ -65,7 +65,7 @@ def _start(request: Request, warn: bool) -> tuple:
     """The :class:`FitRun` of ``request`` and its start rotations ([None]: one start)."""
     t0 = time.perf_counter()
     config = request.config
-    default_steps = config.steps is None
+    default_steps, default_updates = config.steps is None, config.potential_updates is None
     config = config.resolved()
     prob = prepare(request.source, request.reference, config, request.init)
     device = resolve_device(config.device)
@@ -76,6 +76,8 @@ def _start(request: Request, warn: bool) -> tuple:
     masses = sample_masses(prob.ratio_min, *counts, r, sampled.xs.shape[0], config.transform)
     if default_steps and short_nonrigid_schedule(config, masses.matched, r):
         config = dataclasses.replace(config, steps=NONRIGID_MATCHED_STEPS)
+        if default_updates:
+            config = dataclasses.replace(config, potential_updates=NONRIGID_MATCHED_UPDATES)
     # resolution floor of the learned h (normalised): below the reference sampling the potential
     # is flat
     h_floor = (
