@@ -71,7 +71,14 @@ def test_demo_side_by_side_with_real_node(tmp_path, ros_env):
     notes = {round(n[0], 3): n for n in run.scan_notes}
     noted = {round(t, 3) for t in run.pwan_stamps + run.rejected_stamps}
     assert sorted(notes) == sorted(noted), run.scan_notes
-    odd = [n for n in run.scan_notes if not (n[1] in ('pwan', 'rejected', 'reanchor') and n[3])]
+    # a silence note ('no scan on /points for 5 s') is about the replay's pace, not a scan: this
+    # replay waits for each answer, so a PWAN scan over 5 s on loaded cores (CI) pauses it
+    odd = [
+        n
+        for n in run.scan_notes
+        if not (n[1] in ('pwan', 'rejected', 'reanchor') and n[3])
+        and not (n[1] == '' and n[3].startswith('no scan on '))
+    ]
     assert not odd, odd  # the offending notes themselves (the dict by stamp can hide them)
     assert summary['ate_rmse_m'] < 0.05 and summary['scans_lost_track'] == 0, (summary, notes)
     # at the sensor's pace (the replay does not wait): a recovery runs off the scan worker, the

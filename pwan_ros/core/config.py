@@ -30,8 +30,9 @@ NN_MODES = ('auto', 'kdtree', 'torch')
 #: MSE at 1.2-2.8x the similarity oracle, 1000 / u=10 / tolerance 0.03 at 0.2-1.1x). On the full
 #: 1000-step schedule u=5 (5000 critic updates, WGAN-GP's critic count) is enough: against u=10 the
 #: same MSE on 12 of 12 SHREC'19 body cells (the soft stage's CPD from the pre-aligned pose wins
-#: there) in 0.7x the time (median 20.4 -> 14.5 s, one thread), the same 78 verdicts
-#: (bench_verdicts.py); the short schedule keeps u=10 (:data:`NONRIGID_MATCHED_UPDATES`).
+#: there) in 0.7x the time (median 20.4 -> 14.5 s, one thread); bench_verdicts.py's 78 verdicts
+#: 49 / 6 / 2 / 21 (right-ok / wrong-ok / right-refused / wrong-refused; were 48 / 7 / 3 / 20).
+#: The short schedule keeps u=10 (:data:`NONRIGID_MATCHED_UPDATES`).
 TRANSFORM_DEFAULTS = {
     'rigid': (200, 3, 0.1),
     'affine': (200, 3, 0.1),
