@@ -15,7 +15,8 @@ benchmark's protocol). Inputs:
 *correct* when its rotation is within ``--rot-tol`` degrees of the reference transform and its
 translation within ``--trans-tol`` of the reference's bounding-box diagonal (the indoor pairs:
 the benchmark's registration recall test, 15 deg and 0.3 m, its ground truth being good to 1-3
-deg); *wrong without warning* when it is not and ``status`` is 'ok'.
+deg); *wrong without warning* when it is not and ``status`` is 'ok'. A second table compares
+accuracy like for like: each PWAN mode and each anchor over the cases both solved.
 
 A second block judges the self-check alone: each pair's source at poses a local method leaves
 (GICP from the reference transform moved 0.5 / 1 / 3 % of the diagonal, or turned 5 / 20 deg,
@@ -308,6 +309,42 @@ def summarise(rows) -> list:
     return out
 
 
+def paired_accuracy(rows) -> list:
+    """Accuracy like for like: per (inputs, set, outliers), each PWAN mode against each anchor
+    on the cases both solved (same pair, outlier draw and inputs): how many, and the median
+    rotation (deg) / translation error of each over exactly those cases."""
+    cell = {}
+    for r in rows:
+        if 'seed' in r:  # registration rows (the self-check block has no draw)
+            cell.setdefault((r['inputs'], r['set'], r['outliers']), {}).setdefault(
+                (r['pair'], r['seed']), {}
+            )[r['method']] = r
+    out = []
+    for (inputs, kind, ratio), cases in sorted(cell.items()):
+        methods = sorted({m for c in cases.values() for m in c})
+        for mine in (m for m in methods if m.startswith('pwan_ros')):
+            for theirs in (m for m in methods if not m.startswith('pwan_ros')):
+                both = [
+                    c for c in cases.values()
+                    if mine in c and theirs in c and _solved(c[mine]) and _solved(c[theirs])
+                ]  # fmt: skip
+                out.append(
+                    {
+                        'inputs': inputs,
+                        'set': kind,
+                        'outliers': ratio,
+                        'pwan': mine,
+                        'anchor': theirs,
+                        'both_solved': len(both),
+                        'pwan_deg': _median([c[mine]['rot_deg'] for c in both]),
+                        'anchor_deg': _median([c[theirs]['rot_deg'] for c in both]),
+                        'pwan_trans': _median([c[mine]['trans'] for c in both]),
+                        'anchor_trans': _median([c[theirs]['trans'] for c in both]),
+                    }
+                )
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -382,7 +419,15 @@ def main(argv=None) -> int:
         f'Self-check across real data (correct: <= {args.rot_tol:g} deg and '
         f'<= {args.trans_tol:.1%} of the diagonal; indoor: 15 deg and 0.3 m)',
     )
+    paired = paired_accuracy(rows)
+    if paired:
+        print_table(
+            paired,
+            list(paired[0]),
+            'Accuracy like for like: medians over the cases both solved (deg, translation)',
+        )
     write_results(args.results, 'bench_verify', rows, summary)
+    write_results(args.results, 'bench_verify_paired', [], paired)
     return 0
 
 

@@ -175,6 +175,47 @@ def test_host_nearest_equals_the_kd_tree(bound):
     np.testing.assert_array_equal(flat.query(q[:, :2])[0], cKDTree(ref[:, :2]).query(q[:, :2])[0])
 
 
+def test_host_nearest_answers_bounded_queries_off_the_reference_in_the_bounded_search():
+    """A query bounded within a few reference spacings after one whose rows lay mostly farther is
+    answered by scipy's bounded search (small_gicp's has no bound: slow for far rows), one after a
+    query mostly near by small_gicp, an unbounded one always by small_gicp; every answer is the
+    k-d tree's (metres, 1 km from the origin, a source 30 m off with a tenth of it on the
+    reference)."""
+    from pwan_ros.core.nearest import BOUNDED_SPACINGS, HostNearest
+
+    ref, _ = _metric_sets()
+    hn = HostNearest(ref)
+    tree = cKDTree(ref)
+    assert 0.5 < hn.spacing < 5.0  # ~3 m: 3050 points in an 80 m cube
+    calls = []
+
+    class Counted:  # small_gicp's tree, its calls counted
+        def __init__(self, fast):
+            self.fast = fast
+
+        def batch_nearest_neighbor_search(self, x, num_threads=1):
+            calls.append(len(x))
+            return self.fast.batch_nearest_neighbor_search(x, num_threads=num_threads)
+
+    hn._fast = Counted(hn._fast)
+    rng = np.random.default_rng(2)
+    near = ref[rng.choice(3000, 200)] + rng.normal(0, 0.05, (200, 3))
+    off = np.vstack((near, ref[rng.choice(3000, 1800)] + np.array([30.0, 30.0, 30.0])))
+    bound = 2.0 * hn.spacing
+    assert bound <= BOUNDED_SPACINGS * hn.spacing
+    queries = (off, off, off, near, near, off, off, off)
+    bounds = (bound,) * 5 + (np.inf, bound, bound)
+    answered_by_small_gicp = (True, False, False, False, True, True, True, False)
+    for q, b, small_gicp in zip(queries, bounds, answered_by_small_gicp):
+        before = len(calls)
+        d, i = hn.query(q, distance_upper_bound=b)
+        assert (len(calls) > before) == small_gicp
+        d0, i0 = tree.query(q, distance_upper_bound=b)
+        np.testing.assert_array_equal(np.isfinite(d), np.isfinite(d0))
+        np.testing.assert_allclose(d[np.isfinite(d)], d0[np.isfinite(d0)], rtol=1e-12)
+        np.testing.assert_array_equal(i[~np.isfinite(d)], tree.n)
+
+
 def test_fine_tune_searches_use_the_registration_threads(monkeypatch, thread_starts):
     """The fine-tune's host searches get the registration's thread budget (``threads``; 0: the
     automatic count), small_gicp's threaded answers equal its single-thread ones, scipy's small
