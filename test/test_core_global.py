@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import warnings
+
 import numpy as np
 import pytest
 from scipy.spatial.transform import Rotation
@@ -69,6 +71,22 @@ def test_global_finds_an_unknown_pose_in_metres(street, yaw_deg, with_viewpoints
     assert 0.2 < res.overlap <= 1.0 and 0.2 <= res.confidence <= 1.0
     assert {c['origin'] for c in res.candidates} >= {'ransac', 'fgr', 'prior'}
     assert all(-1.0 <= c['objective'] <= 0.0 for c in res.candidates)
+
+
+def test_global_warns_only_when_the_pose_it_returns_was_capped(street):
+    """The candidates' refinements stop at ``start_finetune_iterations`` on purpose: the winner,
+    whose dense fine-tune converges, comes back with no warning; with finetune.max_iterations=1
+    its own fine-tune is capped: one warning, and ``finetune_capped`` says so."""
+    src, ref, gt, _ = street
+    with warnings.catch_warnings():
+        warnings.filterwarnings('error', message='the fine-tune stopped')
+        res = register(src, ref, RegistrationConfig(), init='global')
+    assert res.status == 'ok' and not res.finetune_capped, res.reason
+    capped = RegistrationConfig.from_dict({'finetune': {'max_iterations': 1}})
+    with pytest.warns(RuntimeWarning, match='max_iterations=1 before converging') as seen:
+        res = register(src, ref, capped, init='global')
+    assert res.finetune_capped
+    assert sum('the fine-tune stopped' in str(w.message) for w in seen) == 1
 
 
 def test_global_accepts_the_right_pose_under_as_many_uniform_outliers(street):

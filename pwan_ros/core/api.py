@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from typing import Callable, Optional
 
 import numpy as np
@@ -29,6 +30,7 @@ import numpy as np
 from .config import RegistrationConfig
 from .decide import confirm, judge, mass_at_overlap
 from .errors import PwanInputError
+from .finetune.stage import capped_warning
 from .global_search.search import register_global
 from .local.deform import deform
 from .local.fit import fit
@@ -60,7 +62,8 @@ def refine(
     request = Request(
         source, reference, config or RegistrationConfig(), init, cache=reference_cache
     )
-    return mass_at_overlap(request, fit_from_pose(request, take_rival=True))
+    res = mass_at_overlap(request, fit_from_pose(request, take_rival=True))
+    return _warned(request.config, res)
 
 
 def register(
@@ -106,7 +109,8 @@ def register(
     t0 = time.perf_counter()
     config = (config or RegistrationConfig()).pinned()
     if isinstance(init, str):
-        return _global(source, reference, config, init, reference_cache, viewpoints)
+        res = _global(source, reference, config, init, reference_cache, viewpoints)
+        return _warned(config, res)
     if viewpoints is not None:
         raise PwanInputError("viewpoints are used by init='global' only")
     request = Request(
@@ -116,7 +120,15 @@ def register(
     res = mass_at_overlap(request, res)
     res = confirm(request, res)
     res = judge(request, res)
-    return dataclasses.replace(res, time_s=time.perf_counter() - t0)
+    return _warned(config, dataclasses.replace(res, time_s=time.perf_counter() - t0))
+
+
+def _warned(config: RegistrationConfig, res: RegistrationResult) -> RegistrationResult:
+    """``res``, with one warning when the fine-tune that gave its pose stopped at its cap (a
+    capped fine-tune of a pose a later stage replaced says nothing)."""
+    if res.finetune_capped:
+        warnings.warn(capped_warning(config), RuntimeWarning, stacklevel=3)
+    return res
 
 
 def _fitted(request: Request) -> RegistrationResult:

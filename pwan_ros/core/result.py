@@ -36,7 +36,9 @@ class RegistrationResult:
     check: the self-check's measurements (:class:`checks.verify.PoseCheck`, None when off).
     init='global' only: overlap: fraction of the source within h of the reference; confidence:
     margin over the best distinct runner-up in [0, 1]; candidates: [{origin, support, objective}]
-    scored."""
+    scored. finetune_capped: the fine-tune that produced this pose stopped at
+    ``finetune.max_iterations`` before converging (:func:`api.register` / :func:`api.refine`
+    warn then; a capped fine-tune of a pose they do not return does not warn)."""
 
     transform: np.ndarray
     transformed_source: np.ndarray
@@ -66,6 +68,7 @@ class RegistrationResult:
     confidence: Optional[float] = None
     candidates: list = field(default_factory=list, repr=False)
     check: Optional[object] = field(default=None, repr=False)
+    finetune_capped: bool = False
 
 
 @dataclass(frozen=True)
@@ -89,10 +92,12 @@ class Candidate:
 @dataclass(frozen=True)
 class Effort:
     """What a registration spent: ``t0`` (time.perf_counter seconds at its start), ``timings``
-    (seconds per stage), Alg. 1 steps, potential updates and fine-tune iterations."""
+    (seconds per stage), Alg. 1 steps, potential updates and fine-tune iterations, and whether
+    the last fine-tune stopped at its iteration cap."""
 
     t0: float
     timings: Dict[str, float]
     iterations: int = 0
     updates: int = 0
     finetune_iterations: int = 0
+    finetune_capped: bool = False

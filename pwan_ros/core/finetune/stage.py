@@ -7,7 +7,6 @@ from a pose (:func:`finetune_stage`, normalised frame). The iterations themselve
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from typing import Callable, NamedTuple, Optional
 
 import numpy as np
@@ -23,18 +22,29 @@ from ..reference_cache import PreparedReference
 from .objective import FineTuneData, Selection, Transform, run_finetune
 from .soft import outlier_fraction, soft_stage
 
-__all__ = ['StageOutcome', 'finetune_data', 'finetune_stage']
+__all__ = ['StageOutcome', 'capped_warning', 'finetune_data', 'finetune_stage']
 
 
 class StageOutcome(NamedTuple):
     """A fine-tune run: ``a`` (d, d), ``t`` (d,), ``v_fn`` the non-rigid offsets of source points
-    (callable, None otherwise), normalised frame; ``iterations``; ``converged``."""
+    (callable, None otherwise), normalised frame; ``iterations``; ``converged``; ``capped``: it
+    stopped at its iteration cap before converging (:func:`capped_warning`)."""
 
     a: np.ndarray
     t: np.ndarray
     v_fn: Optional[Callable]
     iterations: int
     converged: bool
+    capped: bool = False
+
+
+def capped_warning(config: RegistrationConfig) -> str:
+    """What a result whose fine-tune stopped at its cap warns."""
+    return (
+        f'the fine-tune stopped at finetune.max_iterations={config.finetune.max_iterations} '
+        'before converging: the result may be short of the optimum (raise '
+        'finetune.max_iterations)'
+    )
 
 
 def finetune_data(
@@ -71,13 +81,12 @@ def finetune_stage(
     start: tuple,
     h_caller: Optional[float],
     final: bool = False,
-    warn: bool = False,
     max_iterations: Optional[int] = None,
 ) -> StageOutcome:
     """Run eq. fine_tune over ``data`` from ``start`` = (a, t, v_fn) (v_fn: the non-rigid offsets
     of source points, or None), at most ``max_iterations`` (default ``finetune.max_iterations``).
-    h_caller: the distance threshold (caller units; None for the mass type). warn: a run stopped
-    by its iteration cap warns.
+    h_caller: the distance threshold (caller units; None for the mass type). A run stopped by its
+    iteration cap says so (``capped``); the caller warns if it returns its pose.
 
     ``final`` (the last fine-tune of a registration): a rigid mass-type one continues with the
     distance-type fine-tune at h = 2 x the median spacing of the dense reference
@@ -115,20 +124,13 @@ def finetune_stage(
         and config.finetune.overlap_refine
     ):
         out, capped = _overlap_refine(config, data, out, stop, capped)
-    if warn and capped:
-        warnings.warn(
-            f'the fine-tune stopped at finetune.max_iterations={config.finetune.max_iterations} '
-            'before converging: the result may be short of the optimum (raise '
-            'finetune.max_iterations)',
-            RuntimeWarning,
-            stacklevel=3,
-        )
     if kind != 'nonrigid':
-        return StageOutcome(out.a, out.t, v_fn, out.iterations, out.converged)
+        return StageOutcome(out.a, out.t, v_fn, out.iterations, out.converged, capped)
     interp = coh.interpolate
     if final and config.finetune.soft_iterations > 0:
         out, interp = _soft(prob, config, data, out, Selection(config.divergence, count, h_n))
-    return StageOutcome(out.a, out.t, _offsets(ys, out.v, interp), out.iterations, out.converged)
+    offsets = _offsets(ys, out.v, interp)
+    return StageOutcome(out.a, out.t, offsets, out.iterations, out.converged, capped)
 
 
 def _overlap_refine(config: RegistrationConfig, data: FineTuneData, out, stop, capped):

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import warnings
 from typing import Callable, NamedTuple, Optional
 
 import numpy as np
@@ -122,16 +121,14 @@ def register_global(request: Request, viewpoints=None) -> RegistrationResult:
         feature_normals(cands.vr, cands.voxel),
         cands.seen_through,
     )
-    with warnings.catch_warnings():  # the candidates' refinements are capped on purpose
-        warnings.filterwarnings('ignore', message='the fine-tune stopped', category=RuntimeWarning)
-        out = choose(
-            cands.hyps,
-            config.global_search,
-            lambda init: fit_from_pose(
-                Request(sub_s, sub_r, small, init, cache=sub_cache), take_rival=True
-            ),
-            scoring,
-        )
+    out = choose(  # the candidates' refinements are capped on purpose
+        cands.hyps,
+        config.global_search,
+        lambda init: fit_from_pose(
+            Request(sub_s, sub_r, small, init, cache=sub_cache), take_rival=True
+        ),
+        scoring,
+    )
     t2 = time.perf_counter()
     final_cfg = dist_cfg.replace(distance_threshold=h)
     final = _winner_refined(request, out, final_cfg, cands, rng, (src_f, ref_f))

@@ -80,6 +80,7 @@ def assemble(
         iterations=int(effort.iterations),
         potential_updates=int(effort.updates),
         finetune_iterations=int(effort.finetune_iterations),
+        finetune_capped=bool(effort.finetune_capped),
         time_s=time.perf_counter() - effort.t0,
         timings=timings,
         num_source=int(z.shape[0]),

@@ -36,7 +36,7 @@ def deform(request: Request) -> RegistrationResult:
     cache = request.cache if request.cache is not None else ReferenceCache()
     rigid = config.replace(transform='rigid', prealign=False, self_check=False)
     rigid_request = request.with_(config=rigid, potential_state=None, cache=cache)
-    cands = fit(rigid_request, warn=False)
+    cands = fit(rigid_request)
     ref_clean = fit_reference(request.reference)  # validated by the rigid stage
     # distinct poses only: finalists that converged to the same pose (within the reference
     # sampling) would be deformed twice

@@ -37,13 +37,12 @@ __all__ = [
 ]
 
 
-def fit(request: Request, warn: bool = True) -> list:
+def fit(request: Request) -> list:
     """Alg. 1 + fine-tune of ``request`` (all starts / the tournament); returns the finalists as
-    [(start score, RegistrationResult)], best first (one entry without multi-start). warn: a
-    final fine-tune stopped by its iteration cap warns (off for a non-rigid registration's rigid
-    pre-alignment, which the deformation continues from)."""
+    [(start score, RegistrationResult)], best first (one entry without multi-start); the first
+    says whether its dense fine-tune stopped at its cap (``finetune_capped``)."""
     t0 = time.perf_counter()
-    run, rots = _start(request, warn)
+    run, rots = _start(request)
     if len(rots) > 1:
         cands = _multistart(run, rots, request)
     else:
@@ -52,7 +51,14 @@ def fit(request: Request, warn: bool = True) -> list:
     for rank, cand in enumerate(cands):
         # only the winner is judged (the runners-up are the non-rigid prealignment's finalists)
         cfg = run.config if rank == 0 else run.config.replace(self_check=False)
-        effort = Effort(t0, dict(run.timings), run.steps, run.updates, run.finetune_iterations)
+        effort = Effort(
+            t0,
+            dict(run.timings),
+            run.steps,
+            run.updates,
+            run.finetune_iterations,
+            finetune_capped=run.capped and rank == 0,
+        )
         device = str(run.sampled.device)
         res = assemble(
             run.prob, cfg, cand, effort, run.h_caller, device, run.prep.fit_tree(), 'polish'
@@ -61,7 +67,7 @@ def fit(request: Request, warn: bool = True) -> list:
     return out
 
 
-def _start(request: Request, warn: bool) -> tuple:
+def _start(request: Request) -> tuple:
     """The :class:`FitRun` of ``request`` and its start rotations ([None]: one start)."""
     t0 = time.perf_counter()
     config = request.config
@@ -100,7 +106,7 @@ def _start(request: Request, warn: bool) -> tuple:
         # score's size)
         small = data.subset(config.start_finetune_points, config.seed)
         scorer = OverlapScorer(data, config.seed) if config.start_score == 'overlap' else None
-    run = FitRun(prob, config, sampled, h_caller, data, small, scorer, prep, warn, timings)
+    run = FitRun(prob, config, sampled, h_caller, data, small, scorer, prep, timings=timings)
     return run, rots
 
 

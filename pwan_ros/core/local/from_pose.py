@@ -41,15 +41,18 @@ def fit_from_pose(
     prep = prepared_reference(prob, request.cache)
     data = finetune_data(prob, config, rng, prep, search_device(config.finetune.nn, dev))
     start = (np.eye(d), np.zeros(d), None)
-    out = finetune_stage(
-        prob, config, data, start, h_caller, warn=iterations != 0, max_iterations=iterations
-    )
+    out = finetune_stage(prob, config, data, start, h_caller, max_iterations=iterations)
     timings = {'preprocess': t1 - t0, 'finetune': time.perf_counter() - t1}
     return assemble(
         prob,
         config,
         Candidate(0.0, out.a, out.t, out.v_fn, out.converged, None, None),
-        Effort(t0, timings, finetune_iterations=out.iterations),
+        Effort(
+            t0,
+            timings,
+            finetune_iterations=out.iterations,
+            finetune_capped=out.capped and iterations != 0,
+        ),
         h_caller,
         str(dev),
         prep.fit_tree(),

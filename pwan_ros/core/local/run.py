@@ -26,9 +26,9 @@ class FitRun:
     ``config``, Alg. 1's :class:`SampledProblem`, the distance threshold in caller units
     (``h_caller``; None for the mass type), the fine-tune's data (``data``; ``small``: the
     multi-start's sample of it), the multi-start's ``scorer`` (None: the fixed-mass objective on
-    the sampled sets), the reference's search structures (``prep``), whether a capped final
-    fine-tune warns, and what it spent (seconds per stage, steps, updates, fine-tune
-    iterations)."""
+    the sampled sets), the reference's search structures (``prep``), whether the last final
+    fine-tune stopped at its cap (``capped``), and what it spent (seconds per stage, steps,
+    updates, fine-tune iterations)."""
 
     prob: Problem
     config: RegistrationConfig
@@ -38,7 +38,7 @@ class FitRun:
     small: Optional[FineTuneData]
     scorer: Optional[OverlapScorer]
     prep: PreparedReference
-    warn: bool = True
+    capped: bool = False
     timings: dict = field(default_factory=dict)
     steps: int = 0
     updates: int = 0
@@ -75,9 +75,10 @@ class FitRun:
             (a, t, v_fn),
             self.h_caller,
             final=not small,
-            warn=self.warn and not small,
             max_iterations=cfg.start_finetune_iterations if small else None,
         )
         self.timings['finetune'] += time.perf_counter() - tf
         self.finetune_iterations += out.iterations
+        if not small:
+            self.capped = out.capped
         return out.a, out.t, out.v_fn, out.converged
