@@ -5,10 +5,13 @@ no registration) and counted by its verdict.
 Cases: the SHREC'19 bodies (bench/humans.py: the README's ten pairs x complete / cropped /
 outliers, seeds 0 and 1), three of them turned 150 deg about the vertical; the bcpd pairs fish /
 bunny / monkey in protocol (a) (500 points, outlier ratios 0.2 and 1.2; 0.2 also turned 150 deg)
-and (b) (1000 points, both sets cut to s = 0.7 and 1), 24 starts as bench_nonrigid.py.
+and (b) (1000 points, both sets cut to s = 0.7 and 1), 24 starts as bench_nonrigid.py; 11 body
+pairs the README does not list (``humans.CROSS_PAIRS``: other datasets, other up axes), complete,
+seed 0.
 
-    python bench/bench_verdicts.py                       # 78 cases, ~20 min on one core
+    python bench/bench_verdicts.py                       # 89 cases, ~40 min on one core
     python bench/bench_verdicts.py --only h_22-23 a_fish  # cases whose name starts so
+    python bench/bench_verdicts.py --shard 0 2            # every second case (two processes)
 """
 
 from __future__ import annotations
@@ -46,6 +49,13 @@ def body_cases(data):
             case.src = _turned(case.src, turn)
         name = f'h_{pair[0]}-{pair[1]}_{variant}_s{seed}_t{turn}'
         yield name, case.src, case.ref, {}, case.mse, identity
+
+
+def cross_cases(data):
+    """The same for :data:`humans.CROSS_PAIRS` (complete, seed 0), named x_<pair>."""
+    for pair in humans.CROSS_PAIRS:
+        case = humans.Case(data, pair, 'complete', 1500, 0)
+        yield f'x_{pair[0]}-{pair[1]}', case.src, case.ref, {}, case.mse, case.identity_mse
 
 
 def bcpd_cases(data):
@@ -102,7 +112,18 @@ def main(argv=None):
     p.add_argument(
         '--set', nargs='*', default=[], help='configuration overrides KEY=VALUE (YAML values)'
     )
+    p.add_argument(
+        '--shard',
+        nargs=2,
+        type=int,
+        default=(0, 1),
+        metavar=('I', 'N'),
+        help='every N-th case from the I-th',
+    )
     args = p.parse_args(argv)
+    index, count = args.shard
+    if count < 1 or not 0 <= index < count:
+        raise SystemExit(f'--shard I N needs 0 <= I < N, got {index} {count}')
     import torch
     from threadpoolctl import threadpool_limits
 
@@ -110,8 +131,9 @@ def main(argv=None):
     threadpool_limits(1)
     overrides = key_values(args.set)
     rows = []
-    for name, src, ref, cfg, mse, identity in (*body_cases(args.data), *bcpd_cases(args.data)):
-        if args.only and not name.startswith(tuple(args.only)):
+    cases = (*body_cases(args.data), *cross_cases(args.data), *bcpd_cases(args.data))
+    for i, (name, src, ref, cfg, mse, identity) in enumerate(cases):
+        if args.only and not name.startswith(tuple(args.only)) or i % count != index:
             continue
         with Timer() as tm:
             res = register(

@@ -29,6 +29,21 @@ PAIRS = [
     ('34', '35'),
 ]
 VARIANTS = ('complete', 'cropped', 'outliers')
+#: pairs the dataset README does not list: across datasets (a 43k-vertex scan's dense hands onto
+#: other people, the SMPL template) and across up axes (y up onto z up: a quarter turn)
+CROSS_PAIRS = [
+    ('13', '29'),
+    ('11', '16'),
+    ('17', '11'),
+    ('22', '29'),
+    ('29', '17'),
+    ('44', '11'),
+    ('12', '23'),
+    ('23', '12'),
+    ('12', '44'),
+    ('44', '16'),
+    ('35', '33'),
+]
 
 
 def load_shape(data_dir, nn):

@@ -176,7 +176,12 @@ def test_nonrigid_is_refused_when_the_pose_it_deforms_is_wrong(turn, prealign, r
     x, bend = knobbed_blob(400, 0), _bend3
     scale, off = 5.0, np.array([40.0, -12.0, 3.0])
     cfg = RegistrationConfig(
-        transform='nonrigid', mass_ratio=1.0, seed=0, steps=300, prealign=prealign
+        transform='nonrigid',
+        mass_ratio=1.0,
+        seed=0,
+        steps=300,
+        prealign=prealign,
+        reorient=False,  # the check of one start's result (the retry: test_nonrigid_reorients...)
     )
     r = rot3(*turn)
     ref = bend(knobbed_blob(400, 1)) @ r.T
@@ -285,13 +290,49 @@ def test_nonrigid_deforming_a_forced_wrong_pose_is_refused(monkeypatch):
     x = knobbed_blob(400, 0)
     r = rot3(90, 90, 0)  # within the pre-alignment's reach: without the patch, ok
     scale, off = 5.0, np.array([40.0, -12.0, 3.0])
-    cfg = RegistrationConfig(transform='nonrigid', mass_ratio=1.0, seed=0, steps=300)
+    cfg = RegistrationConfig(
+        transform='nonrigid', mass_ratio=1.0, seed=0, steps=300, reorient=False
+    )
     res = register(x * scale + off, (_bend3(knobbed_blob(400, 1)) @ r.T) * scale + off, cfg)
     moved = (res.transformed_source - off) / scale
     rms = np.sqrt(np.mean(np.sum((moved - _bend3(x) @ r.T) ** 2, 1)))
     assert rms > 0.8, rms  # the deformation did not undo the wrong pose
     assert res.status == 'refused', res.reason
     assert 'the self-check refuses the deformation' in res.reason, res.reason
+
+
+@pytest.mark.heavy
+def test_nonrigid_reorients_a_refused_deformation_from_the_cube_orientations():
+    """A bent knobbed blob turned 120 deg, in metres (x5, 40 m away): one start's deformation,
+    refused (built so, whatever the optimiser did), is registered again from the 24 cube
+    orientations (:func:`decide.reorient`) and that result returned: right and ok (here RMS 0.22
+    of the blob's unit size, one start 1.6), or refused with both reasons. An accepted result,
+    one from a given pose, or with ``reorient`` off, is returned as it is. Through pwan_register
+    on real bodies: test_bodies.py."""
+    from pwan_ros.core.checks.deformation import DeformationCheck
+    from pwan_ros.core.decide import reorient
+    from pwan_ros.core.problem import Request
+
+    x = knobbed_blob(200, 0)
+    r = rot3(0, 120, 0)
+    scale, off = 5.0, np.array([40.0, -12.0, 3.0])
+    src, ref = x * scale + off, (_bend3(knobbed_blob(200, 1)) @ r.T) * scale + off
+    cfg = RegistrationConfig(transform='nonrigid', mass_ratio=1.0, seed=0, steps=200).pinned()
+    request = Request(src, ref, cfg)
+    one = register(src, ref, cfg.replace(reorient=False))
+    if one.status == 'ok':
+        assert reorient(request, one) is one
+    built = DeformationCheck(0.9, 0.9, 60.0, 0.5, 0.2, 0.3, 0.1, 'refused', 'built')
+    refused = dataclasses.replace(one, status='refused', reason='built', check=built)
+    assert reorient(request.with_(init=np.eye(4)), refused) is refused
+    assert reorient(request.with_(config=cfg.replace(reorient=False)), refused) is refused
+    again = reorient(request, refused)
+    if again.status == 'ok':
+        moved = (again.transformed_source - off) / scale
+        rms = np.sqrt(np.mean(np.sum((moved - _bend3(x) @ r.T) ** 2, 1)))
+        assert rms < 0.3 and 'first_orientation' in again.timings, rms
+    else:
+        assert again.reason.startswith('built; registered again from 24 orientations: ')
 
 
 @pytest.mark.heavy
@@ -331,7 +372,12 @@ def test_two_d_nonrigid_is_refused_when_the_pose_it_deforms_is_wrong(turn, preal
     x, bend, r = curve2d(300, 0), _bend2, _rot2(turn)
     scale, off = 5.0, np.array([40.0, -12.0])
     cfg = RegistrationConfig(
-        transform='nonrigid', mass_ratio=1.0, seed=0, steps=300, prealign=prealign
+        transform='nonrigid',
+        mass_ratio=1.0,
+        seed=0,
+        steps=300,
+        prealign=prealign,
+        reorient=False,
     )
     res = register(x * scale + off, bend(curve2d(300, 1)) @ r.T * scale + off, cfg)
     moved = (res.transformed_source - off) / scale

@@ -302,6 +302,7 @@ def _summary(res, args, config) -> dict:
         'status': res.status,
         'reason': res.reason,
         'check': res.check.as_dict() if res.check is not None else None,
+        'timings': {k: round(float(v), 4) for k, v in res.timings.items()},
     }
     if args.global_init:
         summary.update(

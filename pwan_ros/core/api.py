@@ -12,7 +12,9 @@ stages, each a function of the caller's :class:`problem.Request` and the result 
    the pose shows.
 3. **confirm** (:func:`decide.confirm`): a pose a local search cannot vouch for, against the
    global search (:mod:`global_search`).
-4. **judge** (:func:`decide.judge`): a deformation judged as a deformation (checks.deformation).
+4. **judge** (:func:`decide.judge`): a deformation judged as a deformation (checks.deformation);
+   one refused from one start and no init is registered again from the cube's 24 orientations
+   (:func:`decide.reorient`).
 
 The package's layers, each importing only those below it: api -> decide -> global_search ->
 local -> checks -> finetune -> pwan -> config / problem / result (test/test_layout.py).
@@ -28,7 +30,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from .config import RegistrationConfig
-from .decide import confirm, judge, mass_at_overlap
+from .decide import confirm, judge, mass_at_overlap, reorient
 from .errors import PwanInputError
 from .finetune.stage import capped_warning
 from .global_search.search import register_global
@@ -119,7 +121,7 @@ def register(
     res = _fitted(request)
     res = mass_at_overlap(request, res)
     res = confirm(request, res)
-    res = judge(request, res)
+    res = reorient(request, judge(request, res))
     return _warned(config, dataclasses.replace(res, time_s=time.perf_counter() - t0))
 
 

@@ -439,6 +439,12 @@ class RegistrationConfig:
         True,
         'nonrigid: first register rigidly (same settings, incl. starts) and deform from there',
     )
+    reorient: bool = param(
+        True,
+        'nonrigid with prealign, starts = 1 and no init: a deformation the self-check refuses is '
+        'registered again from the 24 rotations of the cube (an orientation far from the '
+        'initial one), and taken when the check accepts it',
+    )
     device: str = param(
         'auto',
         'compute device: auto = the CPU (these small networks run host-bound on a GPU, and the '

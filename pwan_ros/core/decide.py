@@ -1,7 +1,8 @@
 """What a fitted result goes through before it is returned (caller units): the mass refit at the
 overlap its pose shows (:func:`mass_at_overlap`), the global search's confirmation of a pose a
 local search cannot vouch for (:func:`confirm`), and a deformation judged as a deformation
-(:func:`judge`). Each takes the caller's :class:`problem.Request` and a result, and returns a
+(:func:`judge`), retried from the cube's orientations when refused from one start
+(:func:`reorient`). Each takes the caller's :class:`problem.Request` and a result, and returns a
 result."""
 
 from __future__ import annotations
@@ -11,17 +12,22 @@ import time
 
 import numpy as np
 
-from .checks.deformation import measure_deformation
+from .checks.deformation import DeformationCheck, measure_deformation
 from .checks.mass import OverlapMass, refit_mass
 from .checks.verify import CHECK_POINTS, RIVAL_DISTINCT, RIVAL_MARGIN, check_pose, judging_voxel
 from .errors import PwanInputError
 from .global_search.search import register_global
+from .local.deform import deform
 from .local.from_pose import fit_from_pose
 from .preprocess import random_subset
 from .problem import Request, fit_reference
 from .result import RegistrationResult
 
-__all__ = ['confirm', 'judge', 'mass_at_overlap', 'unconvincing']
+__all__ = ['REORIENT_STARTS', 'confirm', 'judge', 'mass_at_overlap', 'reorient', 'unconvincing']
+
+#: starts of :func:`reorient`'s second registration: the 24 rotations of the cube (3-D; 2-D: 24
+#: angles 15 deg apart), each within 60 deg of any orientation
+REORIENT_STARTS = 24
 
 
 def mass_at_overlap(request: Request, res: RegistrationResult) -> RegistrationResult:
@@ -176,8 +182,46 @@ def judge(request: Request, res: RegistrationResult) -> RegistrationResult:
     if measured.status == 'ok':
         return dataclasses.replace(res, timings=timings, check=measured)
     reason = f'the self-check refuses the deformation: {measured.reason}'
-    if config.starts == 1:
+    if config.starts == 1 and not _reorients(request):
         reason += ' (an orientation far from the initial one needs starts=24 and prealign)'
     return dataclasses.replace(
         res, status='refused', reason=reason, timings=timings, check=measured
     )
+
+
+def _reorients(request: Request) -> bool:
+    """Whether :func:`reorient` retries ``request``'s refused deformation."""
+    config = request.config
+    return (
+        config.transform == 'nonrigid'
+        and config.reorient
+        and config.prealign
+        and config.self_check
+        and config.starts == 1
+        and request.init is None
+    )
+
+
+def reorient(request: Request, res: RegistrationResult) -> RegistrationResult:
+    """A non-rigid result from one start and no init whose deformation the self-check refused
+    (:func:`judge`; not one that matched nothing), registered again from
+    :data:`REORIENT_STARTS` orientations (the rigid pre-alignment's multi-start, then the
+    deformation of its best finalists) and judged: returned when accepted, else ``res`` with both
+    reasons. A shape far from the initial orientation (body scans whose up axes differ) is out of
+    reach of one start, and the deformation it gets there is refused. Any other result as it is;
+    nothing is retried after ``should_stop``."""
+    refused_deformation = isinstance(res.check, DeformationCheck) and res.check.status != 'ok'
+    if not refused_deformation or not _reorients(request):
+        return res
+    if request.should_stop is not None and request.should_stop():
+        return res
+    t0 = time.perf_counter()
+    again = request.with_(config=request.config.replace(starts=REORIENT_STARTS))
+    out = judge(again, deform(again))
+    spent = time.perf_counter() - t0
+    if out.status == 'ok':
+        first = sum(res.timings.values())
+        return dataclasses.replace(out, timings={**out.timings, 'first_orientation': first})
+    why = out.check.reason if isinstance(out.check, DeformationCheck) else out.reason
+    reason = f'{res.reason}; registered again from {REORIENT_STARTS} orientations: {why}'
+    return dataclasses.replace(res, reason=reason, timings={**res.timings, 'reorient': spent})
