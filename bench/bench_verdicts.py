@@ -133,7 +133,7 @@ def main(argv=None):
     rows = []
     cases = (*body_cases(args.data), *cross_cases(args.data), *bcpd_cases(args.data))
     for i, (name, src, ref, cfg, mse, identity) in enumerate(cases):
-        if args.only and not name.startswith(tuple(args.only)) or i % count != index:
+        if (args.only and not name.startswith(tuple(args.only))) or i % count != index:
             continue
         with Timer() as tm:
             res = register(

@@ -196,7 +196,6 @@ def _reorients(request: Request) -> bool:
         config.transform == 'nonrigid'
         and config.reorient
         and config.prealign
-        and config.self_check
         and config.starts == 1
         and request.init is None
     )
