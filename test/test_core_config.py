@@ -1,5 +1,8 @@
 """Configuration validation of the PWAN core."""
 
+import subprocess
+import sys
+
 import pytest
 
 from pwan_ros.core import (
@@ -73,3 +76,21 @@ def test_from_dict_nested_and_unknown_keys():
         RegistrationConfig.from_dict({'stepz': 3})
     with pytest.raises(PwanInputError, match='unknown'):
         RegistrationConfig.from_dict({'potential.width': 3})
+
+
+def test_programs_that_do_not_register_do_not_import_torch():
+    """pwan_sim, pwan_evaluate, pwan_replay and a user reading the configuration pay no PyTorch
+    import (2 s of CPU a process on a small core); ``pwan_ros.core``'s names still resolve."""
+    code = (
+        'import sys\n'
+        'import pwan_ros.cli.sim, pwan_ros.cli.evaluate, pwan_ros.cli.replay\n'
+        'from pwan_ros.core import RegistrationConfig, PwanInputError\n'
+        'RegistrationConfig()\n'
+        'assert "torch" not in sys.modules, "torch imported"\n'
+        'import pwan_ros.core as core\n'
+        'from pwan_ros.core.api import register\n'
+        'assert core.register is register and "register" in dir(core)\n'
+        'assert set(core.__all__) <= set(dir(core))\n'
+    )
+    proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]

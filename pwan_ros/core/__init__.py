@@ -21,17 +21,41 @@ The floor plan, one layer per folder, each importing only those below it::
     errors.py         what every layer shares
 """
 
-from .config import CoherenceConfig, FineTuneConfig, PotentialConfig, RegistrationConfig
-from .errors import PwanInputError
-from .pwan.discrepancy import DiscrepancyEstimate, EstimatorSettings, estimate_discrepancy
-from .pwan.exact import (
-    ExactDiscrepancy,
-    exact_distance_discrepancy,
-    exact_mass_discrepancy,
-    exact_w1,
-)
-from .result import RegistrationResult
-from .api import refine, register
+import importlib
+
+#: each public name -> the module that defines it, imported on first use (PEP 562): a program
+#: that only reads the configuration (pwan_sim, a script) does not pay PyTorch's import (2 s of
+#: CPU on a small core)
+_WHERE = {
+    'CoherenceConfig': '.config',
+    'FineTuneConfig': '.config',
+    'PotentialConfig': '.config',
+    'RegistrationConfig': '.config',
+    'PwanInputError': '.errors',
+    'DiscrepancyEstimate': '.pwan.discrepancy',
+    'EstimatorSettings': '.pwan.discrepancy',
+    'estimate_discrepancy': '.pwan.discrepancy',
+    'ExactDiscrepancy': '.pwan.exact',
+    'exact_distance_discrepancy': '.pwan.exact',
+    'exact_mass_discrepancy': '.pwan.exact',
+    'exact_w1': '.pwan.exact',
+    'RegistrationResult': '.result',
+    'refine': '.api',
+    'register': '.api',
+}
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+    value = getattr(importlib.import_module(_WHERE[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_WHERE))
+
 
 __all__ = [
     'CoherenceConfig',

@@ -15,10 +15,13 @@ it is exact for the index returned (and the bound is applied to it).
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from scipy.spatial import cKDTree
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     'CHUNK_ELEMENTS',
@@ -73,6 +76,8 @@ class TorchNearest:
     """Reference points (n, d) on ``device``; :meth:`query` finds their nearest to query rows."""
 
     def __init__(self, points: np.ndarray, device='cpu', chunk_elements: int = CHUNK_ELEMENTS):
+        import torch  # here, not at the top: the host search (the default) needs no torch
+
         self.data = np.asarray(points, dtype=np.float64)
         self.n = int(self.data.shape[0])
         self.device = torch.device(device)
@@ -93,6 +98,8 @@ class TorchNearest:
         """(distances, indices) of the ``k`` nearest reference points of each row of x (m, d), as
         cKDTree.query (eps, p and workers are accepted for the interface; the search is exact
         Euclidean). k = 1: (m,) arrays, else (m, k), nearest first."""
+        import torch
+
         x = np.asarray(x, dtype=np.float64)
         m = x.shape[0]
         kk = int(min(k, self.n))
